@@ -1,0 +1,478 @@
+"""What is trained: :class:`TrainingSpec` and the batch descriptions it takes.
+
+A spec is everything that decides a training step's memory and time, and nothing else.
+It is cheap to build and validates its arguments at once, so a bad search space fails
+with a readable message before anything is traced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from costaware.errors import SpecError
+
+__all__ = [
+    "ALLOCATORS",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "BatchLike",
+    "ImageBatch",
+    "SegmentationBatch",
+    "TokenBatch",
+    "TrainingSpec",
+    "default_loss",
+]
+
+#: Optimizers known by name, and how many tensors of state each holds per parameter.
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], float]] = {
+    "sgd": (torch.optim.SGD, 0.0),
+    "adam": (torch.optim.Adam, 2.0),
+    "adamw": (torch.optim.AdamW, 2.0),
+    "nadam": (torch.optim.NAdam, 2.0),
+    "radam": (torch.optim.RAdam, 2.0),
+    "adamax": (torch.optim.Adamax, 2.0),
+    "adagrad": (torch.optim.Adagrad, 1.0),
+    "adadelta": (torch.optim.Adadelta, 2.0),
+    "rmsprop": (torch.optim.RMSprop, 1.0),
+}
+
+_PRECISION_ALIASES = {
+    "fp32": "fp32", "32": "fp32", "32-true": "fp32", "float32": "fp32",
+    "bf16": "bf16", "bf16-mixed": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "16": "fp16", "16-mixed": "fp16", "float16": "fp16",
+}  # fmt: skip
+#: Canonical precision names (mixed precision through autocast for bf16 and fp16).
+PRECISIONS = ("fp32", "bf16", "fp16")
+#: Allocator modes of PyTorch's CUDA caching allocator (``PYTORCH_CUDA_ALLOC_CONF``).
+ALLOCATORS = ("default", "expandable_segments")
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"{name} must be a positive integer, but got {name}={value!r}.")
+    return value
+
+
+def _shape(name: str, value: object) -> tuple[int, ...]:
+    if isinstance(value, int):
+        value = (value,)
+    if not isinstance(value, (tuple, list)) or not value:
+        raise SpecError(f"{name} must be a tuple of positive ints, but got {name}={value!r}.")
+    for v in value:
+        _positive_int(name, v)
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class ImageBatch:
+    """A batch of dense inputs with one class label per sample.
+
+    ``shape`` is the per-sample shape, ``(3, 224, 224)`` for images; any shape works, so
+    ``ImageBatch((784,), classes=10)`` describes flat vectors for an MLP.
+    """
+
+    shape: tuple[int, ...]
+    classes: int = 1000
+    kind: str = field(default="image", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", _shape("shape", self.shape))
+        _positive_int("classes", self.classes)
+
+    def make(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Build ``(inputs, labels)`` with torch factories (fake tensors inside a trace)."""
+        x = torch.randn(batch_size, *self.shape)
+        y = torch.randint(0, self.classes, (batch_size,))
+        return x, y
+
+    def signature(self) -> str:
+        return f"{type(self).__name__}{self.shape}c{self.classes}"
+
+    def describe(self) -> dict[str, float]:
+        s = self.shape
+        return {
+            "input_numel": float(math.prod(s)),
+            "input_channels": float(s[0]) if len(s) >= 2 else 1.0,
+            "input_height": float(s[1]) if len(s) >= 2 else float(s[0]),
+            "input_width": float(s[2]) if len(s) >= 3 else 1.0,
+            "seq_len": 0.0,
+            "vocab": 0.0,
+            "classes": float(self.classes),
+        }
+
+
+@dataclass(frozen=True)
+class SegmentationBatch(ImageBatch):
+    """Images with a class label per pixel: inputs ``N×C×H×W``, labels ``N×H×W``."""
+
+    kind: str = field(default="segmentation", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if len(self.shape) != 3:
+            raise SpecError(f"shape must be (C, H, W) for segmentation, but got {self.shape=}.")
+
+    def make(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(batch_size, *self.shape)
+        y = torch.randint(0, self.classes, (batch_size, *self.shape[1:]))
+        return x, y
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """A batch of token ids for a language model: ``input_ids`` and ``labels`` of ``N×T``.
+
+    The default loss calls ``model(input_ids=..., labels=...)`` when ``forward`` accepts
+    both (Hugging Face style) and uses the output's ``.loss``; otherwise it calls
+    ``model(input_ids)`` and applies cross-entropy to the logits.
+    """
+
+    seq_len: int
+    vocab: int
+    kind: str = field(default="tokens", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _positive_int("seq_len", self.seq_len)
+        _positive_int("vocab", self.vocab)
+
+    def make(self, batch_size: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, self.vocab, (batch_size, self.seq_len))
+        return {"input_ids": ids, "labels": torch.randint(0, self.vocab, (batch_size, self.seq_len))}
+
+    def signature(self) -> str:
+        return f"TokenBatch{self.seq_len}v{self.vocab}"
+
+    def describe(self) -> dict[str, float]:
+        return {
+            "input_numel": float(self.seq_len),
+            "input_channels": 1.0,
+            "input_height": float(self.seq_len),
+            "input_width": 1.0,
+            "seq_len": float(self.seq_len),
+            "vocab": float(self.vocab),
+            "classes": float(self.vocab),
+        }
+
+
+@dataclass(frozen=True)
+class _CallableBatch:
+    fn: Callable[[int], Any]
+    kind: str = "custom"
+
+    def make(self, batch_size: int) -> Any:
+        return self.fn(batch_size)
+
+    def signature(self) -> str:
+        return f"callable:{_fingerprint(self.fn) or id(self.fn)}"
+
+    def describe(self) -> dict[str, float]:
+        return dict.fromkeys(
+            ("input_numel", "input_channels", "input_height", "input_width", "seq_len", "vocab", "classes"),
+            0.0,
+        )
+
+
+BatchLike = Union[ImageBatch, TokenBatch, Callable[[int], Any]]
+_Batch = Union[ImageBatch, TokenBatch, _CallableBatch]
+
+
+def _logits(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(out, Mapping) and isinstance(out.get("logits"), torch.Tensor):
+        return out["logits"]
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise SpecError(
+        f"cannot find logits in the model output of type {type(out).__name__}; "
+        "pass loss=callable(model, batch) to the TrainingSpec."
+    )
+
+
+def _output_loss(out: Any) -> torch.Tensor | None:
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, Mapping):
+        loss = out.get("loss")
+    return loss if isinstance(loss, torch.Tensor) else None
+
+
+def _classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    if logits.dim() == labels.dim() + 1 and logits.dim() >= 3 and logits.shape[0] == labels.shape[0]:
+        if logits.shape[1:-1] == labels.shape[1:]:  # token logits N×T×V against N×T labels
+            return F.cross_entropy(logits.flatten(0, -2), labels.flatten())
+        return F.cross_entropy(logits, labels)  # segmentation: N×C×H×W against N×H×W
+    if logits.dim() == 2 and labels.dim() == 2:  # a sequence classifier against token labels
+        labels = labels[:, 0] % logits.shape[1]
+    return F.cross_entropy(logits.flatten(1) if logits.dim() > 2 else logits, labels)
+
+
+@functools.lru_cache(maxsize=256)
+def _accepts_hf_kwargs(forward: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "input_ids" in params and "labels" in params
+
+
+def default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """The loss costaware uses when the spec gives none.
+
+    - ``(inputs, labels)``: cross-entropy on the logits (classification, and N×C×H×W
+      segmentation against N×H×W labels);
+    - a mapping with ``input_ids``: the model's own ``.loss`` when it computes one
+      (Hugging Face), otherwise cross-entropy of the token logits against ``labels``;
+    - any other mapping is passed as keyword arguments, a tensor positionally, and the
+      mean of the output stands in for the loss.
+    """
+    if isinstance(batch, Mapping):
+        if "input_ids" in batch and not _accepts_hf_kwargs(type(model).forward):
+            out = model(batch["input_ids"])
+        else:
+            out = model(**batch)
+        loss = _output_loss(out)
+        if loss is not None:
+            return loss
+        if "labels" in batch:
+            return _classification_loss(_logits(out), batch["labels"])
+        return _logits(out).float().mean()
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        x, y = batch
+        return _classification_loss(_logits(model(x)), y)
+    return _logits(model(batch)).float().mean()
+
+
+def _fingerprint(obj: Any, depth: int = 0) -> str | None:
+    """A stable description of a factory's code and arguments, or None if it has none.
+
+    Two factories with the same fingerprint build the same architecture, which lets the
+    trace cache skip building the model at all on a warm prediction.
+    """
+    if depth > 4:
+        return None
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        return repr(obj)
+    if isinstance(obj, (tuple, list, frozenset)):
+        parts = [_fingerprint(o, depth + 1) for o in obj]
+        return None if None in parts else f"{type(obj).__name__}({','.join(parts)})"  # type: ignore[arg-type]
+    if isinstance(obj, dict):
+        items = [(repr(k), _fingerprint(v, depth + 1)) for k, v in sorted(obj.items(), key=repr)]
+        return None if any(v is None for _, v in items) else "{" + ",".join(f"{k}:{v}" for k, v in items) + "}"
+    if isinstance(obj, functools.partial):
+        inner = [_fingerprint(o, depth + 1) for o in (obj.func, obj.args, obj.keywords)]
+        return None if None in inner else f"partial({','.join(inner)})"  # type: ignore[arg-type]
+    if isinstance(obj, type):
+        return f"class:{obj.__module__}.{obj.__qualname__}"
+    code = getattr(obj, "__code__", None)
+    if code is not None and inspect.isfunction(obj):
+        cells = [c.cell_contents for c in (obj.__closure__ or ())]
+        extra = [_fingerprint(o, depth + 1) for o in (cells, obj.__defaults__, obj.__kwdefaults__)]
+        if None in extra:
+            return None
+        digest = hashlib.sha1(code.co_code + repr(code.co_consts).encode()).hexdigest()[:12]
+        return f"fn:{obj.__module__}.{obj.__qualname__}:{digest}:{','.join(extra)}"  # type: ignore[arg-type]
+    return None
+
+
+@dataclass
+class TrainingSpec:
+    """One training configuration, as it will run: the input to every prediction.
+
+    Example:
+        >>> import costaware as ca
+        >>> from costaware import zoo
+        >>> spec = ca.TrainingSpec(
+        ...     model=lambda: zoo.mlp(in_features=784, classes=10),
+        ...     batch=ca.ImageBatch((784,), classes=10),
+        ...     batch_size=128, optimizer="adamw", dataset_size=60_000,
+        ... )
+        >>> spec.steps_per_epoch
+        469
+
+    Args:
+        model: a zero-argument callable returning an ``nn.Module`` (preferred: it is built
+            on the meta device and costs no memory), or an ``nn.Module``.
+        batch: an :class:`ImageBatch`, :class:`SegmentationBatch`, :class:`TokenBatch`, or
+            a callable ``batch_size -> batch`` built with torch factories.
+        batch_size: samples per step (per micro-batch with gradient accumulation).
+        optimizer: a name from :data:`OPTIMIZERS` or a ``torch.optim.Optimizer`` subclass.
+        optimizer_kwargs: passed to the optimizer (``lr``, ``momentum``, ...).
+        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (mixed precision via autocast);
+            Lightning's ``"bf16-mixed"`` / ``"16-mixed"`` spellings are accepted.
+        loss: ``callable(model, batch) -> scalar tensor``; default :func:`default_loss`.
+        dataset_size: samples per epoch, for the epoch time.
+        cudnn_benchmark: whether ``torch.backends.cudnn.benchmark`` is on (it can multiply
+            a conv net's peak by 1.8-3.5x).
+        allocator: ``"default"`` or ``"expandable_segments"`` (``PYTORCH_CUDA_ALLOC_CONF``).
+        grad_accumulation: micro-batches per optimizer step.
+        epochs: planned epochs, for the trial time and a feature.
+        name: a label for reports (default: the model's class name).
+    """
+
+    model: Callable[[], nn.Module] | nn.Module
+    batch: BatchLike
+    batch_size: int
+    optimizer: str | type[torch.optim.Optimizer] = "adamw"
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    precision: str = "fp32"
+    loss: Callable[[nn.Module, Any], torch.Tensor] | None = None
+    dataset_size: int | None = None
+    cudnn_benchmark: bool = False
+    allocator: str = "default"
+    grad_accumulation: int = 1
+    epochs: int = 1
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.model, nn.Module) or callable(self.model)):
+            raise SpecError(
+                "model must be a zero-argument callable returning an nn.Module, or an "
+                f"nn.Module, but got {type(self.model).__name__}."
+            )
+        if not isinstance(self.batch, (ImageBatch, TokenBatch, _CallableBatch)):
+            if not callable(self.batch):
+                raise SpecError(
+                    "batch must be an ImageBatch, SegmentationBatch, TokenBatch or a "
+                    f"callable(batch_size) -> batch, but got {type(self.batch).__name__}."
+                )
+        _positive_int("batch_size", self.batch_size)
+        _positive_int("grad_accumulation", self.grad_accumulation)
+        _positive_int("epochs", self.epochs)
+        if self.dataset_size is not None:
+            _positive_int("dataset_size", self.dataset_size)
+        if isinstance(self.optimizer, str):
+            if self.optimizer.lower() not in OPTIMIZERS:
+                raise SpecError(
+                    f"unknown optimizer {self.optimizer!r}; expected one of "
+                    f"{sorted(OPTIMIZERS)} or a torch.optim.Optimizer subclass."
+                )
+            self.optimizer = self.optimizer.lower()
+        elif not (isinstance(self.optimizer, type) and issubclass(self.optimizer, torch.optim.Optimizer)):
+            raise SpecError(
+                f"optimizer must be a name from {sorted(OPTIMIZERS)} or a torch.optim.Optimizer "
+                f"subclass, but got {self.optimizer!r}."
+            )
+        if not isinstance(self.optimizer_kwargs, Mapping):
+            raise SpecError(f"optimizer_kwargs must be a dict, but got {self.optimizer_kwargs!r}.")
+        self.optimizer_kwargs = dict(self.optimizer_kwargs)
+        precision = _PRECISION_ALIASES.get(str(self.precision).lower())
+        if precision is None:
+            raise SpecError(f"precision must be one of {PRECISIONS}, but got {self.precision!r}.")
+        self.precision = precision
+        if self.allocator not in ALLOCATORS:
+            raise SpecError(f"allocator must be one of {ALLOCATORS}, but got {self.allocator!r}.")
+        if self.loss is not None and not callable(self.loss):
+            raise SpecError(f"loss must be callable(model, batch), but got {self.loss!r}.")
+
+    # -- derived -------------------------------------------------------------------------
+    @property
+    def batch_spec(self) -> _Batch:
+        """The batch as an object with ``make(batch_size)``, ``signature()``, ``describe()``."""
+        b = self.batch
+        return b if isinstance(b, (ImageBatch, TokenBatch, _CallableBatch)) else _CallableBatch(b)
+
+    @property
+    def optimizer_class(self) -> type[torch.optim.Optimizer]:
+        if isinstance(self.optimizer, str):
+            return OPTIMIZERS[self.optimizer][0]
+        return self.optimizer
+
+    @property
+    def optimizer_name(self) -> str:
+        return self.optimizer if isinstance(self.optimizer, str) else self.optimizer.__name__.lower()
+
+    @property
+    def optimizer_state_per_param(self) -> float:
+        """Tensors of optimizer state per parameter (momentum buffers, Adam moments...)."""
+        name = self.optimizer_name
+        states = OPTIMIZERS[name][1] if name in OPTIMIZERS else 2.0
+        kw = self.optimizer_kwargs
+        if name == "sgd" and kw.get("momentum", 0):
+            states = 1.0
+        if name == "rmsprop":
+            states += float(bool(kw.get("momentum", 0))) + float(bool(kw.get("centered", False)))
+        if name in ("adam", "adamw") and kw.get("amsgrad", False):
+            states += 1.0
+        return states
+
+    @property
+    def learning_rate(self) -> float:
+        lr = self.optimizer_kwargs.get("lr", 1e-3)
+        return float(lr) if isinstance(lr, (int, float)) else 1e-3
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Micro-batch steps in one epoch (``ceil(dataset_size / batch_size)``)."""
+        if self.dataset_size is None:
+            return None
+        return math.ceil(self.dataset_size / self.batch_size)
+
+    @property
+    def display_name(self) -> str:
+        if self.name:
+            return self.name
+        if isinstance(self.model, nn.Module):
+            return type(self.model).__name__
+        inner = self.model.func if isinstance(self.model, functools.partial) else self.model
+        return getattr(inner, "__qualname__", None) or getattr(inner, "__name__", "model")
+
+    def with_batch_size(self, batch_size: int) -> TrainingSpec:
+        """A copy of this spec with another batch size."""
+        return dataclasses.replace(self, batch_size=batch_size)
+
+    def architecture_key(self) -> str | None:
+        """A key shared by specs that trace to the same op sequence up to the batch size.
+
+        None when the model factory has no stable fingerprint (then the model's repr is
+        used after building it).
+        """
+        model_fp = None if isinstance(self.model, nn.Module) else _fingerprint(self.model)
+        if model_fp is None:
+            return None
+        return self._key_with(model_fp)
+
+    def _key_with(self, model_fp: str) -> str:
+        kw = {k: v for k, v in sorted(self.optimizer_kwargs.items()) if k not in ("lr", "weight_decay")}
+        loss_fp = "default" if self.loss is None else (_fingerprint(self.loss) or f"id{id(self.loss)}")
+        parts = [
+            model_fp,
+            self.batch_spec.signature(),
+            self.optimizer_name,
+            repr(kw),
+            self.precision,
+            loss_fp,
+            str(min(self.grad_accumulation, 2)),
+        ]
+        return hashlib.sha1("|".join(parts).encode()).hexdigest()
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-able description, for stores and reports."""
+        b = self.batch_spec
+        return {
+            "name": self.display_name,
+            "batch": b.signature(),
+            "batch_size": self.batch_size,
+            "optimizer": self.optimizer_name,
+            "lr": self.learning_rate,
+            "precision": self.precision,
+            "dataset_size": self.dataset_size,
+            "cudnn_benchmark": self.cudnn_benchmark,
+            "allocator": self.allocator,
+            "grad_accumulation": self.grad_accumulation,
+            "epochs": self.epochs,
+        }

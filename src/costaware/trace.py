@@ -1,0 +1,612 @@
+"""Dry run of one real training step on fake tensors: graph, memory timeline, FLOPs.
+
+The model is built on the ``meta`` device (no memory, any size), its parameters and
+buffers are swapped for fake ``cpu`` tensors, and two full training steps (forward, loss,
+backward, optimizer step, ``zero_grad``) run under :class:`FakeTensorMode`. The second step
+holds the optimizer state the first one created, as every later step does. A dispatch
+mode records every aten op with its shapes, FLOPs and bytes, and every storage's
+allocation and release, which gives:
+
+- the operator graph (:class:`networkx.DiGraph`, edges follow storages from producer to
+  consumer);
+- the live-bytes timeline (each storage rounded to 512 B as the CUDA allocator does) and
+  the peak broken down into parameters, buffers, inputs, gradients, optimizer state,
+  activations and temporaries;
+- the allocation/free event sequence that :mod:`costaware.allocator` replays.
+
+Why fake ``cpu`` rather than fake ``cuda``: on a CPU-only build the first autograd op on a
+fake CUDA tensor aborts the process with an uncatchable C++ terminate, and on an H200 the
+fake-cpu and fake-cuda peaks agreed to 0.2 MiB (see DESIGN.md). CUDA's own kernel choices
+(cuDNN workspaces, flash attention, allocator rounding) are left to the allocator
+simulation and the learned residual.
+"""
+
+from __future__ import annotations
+
+import copy
+import signal
+import threading
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+import numpy as np
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from costaware.errors import SpecError, TraceError, TraceTimeout, UntraceableModelError
+from costaware.flops import count_flops, op_class
+from costaware.spec import TrainingSpec, default_loss
+
+__all__ = ["CATEGORIES", "Trace", "build_model", "dry_run"]
+
+#: Categories of live memory in :attr:`Trace.peak_breakdown`.
+CATEGORIES = (
+    "parameters",
+    "buffers",
+    "inputs",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "temporaries",
+)
+
+_MIN_BLOCK = 512
+# Ops that carry no data dependence worth a graph node (about 65% of a raw trace).
+_NOISE = frozenset(
+    {
+        "detach",
+        "alias",
+        "lift_fresh",
+        "lift_fresh_copy",
+        "_local_scalar_dense",
+        "is_same_size",
+        "_to_copy_noop",
+        "sym_size",
+        "sym_stride",
+        "sym_numel",
+        "sym_storage_offset",
+    }
+)
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
+
+
+def _round(n: int) -> int:
+    return 0 if n <= 0 else _MIN_BLOCK * ((n + _MIN_BLOCK - 1) // _MIN_BLOCK)
+
+
+@dataclass
+class Trace:
+    """What one dry run recorded. Sizes are bytes, FLOPs are per optimizer step."""
+
+    batch_size: int
+    graph: nx.DiGraph
+    #: ``(key, nbytes)`` in time order; ``nbytes == -1`` frees the storage ``key``.
+    events: np.ndarray
+    #: live bytes (512-B rounded) after each event
+    timeline: np.ndarray
+    peak_live: int
+    peak_breakdown: dict[str, int]
+    phase_peaks: dict[str, int]
+    flops_forward: float
+    flops_backward: float
+    flops_optimizer: float
+    bytes_moved: float
+    param_count: int
+    param_bytes: int
+    buffer_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    input_bytes: int
+    op_counts: Counter[str]
+    #: per graph node of the last step: FLOPs, bytes moved, op class (0 compute-bound
+    #: kernel, 1 memory-bound kernel, 2 view/metadata, no kernel), dtype code, phase code
+    node_flops: np.ndarray
+    node_bytes: np.ndarray
+    node_class: np.ndarray
+    node_dtype: np.ndarray
+    build: str
+    duration_s: float
+    op_signature: str
+    layer_counts: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def flops(self) -> float:
+        return self.flops_forward + self.flops_backward + self.flops_optimizer
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "peak_live": self.peak_live,
+            "peak_breakdown": dict(self.peak_breakdown),
+            "flops": self.flops,
+            "param_count": self.param_count,
+            "graph_nodes": self.graph.number_of_nodes(),
+            "graph_edges": self.graph.number_of_edges(),
+            "build": self.build,
+            "duration_s": round(self.duration_s, 4),
+        }
+
+
+# --------------------------------------------------------------------------------------
+# recorder
+# --------------------------------------------------------------------------------------
+class _Recorder(TorchDispatchMode):
+    """Records ops and storage lifetimes. Sits inside FakeTensorMode (sees ops first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "setup"
+        self.step = 0
+        self.record_graph = False
+        self.closed = False
+        self._keys: dict[int, int] = {}
+        self._next_key = 0
+        self.ev_key: list[int] = []
+        self.ev_size: list[int] = []
+        self.key_phase: dict[int, str] = {}
+        self.key_category: dict[int, str] = {}
+        self.phase_marks: list[tuple[int, str]] = []
+        self._writer: dict[int, int] = {}
+        self.nodes: list[tuple[str, str, int, int, int, float, float]] = []
+        self.edges: list[tuple[int, int]] = []
+        self.flops = Counter[str]()
+        self.bytes_moved = 0.0
+        self.unsupported: Counter[str] = Counter()
+
+    # storages ----------------------------------------------------------------------------
+    def _free(self, sid: int, key: int) -> None:
+        self._keys.pop(sid, None)
+        if self.closed:
+            return
+        self.ev_key.append(key)
+        self.ev_size.append(-1)
+
+    def key_of(self, t: torch.Tensor, category: str | None = None) -> int | None:
+        st = t.untyped_storage()
+        sid = id(st)
+        key = self._keys.get(sid)
+        if key is None:
+            n = int(st.nbytes())
+            if n <= 0:
+                return None
+            key = self._next_key
+            self._next_key += 1
+            self._keys[sid] = key
+            weakref.finalize(st, self._free, sid, key)
+            self.ev_key.append(key)
+            self.ev_size.append(n)
+            self.key_phase[key] = self.phase
+        if category is not None:
+            self.key_category[key] = category
+        return key
+
+    def label(self, tensors: Any, category: str) -> int:
+        total = 0
+        for t in tree_flatten(tensors)[0]:
+            if isinstance(t, torch.Tensor):
+                k = self.key_of(t, category)
+                if k is not None:
+                    total += _round(int(t.untyped_storage().nbytes()))
+        return total
+
+    def mark(self, phase: str) -> None:
+        self.phase = phase
+        self.phase_marks.append((len(self.ev_key), phase))
+
+    # dispatch ---------------------------------------------------------------------------
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func._overloadpacket.__name__
+        if name in _NOISE or func.namespace == "prim":
+            return out
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        out_keys = [self.key_of(t) for t in outs]
+        if self.phase in ("forward", "backward", "optimizer"):
+            flops = 0.0
+            try:
+                flops = float(count_flops(func, args, kwargs, out))
+            except Exception:  # a formula that does not fit these args: count, never fail
+                self.unsupported[name] += 1
+            self.flops[self.phase] += flops
+            ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+            is_view = bool(func.is_view)
+            nbytes = 0.0
+            if not is_view:
+                nbytes = float(
+                    sum(t.numel() * t.element_size() for t in ins)
+                    + sum(t.numel() * t.element_size() for t in outs)
+                )
+            self.bytes_moved += nbytes
+            if self.record_graph:
+                idx = len(self.nodes)
+                dtype = outs[0].dtype if outs else (ins[0].dtype if ins else torch.float32)
+                cls = 2 if is_view else op_class(name)
+                self.nodes.append(
+                    (name, self.phase, cls, _DTYPE_CODES.get(dtype, 4), len(outs), flops, nbytes)
+                )
+                for t in ins:
+                    st = t.untyped_storage()
+                    k = self._keys.get(id(st))
+                    w = self._writer.get(k) if k is not None else None
+                    if w is not None and w != idx:
+                        self.edges.append((w, idx))
+                for k in out_keys:
+                    if k is not None:
+                        self._writer[k] = idx
+        return out
+
+
+# --------------------------------------------------------------------------------------
+# model construction
+# --------------------------------------------------------------------------------------
+def build_model(spec: TrainingSpec) -> tuple[nn.Module, str]:
+    """Build the spec's model without allocating it: on ``meta`` when possible.
+
+    Returns the module and how it was built: ``"meta"``, ``"cpu"`` (the constructor
+    computes with tensors and failed on meta, so it ran for real on the CPU) or
+    ``"module"`` (an instance was given; it is copied to meta, never modified).
+    """
+    if isinstance(spec.model, nn.Module):
+        src = spec.model
+        memo: dict[int, Any] = {}
+        for p in src.parameters():
+            memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
+        for b in src.buffers():
+            memo[id(b)] = torch.empty_like(b, device="meta")
+        return copy.deepcopy(src, memo), "module"
+    try:
+        with torch.device("meta"):
+            model = spec.model()
+        how = "meta"
+    except Exception:
+        model = spec.model()
+        how = "cpu"
+    if not isinstance(model, nn.Module):
+        raise SpecError(f"the model factory must return an nn.Module, but it returned {type(model).__name__}.")
+    return model, how
+
+
+def _to_fake(model: nn.Module) -> None:
+    """Swap parameters and buffers for fake CPU tensors; call inside FakeTensorMode."""
+    done: dict[int, Any] = {}
+    for mod in model.modules():
+        for k, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in done:
+                t = torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="cpu")
+                done[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
+            mod._parameters[k] = done[id(p)]
+        for k, b in list(mod._buffers.items()):
+            if b is None:
+                continue
+            if id(b) not in done:
+                done[id(b)] = torch.empty_strided(b.shape, b.stride(), dtype=b.dtype, device="cpu")
+            mod._buffers[k] = done[id(b)]
+
+
+def _layer_counts(model: nn.Module) -> dict[str, int]:
+    counts = {"conv": 0, "linear": 0, "norm": 0, "attention": 0, "recurrent": 0, "embedding": 0, "pool": 0}
+    for m in model.modules():
+        if isinstance(m, nn.modules.conv._ConvNd):
+            counts["conv"] += 1
+        elif isinstance(m, nn.Linear):
+            counts["linear"] += 1
+        elif isinstance(m, (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)):
+            counts["norm"] += 1
+        elif isinstance(m, nn.MultiheadAttention):
+            counts["attention"] += 1
+        elif isinstance(m, nn.RNNBase):
+            counts["recurrent"] += 1
+        elif isinstance(m, nn.Embedding):
+            counts["embedding"] += 1
+        elif isinstance(m, (nn.modules.pooling._MaxPoolNd, nn.modules.pooling._AvgPoolNd,
+                            nn.modules.pooling._AdaptiveAvgPoolNd, nn.modules.pooling._AdaptiveMaxPoolNd)):  # fmt: skip
+            counts["pool"] += 1
+    return counts
+
+
+# --------------------------------------------------------------------------------------
+# time limit
+# --------------------------------------------------------------------------------------
+def _call_with_timeout(fn: Callable[[], Trace], timeout: float | None) -> Trace:
+    if timeout is None or timeout <= 0:
+        return fn()
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+
+        def _alarm(signum: int, frame: Any) -> None:
+            raise TraceTimeout(f"the dry run took longer than its time limit of {timeout:g} s.")
+
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            return fn()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    box: dict[str, Any] = {}
+
+    def _target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=_target, name="costaware-dry-run", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise TraceTimeout(
+            f"the dry run took longer than its time limit of {timeout:g} s "
+            "(it was left running in a daemon thread)."
+        )
+    if "error" in box:
+        raise box["error"]
+    result: Trace = box["result"]
+    return result
+
+
+_UNTRACEABLE_HINT = (
+    "The model cannot run on fake tensors: {kind}. Typical causes are data-dependent "
+    "operations in forward (.item(), .nonzero(), boolean masks, Python branches on tensor "
+    "values) or operators without a fake implementation. Original error: {err}"
+)
+
+
+# --------------------------------------------------------------------------------------
+# the dry run
+# --------------------------------------------------------------------------------------
+def _trace(spec: TrainingSpec, model: nn.Module, how: str) -> Trace:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    t0 = time.perf_counter()
+    fm = FakeTensorMode(allow_non_fake_inputs=True)
+    rec = _Recorder()
+    loss_fn = spec.loss or default_loss
+    batch_spec = spec.batch_spec
+    bs = spec.batch_size
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
+    opt_cls = spec.optimizer_class
+    opt_kwargs = dict(spec.optimizer_kwargs)
+    try:
+        import inspect
+
+        if "foreach" in inspect.signature(opt_cls).parameters and "fused" not in opt_kwargs:
+            opt_kwargs.setdefault("foreach", True)  # CUDA's default multi-tensor path
+    except (TypeError, ValueError):
+        pass
+
+    with fm:
+        _to_fake(model)
+        model.train()
+        with rec:
+            rec.label(list(model.parameters()), "parameters")
+            rec.label(list(model.buffers()), "buffers")
+            try:
+                opt = opt_cls(model.parameters(), **opt_kwargs)
+            except TypeError as e:
+                raise SpecError(f"optimizer {spec.optimizer_name!r} rejected its arguments {opt_kwargs}: {e}") from e
+            micro = min(spec.grad_accumulation, 2)
+            rec.step = 1
+            rec.record_graph = True
+            rec.mark("step")
+            for _ in range(micro):
+                rec.mark("input")
+                batch = batch_spec.make(bs)
+                rec.label(batch, "inputs")
+                rec.mark("forward")
+                if autocast_dtype is not None:
+                    with torch.autocast("cpu", dtype=autocast_dtype):
+                        loss = loss_fn(model, batch)
+                else:
+                    loss = loss_fn(model, batch)
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    raise SpecError(
+                        "the loss must return a scalar tensor, but it returned "
+                        f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}."
+                    )
+                rec.mark("backward")
+                loss.backward()
+                del loss, batch
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            grad_bytes = rec.label(grads, "gradients")
+            del grads
+            rec.mark("optimizer")
+            opt.step()
+            state_bytes = rec.label([list(s.values()) for s in opt.state.values()], "optimizer_state")
+            rec.mark("zero_grad")
+            opt.zero_grad(set_to_none=True)
+            rec.mark("end")
+            rec.closed = True
+
+    param_count = sum(p.numel() for p in model.parameters())
+    param_bytes = sum(_round(p.untyped_storage().nbytes()) for p in {id(p): p for p in model.parameters()}.values())
+    buffer_bytes = sum(_round(b.untyped_storage().nbytes()) for b in model.buffers())
+    del opt, model
+
+    ev_key, ev_size, marks = _with_second_step(rec)
+    keys = np.asarray(ev_key, dtype=np.int64)
+    sizes = np.asarray(ev_size, dtype=np.int64)
+    events = np.stack([keys, sizes], axis=1) if len(keys) else np.zeros((0, 2), np.int64)
+    timeline, rounded = _live_timeline(ev_key, ev_size)
+    peak_idx = int(np.argmax(timeline)) if len(timeline) else 0
+    peak_live = int(timeline[peak_idx]) if len(timeline) else 0
+
+    # breakdown at the peak: which storages were live, by category
+    live: dict[int, int] = {}
+    for i in range(peak_idx + 1):
+        if ev_size[i] > 0:
+            live[ev_key[i]] = int(rounded[i])
+        else:
+            live.pop(ev_key[i], None)
+    breakdown = dict.fromkeys(CATEGORIES, 0)
+    offset = rec._next_key  # step-2 keys are step-1 keys + offset
+    for k, nb in live.items():
+        k = k - offset if k >= offset else k
+        cat = rec.key_category.get(k)
+        if cat is None:
+            cat = "activations" if rec.key_phase.get(k) == "forward" else "temporaries"
+        breakdown[cat] += nb
+    phase_peaks: dict[str, int] = {}
+    bounds = [*marks, (len(timeline), "end")]
+    for (start, name), (stop, _) in zip(bounds, bounds[1:]):
+        if stop > start and name in ("forward", "backward", "optimizer"):
+            phase_peaks[name] = max(phase_peaks.get(name, 0), int(timeline[start:stop].max()))
+
+    g = nx.DiGraph()
+    op_counts: Counter[str] = Counter()
+    phase_of_node = []
+    for i, (name, phase, cls, dcode, nout, fl, nb) in enumerate(rec.nodes):
+        g.add_node(i, op=name, phase=phase, op_class=cls, dtype=dcode, outputs=nout, flops=fl, bytes=nb)
+        op_counts[name] += 1
+        phase_of_node.append(phase)
+    g.add_edges_from(rec.edges)
+    notes: list[str] = []
+    if how == "cpu":
+        notes.append("the model constructor failed on the meta device, so it was built for real on the CPU")
+    if rec.unsupported:
+        notes.append(f"FLOPs not counted for ops whose formula failed: {dict(rec.unsupported)}")
+    return Trace(
+        batch_size=bs,
+        graph=g,
+        events=events,
+        timeline=timeline,
+        peak_live=peak_live,
+        peak_breakdown=breakdown,
+        phase_peaks=phase_peaks,
+        flops_forward=rec.flops["forward"],
+        flops_backward=rec.flops["backward"],
+        flops_optimizer=rec.flops["optimizer"],
+        bytes_moved=rec.bytes_moved,
+        param_count=int(param_count),
+        param_bytes=int(param_bytes),
+        buffer_bytes=int(buffer_bytes),
+        gradient_bytes=int(grad_bytes),
+        optimizer_state_bytes=int(state_bytes),
+        input_bytes=int(breakdown["inputs"]),
+        op_counts=op_counts,
+        node_flops=np.asarray([n[5] for n in rec.nodes], dtype=np.float64),
+        node_bytes=np.asarray([n[6] for n in rec.nodes], dtype=np.float64),
+        node_class=np.asarray([n[2] for n in rec.nodes], dtype=np.int8),
+        node_dtype=np.asarray([n[3] for n in rec.nodes], dtype=np.int8),
+        build=how,
+        duration_s=time.perf_counter() - t0,
+        op_signature=f"{hash(tuple(n[0] for n in rec.nodes))}:{len(ev_key)}",
+        notes=notes,
+    )
+
+
+
+def _with_second_step(rec: _Recorder) -> tuple[list[int], list[int], list[tuple[int, str]]]:
+    """Append step 2 to the recorded step 1, without running it again.
+
+    Step 2 repeats step 1's allocations and frees under fresh keys, except that the
+    optimizer state step 1 created stays allocated instead of being created again. This
+    is what every later step does, and it halves the cost of the dry run.
+    """
+    marks = list(rec.phase_marks)
+    start = next(i for i, name in marks if name == "step")
+    n = len(rec.ev_key)
+    allocated_in_step: set[int] = set()
+    ev_key, ev_size = list(rec.ev_key), list(rec.ev_size)
+    step_marks = [(i, name) for i, name in marks if i >= start]
+    m = 0
+    offset = rec._next_key
+    for i in range(start, n):
+        while m < len(step_marks) and step_marks[m][0] <= i:
+            marks.append((len(ev_key), step_marks[m][1]))
+            m += 1
+        k, sz = rec.ev_key[i], rec.ev_size[i]
+        if sz > 0:
+            allocated_in_step.add(k)
+        if rec.key_category.get(k) == "optimizer_state" or k not in allocated_in_step:
+            continue  # state persists; storages from before step 1 are not re-freed
+        ev_key.append(k + offset)
+        ev_size.append(sz)
+    marks.extend((len(ev_key), name) for _, name in step_marks[m:])
+    return ev_key, ev_size, marks
+
+
+def _live_timeline(ev_key: list[int], ev_size: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Live bytes after each event, each storage rounded to 512 B, and the rounded sizes."""
+    sizes = np.asarray(ev_size, dtype=np.int64)
+    rounded = np.where(sizes > 0, _MIN_BLOCK * ((sizes + _MIN_BLOCK - 1) // _MIN_BLOCK), 0)
+    alloc_size: dict[int, int] = {}
+    delta = rounded.copy()
+    for i, (k, sz) in enumerate(zip(ev_key, ev_size)):
+        if sz > 0:
+            alloc_size[k] = int(rounded[i])
+        else:
+            delta[i] = -alloc_size.pop(k, 0)
+    timeline = np.cumsum(delta) if len(delta) else np.zeros(0, np.int64)
+    return timeline, rounded
+
+
+def dry_run(spec: TrainingSpec, *, timeout: float | None = 60.0) -> Trace:
+    """Run two training steps of ``spec`` on fake tensors and return what they did.
+
+    Raises:
+        UntraceableModelError: the model cannot run on fake tensors.
+        TraceTimeout: the dry run took longer than ``timeout`` seconds.
+        SpecError: the spec's pieces do not fit together (loss, optimizer arguments).
+        TraceError: anything else went wrong inside the step.
+    """
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        UnsupportedOperatorException,
+    )
+
+    def run() -> Trace:
+        model, how = build_model(spec)
+        layers = _layer_counts(model)
+        with torch.enable_grad():
+            try:
+                trace = _trace(spec, model, how)
+            except (SpecError, TraceError):
+                raise
+            except RuntimeError as e:
+                # meta-built modules can keep plain tensor attributes on meta; retry real
+                if how == "meta" and "meta" in str(e) and _param_bytes(model) < 2 * 1024**3:
+                    model = spec.model()  # type: ignore[operator]
+                    trace = _trace(spec, model, "cpu")
+                else:
+                    raise
+        trace.layer_counts = layers
+        return trace
+
+    try:
+        return _call_with_timeout(run, timeout)
+    except (DataDependentOutputException, DynamicOutputShapeException) as e:
+        raise UntraceableModelError(
+            _UNTRACEABLE_HINT.format(kind="a data-dependent operation", err=e)
+        ) from e
+    except UnsupportedOperatorException as e:
+        raise UntraceableModelError(
+            _UNTRACEABLE_HINT.format(kind="an operator without a fake implementation", err=e)
+        ) from e
+    except (SpecError, TraceError):
+        raise
+    except Exception as e:
+        raise UntraceableModelError(
+            _UNTRACEABLE_HINT.format(kind=f"{type(e).__name__}", err=e)
+        ) from e
+
+
+def _param_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
