@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils import flop_counter
 
-__all__ = ["COMPUTE_OPS", "count_flops", "op_class", "register_flop_formula"]
+__all__ = ["COMPUTE_OPS", "CONV", "MATMUL", "MEMORY", "VIEW", "count_flops", "op_class", "register_flop_formula"]
 
 aten = torch.ops.aten
 
@@ -78,9 +78,17 @@ COMPUTE_OPS = frozenset(
 )
 
 
+#: op classes: convolutions (TF32 by default in fp32 on Ampere+), other compute-bound
+#: kernels, memory-bound kernels (elementwise, norms, reductions, copies), and views
+#: (metadata only, no kernel).
+CONV, MATMUL, MEMORY, VIEW = 0, 1, 2, 3
+
+
 def op_class(name: str) -> int:
-    """0: compute-bound kernel, 1: memory-bound kernel (elementwise, norm, reduction...)."""
-    return 0 if name in COMPUTE_OPS else 1
+    """The class of an aten op by name: :data:`CONV`, :data:`MATMUL` or :data:`MEMORY`."""
+    if name not in COMPUTE_OPS:
+        return MEMORY
+    return CONV if "conv" in name else MATMUL
 
 
 def count_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:

@@ -24,6 +24,8 @@ simulation and the learned residual.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import hashlib
 import signal
 import threading
 import time
@@ -41,7 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from costaware.errors import SpecError, TraceError, TraceTimeout, UntraceableModelError
-from costaware.flops import count_flops, op_class
+from costaware.flops import VIEW, count_flops, op_class
 from costaware.spec import TrainingSpec, default_loss
 
 __all__ = ["CATEGORIES", "Trace", "build_model", "dry_run"]
@@ -74,6 +76,8 @@ _NOISE = frozenset(
         "sym_storage_offset",
     }
 )
+_CAT_CODE = {name: i for i, name in enumerate(CATEGORIES)}
+_STATE_INIT_OPS = frozenset({"zeros_like", "zeros", "empty", "empty_like", "full", "full_like", "clone"})
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
 
 
@@ -105,12 +109,21 @@ class Trace:
     optimizer_state_bytes: int
     input_bytes: int
     op_counts: Counter[str]
-    #: per graph node of the last step: FLOPs, bytes moved, op class (0 compute-bound
-    #: kernel, 1 memory-bound kernel, 2 view/metadata, no kernel), dtype code, phase code
+    #: per graph node (one step): FLOPs, bytes moved, op class (see costaware.flops),
+    #: dtype code (0 fp32, 1 bf16, 2 fp16, 3 fp64, 4 other) and phase (0 forward,
+    #: 1 backward, 2 optimizer, 3 optimizer-state initialisation, step 1 only)
     node_flops: np.ndarray
     node_bytes: np.ndarray
     node_class: np.ndarray
     node_dtype: np.ndarray
+    node_phase: np.ndarray
+    #: per event: the storage's category code (index into CATEGORIES)
+    event_category: np.ndarray
+    #: per event: whether the storage grows with the batch (inputs, activations and
+    #: their gradients), used to rescale this trace to another batch size
+    event_scales: np.ndarray
+    #: (event index, phase) where each phase of the two steps starts
+    marks: list[tuple[int, str]]
     build: str
     duration_s: float
     op_signature: str
@@ -235,7 +248,7 @@ class _Recorder(TorchDispatchMode):
             if self.record_graph:
                 idx = len(self.nodes)
                 dtype = outs[0].dtype if outs else (ins[0].dtype if ins else torch.float32)
-                cls = 2 if is_view else op_class(name)
+                cls = VIEW if is_view else op_class(name)
                 self.nodes.append(
                     (name, self.phase, cls, _DTYPE_CODES.get(dtype, 4), len(outs), flops, nbytes)
                 )
@@ -456,12 +469,23 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str) -> Trace:
             live.pop(ev_key[i], None)
     breakdown = dict.fromkeys(CATEGORIES, 0)
     offset = rec._next_key  # step-2 keys are step-1 keys + offset
-    for k, nb in live.items():
+
+    def category(k: int) -> str:
         k = k - offset if k >= offset else k
         cat = rec.key_category.get(k)
         if cat is None:
             cat = "activations" if rec.key_phase.get(k) == "forward" else "temporaries"
-        breakdown[cat] += nb
+        return cat
+
+    def scales(k: int) -> bool:
+        cat = category(k)
+        k = k - offset if k >= offset else k
+        return cat in ("inputs", "activations") or (
+            cat == "temporaries" and rec.key_phase.get(k) == "backward"
+        )
+
+    for k, nb in live.items():
+        breakdown[category(k)] += nb
     phase_peaks: dict[str, int] = {}
     bounds = [*marks, (len(timeline), "end")]
     for (start, name), (stop, _) in zip(bounds, bounds[1:]):
@@ -504,9 +528,14 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str) -> Trace:
         node_bytes=np.asarray([n[6] for n in rec.nodes], dtype=np.float64),
         node_class=np.asarray([n[2] for n in rec.nodes], dtype=np.int8),
         node_dtype=np.asarray([n[3] for n in rec.nodes], dtype=np.int8),
+        node_phase=np.asarray([_node_phase(n[0], n[1]) for n in rec.nodes], dtype=np.int8),
+        event_category=np.asarray([_CAT_CODE[category(k)] for k in ev_key], dtype=np.int8),
+        event_scales=np.asarray([scales(k) for k in ev_key], dtype=bool),
+        marks=marks,
         build=how,
         duration_s=time.perf_counter() - t0,
-        op_signature=f"{hash(tuple(n[0] for n in rec.nodes))}:{len(ev_key)}",
+        op_signature=hashlib.sha1(" ".join(n[0] for n in rec.nodes).encode()).hexdigest()
+        + f":{len(ev_key)}",
         notes=notes,
     )
 
@@ -540,6 +569,14 @@ def _with_second_step(rec: _Recorder) -> tuple[list[int], list[int], list[tuple[
         ev_size.append(sz)
     marks.extend((len(ev_key), name) for _, name in step_marks[m:])
     return ev_key, ev_size, marks
+
+
+def _node_phase(name: str, phase: str) -> int:
+    if phase == "forward":
+        return 0
+    if phase == "backward":
+        return 1
+    return 3 if name in _STATE_INIT_OPS else 2
 
 
 def _live_timeline(ev_key: list[int], ev_size: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -610,3 +647,91 @@ def dry_run(spec: TrainingSpec, *, timeout: float | None = 60.0) -> Trace:
 
 def _param_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _breakdown_at(events: np.ndarray, category: np.ndarray, delta: np.ndarray, idx: int) -> dict[str, int]:
+    out = {}
+    for code, name in enumerate(CATEGORIES):
+        out[name] = int(delta[: idx + 1][category[: idx + 1] == code].sum())
+    return out
+
+
+def _signed_rounded(events: np.ndarray) -> np.ndarray:
+    """Per-event change of live bytes (512-B rounded), vectorised."""
+    keys, sizes = events[:, 0], events[:, 1]
+    rounded = np.where(sizes > 0, _MIN_BLOCK * ((sizes + _MIN_BLOCK - 1) // _MIN_BLOCK), 0)
+    delta = rounded.copy()
+    frees = np.nonzero(sizes < 0)[0]
+    if len(frees):
+        allocs = np.nonzero(sizes > 0)[0]
+        # the matching allocation of each free is the latest earlier one with its key
+        order = np.lexsort((allocs, keys[allocs]))
+        a_keys, a_idx = keys[allocs][order], allocs[order]
+        pos = np.searchsorted(a_keys, keys[frees], side="right") - 1
+        # (keys are never reused within a trace, so this is a direct hit)
+        delta[frees] = -rounded[a_idx[pos]]
+    return delta
+
+
+def rescale(trace: Trace, batch_size: int, other: Trace | None = None) -> Trace:
+    """This trace's figures at another batch size, without running the model again.
+
+    With ``other`` (a trace of the same architecture at a different batch size, with the
+    same op sequence) every storage size, FLOP and byte count is interpolated linearly
+    between the two, which is exact for sizes affine in the batch size. Without it,
+    storages that grow with the batch (:attr:`Trace.event_scales`) and forward/backward
+    FLOPs and bytes scale in proportion; parameters, gradients and optimizer state stay.
+    """
+    b0 = trace.batch_size
+    if batch_size == b0:
+        return trace
+    sizes = trace.events[:, 1].astype(np.float64)
+    alloc = sizes > 0
+    fb = trace.node_phase <= 1
+    if other is not None and other.op_signature == trace.op_signature and other.batch_size != b0:
+        w = (batch_size - b0) / (other.batch_size - b0)
+        new_sizes = sizes + w * (other.events[:, 1] - sizes)
+        node_flops = trace.node_flops + w * (other.node_flops - trace.node_flops)
+        node_bytes = trace.node_bytes + w * (other.node_bytes - trace.node_bytes)
+        lin = {
+            name: getattr(trace, name) + w * (getattr(other, name) - getattr(trace, name))
+            for name in ("flops_forward", "flops_backward", "flops_optimizer", "bytes_moved")
+        }
+    else:
+        r = batch_size / b0
+        new_sizes = np.where(trace.event_scales, sizes * r, sizes)
+        node_flops = np.where(fb, trace.node_flops * r, trace.node_flops)
+        node_bytes = np.where(fb, trace.node_bytes * r, trace.node_bytes)
+        fb_bytes = float(trace.node_bytes[fb].sum())
+        lin = {
+            "flops_forward": trace.flops_forward * r,
+            "flops_backward": trace.flops_backward * r,
+            "flops_optimizer": trace.flops_optimizer,
+            "bytes_moved": trace.bytes_moved + fb_bytes * (r - 1.0),
+        }
+    new_sizes = np.where(alloc, np.maximum(np.rint(new_sizes), 1), -1).astype(np.int64)
+    events = np.stack([trace.events[:, 0], new_sizes], axis=1)
+    delta = _signed_rounded(events)
+    timeline = np.cumsum(delta)
+    peak_idx = int(np.argmax(timeline)) if len(timeline) else 0
+    breakdown = _breakdown_at(events, trace.event_category, delta, peak_idx)
+    phase_peaks: dict[str, int] = {}
+    bounds = [*trace.marks, (len(timeline), "end")]
+    for (start, name), (stop, _) in zip(bounds, bounds[1:]):
+        if stop > start and name in ("forward", "backward", "optimizer"):
+            phase_peaks[name] = max(phase_peaks.get(name, 0), int(timeline[start:stop].max()))
+    return dataclasses.replace(
+        trace,
+        batch_size=batch_size,
+        events=events,
+        timeline=timeline,
+        peak_live=int(timeline[peak_idx]) if len(timeline) else 0,
+        peak_breakdown=breakdown,
+        phase_peaks=phase_peaks,
+        node_flops=node_flops,
+        node_bytes=node_bytes,
+        input_bytes=breakdown["inputs"],
+        duration_s=0.0,
+        notes=[*trace.notes, f"rescaled from batch size {b0}" + (f" and {other.batch_size}" if other else "")],
+        **lin,
+    )
