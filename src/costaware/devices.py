@@ -1,0 +1,717 @@
+"""Catalog of accelerator (and host CPU) specifications.
+
+costaware uses a :class:`Device` for three things:
+
+* roofline time estimates (:attr:`Device.bandwidth` and :meth:`Device.peak_flops`),
+* capacity checks (:attr:`Device.usable_memory_bytes`),
+* numeric inputs for the learned model (:meth:`Device.features`).
+
+Figures
+-------
+FLOP/s are the vendors' *dense* peak figures (no 2:4 sparsity), taken from the public
+datasheets and architecture whitepapers.  For a precision that a GPU has no tensor cores for
+(bf16 before Ampere, tf32 before Ampere) the CUDA-core figure for fp32 is used.  GeForce cards
+are listed with their tensor-core figures *with fp32 accumulation*, which is what PyTorch's
+autocast matmuls use (the headline GeForce numbers assume fp16 accumulation and are twice as
+high).  Bandwidths are the datasheet peak DRAM/HBM figures in bytes/s (decimal units).
+
+Memory capacities are what CUDA reports as the device's total memory
+(``torch.cuda.get_device_properties(i).total_memory``), which is smaller than the marketing
+figure because of ECC and driver reservations.  Each entry says where its figure comes from:
+
+* ``measured``: ``total_memory`` measured on the hardware with torch;
+* ``public log``: the byte count printed by CUDA's ``deviceQuery`` (or by torch) in public
+  logs; it varies by a few tens of MiB between driver versions, the smallest/newest one seen
+  is used;
+* ``nominal``: the marketing capacity in GiB, used where no reported figure was available.
+
+Lookups
+-------
+:func:`get_device` accepts the canonical name, any alias (including the exact strings NVML
+reports, e.g. ``"NVIDIA H100 80GB HBM3"``) case-insensitively, ignoring spaces, underscores and
+hyphens; ``"auto"`` detects the local device with :func:`detect_device`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from costaware.errors import CostawareError
+
+__all__ = [
+    "CATALOG",
+    "Device",
+    "UnknownDeviceError",
+    "cpu_device",
+    "detect_device",
+    "get_device",
+    "known_devices",
+]
+
+GiB = 1024**3
+MiB = 1024**2
+TERA = 1e12
+GIGA = 1e9
+
+#: Precision keys every :attr:`Device.flops` mapping carries.
+FLOPS_KEYS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
+
+#: Spellings accepted by :meth:`Device.peak_flops`, mapped to a :data:`FLOPS_KEYS` key.
+#: Lightning-style precision strings ("bf16-mixed", "16-mixed", "32-true") are accepted too.
+_PRECISION_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "fp32": "fp32",
+        "float32": "fp32",
+        "float": "fp32",
+        "32": "fp32",
+        "32true": "fp32",
+        "tf32": "tf32",
+        "bf16": "bf16",
+        "bfloat16": "bf16",
+        "bf16mixed": "bf16",
+        "bf16true": "bf16",
+        "fp16": "fp16",
+        "float16": "fp16",
+        "half": "fp16",
+        "16": "fp16",
+        "16mixed": "fp16",
+        "16true": "fp16",
+    }
+)
+
+#: Context/handle overhead for Hopper, Ampere and Ada parts (Hopper measured ~0.75-1.3 GiB).
+_OVERHEAD_RECENT = 1 * GiB
+#: Context/handle overhead for Volta and Turing parts.
+_OVERHEAD_OLDER = GiB // 2
+
+_GENERATION_OVERHEAD: Mapping[str, int] = MappingProxyType(
+    {
+        "Hopper": _OVERHEAD_RECENT,
+        "Ampere": _OVERHEAD_RECENT,
+        "Ada": _OVERHEAD_RECENT,
+        "Turing": _OVERHEAD_OLDER,
+        "Volta": _OVERHEAD_OLDER,
+        "cpu": 0,
+    }
+)
+
+# Conservative defaults for a CUDA GPU that is not in the catalog (see detect_device): roughly
+# a T4, i.e. the slowest accelerator still in common use, so time estimates err on the slow
+# side.  The larger context overhead errs on the side of "does not fit".
+_UNKNOWN_GPU_BANDWIDTH = 300 * GIGA
+_UNKNOWN_GPU_FP32 = 8.1 * TERA
+_UNKNOWN_GPU_TENSOR = 65.0 * TERA
+_UNKNOWN_GPU_SM_COUNT = 40
+_UNKNOWN_GPU_OVERHEAD = _OVERHEAD_RECENT
+
+# Rough host-CPU figures (see cpu_device).
+_CPU_BANDWIDTH_PER_CORE = 10 * GIGA  # 20 GB/s per 2 cores
+_CPU_BANDWIDTH_CAP = 200 * GIGA
+_CPU_FP32_PER_CORE = 50 * GIGA
+_CPU_FALLBACK_MEMORY = 8 * GiB
+
+_NORMALISE_RE = re.compile(r"[\s_\-]+")
+# Vendor/brand prefixes that NVML puts in front of the model name ("NVIDIA GeForce RTX 4090",
+# "Tesla T4"); a lookup that fails is retried without them.
+_VENDOR_PREFIXES: tuple[str, ...] = ("nvidia", "geforce", "tesla", "quadro")
+
+
+class UnknownDeviceError(CostawareError, ValueError):
+    """Raised by :func:`get_device` for a name that matches no catalog entry."""
+
+
+def _normalise(name: str) -> str:
+    """Lower-case ``name`` and drop spaces, underscores and hyphens."""
+    return _NORMALISE_RE.sub("", name.strip().lower())
+
+
+def _strip_vendor(key: str) -> str:
+    """Remove leading vendor/brand prefixes from a normalised name."""
+    changed = True
+    while changed:
+        changed = False
+        for prefix in _VENDOR_PREFIXES:
+            if key.startswith(prefix) and len(key) > len(prefix):
+                key = key[len(prefix) :]
+                changed = True
+    return key
+
+
+@dataclass(frozen=True)
+class Device:
+    """Specifications of one accelerator (or the host CPU).
+
+    Attributes:
+        name: Canonical catalog name, e.g. ``"H100-SXM"``.
+        kind: ``"cuda"`` or ``"cpu"``.
+        memory_bytes: Total device memory in bytes, as CUDA reports it.
+        bandwidth: Peak DRAM/HBM bandwidth in bytes/s.
+        flops: Peak dense FLOP/s per precision: ``"fp32"``, ``"tf32"``, ``"fp16"``,
+            ``"bf16"``.  Stored as a read-only mapping.
+        sm_count: Number of streaming multiprocessors (logical cores for a CPU).
+        compute_capability: CUDA compute capability such as ``"9.0"``; ``""`` for a CPU.
+        generation: ``"Hopper"``, ``"Ampere"``, ``"Ada"``, ``"Turing"``, ``"Volta"``, ``"cpu"``
+            (``"Blackwell"``, ``"Pascal"`` or ``"unknown"`` for detected GPUs outside the
+            catalog).
+        context_overhead_bytes: Memory the CUDA context and cuBLAS/cuDNN handles take outside
+            PyTorch's caching allocator.
+        aliases: Other names :func:`get_device` accepts for this device.
+    """
+
+    name: str
+    kind: str
+    memory_bytes: int
+    bandwidth: float
+    flops: Mapping[str, float] = field(hash=False)
+    sm_count: int
+    compute_capability: str
+    generation: str
+    context_overhead_bytes: int
+    aliases: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        """Validate the fields and freeze :attr:`flops` and :attr:`aliases`."""
+        if self.kind not in ("cuda", "cpu"):
+            raise ValueError(
+                f"Device {self.name!r}: kind must be 'cuda' or 'cpu', got {self.kind!r}"
+            )
+        if self.memory_bytes <= 0:
+            raise ValueError(f"Device {self.name!r}: memory_bytes must be positive")
+        if not self.bandwidth > 0:
+            raise ValueError(f"Device {self.name!r}: bandwidth must be positive")
+        if self.sm_count <= 0:
+            raise ValueError(f"Device {self.name!r}: sm_count must be positive")
+        if not 0 <= self.context_overhead_bytes < self.memory_bytes:
+            raise ValueError(
+                f"Device {self.name!r}: context_overhead_bytes must be >= 0 and < memory_bytes"
+            )
+        flops = {str(k): float(v) for k, v in self.flops.items()}
+        missing = [k for k in FLOPS_KEYS if k not in flops]
+        if missing:
+            raise ValueError(f"Device {self.name!r}: flops lacks {missing}")
+        bad = [k for k, v in flops.items() if not v > 0]
+        if bad:
+            raise ValueError(f"Device {self.name!r}: flops must be positive, bad keys {bad}")
+        object.__setattr__(self, "flops", MappingProxyType(flops))
+        object.__setattr__(self, "aliases", tuple(self.aliases))
+
+    def __reduce__(self) -> tuple[type[Device], tuple[object, ...]]:
+        """Pickle support (the read-only ``flops`` mapping is not picklable as such)."""
+        return (
+            type(self),
+            (
+                self.name,
+                self.kind,
+                self.memory_bytes,
+                self.bandwidth,
+                dict(self.flops),
+                self.sm_count,
+                self.compute_capability,
+                self.generation,
+                self.context_overhead_bytes,
+                self.aliases,
+            ),
+        )
+
+    def peak_flops(self, precision: str, allow_tf32: bool = False) -> float:
+        """Peak dense FLOP/s for training in ``precision``.
+
+        Args:
+            precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (case-insensitive; the spellings
+                ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"half"`` and Lightning's
+                ``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"`` are accepted, as is
+                ``"tf32"`` to ask for the TF32 figure directly).
+            allow_tf32: Whether fp32 matmuls may run on TF32 tensor cores
+                (``torch.backends.cuda.matmul.allow_tf32``).  When true, ``"fp32"`` returns
+                the TF32 figure, which equals the fp32 figure on GPUs without TF32 support.
+
+        Returns:
+            Peak FLOP/s.
+
+        Raises:
+            ValueError: If ``precision`` is not recognised.
+        """
+        key = _PRECISION_ALIASES.get(_normalise(str(precision)))
+        if key is None:
+            raise ValueError(
+                f"unknown precision {precision!r}; expected one of 'fp32', 'bf16', 'fp16'"
+            )
+        if key == "fp32" and allow_tf32:
+            key = "tf32"
+        return self.flops[key]
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """Memory left for PyTorch's caching allocator: total minus the context overhead."""
+        return self.memory_bytes - self.context_overhead_bytes
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the fields as a JSON-serialisable dict (``Device(**d)`` rebuilds it)."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "memory_bytes": int(self.memory_bytes),
+            "bandwidth": float(self.bandwidth),
+            "flops": {k: float(v) for k, v in self.flops.items()},
+            "sm_count": int(self.sm_count),
+            "compute_capability": self.compute_capability,
+            "generation": self.generation,
+            "context_overhead_bytes": int(self.context_overhead_bytes),
+            "aliases": list(self.aliases),
+        }
+
+    def features(self) -> dict[str, float]:
+        """Numeric features describing the device, for a learned model.
+
+        Keys: ``memory_gib``, ``bandwidth_gbs`` (GB/s, decimal), ``fp32_tflops``,
+        ``bf16_tflops``, ``fp16_tflops``, ``sm_count``, ``cc_major`` (0 for a CPU or an
+        unknown compute capability) and ``is_cpu`` (1.0 or 0.0).
+        """
+        return {
+            "memory_gib": self.memory_bytes / GiB,
+            "bandwidth_gbs": self.bandwidth / GIGA,
+            "fp32_tflops": self.flops["fp32"] / TERA,
+            "bf16_tflops": self.flops["bf16"] / TERA,
+            "fp16_tflops": self.flops["fp16"] / TERA,
+            "sm_count": float(self.sm_count),
+            "cc_major": float(_cc_major(self.compute_capability)),
+            "is_cpu": 1.0 if self.kind == "cpu" else 0.0,
+        }
+
+
+def _cc_major(compute_capability: str) -> int:
+    """Major version of a ``"major.minor"`` compute capability; 0 if empty or malformed."""
+    head = compute_capability.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+def _flops(fp32: float, tf32: float, fp16: float, bf16: float) -> dict[str, float]:
+    """Build a flops mapping from figures given in TFLOP/s."""
+    return {"fp32": fp32 * TERA, "tf32": tf32 * TERA, "fp16": fp16 * TERA, "bf16": bf16 * TERA}
+
+
+def _gpu(
+    name: str,
+    *,
+    memory_bytes: int,
+    bandwidth: float,
+    flops: dict[str, float],
+    sm_count: int,
+    compute_capability: str,
+    generation: str,
+    aliases: tuple[str, ...],
+) -> Device:
+    """Build a catalog GPU entry with the generation's context overhead."""
+    return Device(
+        name=name,
+        kind="cuda",
+        memory_bytes=memory_bytes,
+        bandwidth=bandwidth,
+        flops=flops,
+        sm_count=sm_count,
+        compute_capability=compute_capability,
+        generation=generation,
+        context_overhead_bytes=_GENERATION_OVERHEAD[generation],
+        aliases=aliases,
+    )
+
+
+_H100_SXM_FLOPS = _flops(fp32=67.0, tf32=494.5, fp16=989.4, bf16=989.4)
+_H100_PCIE_FLOPS = _flops(fp32=51.0, tf32=378.0, fp16=756.0, bf16=756.0)
+_A100_FLOPS = _flops(fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0)
+
+_GPUS: tuple[Device, ...] = (
+    # --- Hopper ---------------------------------------------------------------------------
+    _gpu(
+        "H100-SXM",
+        memory_bytes=85_520_809_984,  # measured: 81559 MiB
+        bandwidth=3_350 * GIGA,
+        flops=_H100_SXM_FLOPS,
+        sm_count=132,
+        compute_capability="9.0",
+        generation="Hopper",
+        aliases=("H100", "H100-80GB", "H100-SXM5", "H100-SXM-80GB", "NVIDIA H100 80GB HBM3"),
+    ),
+    _gpu(
+        "H100-PCIe",
+        memory_bytes=85_520_809_984,  # nominal: same 81559 MiB as the SXM part, not measured
+        bandwidth=2_000 * GIGA,
+        flops=_H100_PCIE_FLOPS,
+        sm_count=114,
+        compute_capability="9.0",
+        generation="Hopper",
+        aliases=("H100-PCIe-80GB", "NVIDIA H100 PCIe"),
+    ),
+    _gpu(
+        "H200",
+        memory_bytes=150_754_820_096,  # measured: ~140.4 GiB
+        bandwidth=4_800 * GIGA,
+        flops=_H100_SXM_FLOPS,  # same dense peaks as the H100 SXM
+        sm_count=132,
+        compute_capability="9.0",
+        generation="Hopper",
+        aliases=("H200-SXM", "H200-141GB", "NVIDIA H200"),
+    ),
+    # --- Ampere ---------------------------------------------------------------------------
+    _gpu(
+        "A100-40GB",
+        memory_bytes=42_298_834_944,  # public log (deviceQuery): 40339 MiB
+        bandwidth=1_555 * GIGA,
+        flops=_A100_FLOPS,
+        sm_count=108,
+        compute_capability="8.0",
+        generation="Ampere",
+        aliases=("A100-SXM4-40GB", "A100-SXM-40GB", "NVIDIA A100-SXM4-40GB"),
+    ),
+    _gpu(
+        "A100-80GB",
+        memory_bytes=84_987_740_160,  # public log (deviceQuery): 81051 MiB
+        bandwidth=2_039 * GIGA,
+        flops=_A100_FLOPS,
+        sm_count=108,
+        compute_capability="8.0",
+        generation="Ampere",
+        aliases=("A100", "A100-SXM4-80GB", "A100-SXM-80GB", "NVIDIA A100-SXM4-80GB"),
+    ),
+    _gpu(
+        "A100-40GB-PCIe",
+        memory_bytes=42_298_834_944,  # assumed equal to the SXM4 40GB part
+        bandwidth=1_555 * GIGA,
+        flops=_A100_FLOPS,
+        sm_count=108,
+        compute_capability="8.0",
+        generation="Ampere",
+        aliases=("A100-PCIe-40GB", "NVIDIA A100-PCIE-40GB"),
+    ),
+    _gpu(
+        "A100-80GB-PCIe",
+        memory_bytes=84_987_740_160,  # assumed equal to the SXM4 80GB part
+        bandwidth=1_935 * GIGA,
+        flops=_A100_FLOPS,
+        sm_count=108,
+        compute_capability="8.0",
+        generation="Ampere",
+        aliases=("A100-PCIe-80GB", "A100-PCIe", "NVIDIA A100 80GB PCIe"),
+    ),
+    _gpu(
+        "A10",
+        memory_bytes=23_609_475_072,  # public log (deviceQuery): 22516 MiB
+        bandwidth=600 * GIGA,
+        flops=_flops(fp32=31.2, tf32=62.5, fp16=125.0, bf16=125.0),
+        sm_count=72,
+        compute_capability="8.6",
+        generation="Ampere",
+        aliases=("A10-24GB", "NVIDIA A10"),
+    ),
+    _gpu(
+        "RTX-3090",
+        memory_bytes=25_437_405_184,  # public log (torch): 24259 MiB
+        bandwidth=936 * GIGA,
+        # GA102 whitepaper, tensor figures with fp32 accumulation.
+        flops=_flops(fp32=35.6, tf32=35.6, fp16=71.0, bf16=71.0),
+        sm_count=82,
+        compute_capability="8.6",
+        generation="Ampere",
+        aliases=("3090", "RTX3090", "GeForce RTX 3090", "NVIDIA GeForce RTX 3090"),
+    ),
+    # --- Ada ------------------------------------------------------------------------------
+    _gpu(
+        "L4",
+        memory_bytes=23_612_293_120,  # public log (deviceQuery): 22518 MiB
+        bandwidth=300 * GIGA,
+        flops=_flops(fp32=30.3, tf32=60.0, fp16=121.0, bf16=121.0),
+        sm_count=58,
+        compute_capability="8.9",
+        generation="Ada",
+        aliases=("L4-24GB", "NVIDIA L4"),
+    ),
+    _gpu(
+        "L40S",
+        memory_bytes=47_576_711_168,  # public log (deviceQuery): 45373 MiB
+        bandwidth=864 * GIGA,
+        flops=_flops(fp32=91.6, tf32=183.0, fp16=362.05, bf16=362.05),
+        sm_count=142,
+        compute_capability="8.9",
+        generation="Ada",
+        aliases=("L40S-48GB", "NVIDIA L40S"),
+    ),
+    _gpu(
+        "RTX-4090",
+        memory_bytes=25_756_696_576,  # public log (torch): 24563 MiB
+        bandwidth=1008 * GIGA,
+        # Ada whitepaper, tensor figures with fp32 accumulation.
+        flops=_flops(fp32=82.6, tf32=82.6, fp16=165.2, bf16=165.2),
+        sm_count=128,
+        compute_capability="8.9",
+        generation="Ada",
+        aliases=("4090", "RTX4090", "GeForce RTX 4090", "NVIDIA GeForce RTX 4090"),
+    ),
+    # --- Turing ---------------------------------------------------------------------------
+    _gpu(
+        "T4",
+        memory_bytes=15_642_329_088,  # public log (deviceQuery, CUDA 12.5): 14918 MiB
+        bandwidth=320 * GIGA,
+        # No bf16/tf32 tensor cores: those use the fp32 CUDA-core figure.
+        flops=_flops(fp32=8.1, tf32=8.1, fp16=65.0, bf16=8.1),
+        sm_count=40,
+        compute_capability="7.5",
+        generation="Turing",
+        aliases=("T4-16GB", "Tesla T4", "NVIDIA T4"),
+    ),
+    # --- Volta ----------------------------------------------------------------------------
+    _gpu(
+        "V100",
+        memory_bytes=34_072_559_616,  # public log (deviceQuery, CUDA 12.9): 32494 MiB
+        bandwidth=900 * GIGA,
+        # No bf16/tf32 tensor cores: those use the fp32 CUDA-core figure.
+        flops=_flops(fp32=15.7, tf32=15.7, fp16=125.0, bf16=15.7),
+        sm_count=80,
+        compute_capability="7.0",
+        generation="Volta",
+        aliases=("V100-32GB", "V100-SXM2-32GB", "V100-SXM2", "Tesla V100-SXM2-32GB"),
+    ),
+    _gpu(
+        "V100-16GB",
+        memory_bytes=16_928_342_016,  # public log (deviceQuery, CUDA 12.4): 16144 MiB
+        bandwidth=900 * GIGA,
+        flops=_flops(fp32=15.7, tf32=15.7, fp16=125.0, bf16=15.7),
+        sm_count=80,
+        compute_capability="7.0",
+        generation="Volta",
+        aliases=("V100-SXM2-16GB", "Tesla V100-SXM2-16GB"),
+    ),
+)
+
+
+def _physical_memory_bytes() -> int:
+    """Physical memory of the host from ``os.sysconf``; a fixed 8 GiB if unavailable."""
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        pages = os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return _CPU_FALLBACK_MEMORY
+    total = int(page) * int(pages)
+    return total if total > 0 else _CPU_FALLBACK_MEMORY
+
+
+def cpu_device() -> Device:
+    """Describe the local CPU as a :class:`Device` named ``"CPU"``.
+
+    Cores come from :func:`os.cpu_count` and memory from ``os.sysconf`` (page size times
+    physical pages; 8 GiB when the platform lacks it).  The throughput figures are **rough
+    guesses**, not measurements: bandwidth is 20 GB/s per 2 logical cores capped at 200 GB/s,
+    and fp32 peak is 50 GFLOP/s per logical core; tf32/bf16/fp16 use the fp32 figure (most CPUs
+    have no faster path for them in PyTorch).  The context overhead is 0.
+    """
+    cores = max(1, os.cpu_count() or 1)
+    fp32 = cores * _CPU_FP32_PER_CORE
+    return Device(
+        name="CPU",
+        kind="cpu",
+        memory_bytes=_physical_memory_bytes(),
+        bandwidth=min(cores * _CPU_BANDWIDTH_PER_CORE, _CPU_BANDWIDTH_CAP),
+        flops=dict.fromkeys(FLOPS_KEYS, fp32),
+        sm_count=cores,
+        compute_capability="",
+        generation="cpu",
+        context_overhead_bytes=0,
+        aliases=("local-cpu", "host"),
+    )
+
+
+def _build_catalog(devices: tuple[Device, ...]) -> Mapping[str, Device]:
+    """Map canonical names to devices, rejecting duplicate canonical names."""
+    catalog: dict[str, Device] = {}
+    for device in devices:
+        if device.name in catalog:
+            raise RuntimeError(f"duplicate catalog entry {device.name!r}")
+        catalog[device.name] = device
+    return MappingProxyType(catalog)
+
+
+def _build_index(catalog: Mapping[str, Device]) -> Mapping[str, str]:
+    """Map every normalised name/alias (with and without vendor prefix) to a canonical name."""
+    index: dict[str, str] = {}
+    for canonical, device in catalog.items():
+        for raw in (canonical, *device.aliases):
+            full = _normalise(raw)
+            for key in dict.fromkeys((full, _strip_vendor(full))):
+                owner = index.setdefault(key, canonical)
+                if owner != canonical:
+                    raise RuntimeError(
+                        f"name {raw!r} of {canonical!r} collides with catalog entry {owner!r}"
+                    )
+    return MappingProxyType(index)
+
+
+#: Canonical name -> :class:`Device`.  ``"CPU"`` describes the machine importing this module.
+CATALOG: Mapping[str, Device] = _build_catalog((*_GPUS, cpu_device()))
+_INDEX: Mapping[str, str] = _build_index(CATALOG)
+
+
+def known_devices() -> list[str]:
+    """Canonical names of the catalog entries, sorted."""
+    return sorted(CATALOG)
+
+
+def _lookup(name: str) -> Device | None:
+    """Catalog entry for ``name`` (canonical or alias, loosely matched), or ``None``."""
+    key = _normalise(name)
+    canonical = _INDEX.get(key)
+    if canonical is None:
+        canonical = _INDEX.get(_strip_vendor(key))
+    return None if canonical is None else CATALOG[canonical]
+
+
+def get_device(name: str | Device) -> Device:
+    """Resolve a device name to its :class:`Device`.
+
+    Args:
+        name: A canonical catalog name or an alias, matched case-insensitively and ignoring
+            spaces, underscores and hyphens (``"h100_sxm"``, ``"NVIDIA H100 80GB HBM3"``);
+            a leading vendor word (``NVIDIA``, ``GeForce``, ``Tesla``, ``Quadro``) is optional.
+            ``"auto"`` returns :func:`detect_device`.  A :class:`Device` is returned unchanged.
+
+    Raises:
+        UnknownDeviceError: If ``name`` matches no entry; the message lists the known names.
+        TypeError: If ``name`` is neither a string nor a :class:`Device`.
+    """
+    if isinstance(name, Device):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"device name must be a str or Device, got {type(name).__name__}")
+    if _normalise(name) == "auto":
+        return detect_device()
+    device = _lookup(name)
+    if device is not None:
+        return device
+    known = known_devices()
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise UnknownDeviceError(
+        f"unknown device {name!r}.{hint} Known devices: {', '.join(known)} (or 'auto')."
+    )
+
+
+def _decode(value: Any) -> str:
+    """NVML returns ``bytes`` in old versions of the bindings and ``str`` in new ones."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _generation_for(major: int, minor: int) -> str:
+    """Architecture name for a compute capability."""
+    if major == 7:
+        return "Turing" if minor >= 5 else "Volta"
+    if major == 8:
+        return "Ada" if minor >= 9 else "Ampere"
+    if major == 9:
+        return "Hopper"
+    if major in (10, 11, 12):
+        return "Blackwell"
+    if major == 6:
+        return "Pascal"
+    return "unknown"
+
+
+def _nvml_handle(pynvml: Any) -> Any | None:
+    """Handle of the GPU CUDA would use as device 0, or ``None`` if none is visible.
+
+    Honours ``CUDA_VISIBLE_DEVICES``: an empty value or a negative index means no GPU; an index
+    or a ``GPU-`` UUID selects that GPU; otherwise NVML's GPU 0 is used.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return pynvml.nvmlDeviceGetHandleByIndex(0)
+    first = visible.split(",", 1)[0].strip()
+    if not first:
+        return None
+    if first.lstrip("-").isdigit():
+        index = int(first)
+        return None if index < 0 else pynvml.nvmlDeviceGetHandleByIndex(index)
+    if first.startswith("GPU-"):
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(first)
+        except Exception:
+            pass
+    return pynvml.nvmlDeviceGetHandleByIndex(0)
+
+
+def _unknown_gpu(pynvml: Any, handle: Any, name: str, memory_bytes: int) -> Device:
+    """Device for a GPU missing from the catalog: real name and memory, conservative speeds."""
+    major, minor = 0, 0
+    with contextlib.suppress(Exception):
+        major, minor = (int(v) for v in pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+    has_tensor_cores = major >= 7
+    has_bf16 = major >= 8
+    tensor = _UNKNOWN_GPU_TENSOR if has_tensor_cores else _UNKNOWN_GPU_FP32
+    overhead = _UNKNOWN_GPU_OVERHEAD
+    if overhead >= memory_bytes:
+        overhead = memory_bytes // 4
+    return Device(
+        name=name,
+        kind="cuda",
+        memory_bytes=memory_bytes,
+        bandwidth=_UNKNOWN_GPU_BANDWIDTH,
+        flops={
+            "fp32": _UNKNOWN_GPU_FP32,
+            "tf32": _UNKNOWN_GPU_FP32,
+            "fp16": tensor,
+            "bf16": tensor if has_bf16 else _UNKNOWN_GPU_FP32,
+        },
+        sm_count=_UNKNOWN_GPU_SM_COUNT,
+        compute_capability=f"{major}.{minor}" if major else "",
+        generation=_generation_for(major, minor) if major else "unknown",
+        context_overhead_bytes=overhead,
+    )
+
+
+def detect_device() -> Device:
+    """Describe the GPU this process would train on, via NVML.
+
+    Reads the name and total memory of GPU 0 (the first entry of ``CUDA_VISIBLE_DEVICES``
+    when that is set) with ``pynvml``, imported lazily.  A name found in the catalog returns
+    that catalog entry.
+
+    A GPU that is **not in the catalog** gets a new :class:`Device` with its real NVML name,
+    real total memory and compute capability, but **conservative defaults** for everything
+    else: 300 GB/s bandwidth, 8.1 TFLOP/s fp32/tf32, 65 TFLOP/s fp16/bf16 where tensor cores
+    exist (bf16 needs compute capability 8.0+), 40 SMs and a 1 GiB context overhead, i.e.
+    roughly a T4, so time estimates err on the slow side.
+
+    If ``pynvml`` is not installed, NVML fails to initialise or answer, or no GPU is visible,
+    returns :func:`cpu_device`.
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return cpu_device()
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return cpu_device()
+    try:
+        handle = _nvml_handle(pynvml)
+        if handle is None:
+            return cpu_device()
+        name = _decode(pynvml.nvmlDeviceGetName(handle)).strip()
+        memory_bytes = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+        device = _lookup(name)
+        if device is not None and device.kind == "cuda":
+            return device
+        if memory_bytes <= 0:
+            return cpu_device()
+        return _unknown_gpu(pynvml, handle, name, memory_bytes)
+    except Exception:
+        return cpu_device()
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()

@@ -1,0 +1,673 @@
+"""The cost model: analytic estimates corrected by CatBoost, with calibrated upper bounds.
+
+:class:`CostModel` follows scikit-learn's estimator contract: ``__init__`` only stores
+parameters, :meth:`CostModel.fit` validates and returns ``self``, learned state ends in
+``_``, and a learned component used before ``fit`` raises :class:`NotFittedError`. An
+unfitted model still predicts: it returns the analytic estimate and says so.
+
+Two CatBoost regressors learn the *residual* over the analytic figures, ``log(actual /
+simulated reserved peak)`` for memory and ``log(actual / roofline time)`` for time, from
+NSM, graph2vec, hyperparameter, analytic and device features. Residual learning is what
+carries over to architectures the model has never seen. The upper bounds are
+split-conformal: the calibration residuals come from rows (architecture families, when
+known) the regressors did not train on, so a nominal 95% bound covers 95%.
+
+Models are saved as CatBoost ``.cbm`` files plus a JSON manifest. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from costaware import analytic as _analytic
+from costaware.devices import Device, get_device
+from costaware.errors import CostawareError, NotFittedError
+from costaware.features import (
+    FEATURE_VERSION,
+    device_features,
+    hyperparameter_features,
+    nsm_features,
+    trace_features,
+)
+from costaware.spec import TrainingSpec
+from costaware.trace import Trace, build_model, dry_run, rescale
+
+__all__ = ["CostModel", "Observation", "Prediction", "features_for"]
+
+MiB = 2**20
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+def _fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _fmt_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    if s < 120:
+        return f"{s:.2f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.2f} h"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted cost of one training configuration on one device.
+
+    ``peak_memory`` is the caching allocator's reserved peak (``max_memory_reserved``,
+    what decides an OOM), in bytes; ``peak_memory_upper`` its calibrated upper bound.
+    Times are seconds; ``epoch_time`` is None when the spec has no ``dataset_size``.
+    """
+
+    peak_memory: int
+    peak_memory_upper: int
+    iteration_time: float
+    iteration_time_upper: float
+    epoch_time: float | None
+    epoch_time_upper: float | None
+    trial_time: float | None
+    device: str
+    kind: str
+    coverage: float | None
+    spec: Mapping[str, Any]
+    basis: Mapping[str, Any]
+    notes: tuple[str, ...] = ()
+    latency_s: float = 0.0
+
+    def explain(self) -> str:
+        """What the numbers rest on, in words a person can check."""
+        b = self.basis
+        lines = [
+            f"{self.spec.get('name', 'model')} on {self.device}: batch {self.spec.get('batch_size')}, "
+            f"{self.spec.get('optimizer')}, {self.spec.get('precision')}, allocator {self.spec.get('allocator')}",
+            f"  peak memory (reserved): {_fmt_bytes(self.peak_memory)}  "
+            f"upper bound: {_fmt_bytes(self.peak_memory_upper)}",
+            f"  iteration time: {_fmt_seconds(self.iteration_time)}  "
+            f"upper bound: {_fmt_seconds(self.iteration_time_upper)}",
+        ]
+        if self.epoch_time is not None:
+            lines.append(
+                f"  epoch time: {_fmt_seconds(self.epoch_time)} ({self.spec.get('steps_per_epoch')} steps)  "
+                f"upper bound: {_fmt_seconds(self.epoch_time_upper)}"
+            )
+        if self.kind == "analytic":
+            lines.append(
+                "  model: analytic estimate only (no learned model is fitted); the upper bounds are "
+                "heuristic margins, not calibrated"
+            )
+        else:
+            lines.append(
+                f"  model: learned residual over the analytic estimate, trained on {b.get('trained_rows')} "
+                f"measurements; upper bounds split-conformal at {self.coverage:.0%}"
+            )
+        lines += [
+            "  based on:",
+            f"    dry-run live peak        {_fmt_bytes(b.get('live_peak'))}",
+            f"    simulated allocator peak {_fmt_bytes(b.get('simulated_reserved'))} "
+            f"(allocated {_fmt_bytes(b.get('simulated_allocated'))}, incl. {_fmt_bytes(b.get('workspace'))} "
+            "cuBLAS/cuDNN workspace)",
+            "    peak breakdown           "
+            + ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in b.get("breakdown", {}).items() if v),
+            f"    parameters               {b.get('params', 0) / 1e6:.2f} M",
+            f"    FLOPs per step           {b.get('flops', 0) / 1e9:.1f} GFLOP "
+            f"(forward {b.get('flops_forward', 0) / 1e9:.1f})",
+            f"    roofline time            {_fmt_seconds(b.get('analytic_time'))}",
+        ]
+        if self.kind == "learned":
+            lines.append(
+                f"    learned correction       memory x{b.get('memory_factor', 1):.3f}, "
+                f"time x{b.get('time_factor', 1):.3f}"
+            )
+        lines.append(
+            f"    features used            {b.get('features_used')} "
+            f"(trace: {b.get('trace_source')}, model built on {b.get('build')})"
+        )
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["spec"] = dict(self.spec)
+        d["basis"] = {k: v for k, v in self.basis.items()}
+        d["notes"] = list(self.notes)
+        return d
+
+    def __repr__(self) -> str:
+        ep = f", epoch_time={_fmt_seconds(self.epoch_time)}" if self.epoch_time is not None else ""
+        return (
+            f"Prediction(peak_memory={_fmt_bytes(self.peak_memory)}, "
+            f"peak_memory_upper={_fmt_bytes(self.peak_memory_upper)}, "
+            f"iteration_time={_fmt_seconds(self.iteration_time)}{ep}, device={self.device!r}, "
+            f"kind={self.kind!r})"
+        )
+
+
+@dataclass
+class Observation:
+    """One measured training configuration: the features it had and what it cost.
+
+    ``peak_memory`` is the measured ``max_memory_reserved`` (bytes) and ``iteration_time``
+    the measured median step time (seconds); either may be None (an OOM has no peak).
+    ``family`` names the architecture family, used to hold families out for calibration.
+    """
+
+    features: dict[str, float]
+    device: str
+    peak_memory: float | None = None
+    iteration_time: float | None = None
+    status: str = "ok"
+    family: str | None = None
+    peak_allocated: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Observation:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# --------------------------------------------------------------------------------------
+# per-architecture cache: traces, graph features
+# --------------------------------------------------------------------------------------
+@dataclass
+class _ArchEntry:
+    traces: list[Trace]
+    graph_feats: dict[str, float]
+
+
+class _TraceCache:
+    """LRU of traces per architecture; a new batch size is rescaled, not re-traced."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._data: OrderedDict[str, _ArchEntry] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> _ArchEntry | None:
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is not None:
+                self._data.move_to_end(key)
+            return entry
+
+    def put(self, key: str, entry: _ArchEntry) -> None:
+        with self._lock:
+            self._data[key] = entry
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+def _arch_key(spec: TrainingSpec) -> str:
+    key = spec.architecture_key()
+    if key is not None:
+        return key
+    model, _ = build_model(spec)
+    shapes = ";".join(f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters())
+    body = hashlib.sha1((repr(model) + shapes).encode()).hexdigest()
+    return spec._key_with("module:" + body)
+
+
+def features_for(
+    trace: Trace,
+    spec: TrainingSpec,
+    device: Device,
+    est: _analytic.AnalyticEstimate,
+    graph_feats: Mapping[str, float],
+) -> dict[str, float]:
+    """The full feature dict for one (trace, spec, device), as the learned model sees it."""
+    feats: dict[str, float] = {}
+    feats.update(hyperparameter_features(spec))
+    feats.update(trace_features(trace))
+    feats.update(device_features(device))
+    feats.update(graph_feats)
+    feats.update(
+        {
+            "analytic_reserved_mib": est.reserved / MiB,
+            "analytic_allocated_mib": est.allocated / MiB,
+            "analytic_reserved_over_live": est.reserved / max(est.live_peak, 1),
+            "analytic_segments": float(est.allocator_segments),
+            "analytic_time_ms": est.iteration_time * 1e3,
+            "analytic_compute_ms": est.compute_time * 1e3,
+            "analytic_memory_ms": est.memory_time * 1e3,
+            "log_analytic_reserved": math.log(max(est.reserved, 1)),
+            "log_analytic_time": math.log(max(est.iteration_time, 1e-9)),
+            "memory_over_capacity": est.reserved / device.memory_bytes,
+        }
+    )
+    return feats
+
+
+def _conformal_quantile(residuals: np.ndarray, coverage: float) -> float:
+    """Split-conformal quantile: the ceil((n+1)·coverage)-th smallest residual."""
+    n = len(residuals)
+    if n == 0:
+        return float("nan")
+    k = math.ceil((n + 1) * coverage)
+    if k > n:  # too few calibration rows for a finite quantile: widen past the maximum
+        return float(np.max(residuals) + np.std(residuals))
+    return float(np.sort(residuals)[k - 1])
+
+
+class CostModel:
+    """Predicts peak memory and iteration/epoch time of a :class:`TrainingSpec`.
+
+    Example:
+        >>> import costaware as ca
+        >>> from costaware import zoo
+        >>> model = ca.CostModel.default()
+        >>> spec = ca.TrainingSpec(model=lambda: zoo.mlp(784, (256,), 10),
+        ...                        batch=ca.ImageBatch((784,), classes=10), batch_size=64)
+        >>> pred = model.predict(spec, device="H100")
+        >>> pred.peak_memory <= pred.peak_memory_upper
+        True
+
+    Args:
+        iterations, depth, learning_rate: CatBoost settings of both regressors.
+        coverage: nominal coverage of the upper bounds (split-conformal).
+        calibration_fraction: share of rows (of families, when known) held out to calibrate.
+        random_state: seed of CatBoost and of the calibration split.
+        thread_count: CatBoost threads.
+        trace_timeout: seconds allowed for one dry run.
+        cache_size: architectures whose traces are kept for warm predictions.
+    """
+
+    def __init__(
+        self,
+        *,
+        iterations: int = 800,
+        depth: int = 6,
+        learning_rate: float = 0.05,
+        coverage: float = 0.95,
+        calibration_fraction: float = 0.2,
+        random_state: int = 0,
+        thread_count: int = 2,
+        trace_timeout: float = 60.0,
+        cache_size: int = 64,
+    ) -> None:
+        self.iterations = iterations
+        self.depth = depth
+        self.learning_rate = learning_rate
+        self.coverage = coverage
+        self.calibration_fraction = calibration_fraction
+        self.random_state = random_state
+        self.thread_count = thread_count
+        self.trace_timeout = trace_timeout
+        self.cache_size = cache_size
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def default(cls) -> CostModel:
+        """The shipped model: learned when the package carries one, else analytic."""
+        try:
+            root = resources.files("costaware") / "data" / "default_model"
+            with resources.as_file(root) as path:
+                if (Path(path) / MANIFEST).is_file():
+                    return cls.load(path)
+        except (FileNotFoundError, ModuleNotFoundError):
+            pass
+        return cls()
+
+    # -- state helpers --------------------------------------------------------------------
+    @property
+    def is_fitted(self) -> bool:
+        return hasattr(self, "memory_model_") or hasattr(self, "time_model_")
+
+    def _cache(self) -> _TraceCache:
+        cache = self.__dict__.get("_trace_cache")
+        if cache is None:
+            cache = self.__dict__["_trace_cache"] = _TraceCache(self.cache_size)
+        return cache
+
+    # -- features -------------------------------------------------------------------------
+    def trace(self, spec: TrainingSpec, *, exact: bool = False) -> tuple[Trace, dict[str, float], str]:
+        """The spec's trace (cached per architecture), its graph features, and its source.
+
+        The first spec of an architecture is traced; another batch size of the same
+        architecture is rescaled from the cached trace (linear in the batch size, exact
+        once two batch sizes have been traced). ``exact=True`` always traces.
+        """
+        cache = self._cache()
+        key = _arch_key(spec)
+        entry = cache.get(key)
+        if entry is not None:
+            for t in entry.traces:
+                if t.batch_size == spec.batch_size:
+                    return t, entry.graph_feats, "cached"
+            if not exact:
+                other = entry.traces[1] if len(entry.traces) > 1 else None
+                src = "rescaled (two traces)" if other is not None else "rescaled (one trace)"
+                return rescale(entry.traces[0], spec.batch_size, other), entry.graph_feats, src
+        t = dry_run(spec, timeout=self.trace_timeout)
+        if entry is None:
+            graph_feats = nsm_features(t)
+            g2v = self.__dict__.get("graph2vec_")
+            if g2v is not None:
+                vec = g2v.transform([t.graph])[0]
+                graph_feats.update({f"g2v_{i}": float(v) for i, v in enumerate(vec)})
+                graph_feats["g2v_oov"] = float(g2v.oov_fraction(t.graph))
+            entry = _ArchEntry(traces=[t], graph_feats=graph_feats)
+        elif len(entry.traces) < 2 and t.op_signature == entry.traces[0].op_signature:
+            entry.traces.append(t)
+        cache.put(key, entry)
+        return t, entry.graph_feats, "traced"
+
+    def features(self, spec: TrainingSpec, device: str | Device = "auto") -> dict[str, float]:
+        """The feature dict the learned model sees for ``spec`` on ``device``."""
+        dev = get_device(device)
+        trace, graph_feats, _ = self.trace(spec)
+        est = _analytic.estimate(trace, spec, dev)
+        return features_for(trace, spec, dev, est, graph_feats)
+
+    # -- prediction -----------------------------------------------------------------------
+    def predict(self, spec: TrainingSpec, device: str | Device = "auto", *, exact: bool = False) -> Prediction:
+        """Predict ``spec``'s peak memory and iteration/epoch time on ``device``.
+
+        ``device`` is a catalog name (``"H100"``), a :class:`~costaware.devices.Device`, or
+        ``"auto"`` (the local GPU through NVML, else the CPU).
+
+        Raises:
+            SpecError: the spec is invalid.
+            TraceError: the model could not be dry-run (UntraceableModelError, TraceTimeout).
+            UnknownDeviceError: ``device`` is not in the catalog.
+        """
+        t0 = time.perf_counter()
+        if not isinstance(spec, TrainingSpec):
+            raise CostawareError(f"predict expects a TrainingSpec, but got {type(spec).__name__}.")
+        dev = get_device(device)
+        trace, graph_feats, source = self.trace(spec, exact=exact)
+        est = _analytic.estimate(trace, spec, dev)
+        notes = list(trace.notes) + list(est.notes)
+        basis: dict[str, Any] = {
+            "live_peak": trace.peak_live,
+            "simulated_allocated": est.allocated,
+            "simulated_reserved": est.reserved,
+            "workspace": _analytic.WORKSPACE_BYTES if dev.kind == "cuda" else 0,
+            "breakdown": dict(trace.peak_breakdown),
+            "params": trace.param_count,
+            "flops": trace.flops,
+            "flops_forward": trace.flops_forward,
+            "bytes_moved": trace.bytes_moved,
+            "analytic_time": est.iteration_time,
+            "trace_source": source,
+            "build": trace.build,
+            "trace_seconds": trace.duration_s,
+        }
+        if self.is_fitted:
+            feats = features_for(trace, spec, dev, est, graph_feats)
+            peak, peak_hi, it, it_hi = self._learned(feats, est, basis)
+            kind = "learned"
+            coverage: float | None = self.coverage
+            basis["features_used"] = len(self.feature_names_)
+            basis["trained_rows"] = self.training_.get("rows")
+            unseen = dev.name not in self.training_.get("devices", [])
+            if unseen:
+                notes.append(
+                    f"{dev.name} is not among the devices the model was trained on "
+                    f"({', '.join(self.training_.get('devices', []))}); times transfer poorly across GPUs"
+                )
+        else:
+            peak, peak_hi, it = est.reserved, est.reserved_upper, est.iteration_time
+            # the roofline ran -59%..+47% against measured step times on an H200
+            it_hi = it / (1 - 0.59)
+            kind, coverage = "analytic", None
+            basis["features_used"] = 0
+        steps = spec.steps_per_epoch
+        epoch = it * steps if steps is not None else None
+        epoch_hi = it_hi * steps if steps is not None else None
+        summary = spec.summary()
+        summary["steps_per_epoch"] = steps
+        return Prediction(
+            peak_memory=int(peak),
+            peak_memory_upper=int(max(peak_hi, peak)),
+            iteration_time=float(it),
+            iteration_time_upper=float(max(it_hi, it)),
+            epoch_time=epoch,
+            epoch_time_upper=epoch_hi,
+            trial_time=epoch * spec.epochs if epoch is not None else None,
+            device=dev.name,
+            kind=kind,
+            coverage=coverage,
+            spec=summary,
+            basis=basis,
+            notes=tuple(notes),
+            latency_s=time.perf_counter() - t0,
+        )
+
+    def _vector(self, feats: Mapping[str, float]) -> np.ndarray:
+        return np.asarray([[feats.get(n, np.nan) for n in self.feature_names_]], dtype=np.float64)
+
+    def _learned(
+        self, feats: Mapping[str, float], est: _analytic.AnalyticEstimate, basis: dict[str, Any]
+    ) -> tuple[float, float, float, float]:
+        x = self._vector(feats)
+        peak = float(est.reserved)
+        peak_hi = float(est.reserved_upper)
+        it = est.iteration_time
+        it_hi = it / (1 - 0.59)
+        if hasattr(self, "memory_model_"):
+            r = float(self.memory_model_.predict(x)[0])
+            peak = est.reserved * math.exp(r)
+            peak_hi = est.reserved * math.exp(r + self.memory_q_)
+            basis["memory_factor"] = math.exp(r)
+        if hasattr(self, "time_model_"):
+            r = float(self.time_model_.predict(x)[0])
+            it = est.iteration_time * math.exp(r)
+            it_hi = est.iteration_time * math.exp(r + self.time_q_)
+            basis["time_factor"] = math.exp(r)
+        return peak, peak_hi, it, it_hi
+
+    # -- fitting --------------------------------------------------------------------------
+    def fit(self, observations: Iterable[Observation | Mapping[str, Any]]) -> CostModel:
+        """Fit the memory and time residual models on measured observations.
+
+        Each observation carries the features its spec had (:meth:`features`) and the
+        measured reserved peak and/or iteration time. Rows without a measurement of a
+        target (an OOM has no peak) are left out of that target's model.
+        """
+        obs = [o if isinstance(o, Observation) else Observation.from_dict(o) for o in observations]
+        if not obs:
+            raise ValueError("fit needs at least one observation, but got none.")
+        for o in obs:
+            for name in ("analytic_reserved_mib", "analytic_time_ms"):
+                if name not in o.features:
+                    raise ValueError(
+                        f"observation features lack {name!r}; build them with CostModel.features(spec, device)."
+                    )
+        names = sorted({k for o in obs for k in o.features})
+        self.feature_names_ = names
+        x_all = np.asarray([[o.features.get(n, np.nan) for n in names] for o in obs], dtype=np.float64)
+        groups = np.asarray([o.family or f"row{i}" for i, o in enumerate(obs)])
+        rng = np.random.default_rng(self.random_state)
+        uniq = np.unique(groups)
+        n_cal = max(1, int(round(len(uniq) * self.calibration_fraction))) if len(uniq) > 1 else 0
+        cal_groups = set(rng.choice(uniq, size=n_cal, replace=False).tolist()) if n_cal else set()
+        is_cal = np.asarray([g in cal_groups for g in groups])
+
+        def target(o: Observation, which: str) -> float | None:
+            if which == "memory":
+                if o.peak_memory is None or o.peak_memory <= 0 or o.status not in ("ok", None):
+                    return None
+                return math.log(o.peak_memory / (o.features["analytic_reserved_mib"] * MiB))
+            if o.iteration_time is None or o.iteration_time <= 0:
+                return None
+            return math.log(o.iteration_time / (o.features["analytic_time_ms"] / 1e3))
+
+        for which in ("memory", "time"):
+            y = np.asarray([np.nan if (v := target(o, which)) is None else v for o in obs])
+            ok = ~np.isnan(y)
+            if ok.sum() < 5:
+                continue
+            train = ok & ~is_cal
+            cal = ok & is_cal
+            if cal.sum() < 2 or train.sum() < 3:  # too few families: hold out rows instead
+                idx = np.nonzero(ok)[0]
+                rng.shuffle(idx)
+                k = max(2, int(len(idx) * self.calibration_fraction))
+                cal = np.zeros_like(ok)
+                cal[idx[:k]] = True
+                train = ok & ~cal
+            model = self._regressor()
+            model.fit(x_all[train], y[train])
+            resid = y[cal] - model.predict(x_all[cal])
+            q = _conformal_quantile(resid, self.coverage)
+            setattr(self, f"{which}_model_", model)
+            setattr(self, f"{which}_q_", q)
+            setattr(self, f"{which}_cal_rows_", int(cal.sum()))
+        if not self.is_fitted:
+            raise ValueError("fit needs at least 5 observations with a measured peak memory or iteration time.")
+        digest = hashlib.sha1(x_all.tobytes()).hexdigest()[:16]
+        self.training_ = {
+            "rows": len(obs),
+            "devices": sorted({o.device for o in obs}),
+            "families": sorted({o.family for o in obs if o.family}),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "data_hash": digest,
+            "calibration": {
+                w: getattr(self, f"{w}_cal_rows_", 0) for w in ("memory", "time")
+            },
+        }
+        return self
+
+    def _regressor(self) -> Any:
+        from catboost import CatBoostRegressor
+
+        return CatBoostRegressor(
+            iterations=self.iterations,
+            depth=self.depth,
+            learning_rate=self.learning_rate,
+            loss_function="RMSE",
+            random_seed=self.random_state,
+            thread_count=self.thread_count,
+            verbose=False,
+            allow_writing_files=False,
+        )
+
+    # -- persistence ----------------------------------------------------------------------
+    def _params(self) -> dict[str, Any]:
+        return {
+            "iterations": self.iterations,
+            "depth": self.depth,
+            "learning_rate": self.learning_rate,
+            "coverage": self.coverage,
+            "calibration_fraction": self.calibration_fraction,
+            "random_state": self.random_state,
+            "thread_count": self.thread_count,
+            "trace_timeout": self.trace_timeout,
+            "cache_size": self.cache_size,
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the model to directory ``path``: ``.cbm`` files and ``manifest.json``."""
+        if not self.is_fitted:
+            raise NotFittedError("this CostModel is not fitted; there is nothing to save (call fit first).")
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        files = {}
+        for which in ("memory", "time"):
+            m = self.__dict__.get(f"{which}_model_")
+            if m is not None:
+                m.save_model(str(out / f"{which}.cbm"), format="cbm")
+                files[which] = {"file": f"{which}.cbm", "conformal_quantile": getattr(self, f"{which}_q_")}
+        g2v = self.__dict__.get("graph2vec_")
+        if g2v is not None:
+            g2v.save(out / "graph2vec")
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "feature_version": FEATURE_VERSION,
+            "feature_names": self.feature_names_,
+            "params": self._params(),
+            "models": files,
+            "graph2vec": g2v is not None,
+            "training": self.training_,
+        }
+        (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CostModel:
+        """Load a model saved by :meth:`save` (no pickle involved)."""
+        from catboost import CatBoostRegressor
+
+        root = Path(path)
+        mpath = root / MANIFEST
+        if not mpath.is_file():
+            raise FileNotFoundError(f"no {MANIFEST} in {root}: not a saved CostModel directory.")
+        manifest = json.loads(mpath.read_text())
+        if manifest.get("feature_version") != FEATURE_VERSION:
+            raise CostawareError(
+                f"the model at {root} uses feature version {manifest.get('feature_version')!r}, "
+                f"but this costaware computes version {FEATURE_VERSION!r}; refit it with `costaware fit`."
+            )
+        self = cls(**manifest["params"])
+        self.feature_names_ = list(manifest["feature_names"])
+        self.training_ = manifest.get("training", {})
+        for which, info in manifest["models"].items():
+            m = CatBoostRegressor()
+            m.load_model(str(root / info["file"]), format="cbm")
+            setattr(self, f"{which}_model_", m)
+            setattr(self, f"{which}_q_", float(info["conformal_quantile"]))
+        if manifest.get("graph2vec"):
+            from costaware.graph2vec import Graph2Vec
+
+            self.graph2vec_ = Graph2Vec.load(root / "graph2vec")
+        return self
+
+    def __repr__(self) -> str:
+        state = f"fitted on {self.training_.get('rows')} rows" if self.is_fitted else "analytic"
+        return f"CostModel({state})"
+
+
+def observations_from(
+    model: CostModel,
+    rows: Sequence[tuple[TrainingSpec, str | Device, float | None, float | None]],
+    family: str | None = None,
+) -> list[Observation]:
+    """Observations for ``(spec, device, measured peak bytes, measured seconds)`` rows."""
+    out = []
+    for spec, device, peak, seconds in rows:
+        dev = get_device(device)
+        out.append(
+            Observation(
+                features=model.features(spec, dev),
+                device=dev.name,
+                peak_memory=peak,
+                iteration_time=seconds,
+                family=family,
+                meta={"spec": spec.summary()},
+            )
+        )
+    return out

@@ -1,0 +1,1669 @@
+"""A zoo of real, varied architectures written in plain PyTorch.
+
+Every family is a *factory*: a function with keyword hyperparameters (and sensible
+defaults) that returns an ``nn.Module``.  The corpus is what costaware traces to learn
+how peak memory and iteration time depend on the architecture, so the factories obey
+two rules:
+
+* construction only allocates parameters through standard ``nn`` layers and
+  ``nn.init`` (it works under ``with torch.device("meta"):`` and under
+  ``FakeTensorMode``) and never computes with tensor values;
+* ``forward`` is traceable with fake tensors: no ``.item()``, no ``nonzero``, no
+  boolean-mask indexing and no Python branching on tensor values.
+
+At their reference widths the image models reproduce the torchvision topologies
+(and parameter counts) and the language models those of GPT-2 and BERT; every family
+scales down to a toy that runs on a CPU in milliseconds.  ``random_dag`` generates
+random convolutional cells and random transformer stacks from a seed.
+
+``entries()`` lists a fixed set of representative configurations as ``ZooEntry``
+records.  The output of an entry's model is determined by its ``input`` kind:
+
+* ``"image"`` and ``"vector"``: ``(N, classes)`` logits;
+* ``"tokens"``: ``(N, T, classes)`` next-token / masked-token logits (``classes`` is
+  the vocabulary size);
+* ``"segmentation"``: ``(N, classes, H, W)`` per-pixel logits.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "FAMILIES",
+    "ZooEntry",
+    "bert",
+    "densenet",
+    "entries",
+    "googlenet",
+    "gpt",
+    "mlp",
+    "mobilenet_v2",
+    "mobilenet_v3",
+    "random_dag",
+    "resnet",
+    "rnn",
+    "shufflenet_v2",
+    "squeezenet",
+    "unet",
+    "vgg",
+    "vit",
+]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _make_divisible(value: float, divisor: int = 8, min_value: int | None = None) -> int:
+    """Round ``value`` to a multiple of ``divisor`` (never dropping more than 10%)."""
+    if min_value is None:
+        min_value = divisor
+    new_value = max(min_value, int(value + divisor / 2) // divisor * divisor)
+    if new_value < 0.9 * value:
+        new_value += divisor
+    return new_value
+
+
+def _conv_bn(
+    cin: int,
+    cout: int,
+    kernel: int,
+    stride: int = 1,
+    groups: int = 1,
+    act: Callable[[], nn.Module] | None = None,
+    eps: float = 1e-5,
+    momentum: float = 0.1,
+) -> nn.Sequential:
+    """Conv (no bias, 'same' padding) -> BatchNorm -> optional activation."""
+    layers: list[nn.Module] = [
+        nn.Conv2d(cin, cout, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
+        nn.BatchNorm2d(cout, eps=eps, momentum=momentum),
+    ]
+    if act is not None:
+        layers.append(act())
+    return nn.Sequential(*layers)
+
+
+def _relu() -> nn.Module:
+    return nn.ReLU(inplace=True)
+
+
+def _relu6() -> nn.Module:
+    return nn.ReLU6(inplace=True)
+
+
+def _hardswish() -> nn.Module:
+    return nn.Hardswish(inplace=True)
+
+
+def _init_convnet(model: nn.Module) -> None:
+    """torchvision-style init: Kaiming (fan_out) convs, unit BN, small-normal linears."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0.0, 0.01)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+def _init_transformer(model: nn.Module, std: float = 0.02) -> None:
+    """GPT/BERT-style init: N(0, 0.02) linears and embeddings, zero biases."""
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0.0, std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, std)
+
+
+# --------------------------------------------------------------------------- MLP
+
+
+def mlp(
+    in_features: int = 784,
+    hidden: Sequence[int] = (512, 512),
+    classes: int = 10,
+    dropout: float = 0.0,
+    norm: bool = False,
+) -> nn.Module:
+    """Multi-layer perceptron: Flatten -> [Linear -> (LayerNorm) -> ReLU -> (Dropout)]* -> Linear.
+
+    Any input shape ``(N, ...)`` whose trailing dimensions multiply to ``in_features``
+    is accepted.  ``norm`` uses LayerNorm so that a batch of one still trains.
+    """
+    layers: list[nn.Module] = [nn.Flatten(1)]
+    width = in_features
+    for h in hidden:
+        layers.append(nn.Linear(width, h))
+        if norm:
+            layers.append(nn.LayerNorm(h))
+        layers.append(nn.ReLU(inplace=True))
+        if dropout > 0:
+            layers.append(nn.Dropout(dropout))
+        width = h
+    layers.append(nn.Linear(width, classes))
+    return nn.Sequential(*layers)
+
+
+# --------------------------------------------------------------------------- VGG
+
+_VGG_CFGS: dict[int, tuple[int | str, ...]] = {
+    11: (1, "M", 2, "M", 4, 4, "M", 8, 8, "M", 8, 8, "M"),
+    13: (1, 1, "M", 2, 2, "M", 4, 4, "M", 8, 8, "M", 8, 8, "M"),
+    16: (1, 1, "M", 2, 2, "M", 4, 4, 4, "M", 8, 8, 8, "M", 8, 8, 8, "M"),
+    19: (1, 1, "M", 2, 2, "M", 4, 4, 4, 4, "M", 8, 8, 8, 8, "M", 8, 8, 8, 8, "M"),
+}
+
+
+class VGG(nn.Module):
+    """VGG (Simonyan & Zisserman, 2014): 3x3 conv stacks, max pools, 3-layer classifier."""
+
+    def __init__(
+        self, depth: int, width: int, classes: int, batch_norm: bool, image_size: int
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin = 3
+        for v in _VGG_CFGS[depth]:
+            if v == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+                continue
+            assert isinstance(v, int)
+            cout = v * width
+            layers.append(nn.Conv2d(cin, cout, 3, padding=1))
+            if batch_norm:
+                layers.append(nn.BatchNorm2d(cout))
+            layers.append(nn.ReLU(inplace=True))
+            cin = cout
+        self.features = nn.Sequential(*layers)
+        pool = max(1, image_size // 32)
+        self.avgpool = nn.AdaptiveAvgPool2d((pool, pool))
+        hidden = 64 * width
+        self.classifier = nn.Sequential(
+            nn.Linear(cin * pool * pool, hidden),
+            nn.ReLU(inplace=True),
+            nn.Dropout(0.5),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(inplace=True),
+            nn.Dropout(0.5),
+            nn.Linear(hidden, classes),
+        )
+        _init_convnet(self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.features(x)
+        x = torch.flatten(self.avgpool(x), 1)
+        x = self.classifier(x)
+        return x
+
+
+def vgg(
+    depth: int = 16,
+    width: int = 64,
+    classes: int = 1000,
+    batch_norm: bool = True,
+    image_size: int = 224,
+) -> nn.Module:
+    """VGG-11/13/16/19 with ``width`` base channels (64 = original).
+
+    The classifier's hidden size is ``64 * width`` (4096 at width 64).  An adaptive
+    average pool to ``max(1, image_size // 32)`` squared feeds the classifier, so the
+    model accepts any input size (7x7 at 224 as in torchvision, 1x1 for CIFAR).
+    """
+    if depth not in _VGG_CFGS:
+        raise ValueError(f"vgg depth must be one of {sorted(_VGG_CFGS)}, got {depth}")
+    return VGG(depth, width, classes, batch_norm, image_size)
+
+
+# --------------------------------------------------------------------------- ResNet
+
+
+class _BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(
+        self, inplanes: int, planes: int, stride: int, downsample: nn.Module | None
+    ) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+
+    def forward(self, x: Tensor) -> Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out: Tensor = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += identity
+        out = self.relu(out)
+        return out
+
+
+class _Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(
+        self, inplanes: int, planes: int, stride: int, downsample: nn.Module | None
+    ) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, planes * self.expansion, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes * self.expansion)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+
+    def forward(self, x: Tensor) -> Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out: Tensor = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        out += identity
+        out = self.relu(out)
+        return out
+
+
+_RESNET_LAYERS: dict[int, tuple[type[_BasicBlock] | type[_Bottleneck], tuple[int, ...]]] = {
+    18: (_BasicBlock, (2, 2, 2, 2)),
+    34: (_BasicBlock, (3, 4, 6, 3)),
+    50: (_Bottleneck, (3, 4, 6, 3)),
+    101: (_Bottleneck, (3, 4, 23, 3)),
+    152: (_Bottleneck, (3, 8, 36, 3)),
+}
+
+
+class ResNet(nn.Module):
+    """ResNet v1.5 (He et al., 2015; stride on the 3x3 conv as in torchvision)."""
+
+    def __init__(self, depth: int, width: int, classes: int) -> None:
+        super().__init__()
+        block, counts = _RESNET_LAYERS[depth]
+        self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        inplanes = width
+        stages: list[nn.Sequential] = []
+        for i, n in enumerate(counts):
+            planes = width * 2**i
+            stride = 1 if i == 0 else 2
+            blocks: list[nn.Module] = []
+            for j in range(n):
+                s = stride if j == 0 else 1
+                downsample: nn.Module | None = None
+                if s != 1 or inplanes != planes * block.expansion:
+                    downsample = nn.Sequential(
+                        nn.Conv2d(inplanes, planes * block.expansion, 1, s, bias=False),
+                        nn.BatchNorm2d(planes * block.expansion),
+                    )
+                blocks.append(block(inplanes, planes, s, downsample))
+                inplanes = planes * block.expansion
+            stages.append(nn.Sequential(*blocks))
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(inplanes, classes)
+        _init_convnet(self)
+        bound = 1.0 / math.sqrt(inplanes)
+        nn.init.uniform_(self.fc.weight, -bound, bound)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        x = torch.flatten(self.avgpool(x), 1)
+        x = self.fc(x)
+        return x
+
+
+def resnet(depth: int = 50, width: int = 64, classes: int = 1000) -> nn.Module:
+    """ResNet-18/34 (BasicBlock) or -50/101/152 (Bottleneck); ``width`` = stem channels."""
+    if depth not in _RESNET_LAYERS:
+        raise ValueError(f"resnet depth must be one of {sorted(_RESNET_LAYERS)}, got {depth}")
+    return ResNet(depth, width, classes)
+
+
+# --------------------------------------------------------------------------- MobileNet
+
+
+class _InvertedResidualV2(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand_ratio: int) -> None:
+        super().__init__()
+        hidden = round(cin * expand_ratio)
+        self.use_res_connect = stride == 1 and cin == cout
+        layers: list[nn.Module] = []
+        if expand_ratio != 1:
+            layers.append(_conv_bn(cin, hidden, 1, act=_relu6))
+        layers += [
+            _conv_bn(hidden, hidden, 3, stride, groups=hidden, act=_relu6),
+            nn.Conv2d(hidden, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        ]
+        self.conv = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.conv(x)
+        return x + out if self.use_res_connect else out
+
+    def extra_repr(self) -> str:
+        return f"residual={self.use_res_connect}"
+
+
+class MobileNetV2(nn.Module):
+    """MobileNetV2 (Sandler et al., 2018): inverted residuals with linear bottlenecks."""
+
+    # (expand ratio, channels, repeats, stride)
+    _SETTING = (
+        (1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+        (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1),
+    )  # fmt: skip
+
+    def __init__(self, width_mult: float, classes: int, dropout: float = 0.2) -> None:
+        super().__init__()
+        cin = _make_divisible(32 * width_mult)
+        last = _make_divisible(1280 * max(1.0, width_mult))
+        layers: list[nn.Module] = [_conv_bn(3, cin, 3, 2, act=_relu6)]
+        for t, c, n, s in self._SETTING:
+            cout = _make_divisible(c * width_mult)
+            for i in range(n):
+                layers.append(_InvertedResidualV2(cin, cout, s if i == 0 else 1, t))
+                cin = cout
+        layers.append(_conv_bn(cin, last, 1, act=_relu6))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(last, classes))
+        _init_convnet(self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.features(x)
+        x = torch.flatten(F.adaptive_avg_pool2d(x, (1, 1)), 1)
+        x = self.classifier(x)
+        return x
+
+
+def mobilenet_v2(width_mult: float = 1.0, classes: int = 1000) -> nn.Module:
+    """MobileNetV2 with channel multiplier ``width_mult`` (torchvision topology)."""
+    return MobileNetV2(width_mult, classes)
+
+
+class _SqueezeExcitation(nn.Module):
+    def __init__(self, channels: int, squeeze: int) -> None:
+        super().__init__()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(channels, squeeze, 1)
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Conv2d(squeeze, channels, 1)
+        self.gate = nn.Hardsigmoid()
+
+    def forward(self, x: Tensor) -> Tensor:
+        scale: Tensor = self.gate(self.fc2(self.relu(self.fc1(self.avgpool(x)))))
+        return scale * x
+
+
+def _conv_bn_v3(
+    cin: int,
+    cout: int,
+    kernel: int,
+    stride: int = 1,
+    groups: int = 1,
+    act: Callable[[], nn.Module] | None = None,
+) -> nn.Sequential:
+    return _conv_bn(cin, cout, kernel, stride, groups, act, eps=0.001, momentum=0.01)
+
+
+class _InvertedResidualV3(nn.Module):
+    def __init__(
+        self, cin: int, kernel: int, expanded: int, cout: int, se: bool, hs: bool, stride: int
+    ) -> None:
+        super().__init__()
+        self.use_res_connect = stride == 1 and cin == cout
+        act = _hardswish if hs else _relu
+        layers: list[nn.Module] = []
+        if expanded != cin:
+            layers.append(_conv_bn_v3(cin, expanded, 1, act=act))
+        layers.append(_conv_bn_v3(expanded, expanded, kernel, stride, expanded, act=act))
+        if se:
+            layers.append(_SqueezeExcitation(expanded, _make_divisible(expanded // 4, 8)))
+        layers.append(_conv_bn_v3(expanded, cout, 1))
+        self.block = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.block(x)
+        return x + out if self.use_res_connect else out
+
+    def extra_repr(self) -> str:
+        return f"residual={self.use_res_connect}"
+
+
+# (in, kernel, expanded, out, squeeze-excite, hardswish, stride)
+_MNV3_SMALL = (
+    (16, 3, 16, 16, True, False, 2),
+    (16, 3, 72, 24, False, False, 2),
+    (24, 3, 88, 24, False, False, 1),
+    (24, 5, 96, 40, True, True, 2),
+    (40, 5, 240, 40, True, True, 1),
+    (40, 5, 240, 40, True, True, 1),
+    (40, 5, 120, 48, True, True, 1),
+    (48, 5, 144, 48, True, True, 1),
+    (48, 5, 288, 96, True, True, 2),
+    (96, 5, 576, 96, True, True, 1),
+    (96, 5, 576, 96, True, True, 1),
+)
+_MNV3_LARGE = (
+    (16, 3, 16, 16, False, False, 1),
+    (16, 3, 64, 24, False, False, 2),
+    (24, 3, 72, 24, False, False, 1),
+    (24, 5, 72, 40, True, False, 2),
+    (40, 5, 120, 40, True, False, 1),
+    (40, 5, 120, 40, True, False, 1),
+    (40, 3, 240, 80, False, True, 2),
+    (80, 3, 200, 80, False, True, 1),
+    (80, 3, 184, 80, False, True, 1),
+    (80, 3, 184, 80, False, True, 1),
+    (80, 3, 480, 112, True, True, 1),
+    (112, 3, 672, 112, True, True, 1),
+    (112, 5, 672, 160, True, True, 2),
+    (160, 5, 960, 160, True, True, 1),
+    (160, 5, 960, 160, True, True, 1),
+)
+
+
+class MobileNetV3(nn.Module):
+    """MobileNetV3 (Howard et al., 2019): NAS-found blocks with SE and hard-swish."""
+
+    def __init__(self, variant: str, width_mult: float, classes: int) -> None:
+        super().__init__()
+        setting = _MNV3_SMALL if variant == "small" else _MNV3_LARGE
+        last = _make_divisible((1024 if variant == "small" else 1280) * width_mult)
+
+        def adjust(c: int) -> int:
+            return _make_divisible(c * width_mult)
+
+        layers: list[nn.Module] = [_conv_bn_v3(3, adjust(16), 3, 2, act=_hardswish)]
+        for cin, k, exp, cout, se, hs, s in setting:
+            layers.append(_InvertedResidualV3(adjust(cin), k, adjust(exp), adjust(cout), se, hs, s))
+        lastconv_in = adjust(setting[-1][3])
+        lastconv_out = 6 * lastconv_in
+        layers.append(_conv_bn_v3(lastconv_in, lastconv_out, 1, act=_hardswish))
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Sequential(
+            nn.Linear(lastconv_out, last),
+            nn.Hardswish(inplace=True),
+            nn.Dropout(0.2, inplace=True),
+            nn.Linear(last, classes),
+        )
+        _init_convnet(self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = torch.flatten(self.avgpool(self.features(x)), 1)
+        x = self.classifier(x)
+        return x
+
+
+def mobilenet_v3(
+    variant: Literal["small", "large"] = "small", width_mult: float = 1.0, classes: int = 1000
+) -> nn.Module:
+    """MobileNetV3-Small or -Large with channel multiplier ``width_mult``."""
+    if variant not in ("small", "large"):
+        raise ValueError(f"mobilenet_v3 variant must be 'small' or 'large', got {variant!r}")
+    return MobileNetV3(variant, width_mult, classes)
+
+
+# --------------------------------------------------------------------------- SqueezeNet
+
+
+class _Fire(nn.Module):
+    def __init__(self, cin: int, squeeze: int, e1: int, e3: int) -> None:
+        super().__init__()
+        self.squeeze = nn.Conv2d(cin, squeeze, 1)
+        self.squeeze_activation = nn.ReLU(inplace=True)
+        self.expand1x1 = nn.Conv2d(squeeze, e1, 1)
+        self.expand1x1_activation = nn.ReLU(inplace=True)
+        self.expand3x3 = nn.Conv2d(squeeze, e3, 3, padding=1)
+        self.expand3x3_activation = nn.ReLU(inplace=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.squeeze_activation(self.squeeze(x))
+        a = self.expand1x1_activation(self.expand1x1(x))
+        b = self.expand3x3_activation(self.expand3x3(x))
+        return torch.cat([a, b], 1)
+
+
+class SqueezeNet(nn.Module):
+    """SqueezeNet (Iandola et al., 2016): Fire modules and a convolutional classifier."""
+
+    def __init__(self, version: str, classes: int) -> None:
+        super().__init__()
+
+        def pool() -> nn.Module:
+            return nn.MaxPool2d(3, 2, ceil_mode=True)
+
+        relu = nn.ReLU(inplace=True)
+        if version == "1_0":
+            self.features = nn.Sequential(
+                nn.Conv2d(3, 96, 7, 2), relu, pool(),
+                _Fire(96, 16, 64, 64), _Fire(128, 16, 64, 64), _Fire(128, 32, 128, 128), pool(),
+                _Fire(256, 32, 128, 128), _Fire(256, 48, 192, 192), _Fire(384, 48, 192, 192),
+                _Fire(384, 64, 256, 256), pool(),
+                _Fire(512, 64, 256, 256),
+            )  # fmt: skip
+        else:
+            self.features = nn.Sequential(
+                nn.Conv2d(3, 64, 3, 2), relu, pool(),
+                _Fire(64, 16, 64, 64), _Fire(128, 16, 64, 64), pool(),
+                _Fire(128, 32, 128, 128), _Fire(256, 32, 128, 128), pool(),
+                _Fire(256, 48, 192, 192), _Fire(384, 48, 192, 192),
+                _Fire(384, 64, 256, 256), _Fire(512, 64, 256, 256),
+            )  # fmt: skip
+        final_conv = nn.Conv2d(512, classes, 1)
+        self.classifier = nn.Sequential(
+            nn.Dropout(0.5), final_conv, nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d((1, 1))
+        )
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                if m is final_conv:
+                    nn.init.normal_(m.weight, 0.0, 0.01)
+                else:
+                    nn.init.kaiming_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.classifier(self.features(x))
+        return torch.flatten(x, 1)
+
+
+def squeezenet(version: Literal["1_0", "1_1"] = "1_1", classes: int = 1000) -> nn.Module:
+    """SqueezeNet 1.0 or 1.1 (torchvision topology)."""
+    if version not in ("1_0", "1_1"):
+        raise ValueError(f"squeezenet version must be '1_0' or '1_1', got {version!r}")
+    return SqueezeNet(version, classes)
+
+
+# --------------------------------------------------------------------------- ShuffleNet
+
+
+def _channel_shuffle(x: Tensor, groups: int) -> Tensor:
+    n, c, h, w = x.shape
+    x = x.view(n, groups, c // groups, h, w).transpose(1, 2).contiguous()
+    return x.view(n, c, h, w)
+
+
+class _ShuffleUnit(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.stride = stride
+        branch = cout // 2
+        if stride > 1:
+            self.branch1: nn.Module = nn.Sequential(
+                _conv_bn(cin, cin, 3, stride, groups=cin),
+                _conv_bn(cin, branch, 1, act=_relu),
+            )
+        else:
+            self.branch1 = nn.Identity()
+        self.branch2 = nn.Sequential(
+            _conv_bn(cin if stride > 1 else branch, branch, 1, act=_relu),
+            _conv_bn(branch, branch, 3, stride, groups=branch),
+            _conv_bn(branch, branch, 1, act=_relu),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.stride == 1:
+            x1, x2 = x.chunk(2, dim=1)
+            out = torch.cat((x1, self.branch2(x2)), dim=1)
+        else:
+            out = torch.cat((self.branch1(x), self.branch2(x)), dim=1)
+        return _channel_shuffle(out, 2)
+
+    def extra_repr(self) -> str:
+        return f"stride={self.stride}"
+
+
+_SHUFFLE_CHANNELS: dict[float, tuple[int, int, int, int]] = {
+    0.5: (48, 96, 192, 1024),
+    1.0: (116, 232, 464, 1024),
+    1.5: (176, 352, 704, 1024),
+    2.0: (244, 488, 976, 2048),
+}
+
+
+class ShuffleNetV2(nn.Module):
+    """ShuffleNetV2 (Ma et al., 2018): channel split, two branches, channel shuffle."""
+
+    def __init__(self, width_mult: float, classes: int) -> None:
+        super().__init__()
+        if width_mult in _SHUFFLE_CHANNELS:
+            stage_out = _SHUFFLE_CHANNELS[width_mult]
+        else:  # interpolate: even branch widths, same 1024-wide head
+            s2, s3, s4 = (_make_divisible(c * width_mult, 4) for c in (116, 232, 464))
+            stage_out = (s2, s3, s4, 1024 if width_mult <= 1.5 else 2048)
+        self.conv1 = _conv_bn(3, 24, 3, 2, act=_relu)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        cin = 24
+        stages: list[nn.Sequential] = []
+        for repeats, cout in zip((4, 8, 4), stage_out[:3], strict=True):
+            units = [_ShuffleUnit(cin, cout, 2)]
+            units += [_ShuffleUnit(cout, cout, 1) for _ in range(repeats - 1)]
+            stages.append(nn.Sequential(*units))
+            cin = cout
+        self.stage2, self.stage3, self.stage4 = stages
+        self.conv5 = _conv_bn(cin, stage_out[3], 1, act=_relu)
+        self.fc = nn.Linear(stage_out[3], classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.maxpool(self.conv1(x))
+        x = self.conv5(self.stage4(self.stage3(self.stage2(x))))
+        x = self.fc(x.mean([2, 3]))
+        return x
+
+
+def shufflenet_v2(width_mult: float = 1.0, classes: int = 1000) -> nn.Module:
+    """ShuffleNetV2 x0.5/x1.0/x1.5/x2.0 (other multipliers are interpolated)."""
+    return ShuffleNetV2(width_mult, classes)
+
+
+# --------------------------------------------------------------------------- GoogLeNet
+
+
+def _basic_conv(cin: int, cout: int, kernel: int, stride: int = 1) -> nn.Sequential:
+    return _conv_bn(cin, cout, kernel, stride, act=_relu, eps=0.001)
+
+
+class _Inception(nn.Module):
+    def __init__(
+        self, cin: int, c1: int, c3r: int, c3: int, c5r: int, c5: int, pool_proj: int
+    ) -> None:
+        super().__init__()
+        self.branch1 = _basic_conv(cin, c1, 1)
+        self.branch2 = nn.Sequential(_basic_conv(cin, c3r, 1), _basic_conv(c3r, c3, 3))
+        self.branch3 = nn.Sequential(_basic_conv(cin, c5r, 1), _basic_conv(c5r, c5, 5))
+        self.branch4 = nn.Sequential(
+            nn.MaxPool2d(3, 1, 1, ceil_mode=True), _basic_conv(cin, pool_proj, 1)
+        )
+        self.out_channels = c1 + c3 + c5 + pool_proj
+
+    def forward(self, x: Tensor) -> Tensor:
+        branches = [self.branch1(x), self.branch2(x), self.branch3(x), self.branch4(x)]
+        return torch.cat(branches, 1)
+
+
+_INCEPTION_CFG: tuple[tuple[int, int, int, int, int, int] | str, ...] = (
+    (64, 96, 128, 16, 32, 32),  # 3a
+    (128, 128, 192, 32, 96, 64),  # 3b
+    "M",
+    (192, 96, 208, 16, 48, 64),  # 4a
+    (160, 112, 224, 24, 64, 64),  # 4b
+    (128, 128, 256, 24, 64, 64),  # 4c
+    (112, 144, 288, 32, 64, 64),  # 4d
+    (256, 160, 320, 32, 128, 128),  # 4e
+    "M2",
+    (256, 160, 320, 32, 128, 128),  # 5a
+    (384, 192, 384, 48, 128, 128),  # 5b
+)
+
+
+class GoogLeNet(nn.Module):
+    """GoogLeNet / Inception v1 (Szegedy et al., 2014) with BN, without auxiliary heads."""
+
+    def __init__(self, classes: int, width: int) -> None:
+        super().__init__()
+
+        def s(c: int) -> int:
+            return max(1, round(c * width / 64))
+
+        layers: list[nn.Module] = [
+            _basic_conv(3, s(64), 7, 2),
+            nn.MaxPool2d(3, 2, ceil_mode=True),
+            _basic_conv(s(64), s(64), 1),
+            _basic_conv(s(64), s(192), 3),
+            nn.MaxPool2d(3, 2, ceil_mode=True),
+        ]
+        cin = s(192)
+        for cfg in _INCEPTION_CFG:
+            if cfg == "M":
+                layers.append(nn.MaxPool2d(3, 2, ceil_mode=True))
+            elif cfg == "M2":
+                layers.append(nn.MaxPool2d(2, 2, ceil_mode=True))
+            else:
+                assert not isinstance(cfg, str)
+                block = _Inception(cin, *(s(c) for c in cfg))
+                layers.append(block)
+                cin = block.out_channels
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.dropout = nn.Dropout(0.2)
+        self.fc = nn.Linear(cin, classes)
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.normal_(m.weight, 0.0, 0.01)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = torch.flatten(self.avgpool(self.features(x)), 1)
+        x = self.fc(self.dropout(x))
+        return x
+
+
+def googlenet(classes: int = 1000, width: int = 64) -> nn.Module:
+    """GoogLeNet with all channel counts scaled by ``width / 64``.
+
+    Follows the paper (5x5 convs in the third branch; torchvision uses 3x3 there) with
+    torchvision's batch-normalised convolutions and no auxiliary classifiers.
+    """
+    return GoogLeNet(classes, width)
+
+
+# --------------------------------------------------------------------------- DenseNet
+
+
+class _DenseLayer(nn.Module):
+    def __init__(self, cin: int, growth_rate: int, bn_size: int) -> None:
+        super().__init__()
+        self.norm1 = nn.BatchNorm2d(cin)
+        self.relu1 = nn.ReLU(inplace=True)
+        self.conv1 = nn.Conv2d(cin, bn_size * growth_rate, 1, bias=False)
+        self.norm2 = nn.BatchNorm2d(bn_size * growth_rate)
+        self.relu2 = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(bn_size * growth_rate, growth_rate, 3, 1, 1, bias=False)
+
+    def forward(self, features: list[Tensor]) -> Tensor:
+        x: Tensor = torch.cat(features, 1)
+        x = self.conv1(self.relu1(self.norm1(x)))
+        x = self.conv2(self.relu2(self.norm2(x)))
+        return x
+
+
+class _DenseBlock(nn.ModuleDict):
+    def __init__(self, layers: int, cin: int, growth_rate: int, bn_size: int) -> None:
+        super().__init__()
+        for i in range(layers):
+            self[f"denselayer{i + 1}"] = _DenseLayer(cin + i * growth_rate, growth_rate, bn_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        features = [x]
+        for layer in self.values():
+            features.append(layer(features))
+        return torch.cat(features, 1)
+
+
+_DENSENET_BLOCKS: dict[int, tuple[int, ...]] = {
+    121: (6, 12, 24, 16),
+    161: (6, 12, 36, 24),
+    169: (6, 12, 32, 32),
+    201: (6, 12, 48, 32),
+}
+
+
+class DenseNet(nn.Module):
+    """DenseNet-BC (Huang et al., 2016): dense blocks with bottlenecks and transitions."""
+
+    def __init__(
+        self, block_config: Sequence[int], growth_rate: int, init_features: int, classes: int
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [
+            nn.Conv2d(3, init_features, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(init_features),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, 2, 1),
+        ]
+        c = init_features
+        for i, n in enumerate(block_config):
+            layers.append(_DenseBlock(n, c, growth_rate, bn_size=4))
+            c += n * growth_rate
+            if i != len(block_config) - 1:
+                layers += [
+                    nn.BatchNorm2d(c),
+                    nn.ReLU(inplace=True),
+                    nn.Conv2d(c, c // 2, 1, bias=False),
+                    nn.AvgPool2d(2, 2),
+                ]
+                c //= 2
+        layers += [nn.BatchNorm2d(c), nn.ReLU(inplace=True)]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(c, classes)
+        _init_convnet(self)
+        nn.init.kaiming_uniform_(self.classifier.weight, a=math.sqrt(5))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = torch.flatten(F.adaptive_avg_pool2d(self.features(x), (1, 1)), 1)
+        x = self.classifier(x)
+        return x
+
+
+def densenet(
+    depth: int = 121,
+    growth_rate: int = 32,
+    classes: int = 1000,
+    block_config: Sequence[int] | None = None,
+) -> nn.Module:
+    """DenseNet-121/161/169/201 (DenseNet-161 is usually built with growth_rate=48).
+
+    ``block_config`` overrides the per-block layer counts implied by ``depth``; the stem
+    has ``2 * growth_rate`` channels, the bottleneck ``4 * growth_rate``, compression 0.5.
+    """
+    if block_config is None:
+        if depth not in _DENSENET_BLOCKS:
+            raise ValueError(f"densenet depth must be one of {sorted(_DENSENET_BLOCKS)}")
+        block_config = _DENSENET_BLOCKS[depth]
+    return DenseNet(tuple(block_config), growth_rate, 2 * growth_rate, classes)
+
+
+# --------------------------------------------------------------------------- transformers
+
+
+class _SelfAttention(nn.Module):
+    """Multi-head self-attention with a fused QKV projection and SDPA."""
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0, causal: bool = False) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not divisible by heads {heads}")
+        self.heads = heads
+        self.causal = causal
+        self.dropout = dropout
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.resid_drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, c = x.shape
+        qkv = self.qkv(x).reshape(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
+        y = y.transpose(1, 2).reshape(b, t, c)
+        out: Tensor = self.resid_drop(self.proj(y))
+        return out
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, causal={self.causal}, dropout={self.dropout}"
+
+
+class _FeedForward(nn.Module):
+    """Transformer MLP; ``gated`` makes it GLU-style (act(x W1) * (x V) W2)."""
+
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        act: nn.Module | None = None,
+        dropout: float = 0.0,
+        gated: bool = False,
+    ) -> None:
+        super().__init__()
+        self.gated = gated
+        self.fc1 = nn.Linear(dim, 2 * hidden if gated else hidden)
+        self.act = act if act is not None else nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc1(x)
+        if self.gated:
+            a, g = h.chunk(2, dim=-1)
+            h = self.act(a) * g
+        else:
+            h = self.act(h)
+        out: Tensor = self.drop(self.fc2(h))
+        return out
+
+    def extra_repr(self) -> str:
+        return f"gated={self.gated}"
+
+
+class _PreLNBlock(nn.Module):
+    """x + attn(LN(x)); x + mlp(LN(x))  (GPT-2 / ViT block)."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        mlp_ratio: float,
+        dropout: float = 0.0,
+        causal: bool = False,
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim, eps=eps)
+        self.attn = _SelfAttention(dim, heads, dropout, causal)
+        self.ln2 = nn.LayerNorm(dim, eps=eps)
+        self.mlp = _FeedForward(dim, int(dim * mlp_ratio), nn.GELU(), dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln1(x))
+        x = x + self.mlp(self.ln2(x))
+        return x
+
+
+class ViT(nn.Module):
+    """Vision Transformer (Dosovitskiy et al., 2020): patch embedding, class token."""
+
+    def __init__(
+        self,
+        image_size: int,
+        patch: int,
+        dim: int,
+        depth: int,
+        heads: int,
+        mlp_ratio: float,
+        classes: int,
+        dropout: float,
+    ) -> None:
+        super().__init__()
+        n = (image_size // patch) ** 2
+        self.patch_embed = nn.Conv2d(3, dim, patch, patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.empty(1, n + 1, dim))
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.Sequential(
+            *(_PreLNBlock(dim, heads, mlp_ratio, dropout, eps=1e-6) for _ in range(depth))
+        )
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, classes)
+        _init_transformer(self)
+        nn.init.normal_(self.pos_embed, 0.0, 0.02)
+        nn.init.zeros_(self.head.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        x = self.drop(torch.cat([cls, x], dim=1) + self.pos_embed)
+        x = self.norm(self.blocks(x))
+        x = self.head(x[:, 0])
+        return x
+
+
+def vit(
+    image_size: int = 224,
+    patch: int = 16,
+    dim: int = 768,
+    depth: int = 12,
+    heads: int = 12,
+    mlp_ratio: float = 4,
+    classes: int = 1000,
+    dropout: float = 0.0,
+) -> nn.Module:
+    """ViT classifier; inputs must be ``image_size`` squared (a multiple of ``patch``)."""
+    if image_size % patch:
+        raise ValueError(f"image_size {image_size} is not a multiple of patch {patch}")
+    return ViT(image_size, patch, dim, depth, heads, mlp_ratio, classes, dropout)
+
+
+class RNNModel(nn.Module):
+    """Embedding -> multi-layer LSTM/GRU -> linear head (LM or last-state classifier)."""
+
+    def __init__(
+        self,
+        kind: str,
+        vocab: int,
+        embed: int,
+        hidden: int,
+        layers: int,
+        classes: int | None,
+        dropout: float,
+    ) -> None:
+        super().__init__()
+        self.classify = classes is not None
+        self.embedding = nn.Embedding(vocab, embed)
+        self.drop = nn.Dropout(dropout)
+        cls = nn.LSTM if kind == "lstm" else nn.GRU
+        self.rnn = cls(
+            embed, hidden, layers, batch_first=True, dropout=dropout if layers > 1 else 0.0
+        )
+        self.head = nn.Linear(hidden, vocab if classes is None else classes)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        x = self.drop(self.embedding(input_ids))
+        out: Tensor = self.rnn(x)[0]
+        out = self.drop(out[:, -1] if self.classify else out)
+        out = self.head(out)
+        return out
+
+
+def rnn(
+    kind: Literal["lstm", "gru"] = "lstm",
+    vocab: int = 10000,
+    embed: int = 256,
+    hidden: int = 512,
+    layers: int = 2,
+    classes: int | None = None,
+    dropout: float = 0.0,
+) -> nn.Module:
+    """Recurrent model on token ids ``(N, T)``.
+
+    Returns ``(N, T, vocab)`` language-model logits when ``classes`` is None, else
+    ``(N, classes)`` logits from the last time step.
+    """
+    if kind not in ("lstm", "gru"):
+        raise ValueError(f"rnn kind must be 'lstm' or 'gru', got {kind!r}")
+    return RNNModel(kind, vocab, embed, hidden, layers, classes, dropout)
+
+
+class GPT(nn.Module):
+    """GPT-2 style decoder: learned positions, pre-LN causal blocks, (tied) LM head."""
+
+    def __init__(
+        self,
+        vocab: int,
+        seq_len: int,
+        dim: int,
+        depth: int,
+        heads: int,
+        mlp_ratio: float,
+        dropout: float,
+        tie_weights: bool,
+    ) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(seq_len, dim)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.Sequential(
+            *(_PreLNBlock(dim, heads, mlp_ratio, dropout, causal=True) for _ in range(depth))
+        )
+        self.ln_f = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        _init_transformer(self)
+        for block in self.blocks:  # GPT-2 scaled init of the residual projections
+            assert isinstance(block, _PreLNBlock)
+            for w in (block.attn.proj.weight, block.mlp.fc2.weight):
+                nn.init.normal_(w, 0.0, 0.02 / math.sqrt(2 * depth))
+        if tie_weights:
+            self.lm_head.weight = self.wte.weight
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x: Tensor = self.drop(self.wte(input_ids) + self.wpe(pos))
+        x = self.ln_f(self.blocks(x))
+        x = self.lm_head(x)
+        return x
+
+
+def gpt(
+    vocab: int = 50257,
+    seq_len: int = 1024,
+    dim: int = 768,
+    depth: int = 12,
+    heads: int = 12,
+    mlp_ratio: float = 4,
+    dropout: float = 0.0,
+    tie_weights: bool = True,
+) -> nn.Module:
+    """GPT-2 decoder; ``forward(input_ids)`` with ``T <= seq_len`` -> ``(N, T, vocab)``."""
+    return GPT(vocab, seq_len, dim, depth, heads, mlp_ratio, dropout, tie_weights)
+
+
+class BERT(nn.Module):
+    """BERT encoder (Devlin et al., 2018): post-LN layers with an MLM or [CLS] head."""
+
+    def __init__(
+        self,
+        vocab: int,
+        seq_len: int,
+        dim: int,
+        depth: int,
+        heads: int,
+        mlp_ratio: float,
+        classes: int | None,
+        dropout: float,
+    ) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(vocab, dim)
+        self.position_embeddings = nn.Embedding(seq_len, dim)
+        self.token_type_embeddings = nn.Embedding(2, dim)
+        self.emb_norm = nn.LayerNorm(dim, eps=1e-12)
+        self.drop = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                dim,
+                heads,
+                int(dim * mlp_ratio),
+                dropout,
+                activation="gelu",
+                layer_norm_eps=1e-12,
+                batch_first=True,
+                norm_first=False,
+            )
+            for _ in range(depth)
+        )
+        self.classes = classes
+        self.head: nn.Module
+        if classes is None:  # masked-LM head, decoder tied to the word embeddings
+            decoder = nn.Linear(dim, vocab)
+            self.head = nn.Sequential(
+                nn.Linear(dim, dim), nn.GELU(), nn.LayerNorm(dim, eps=1e-12), decoder
+            )
+        else:  # pooler over the first ([CLS]) token, then a classifier
+            self.head = nn.Sequential(
+                nn.Linear(dim, dim), nn.Tanh(), nn.Dropout(dropout), nn.Linear(dim, classes)
+            )
+        _init_transformer(self)
+        if classes is None:
+            decoder.weight = self.word_embeddings.weight
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(pos)
+        x = x + self.token_type_embeddings.weight[0]  # segment A everywhere
+        x = self.drop(self.emb_norm(x))
+        for layer in self.layers:
+            x = layer(x)
+        out: Tensor = self.head(x if self.classes is None else x[:, 0])
+        return out
+
+
+def bert(
+    vocab: int = 30522,
+    seq_len: int = 512,
+    dim: int = 768,
+    depth: int = 12,
+    heads: int = 12,
+    mlp_ratio: float = 4,
+    classes: int | None = None,
+    dropout: float = 0.1,
+) -> nn.Module:
+    """BERT on token ids ``(N, T)``, ``T <= seq_len``.
+
+    Returns ``(N, T, vocab)`` masked-LM logits when ``classes`` is None, else
+    ``(N, classes)`` logits from the pooled first token.
+    """
+    return BERT(vocab, seq_len, dim, depth, heads, mlp_ratio, classes, dropout)
+
+
+# --------------------------------------------------------------------------- U-Net
+
+
+def _double_conv(cin: int, cout: int) -> nn.Sequential:
+    return nn.Sequential(_conv_bn(cin, cout, 3, act=_relu), _conv_bn(cout, cout, 3, act=_relu))
+
+
+class UNet(nn.Module):
+    """U-Net (Ronneberger et al., 2015) with padded convs, BN and transposed-conv upsampling."""
+
+    def __init__(self, in_channels: int, classes: int, base: int, depth: int) -> None:
+        super().__init__()
+        widths = [base * 2**i for i in range(depth + 1)]
+        self.down = nn.ModuleList([_double_conv(in_channels, widths[0])])
+        self.down.extend(_double_conv(widths[i], widths[i + 1]) for i in range(depth))
+        self.pool = nn.MaxPool2d(2)
+        self.up = nn.ModuleList(
+            nn.ConvTranspose2d(widths[i + 1], widths[i], 2, 2) for i in reversed(range(depth))
+        )
+        self.dec = nn.ModuleList(
+            _double_conv(2 * widths[i], widths[i]) for i in reversed(range(depth))
+        )
+        self.head = nn.Conv2d(widths[0], classes, 1)
+        _init_convnet(self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        skips: list[Tensor] = []
+        for i, block in enumerate(self.down):
+            x = block(x if i == 0 else self.pool(x))
+            skips.append(x)
+        skips.pop()
+        for up, dec in zip(self.up, self.dec, strict=True):
+            x = dec(torch.cat([skips.pop(), up(x)], dim=1))
+        x = self.head(x)
+        return x
+
+
+def unet(in_channels: int = 3, classes: int = 21, base: int = 32, depth: int = 4) -> nn.Module:
+    """U-Net returning ``(N, classes, H, W)``; H and W must be divisible by ``2**depth``."""
+    return UNet(in_channels, classes, base, depth)
+
+
+# --------------------------------------------------------------------------- random DAGs
+
+_CELL_OPS = ("conv3x3", "conv1x1", "sep_conv3x3", "bn_relu", "max_pool3x3", "avg_pool3x3", "skip")
+
+
+def _cell_op(name: str, c: int) -> nn.Module:
+    if name == "conv3x3":
+        return _conv_bn(c, c, 3, act=_relu)
+    if name == "conv1x1":
+        return _conv_bn(c, c, 1, act=_relu)
+    if name == "sep_conv3x3":
+        return nn.Sequential(
+            nn.Conv2d(c, c, 3, 1, 1, groups=c, bias=False), _conv_bn(c, c, 1, act=_relu)
+        )
+    if name == "bn_relu":
+        return nn.Sequential(nn.BatchNorm2d(c), nn.ReLU(inplace=True))
+    if name == "max_pool3x3":
+        return nn.MaxPool2d(3, 1, 1)
+    if name == "avg_pool3x3":
+        return nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+    return nn.Identity()
+
+
+class _Merge(nn.Module):
+    """Combine k same-shaped tensors by sum, or by concat followed by a 1x1 conv + BN."""
+
+    def __init__(self, mode: str, k: int, c: int) -> None:
+        super().__init__()
+        self.mode = mode
+        self.proj: nn.Module = (
+            _conv_bn(k * c, c, 1) if mode == "concat" and k > 1 else nn.Identity()
+        )
+
+    def forward(self, xs: list[Tensor]) -> Tensor:
+        if self.mode == "concat" and len(xs) > 1:
+            out: Tensor = self.proj(torch.cat(xs, dim=1))
+            return out
+        acc = xs[0]
+        for t in xs[1:]:
+            acc = acc + t
+        return acc
+
+    def extra_repr(self) -> str:
+        return f"mode={self.mode}"
+
+
+class _RandomCell(nn.Module):
+    """A random DAG: node 0 is the (pre-processed) cell input, each later node applies one
+    op per incoming edge and merges the results; all loose ends are merged into the output."""
+
+    def __init__(self, cin: int, c: int, reduction: bool, rng: random.Random) -> None:
+        super().__init__()
+        self.reduction = reduction
+        if reduction:
+            self.pre: nn.Module = _conv_bn(cin, c, 3, 2, act=_relu)
+        elif cin != c:
+            self.pre = _conv_bn(cin, c, 1)
+        else:
+            self.pre = nn.Identity()
+        n = rng.randint(3, 6)  # nodes, including the input node
+        self.preds: list[list[int]] = []
+        self.edges = nn.ModuleList()
+        self.merges = nn.ModuleList()
+        used: set[int] = set()
+        for j in range(1, n):
+            k = min(j, rng.choice((1, 1, 2, 2, 3)))
+            preds = sorted(rng.sample(range(j), k))
+            ops = [rng.choice(_CELL_OPS) for _ in preds]
+            mode = rng.choice(("add", "concat")) if k > 1 else "add"
+            self.preds.append(preds)
+            self.edges.append(nn.ModuleList(_cell_op(op, c) for op in ops))
+            self.merges.append(_Merge(mode, k, c))
+            used.update(preds)
+        self.outputs = [j for j in range(1, n) if j not in used]
+        mode = rng.choice(("add", "concat")) if len(self.outputs) > 1 else "add"
+        self.out_merge = _Merge(mode, len(self.outputs), c)
+
+    def forward(self, x: Tensor) -> Tensor:
+        nodes: list[Tensor] = [self.pre(x)]
+        for preds, edges, merge in zip(self.preds, self.edges, self.merges, strict=True):
+            assert isinstance(edges, nn.ModuleList)
+            nodes.append(merge([op(nodes[p]) for p, op in zip(preds, edges, strict=True)]))
+        out: Tensor = self.out_merge([nodes[j] for j in self.outputs])
+        return out
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction}, preds={self.preds}, outputs={self.outputs}"
+
+
+class RandomConvNet(nn.Module):
+    """Stem -> random cells (some stride-2 reduction cells) -> global pool -> linear."""
+
+    def __init__(
+        self, seed: int, classes: int, image_size: int, in_channels: int, max_width: int
+    ) -> None:
+        super().__init__()
+        rng = random.Random(seed)
+        self.seed = seed
+        c = rng.choice((16, 24, 32, 48, 64, 96, 128))
+        stem: list[nn.Module] = [
+            _conv_bn(in_channels, c, 3, 2 if image_size >= 96 else 1, act=_relu)
+        ]
+        spatial = image_size // 2 if image_size >= 96 else image_size
+        if image_size >= 160 and rng.random() < 0.5:
+            stem.append(nn.MaxPool2d(3, 2, 1))
+            spatial //= 2
+        self.stem = nn.Sequential(*stem)
+        n_cells = rng.randint(3, 12)
+        max_red = max(0, min(3, int(math.log2(max(spatial, 1))) - 2, n_cells - 1))
+        n_red = rng.randint(min(1, max_red), max_red)
+        reductions = set(rng.sample(range(1, n_cells), n_red))
+        cells: list[nn.Module] = []
+        cin = c
+        for i in range(n_cells):
+            red = i in reductions
+            if red:
+                c = min(max_width, _make_divisible(c * rng.choice((1.5, 2.0))))
+            elif rng.random() < 0.2:
+                c = min(max_width, _make_divisible(c * rng.choice((0.75, 1.25))))
+            cells.append(_RandomCell(cin, c, red, rng))
+            cin = c
+        self.cells = nn.Sequential(*cells)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.drop = nn.Dropout(rng.choice((0.0, 0.0, 0.2, 0.5)))
+        self.fc = nn.Linear(c, classes)
+        _init_convnet(self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.cells(self.stem(x))
+        x = self.fc(self.drop(torch.flatten(self.pool(x), 1)))
+        return x
+
+    def extra_repr(self) -> str:
+        return f"seed={self.seed}"
+
+
+class _RandomBlock(nn.Module):
+    """One random transformer block; ``style`` picks the wiring of attention, MLP, norms."""
+
+    STYLES = ("pre", "pre", "post", "parallel", "attn", "mlp")
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        hidden: int,
+        style: str,
+        act: nn.Module,
+        gated: bool,
+        norm: str,
+        dropout: float,
+        causal: bool,
+    ) -> None:
+        super().__init__()
+        self.style = style
+
+        def make_norm() -> nn.Module:
+            return nn.LayerNorm(dim) if norm == "layernorm" else nn.RMSNorm(dim)
+
+        self.norm1 = make_norm()
+        self.norm2: nn.Module = make_norm() if style in ("pre", "post") else nn.Identity()
+        self.attn: nn.Module = (
+            _SelfAttention(dim, heads, dropout, causal) if style != "mlp" else nn.Identity()
+        )
+        self.mlp: nn.Module = (
+            _FeedForward(dim, hidden, act, dropout, gated) if style != "attn" else nn.Identity()
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.style == "pre":
+            x = x + self.attn(self.norm1(x))
+            x = x + self.mlp(self.norm2(x))
+        elif self.style == "post":
+            x = self.norm1(x + self.attn(x))
+            x = self.norm2(x + self.mlp(x))
+        elif self.style == "parallel":
+            h = self.norm1(x)
+            x = x + self.attn(h) + self.mlp(h)
+        elif self.style == "attn":
+            x = x + self.attn(self.norm1(x))
+        else:
+            x = x + self.mlp(self.norm1(x))
+        return x
+
+    def extra_repr(self) -> str:
+        return f"style={self.style}"
+
+
+class RandomTransformer(nn.Module):
+    """Token embedding + learned positions -> random blocks -> norm -> head."""
+
+    def __init__(
+        self, seed: int, vocab: int, seq_len: int, classes: int | None, max_dim: int
+    ) -> None:
+        super().__init__()
+        rng = random.Random(seed)
+        self.seed = seed
+        dims = [d for d in (128, 192, 256, 384, 512, 640, 768, 1024) if d <= max_dim]
+        dim = rng.choice(dims or [max_dim])
+        depth = rng.randint(2, 16 if dim <= 768 else 12)
+        norm = rng.choice(("layernorm", "rmsnorm"))
+        dropout = rng.choice((0.0, 0.0, 0.1))
+        self.causal = classes is None
+        self.classify = classes is not None
+        head_dims = [h for h in (32, 64, 128) if dim % h == 0] or [dim]
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(seq_len, dim)
+        self.drop = nn.Dropout(dropout)
+        blocks = []
+        for _ in range(depth):
+            style = rng.choice(_RandomBlock.STYLES)
+            heads = dim // rng.choice(head_dims)
+            ratio = rng.choice((1, 2, 3, 4))
+            act_name = rng.choice(("gelu", "gelu_tanh", "relu", "silu"))
+            act: nn.Module = {
+                "gelu": nn.GELU(),
+                "gelu_tanh": nn.GELU(approximate="tanh"),
+                "relu": nn.ReLU(),
+                "silu": nn.SiLU(),
+            }[act_name]
+            gated = rng.random() < 0.3
+            blocks.append(
+                _RandomBlock(dim, heads, ratio * dim, style, act, gated, norm, dropout, self.causal)
+            )
+        self.blocks = nn.Sequential(*blocks)
+        self.norm = nn.LayerNorm(dim) if norm == "layernorm" else nn.RMSNorm(dim)
+        self.head = nn.Linear(dim, vocab if classes is None else classes, bias=False)
+        _init_transformer(self)
+        if classes is None and rng.random() < 0.5:
+            self.head.weight = self.embed.weight
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x: Tensor = self.drop(self.embed(input_ids) + self.pos(pos))
+        x = self.norm(self.blocks(x))
+        x = self.head(x.mean(dim=1) if self.classify else x)
+        return x
+
+    def extra_repr(self) -> str:
+        return f"seed={self.seed}, causal={self.causal}"
+
+
+def random_dag(
+    seed: int,
+    kind: Literal["conv", "transformer"] = "conv",
+    classes: int | None = None,
+    image_size: int = 32,
+    in_channels: int = 3,
+    max_width: int = 512,
+    vocab: int = 32000,
+    seq_len: int = 256,
+    max_dim: int = 1024,
+) -> nn.Module:
+    """Random architecture, fully determined by ``seed`` and the keyword arguments.
+
+    ``kind="conv"``: a stem, 3-12 random cells (DAGs of 3-6 nodes whose edges are drawn
+    from conv3x3 / conv1x1 / separable conv / BN+ReLU / 3x3 max & avg pools / skip and
+    whose nodes merge by sum or concat + 1x1 conv), random widths (<= ``max_width``)
+    and stride-2 reduction cells, then global pool + linear to ``classes`` (default
+    1000).  ``image_size`` only bounds the number of reductions; any input size works.
+
+    ``kind="transformer"``: token embedding + learned positions (``seq_len``), 2-16 blocks
+    of random style (pre-LN, post-LN, parallel, attention-only, MLP-only), heads,
+    MLP ratio, activation and gating, with LayerNorm or RMSNorm.  Returns causal LM
+    logits ``(N, T, vocab)`` when ``classes`` is None, else mean-pooled ``(N, classes)``.
+
+    Only a private ``random.Random(seed)`` is used, so the result (and its repr) never
+    depends on the global RNG state.
+    """
+    if kind == "conv":
+        return RandomConvNet(
+            seed, 1000 if classes is None else classes, image_size, in_channels, max_width
+        )
+    if kind == "transformer":
+        return RandomTransformer(seed, vocab, seq_len, classes, max_dim)
+    raise ValueError(f"random_dag kind must be 'conv' or 'transformer', got {kind!r}")
+
+
+# --------------------------------------------------------------------------- the zoo
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """One representative configuration of a family.
+
+    ``input_shape`` is per sample (no batch dimension).  ``classes`` is the number of
+    classes, or the vocabulary size for ``"tokens"`` entries, whose models return
+    per-token logits ``(N, T, classes)``; see the module docstring for output shapes.
+    """
+
+    family: str
+    name: str
+    factory: Callable[[], nn.Module]
+    input: str
+    input_shape: tuple[int, ...]
+    classes: int
+
+
+FAMILIES: tuple[str, ...] = (
+    "mlp",
+    "vgg",
+    "resnet",
+    "mobilenet_v2",
+    "mobilenet_v3",
+    "squeezenet",
+    "shufflenet_v2",
+    "googlenet",
+    "densenet",
+    "vit",
+    "rnn",
+    "gpt",
+    "bert",
+    "unet",
+    "random_conv",
+    "random_transformer",
+)
+
+_P = functools.partial
+
+
+def _image(
+    family: str, name: str, factory: Callable[[], nn.Module], size: int = 224, classes: int = 1000
+) -> ZooEntry:
+    return ZooEntry(family, name, factory, "image", (3, size, size), classes)
+
+
+def _tokens(
+    family: str, name: str, factory: Callable[[], nn.Module], seq: int, vocab: int
+) -> ZooEntry:
+    return ZooEntry(family, name, factory, "tokens", (seq,), vocab)
+
+
+def _build_entries() -> list[ZooEntry]:
+    # Within a hand-written family the entries go from the smallest to the largest.
+    out: list[ZooEntry] = [
+        ZooEntry("mlp", "mlp-784-512x2", _P(mlp), "vector", (784,), 10),
+        ZooEntry(
+            "mlp", "mlp-img-1024x3", _P(mlp, 3 * 32 * 32, (1024,) * 3, 10), "image", (3, 32, 32), 10
+        ),
+        ZooEntry(
+            "mlp",
+            "mlp-3072-2048x4-ln",
+            _P(mlp, 3072, (2048,) * 4, 100, 0.1, True),
+            "vector",
+            (3072,),
+            100,
+        ),
+    ]
+    out += [
+        _image("vgg", "vgg11-bn-w32-cifar", _P(vgg, 11, 32, 100, image_size=32), 32, 100),
+        _image("vgg", "vgg16-bn-w64-cifar", _P(vgg, 16, classes=10, image_size=32), 32, 10),
+        _image("vgg", "vgg11-bn-w64", _P(vgg, 11)),
+        _image("vgg", "vgg16-bn-w64", _P(vgg, 16)),
+        _image("vgg", "vgg19-w64", _P(vgg, 19, batch_norm=False)),
+    ]
+    out += [
+        _image("resnet", "resnet50-w32", _P(resnet, 50, 32)),
+        _image("resnet", "resnet18-w64-cifar", _P(resnet, 18, classes=10), 32, 10),
+    ]
+    out += [_image("resnet", f"resnet{d}-w64", _P(resnet, d)) for d in (18, 34, 50, 101, 152)]
+    out += [
+        _image("mobilenet_v2", f"mobilenet_v2-x{w}", _P(mobilenet_v2, w)) for w in (0.5, 1.0, 1.4)
+    ]
+    out += [
+        _image("mobilenet_v3", "mobilenet_v3-small", _P(mobilenet_v3, "small")),
+        _image("mobilenet_v3", "mobilenet_v3-large-x0.75", _P(mobilenet_v3, "large", 0.75)),
+        _image("mobilenet_v3", "mobilenet_v3-large", _P(mobilenet_v3, "large")),
+    ]
+    out += [_image("squeezenet", f"squeezenet{v}", _P(squeezenet, v)) for v in ("1_1", "1_0")]
+    out += [
+        _image("shufflenet_v2", f"shufflenet_v2-x{w}", _P(shufflenet_v2, w))
+        for w in (0.5, 1.0, 1.5, 2.0)
+    ]
+    out += [
+        _image("googlenet", "googlenet-w32", _P(googlenet, width=32)),
+        _image("googlenet", "googlenet-w64", _P(googlenet)),
+    ]
+    out += [_image("densenet", f"densenet{d}", _P(densenet, d)) for d in (121, 169, 201)]
+    out += [_image("densenet", "densenet161", _P(densenet, 161, 48))]
+    out += [
+        _image("vit", "vit-ti16", _P(vit, dim=192, heads=3)),
+        _image("vit", "vit-cifar-p4", _P(vit, 32, 4, 384, 6, 8, 2, 10), 32, 10),
+        _image("vit", "vit-s16", _P(vit, dim=384, heads=6)),
+        _image("vit", "vit-b16", _P(vit)),
+        _image("vit", "vit-b32", _P(vit, patch=32)),
+        _image("vit", "vit-l16", _P(vit, dim=1024, depth=24, heads=16)),
+    ]
+    out += [
+        _tokens("rnn", "gru-lm-2x512", _P(rnn, "gru"), 64, 10000),
+        _tokens("rnn", "lstm-lm-2x512", _P(rnn), 64, 10000),
+        _tokens(
+            "rnn", "lstm-lm-2x650", _P(rnn, "lstm", 10000, 650, 650, 2, dropout=0.5), 35, 10000
+        ),
+        _tokens("rnn", "lstm-lm-3x1024", _P(rnn, "lstm", 33278, 400, 1024, 3), 128, 33278),
+    ]
+    out += [
+        _tokens("gpt", "gpt-char-6x384", _P(gpt, 65, 256, 384, 6, 6, dropout=0.2), 256, 65),
+        _tokens(
+            "gpt", "gpt-mini-6x384", _P(gpt, seq_len=256, dim=384, depth=6, heads=6), 256, 50257
+        ),
+        _tokens("gpt", "gpt2-small", _P(gpt), 1024, 50257),
+        _tokens("gpt", "gpt2-small-512", _P(gpt, dropout=0.1, tie_weights=False), 512, 50257),
+        _tokens("gpt", "gpt2-medium", _P(gpt, dim=1024, depth=24, heads=16), 1024, 50257),
+    ]
+    out += [
+        _tokens("bert", "bert-tiny", _P(bert, dim=128, depth=2, heads=2), 128, 30522),
+        _tokens("bert", "bert-mini", _P(bert, dim=256, depth=4, heads=4), 128, 30522),
+        _tokens("bert", "bert-small", _P(bert, dim=512, depth=4, heads=8), 128, 30522),
+        _tokens("bert", "bert-base-128", _P(bert), 128, 30522),
+        _tokens("bert", "bert-base-512", _P(bert), 512, 30522),
+        _tokens("bert", "bert-large-128", _P(bert, dim=1024, depth=24, heads=16), 128, 30522),
+    ]
+    out += [
+        ZooEntry("unet", "unet-b16-d3", _P(unet, 3, 2, 16, 3), "segmentation", (3, 128, 128), 2),
+        ZooEntry("unet", "unet-b32-d4", _P(unet), "segmentation", (3, 256, 256), 21),
+        ZooEntry("unet", "unet-b64-d4", _P(unet, 1, 2, 64, 4), "segmentation", (1, 512, 512), 2),
+    ]
+    conv_cfgs = ((32, 10), (32, 100), (64, 200), (96, 10), (128, 100), (224, 1000))
+    for seed, (size, classes) in enumerate(conv_cfgs):
+        factory = _P(random_dag, seed, "conv", classes=classes, image_size=size)
+        out.append(_image("random_conv", f"random_conv-s{seed}-{size}px", factory, size, classes))
+    tf_cfgs = ((128, 8192), (256, 32000), (512, 32000), (128, 50257), (1024, 16384), (256, 256))
+    for seed, (seq, vocab) in enumerate(tf_cfgs):
+        factory = _P(random_dag, seed, "transformer", vocab=vocab, seq_len=seq)
+        out.append(
+            _tokens("random_transformer", f"random_transformer-s{seed}-t{seq}", factory, seq, vocab)
+        )
+    return out
+
+
+def entries(family: str | None = None) -> list[ZooEntry]:
+    """The fixed, ordered list of zoo configurations (optionally of one family).
+
+    Every entry has at most ~355M parameters (GPT-2 medium being the largest).
+    """
+    if family is not None and family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    return [e for e in _build_entries() if family is None or e.family == family]
