@@ -218,13 +218,28 @@ def _compact(free_list: list[int], free_start: dict[int, int]) -> int:
 # ``free_start[addr] = size`` and ``free_end[addr + size] = addr``. Each pool also has a sorted
 # list of ``size << _SHIFT | addr`` ints, an index for best-fit search that is updated lazily:
 # when a free block is allocated its entry is removed, but when it is absorbed by a merge its
-# entry is left behind, stale, and dropped when a search meets it or at the next compaction.
-# An entry is live exactly when ``free_start[addr] == size``. Merges overwrite dict entries
-# instead of deleting them where the key survives (a merged block keeps the start of its first
-# part and the end of its last part), which saves dict operations on the hot path.
+# entry is left behind, stale, and dropped when a search meets it or at the next compaction
+# (stale entries come only from merges, so only merges check the list length). An entry is
+# live exactly when ``free_start[addr] == size``. Merges overwrite dict entries instead of
+# deleting them where the key survives (a merged block keeps the start of its first part and
+# the end of its last part). All of this keeps C-level calls (bisect, insort) to about two per
+# event, which is what a pure-Python replay spends most of its time on.
 _MIN_COMPACT_LEN = 256
 # Marker stored in the live-allocation dict for a zero-byte allocation.
 _ZERO_BYTES: tuple[int, int, int] = (0, 0, 0)
+
+
+def _request_info(nbytes: int, expandable: bool) -> tuple[int, int, bool, int, int]:
+    """Per-request constants, cached per distinct request size by the replay loops.
+
+    Returns ``(requested bytes as int, rounded size, is small pool, best-fit search key,
+    smallest remainder that is split off)``.
+    """
+    req = int(nbytes)
+    size = round_size(req)
+    small = size <= K_SMALL_SIZE
+    split_min = K_MIN_BLOCK_SIZE if small or expandable else K_SMALL_SIZE + 1
+    return req, size, small, size << _SHIFT, split_min
 
 
 def _simulate_default(rows: Iterable[Sequence[int]]) -> AllocatorResult:
@@ -232,7 +247,6 @@ def _simulate_default(rows: Iterable[Sequence[int]]) -> AllocatorResult:
     shift = _SHIFT
     mask = _MASK
     small_size = K_SMALL_SIZE
-    min_block = K_MIN_BLOCK_SIZE
     # Sorted free lists of the large and small pools, indexed by the ``small`` flag.
     free_lists: tuple[list[int], list[int]] = ([], [])
     compact_at = [_MIN_COMPACT_LEN, _MIN_COMPACT_LEN]
@@ -244,6 +258,8 @@ def _simulate_default(rows: Iterable[Sequence[int]]) -> AllocatorResult:
     # than 1 MiB and a large-pool one always is, so the pool follows from the block size.
     live: dict[int, tuple[int, int, int]] = {}
     zero = _ZERO_BYTES
+    # request size -> (requested bytes, rounded size, free list, search key, split minimum)
+    cache: dict[int, tuple[int, int, list[int], int, int]] = {}
 
     next_addr = _SEGMENT_GAP
     allocated = reserved = requested = 0
@@ -255,51 +271,54 @@ def _simulate_default(rows: Iterable[Sequence[int]]) -> AllocatorResult:
         if nbytes > 0:
             if key in live:
                 raise _double_alloc(key)
-            req = nbytes if nbytes.__class__ is int else int(nbytes)
-            size = min_block if req < min_block else (req + 511) & -512
-            small = size <= small_size
-            fl = free_lists[small]
-            n_fl = len(fl)
-            if n_fl > compact_at[small]:
-                compact_at[small] = _compact(fl, free_start)
-                n_fl = len(fl)
-            i = bisect_left(fl, size << shift)
-            while i < n_fl:
-                k = fl[i]
-                del fl[i]
+            try:
+                req, size, fl, skey, split_min = cache[nbytes]
+            except KeyError:
+                req, size, small, skey, split_min = _request_info(nbytes, False)
+                fl = free_lists[small]
+                cache[nbytes] = (req, size, fl, skey, split_min)
+            i = bisect_left(fl, skey)
+            while True:
+                try:
+                    k = fl.pop(i)
+                except IndexError:
+                    # No cached block fits: cudaMalloc a new segment (get_allocation_size).
+                    if size <= small_size:
+                        bsize = K_SMALL_BUFFER
+                    elif size < K_MIN_LARGE_ALLOC:
+                        bsize = K_LARGE_BUFFER
+                    else:
+                        bsize = (size + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
+                    addr = next_addr
+                    next_addr += bsize + _SEGMENT_GAP
+                    reserved += bsize
+                    num_segments += 1
+                    if reserved > peak_reserved:
+                        peak_reserved = reserved
+                    rem = bsize - size
+                    if rem >= split_min:
+                        raddr = addr + size
+                        free_start[raddr] = rem
+                        free_end[raddr + rem] = raddr
+                        insort(fl, rem << shift | raddr)
+                        bsize = size
+                    break
                 bsize = k >> shift
                 addr = k & mask
                 if addr in free_start and free_start[addr] == bsize:
+                    # get_free_block: the best fit (a stale entry is dropped and skipped).
+                    rem = bsize - size
+                    del free_start[addr]
+                    if rem >= split_min:
+                        # should_split: the remainder [addr + size, end) stays free.
+                        raddr = addr + size
+                        free_start[raddr] = rem
+                        free_end[raddr + rem] = raddr
+                        insort(fl, rem << shift | raddr)
+                        bsize = size
+                    else:
+                        del free_end[addr + bsize]
                     break
-                n_fl -= 1  # a stale entry: dropped, look at the next one
-            else:
-                # No cached block fits: cudaMalloc a new segment (get_allocation_size).
-                if small:
-                    bsize = K_SMALL_BUFFER
-                elif size < K_MIN_LARGE_ALLOC:
-                    bsize = K_LARGE_BUFFER
-                else:
-                    bsize = (size + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
-                addr = next_addr
-                next_addr += bsize + _SEGMENT_GAP
-                reserved += bsize
-                num_segments += 1
-                if reserved > peak_reserved:
-                    peak_reserved = reserved
-                free_start[addr] = bsize
-                free_end[addr + bsize] = addr
-            rem = bsize - size
-            if (rem >= min_block) if small else (rem > small_size):
-                # should_split: the remainder [addr + size, end) stays free.
-                del free_start[addr]
-                raddr = addr + size
-                free_start[raddr] = rem
-                free_end[raddr + rem] = raddr
-                insort(fl, rem << shift | raddr)
-                bsize = size
-            else:
-                del free_start[addr]
-                del free_end[addr + bsize]
             live[key] = (addr, bsize, req)
             num_allocs += 1
             allocated += bsize
@@ -319,16 +338,21 @@ def _simulate_default(rows: Iterable[Sequence[int]]) -> AllocatorResult:
             addr, bsize, req = rec
             allocated -= bsize
             requested -= req
-            fl = free_lists[bsize <= small_size]
+            small = bsize <= small_size
+            fl = free_lists[small]
             end = addr + bsize
             if end in free_start:  # merge with the free block after it
                 bsize += free_start[end]
                 del free_start[end]
+                if len(fl) > compact_at[small]:
+                    compact_at[small] = _compact(fl, free_start)
             if addr in free_end:  # merge with the free block before it
                 paddr = free_end[addr]
                 del free_end[addr]
                 bsize += addr - paddr
                 addr = paddr
+                if len(fl) > compact_at[small]:
+                    compact_at[small] = _compact(fl, free_start)
             free_start[addr] = bsize
             free_end[addr + bsize] = addr
             insort(fl, bsize << shift | addr)
@@ -351,7 +375,6 @@ def _simulate_expandable(rows: Iterable[Sequence[int]]) -> AllocatorResult:
     shift = _SHIFT
     mask = _MASK
     small_size = K_SMALL_SIZE
-    min_block = K_MIN_BLOCK_SIZE
     # Per pool, indexed by the ``small`` flag (0 large, 1 small): sorted free list, page size,
     # base address and end of the mapped part of the pool's single expandable segment.
     free_lists: tuple[list[int], list[int]] = ([], [])
@@ -363,6 +386,9 @@ def _simulate_expandable(rows: Iterable[Sequence[int]]) -> AllocatorResult:
     free_end: dict[int, int] = {}
     live: dict[int, tuple[int, int, int]] = {}
     zero = _ZERO_BYTES
+    # request size -> (requested bytes, rounded size, is small pool, free list, search key)
+    cache: dict[int, tuple[int, int, bool, list[int], int]] = {}
+    split_min = K_MIN_BLOCK_SIZE  # should_split with expandable segments, either pool
 
     allocated = reserved = requested = 0
     peak_allocated = peak_reserved = peak_requested = 0
@@ -372,30 +398,55 @@ def _simulate_expandable(rows: Iterable[Sequence[int]]) -> AllocatorResult:
         if nbytes > 0:
             if key in live:
                 raise _double_alloc(key)
-            req = nbytes if nbytes.__class__ is int else int(nbytes)
-            size = min_block if req < min_block else (req + 511) & -512
-            small = size <= small_size
-            fl = free_lists[small]
-            n_fl = len(fl)
-            if n_fl > compact_at[small]:
-                compact_at[small] = _compact(fl, free_start)
-                n_fl = len(fl)
-            i = bisect_left(fl, size << shift)
-            while i < n_fl:
-                k = fl[i]
+            try:
+                req, size, small, fl, skey = cache[nbytes]
+            except KeyError:
+                req, size, small, skey, _ = _request_info(nbytes, True)
+                fl = free_lists[small]
+                cache[nbytes] = (req, size, small, fl, skey)
+            i = bisect_left(fl, skey)
+            while True:
+                try:
+                    k = fl[i]
+                except IndexError:
+                    # Nothing fits: map whole pages at the end of the segment, merged with the
+                    # free block already there, if any (try_allocate_expandable_block).
+                    end = mapped_end[small]
+                    if end in free_end:
+                        addr = free_end[end]
+                        del free_end[end]
+                        del free_start[addr]  # its list entry goes stale
+                        tsize = end - addr
+                        if len(fl) > compact_at[small]:
+                            compact_at[small] = _compact(fl, free_start)
+                    else:
+                        addr = end
+                        tsize = 0
+                    pg = page[small]
+                    grow = (size - tsize + pg - 1) // pg * pg
+                    reserved += grow
+                    if reserved > peak_reserved:
+                        peak_reserved = reserved
+                    bsize = tsize + grow
+                    end = addr + bsize
+                    mapped_end[small] = end
+                    free_end[end] = addr
+                    break
                 bsize = k >> shift
                 addr = k & mask
                 if addr not in free_start or free_start[addr] != bsize:
-                    del fl[i]  # a stale entry
-                    n_fl -= 1
+                    del fl[i]  # a stale entry: dropped, look at the next one
                     continue
                 if addr + bsize == mapped_end[small]:
                     # The best fit touches the unmapped rest of the segment. get_free_block
                     # counts it as being as big as that address space, so any other fitting
                     # free block (the next live entry) is preferred.
                     j = i + 1
-                    while j < n_fl:
-                        k2 = fl[j]
+                    while True:
+                        try:
+                            k2 = fl[j]
+                        except IndexError:
+                            break
                         if k2 != k:
                             b2 = k2 >> shift
                             a2 = k2 & mask
@@ -405,41 +456,21 @@ def _simulate_expandable(rows: Iterable[Sequence[int]]) -> AllocatorResult:
                                 addr = a2
                                 break
                         del fl[j]  # a stale entry, or a duplicate of the tail's
-                        n_fl -= 1
                 del fl[i]
-                break
-            else:
-                # Nothing fits: map whole pages at the end of the segment, merged with the
-                # free block already there, if any (try_allocate_expandable_block).
-                mend = mapped_end[small]
-                if mend in free_end:
-                    addr = free_end[mend]
-                    del free_end[mend]
-                    tsize = mend - addr
-                else:
-                    addr = mend
-                    tsize = 0
-                pg = page[small]
-                grow = (size - tsize + pg - 1) // pg * pg
-                mapped_end[small] = mend + grow
-                bsize = tsize + grow
-                free_start[addr] = bsize
-                free_end[addr + bsize] = addr
-                reserved += grow
-                if reserved > peak_reserved:
-                    peak_reserved = reserved
-            rem = bsize - size
-            if rem >= min_block:
-                # should_split: the remainder [addr + size, end) stays free.
                 del free_start[addr]
+                end = addr + bsize
+                break
+            # free_end[end] == addr here; free_start has no entry for the block.
+            rem = bsize - size
+            if rem >= split_min:
+                # should_split: the remainder [addr + size, end) stays free.
                 raddr = addr + size
                 free_start[raddr] = rem
-                free_end[raddr + rem] = raddr
+                free_end[end] = raddr
                 insort(fl, rem << shift | raddr)
                 bsize = size
             else:
-                del free_start[addr]
-                del free_end[addr + bsize]
+                del free_end[end]
             live[key] = (addr, bsize, req)
             num_allocs += 1
             allocated += bsize
@@ -459,16 +490,21 @@ def _simulate_expandable(rows: Iterable[Sequence[int]]) -> AllocatorResult:
             addr, bsize, req = rec
             allocated -= bsize
             requested -= req
-            fl = free_lists[bsize <= small_size]
+            small = bsize <= small_size
+            fl = free_lists[small]
             end = addr + bsize
             if end in free_start:  # merge with the free block after it
                 bsize += free_start[end]
                 del free_start[end]
+                if len(fl) > compact_at[small]:
+                    compact_at[small] = _compact(fl, free_start)
             if addr in free_end:  # merge with the free block before it
                 paddr = free_end[addr]
                 del free_end[addr]
                 bsize += addr - paddr
                 addr = paddr
+                if len(fl) > compact_at[small]:
+                    compact_at[small] = _compact(fl, free_start)
             free_start[addr] = bsize
             free_end[addr + bsize] = addr
             insort(fl, bsize << shift | addr)

@@ -271,6 +271,16 @@ def features_for(
     return feats
 
 
+@dataclass(frozen=True)
+class _Constant:
+    """A regressor for a target that never varied in training."""
+
+    value: float
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return np.full(len(x), self.value)
+
+
 def _conformal_quantile(residuals: np.ndarray, coverage: float) -> float:
     """Split-conformal quantile: the ceil((n+1)·coverage)-th smallest residual."""
     n = len(residuals)
@@ -540,8 +550,12 @@ class CostModel:
                 cal = np.zeros_like(ok)
                 cal[idx[:k]] = True
                 train = ok & ~cal
-            model = self._regressor()
-            model.fit(x_all[train], y[train])
+            model: Any
+            if float(np.ptp(y[train])) < 1e-12:  # CatBoost refuses constant targets
+                model = _Constant(float(y[train][0]))
+            else:
+                model = self._regressor()
+                model.fit(x_all[train], y[train])
             resid = y[cal] - model.predict(x_all[cal])
             q = _conformal_quantile(resid, self.coverage)
             setattr(self, f"{which}_model_", model)
@@ -599,7 +613,9 @@ class CostModel:
         files = {}
         for which in ("memory", "time"):
             m = self.__dict__.get(f"{which}_model_")
-            if m is not None:
+            if isinstance(m, _Constant):
+                files[which] = {"constant": m.value, "conformal_quantile": getattr(self, f"{which}_q_")}
+            elif m is not None:
                 m.save_model(str(out / f"{which}.cbm"), format="cbm")
                 files[which] = {"file": f"{which}.cbm", "conformal_quantile": getattr(self, f"{which}_q_")}
         g2v = self.__dict__.get("graph2vec_")
@@ -636,8 +652,12 @@ class CostModel:
         self.feature_names_ = list(manifest["feature_names"])
         self.training_ = manifest.get("training", {})
         for which, info in manifest["models"].items():
-            m = CatBoostRegressor()
-            m.load_model(str(root / info["file"]), format="cbm")
+            m: Any
+            if "constant" in info:
+                m = _Constant(float(info["constant"]))
+            else:
+                m = CatBoostRegressor()
+                m.load_model(str(root / info["file"]), format="cbm")
             setattr(self, f"{which}_model_", m)
             setattr(self, f"{which}_q_", float(info["conformal_quantile"]))
         if manifest.get("graph2vec"):

@@ -105,8 +105,17 @@ def _hardswish() -> nn.Module:
     return nn.Hardswish(inplace=True)
 
 
+def _on_meta(model: nn.Module) -> bool:
+    """True when the parameters live on the meta device: their values do not exist, so
+    custom re-initialisation is skipped (the meta ``normal_`` is slow Python)."""
+    p = next(model.parameters(), None)
+    return p is not None and p.is_meta
+
+
 def _init_convnet(model: nn.Module) -> None:
     """torchvision-style init: Kaiming (fan_out) convs, unit BN, small-normal linears."""
+    if _on_meta(model):
+        return
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -123,6 +132,8 @@ def _init_convnet(model: nn.Module) -> None:
 
 def _init_transformer(model: nn.Module, std: float = 0.02) -> None:
     """GPT/BERT-style init: N(0, 0.02) linears and embeddings, zero biases."""
+    if _on_meta(model):
+        return
     for m in model.modules():
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, 0.0, std)
@@ -323,8 +334,9 @@ class ResNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.fc = nn.Linear(inplanes, classes)
         _init_convnet(self)
-        bound = 1.0 / math.sqrt(inplanes)
-        nn.init.uniform_(self.fc.weight, -bound, bound)
+        if not _on_meta(self):
+            bound = 1.0 / math.sqrt(inplanes)
+            nn.init.uniform_(self.fc.weight, -bound, bound)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
@@ -577,7 +589,7 @@ class SqueezeNet(nn.Module):
         self.classifier = nn.Sequential(
             nn.Dropout(0.5), final_conv, nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d((1, 1))
         )
-        for m in self.modules():
+        for m in () if _on_meta(self) else self.modules():
             if isinstance(m, nn.Conv2d):
                 if m is final_conv:
                     nn.init.normal_(m.weight, 0.0, 0.01)
@@ -751,7 +763,7 @@ class GoogLeNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.dropout = nn.Dropout(0.2)
         self.fc = nn.Linear(cin, classes)
-        for m in self.modules():
+        for m in () if _on_meta(self) else self.modules():
             if isinstance(m, (nn.Conv2d, nn.Linear)):
                 nn.init.normal_(m.weight, 0.0, 0.01)
 
@@ -840,7 +852,8 @@ class DenseNet(nn.Module):
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Linear(c, classes)
         _init_convnet(self)
-        nn.init.kaiming_uniform_(self.classifier.weight, a=math.sqrt(5))
+        if not _on_meta(self):
+            nn.init.kaiming_uniform_(self.classifier.weight, a=math.sqrt(5))
 
     def forward(self, x: Tensor) -> Tensor:
         x = torch.flatten(F.adaptive_avg_pool2d(self.features(x), (1, 1)), 1)
@@ -979,8 +992,9 @@ class ViT(nn.Module):
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.head = nn.Linear(dim, classes)
         _init_transformer(self)
-        nn.init.normal_(self.pos_embed, 0.0, 0.02)
-        nn.init.zeros_(self.head.weight)
+        if not _on_meta(self):
+            nn.init.normal_(self.pos_embed, 0.0, 0.02)
+            nn.init.zeros_(self.head.weight)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.patch_embed(x).flatten(2).transpose(1, 2)
@@ -1081,7 +1095,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(dim)
         self.lm_head = nn.Linear(dim, vocab, bias=False)
         _init_transformer(self)
-        for block in self.blocks:  # GPT-2 scaled init of the residual projections
+        for block in () if _on_meta(self) else self.blocks:  # GPT-2 scaled residual init
             assert isinstance(block, _PreLNBlock)
             for w in (block.attn.proj.weight, block.mlp.fc2.weight):
                 nn.init.normal_(w, 0.0, 0.02 / math.sqrt(2 * depth))
@@ -1327,7 +1341,7 @@ class RandomConvNet(nn.Module):
         super().__init__()
         rng = random.Random(seed)
         self.seed = seed
-        c = rng.choice((16, 24, 32, 48, 64, 96, 128))
+        c = min(max_width, rng.choice((16, 24, 32, 48, 64, 96, 128)))
         stem: list[nn.Module] = [
             _conv_bn(in_channels, c, 3, 2 if image_size >= 96 else 1, act=_relu)
         ]

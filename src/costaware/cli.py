@@ -1,0 +1,241 @@
+"""The ``costaware`` command line.
+
+Every error is one readable line that says what to fix; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+_EPILOG = "Run 'costaware COMMAND --help' for a command's options."
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def _load_factory(ref: str) -> Callable[[], Any]:
+    """Resolve ``path/to/file.py:name`` or ``package.module:name`` to a callable."""
+    if ":" not in ref:
+        raise CliError(f"expected MODEL as 'path/to/file.py:factory' or 'module:factory', but got {ref!r}.")
+    where, _, name = ref.rpartition(":")
+    if where.endswith(".py") or "/" in where or Path(where).is_file():
+        path = Path(where)
+        if not path.is_file():
+            raise CliError(f"no such file: {where}")
+        mod_spec = importlib.util.spec_from_file_location(f"_costaware_user_{path.stem}", path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise CliError(f"cannot import {where} as a Python file.")
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.path.insert(0, str(path.resolve().parent))
+        try:
+            mod_spec.loader.exec_module(module)
+        finally:
+            sys.path.pop(0)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise CliError(f"cannot import module {where!r}: {e}") from e
+    obj = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise CliError(f"{where} has no attribute {name!r}.")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise CliError(f"{ref} is not callable; it must be a zero-argument factory returning an nn.Module.")
+    return obj  # type: ignore[no-any-return]
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.lower().replace("×", "x").split("x"))
+    except ValueError:
+        raise CliError(f"--input must look like 3x224x224, but got {text!r}.") from None
+    if not dims or any(d < 1 for d in dims):
+        raise CliError(f"--input must be positive sizes like 3x224x224, but got {text!r}.")
+    return dims
+
+
+def _build_spec(args: argparse.Namespace) -> Any:
+    import costaware as ca
+
+    factory = _load_factory(args.model)
+    if args.seq_len is not None:
+        if args.vocab is None:
+            raise CliError("--seq-len needs --vocab (the vocabulary size).")
+        batch: Any = ca.TokenBatch(args.seq_len, args.vocab)
+    elif args.input is not None:
+        shape = _parse_shape(args.input)
+        batch = (ca.SegmentationBatch if args.segmentation else ca.ImageBatch)(shape, classes=args.classes)
+    else:
+        raise CliError("give the input: --input 3x224x224 for dense inputs, or --seq-len N --vocab V for tokens.")
+    kwargs = {"lr": args.lr} if args.lr is not None else {}
+    return ca.TrainingSpec(
+        model=factory,
+        batch=batch,
+        batch_size=args.batch_size,
+        optimizer=args.optimizer,
+        optimizer_kwargs=kwargs,
+        precision=args.precision,
+        dataset_size=args.dataset_size,
+        cudnn_benchmark=args.cudnn_benchmark,
+        allocator=args.allocator,
+        grad_accumulation=args.grad_accumulation,
+        epochs=args.epochs,
+        name=args.model.rpartition(":")[2],
+    )
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    import costaware as ca
+    from costaware.model import _fmt_bytes, _fmt_seconds
+
+    spec = _build_spec(args)
+    model = ca.CostModel.load(args.model_dir) if args.model_dir else ca.CostModel.default()
+    pred = model.predict(spec, device=args.device, exact=True)
+    if args.json:
+        print(json.dumps(pred.to_dict(), indent=2, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"costaware prediction: {spec.display_name} on {pred.device}", title_justify="left")
+    table.add_column("quantity")
+    table.add_column("predicted", justify="right")
+    bound = f"upper bound ({pred.coverage:.0%})" if pred.coverage else "upper bound (heuristic)"
+    table.add_column(bound, justify="right")
+    table.add_row("peak memory (reserved)", _fmt_bytes(pred.peak_memory), _fmt_bytes(pred.peak_memory_upper))
+    table.add_row("iteration time", _fmt_seconds(pred.iteration_time), _fmt_seconds(pred.iteration_time_upper))
+    if pred.epoch_time is not None:
+        table.add_row("epoch time", _fmt_seconds(pred.epoch_time), _fmt_seconds(pred.epoch_time_upper))
+    dev = ca.get_device(pred.device)
+    console.print(table)
+    fits = pred.peak_memory_upper <= dev.usable_memory_bytes
+    verdict = "[green]fits[/green]" if fits else "[red]does not fit[/red]"
+    console.print(
+        f"{verdict} in {pred.device}'s {_fmt_bytes(dev.usable_memory_bytes)} usable memory "
+        f"(of {_fmt_bytes(dev.memory_bytes)}; the rest is CUDA context)."
+    )
+    if args.explain:
+        console.print(pred.explain(), markup=False, highlight=False)
+    return 0
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    import costaware as ca
+    from costaware.model import _fmt_bytes
+
+    if args.json:
+        print(json.dumps({n: ca.CATALOG[n].to_dict() for n in ca.known_devices()}, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Device catalog", title_justify="left")
+    for col in ("name", "memory", "bandwidth", "fp32", "bf16", "SMs", "generation"):
+        table.add_column(col, justify="left" if col in ("name", "generation") else "right")
+    for name in ca.known_devices():
+        d = ca.CATALOG[name]
+        table.add_row(
+            name,
+            _fmt_bytes(d.memory_bytes),
+            f"{d.bandwidth / 1e9:,.0f} GB/s",
+            f"{d.peak_flops('fp32') / 1e12:,.1f} TF",
+            f"{d.peak_flops('bf16') / 1e12:,.1f} TF",
+            str(d.sm_count),
+            d.generation,
+        )
+    Console().print(table)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="costaware",
+        description=(
+            "Predict a training configuration's peak GPU memory and epoch time before it runs, "
+            "from a dry run on fake tensors (no GPU needed)."
+        ),
+        epilog=_EPILOG,
+    )
+    p.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    pr = sub.add_parser(
+        "predict",
+        help="predict peak memory and time of one configuration",
+        description=(
+            "Dry-run one training step of MODEL and print its predicted peak memory (the caching "
+            "allocator's reserved peak, which decides OOM), iteration and epoch time, with upper bounds. "
+            "Example: costaware predict examples/models.py:resnet18 --batch-size 64 --input 3x224x224 "
+            "--optimizer adamw --device H100"
+        ),
+    )
+    pr.add_argument("model", metavar="MODEL", help="'path/to/file.py:factory' or 'module:factory' returning an nn.Module")
+    pr.add_argument("--batch-size", "-b", type=int, required=True, help="samples per step")
+    pr.add_argument("--input", help="per-sample input shape, e.g. 3x224x224 (images) or 784 (vectors)")
+    pr.add_argument("--classes", type=int, default=1000, help="classes of the label (default 1000)")
+    pr.add_argument("--segmentation", action="store_true", help="labels per pixel (N×H×W) instead of per sample")
+    pr.add_argument("--seq-len", type=int, help="tokens per sample, for language models")
+    pr.add_argument("--vocab", type=int, help="vocabulary size, with --seq-len")
+    pr.add_argument("--optimizer", default="adamw", help="sgd, adam, adamw, rmsprop, ... (default adamw)")
+    pr.add_argument("--lr", type=float, help="learning rate")
+    pr.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16 (mixed precision); default fp32")
+    pr.add_argument("--dataset-size", type=int, help="samples per epoch, for the epoch time")
+    pr.add_argument("--epochs", type=int, default=1, help="planned epochs (default 1)")
+    pr.add_argument("--grad-accumulation", type=int, default=1, help="micro-batches per optimizer step")
+    pr.add_argument("--allocator", default="default", help="default or expandable_segments")
+    pr.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark is on")
+    pr.add_argument("--device", "-d", default="auto", help="catalog name (see 'costaware devices') or auto")
+    pr.add_argument("--model-dir", help="a saved CostModel directory (default: the shipped model)")
+    pr.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    pr.add_argument("--explain", action="store_true", help="also print what the numbers rest on")
+    pr.set_defaults(func=_cmd_predict)
+
+    dv = sub.add_parser(
+        "devices",
+        help="list the device catalog",
+        description="List the GPUs (and the local CPU) costaware knows, with the specs it uses.",
+    )
+    dv.add_argument("--json", action="store_true", help="print the catalog as JSON")
+    dv.set_defaults(func=_cmd_devices)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``costaware`` command."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        print("costaware: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if args.debug:
+            raise
+        from costaware.errors import CostawareError
+
+        known = isinstance(e, (CliError, CostawareError, ValueError, FileNotFoundError))
+        prefix = "costaware: error: " if known else f"costaware: unexpected {type(e).__name__}: "
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"{prefix}{msg} (run with --debug for the traceback)", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,183 @@
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import costaware as ca
+from costaware.model import Observation
+from tests.conftest import tiny_cnn
+
+MiB = 2**20
+
+
+def test_unfitted_model_predicts_the_analytic_estimate(cnn_spec: ca.TrainingSpec) -> None:
+    model = ca.CostModel()
+    pred = model.predict(cnn_spec, device="H100")
+    assert pred.kind == "analytic" and pred.coverage is None
+    assert pred.device == "H100-SXM"
+    assert 0 < pred.peak_memory <= pred.peak_memory_upper
+    # reserved = simulated allocator peak + workspace, never below the live peak
+    assert pred.peak_memory >= pred.basis["live_peak"]
+    assert pred.iteration_time > 0 and pred.iteration_time_upper >= pred.iteration_time
+    assert pred.epoch_time == pytest.approx(pred.iteration_time * cnn_spec.steps_per_epoch)
+    text = pred.explain()
+    assert "analytic estimate only" in text and "FLOPs" in text and "simulated allocator peak" in text
+    assert "H100-SXM" in repr(pred)
+    json.dumps(pred.to_dict(), default=str)
+
+
+def test_default_model_and_cpu_device(cnn_spec: ca.TrainingSpec) -> None:
+    pred = ca.CostModel.default().predict(cnn_spec, device="cpu")
+    assert pred.device == "CPU"
+    # no caching allocator on the CPU: the peak is the live peak
+    assert pred.peak_memory == pred.basis["live_peak"]
+    auto = ca.CostModel().predict(cnn_spec)  # "auto": no GPU here, so the CPU
+    assert auto.device in ca.known_devices() or auto.device
+
+
+def test_unknown_device_lists_the_catalog(cnn_spec: ca.TrainingSpec) -> None:
+    with pytest.raises(ca.UnknownDeviceError, match="H100-SXM"):
+        ca.CostModel().predict(cnn_spec, device="H1000")
+
+
+def test_memory_grows_with_batch_and_warm_predictions_reuse_the_trace(cnn_spec: ca.TrainingSpec) -> None:
+    model = ca.CostModel()
+    small = model.predict(cnn_spec, device="A100-80GB")
+    big = model.predict(cnn_spec.with_batch_size(256), device="A100-80GB")
+    other_lr = model.predict(dataclasses.replace(cnn_spec, optimizer_kwargs={"lr": 0.5}), device="A100-80GB")
+    assert small.basis["trace_source"] == "traced"
+    assert big.basis["trace_source"].startswith("rescaled")
+    assert other_lr.basis["trace_source"] == "cached"
+    assert big.peak_memory > small.peak_memory
+    assert other_lr.peak_memory == small.peak_memory
+    exact = model.predict(cnn_spec.with_batch_size(256), device="A100-80GB", exact=True)
+    assert exact.basis["trace_source"] == "traced"
+    assert exact.basis["live_peak"] == pytest.approx(big.basis["live_peak"], rel=0.01)
+
+
+def test_expandable_segments_reserve_less(cnn_spec: ca.TrainingSpec) -> None:
+    spec = cnn_spec.with_batch_size(128)
+    model = ca.CostModel()
+    default = model.predict(spec, device="H100")
+    expandable = model.predict(dataclasses.replace(spec, allocator="expandable_segments"), device="H100")
+    assert expandable.peak_memory <= default.peak_memory
+
+
+def test_predict_rejects_non_specs() -> None:
+    with pytest.raises(ca.CostawareError, match="TrainingSpec"):
+        ca.CostModel().predict("resnet50", device="H100")  # type: ignore[arg-type]
+
+
+def _observations(model: ca.CostModel, widths: list[int], family: str) -> list[Observation]:
+    """Synthetic 'measurements': the analytic reserved peak times a width-dependent factor."""
+    rows = []
+    for w in widths:
+        for bs in (4, 8, 16, 32, 64):
+            spec = ca.TrainingSpec(
+                model=functools.partial(tiny_cnn, width=w),
+                batch=ca.ImageBatch((3, 32, 32), classes=10),
+                batch_size=bs,
+            )
+            feats = model.features(spec, "H100")
+            factor = 1.3 + 0.002 * w  # a smooth, learnable bias of the analytic estimate
+            rows.append(
+                Observation(
+                    features=feats,
+                    device="H100-SXM",
+                    peak_memory=feats["analytic_reserved_mib"] * MiB * factor,
+                    iteration_time=feats["analytic_time_ms"] / 1e3 * (2.0 + 0.001 * bs),
+                    family=family,
+                )
+            )
+    return rows
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[ca.CostModel, Path]:
+    model = ca.CostModel(iterations=200, depth=4)
+    obs = _observations(model, [4, 8, 12], "a") + _observations(model, [16, 20, 24], "b")
+    obs += _observations(model, [28, 32], "c")
+    model.fit(obs)
+    path = tmp_path_factory.mktemp("model")
+    model.save(path)
+    return model, path
+
+
+def test_fit_learns_the_residual(fitted: tuple[ca.CostModel, Path]) -> None:
+    model, _ = fitted
+    assert model.is_fitted and model.training_["rows"] == 40
+    spec = ca.TrainingSpec(
+        model=functools.partial(tiny_cnn, width=10), batch=ca.ImageBatch((3, 32, 32), classes=10), batch_size=24
+    )
+    pred = model.predict(spec, device="H100")
+    analytic = ca.CostModel().predict(spec, device="H100")
+    truth = analytic.peak_memory * (1.3 + 0.002 * 10)
+    assert pred.kind == "learned" and pred.coverage == 0.95
+    assert abs(pred.peak_memory - truth) / truth < abs(analytic.peak_memory - truth) / truth
+    assert abs(pred.peak_memory - truth) / truth < 0.05
+    assert pred.iteration_time == pytest.approx((2.0 + 0.001 * 24) * analytic.iteration_time, rel=0.1)
+    assert pred.peak_memory_upper >= pred.peak_memory
+    assert "learned residual" in pred.explain()
+
+
+def test_save_load_round_trip_without_pickle(fitted: tuple[ca.CostModel, Path], cnn_spec: ca.TrainingSpec) -> None:
+    model, path = fitted
+    files = sorted(p.name for p in path.iterdir())
+    assert files == ["manifest.json", "memory.cbm", "time.cbm"]
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["feature_version"] and manifest["training"]["devices"] == ["H100-SXM"]
+    assert manifest["training"]["data_hash"]
+    loaded = ca.CostModel.load(path)
+    a, b = model.predict(cnn_spec, device="H100"), loaded.predict(cnn_spec, device="H100")
+    assert b.peak_memory == pytest.approx(a.peak_memory, rel=1e-4)
+    assert b.peak_memory_upper == pytest.approx(a.peak_memory_upper, rel=1e-4)
+    assert a.iteration_time == pytest.approx(b.iteration_time)
+
+
+def test_load_refuses_another_feature_version(fitted: tuple[ca.CostModel, Path], tmp_path: Path) -> None:
+    _, path = fitted
+    for f in path.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest["feature_version"] = "0"
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ca.CostawareError, match="feature version"):
+        ca.CostModel.load(tmp_path)
+    with pytest.raises(FileNotFoundError, match="manifest.json"):
+        ca.CostModel.load(tmp_path / "nowhere")
+
+
+def test_unfitted_save_and_empty_fit_are_errors(tmp_path: Path) -> None:
+    with pytest.raises(ca.NotFittedError):
+        ca.CostModel().save(tmp_path)
+    with pytest.raises(ValueError, match="at least one"):
+        ca.CostModel().fit([])
+    with pytest.raises(ValueError, match="analytic_reserved_mib"):
+        ca.CostModel().fit([Observation(features={"x": 1.0}, device="H100-SXM", peak_memory=1.0)])
+
+
+def test_conformal_quantile() -> None:
+    from costaware.model import _conformal_quantile
+
+    r = np.arange(1, 100, dtype=float)  # 99 residuals
+    assert _conformal_quantile(r, 0.95) == 95.0  # the ceil(100 * 0.95) = 95th smallest
+    small = np.array([0.1, 0.2])
+    assert _conformal_quantile(small, 0.95) > 0.2  # too few rows: wider than the maximum
+    assert math.isnan(_conformal_quantile(np.array([]), 0.95))
+
+
+def test_constant_targets_fit_save_and_load(tmp_path: Path, cnn_spec: ca.TrainingSpec) -> None:
+    model = ca.CostModel(iterations=50, depth=2)
+    obs = _observations(model, [4, 8], "a")
+    for o in obs:
+        o.iteration_time = o.features["analytic_time_ms"] / 1e3 * 3.0  # exactly 3x, always
+    model.fit(obs).save(tmp_path)
+    loaded = ca.CostModel.load(tmp_path)
+    analytic = ca.CostModel().predict(cnn_spec, device="H100")
+    assert loaded.predict(cnn_spec, device="H100").iteration_time == pytest.approx(3.0 * analytic.iteration_time)

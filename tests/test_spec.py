@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+import costaware as ca
+from costaware.spec import default_loss
+from tests.conftest import tiny_cnn
+
+
+def _spec(**kw: object) -> ca.TrainingSpec:
+    base: dict[str, object] = dict(model=tiny_cnn, batch=ca.ImageBatch((3, 8, 8), classes=10), batch_size=4)
+    base.update(kw)
+    return ca.TrainingSpec(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8"])
+def test_batch_size_must_be_positive_int(bad: object) -> None:
+    with pytest.raises(ca.SpecError, match="batch_size must be a positive integer"):
+        _spec(batch_size=bad)
+
+
+def test_unknown_optimizer_lists_known_ones() -> None:
+    with pytest.raises(ca.SpecError, match="unknown optimizer 'lamb'.*adamw"):
+        _spec(optimizer="lamb")
+
+
+def test_optimizer_class_accepted_and_names_normalised() -> None:
+    assert _spec(optimizer=torch.optim.SGD).optimizer_class is torch.optim.SGD
+    assert _spec(optimizer="AdamW").optimizer_name == "adamw"
+    with pytest.raises(ca.SpecError, match="torch.optim.Optimizer"):
+        _spec(optimizer=int)
+
+
+@pytest.mark.parametrize(("given", "canonical"), [("bf16-mixed", "bf16"), ("16-mixed", "fp16"), ("32", "fp32")])
+def test_precision_aliases(given: str, canonical: str) -> None:
+    assert _spec(precision=given).precision == canonical
+
+
+def test_bad_precision_allocator_batch_model() -> None:
+    with pytest.raises(ca.SpecError, match="precision"):
+        _spec(precision="fp8")
+    with pytest.raises(ca.SpecError, match="allocator"):
+        _spec(allocator="cudaMallocAsync")
+    with pytest.raises(ca.SpecError, match="batch must be"):
+        _spec(batch=(3, 224, 224))
+    with pytest.raises(ca.SpecError, match="model must be"):
+        _spec(model=42)
+    with pytest.raises(ca.SpecError, match="shape"):
+        ca.ImageBatch((3, 0, 8))
+    with pytest.raises(ca.SpecError, match="segmentation"):
+        ca.SegmentationBatch((8, 8))
+
+
+def test_steps_and_state_counts() -> None:
+    spec = _spec(batch_size=64, dataset_size=1000, optimizer="sgd", optimizer_kwargs={"momentum": 0.9})
+    assert spec.steps_per_epoch == 16
+    assert spec.optimizer_state_per_param == 1.0
+    assert _spec(optimizer="sgd").optimizer_state_per_param == 0.0
+    assert _spec(optimizer="adam").optimizer_state_per_param == 2.0
+    assert _spec().steps_per_epoch is None
+
+
+def test_architecture_key_tracks_factory_arguments_not_batch_size() -> None:
+    a = _spec(model=functools.partial(tiny_cnn, width=8))
+    assert a.architecture_key() == a.with_batch_size(99).architecture_key()
+    assert a.architecture_key() == _spec(model=functools.partial(tiny_cnn, width=8), optimizer_kwargs={"lr": 0.1}).architecture_key()
+    assert a.architecture_key() != _spec(model=functools.partial(tiny_cnn, width=16)).architecture_key()
+    assert a.architecture_key() != _spec(model=functools.partial(tiny_cnn, width=8), precision="bf16").architecture_key()
+    width = 8
+    assert _spec(model=lambda: tiny_cnn(width)).architecture_key() is not None
+    # an instance has no fingerprint: its key comes from building it
+    assert _spec(model=tiny_cnn()).architecture_key() is None
+
+
+def test_default_loss_image_segmentation_tokens() -> None:
+    torch.manual_seed(0)
+    cnn = tiny_cnn(classes=10)
+    x, y = ca.ImageBatch((3, 8, 8), classes=10).make(4)
+    assert default_loss(cnn, (x, y)).dim() == 0
+
+    seg = nn.Conv2d(3, 5, 1)
+    batch = ca.SegmentationBatch((3, 8, 8), classes=5).make(2)
+    assert batch[1].shape == (2, 8, 8)
+    assert default_loss(seg, batch).dim() == 0
+
+    class LM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(50, 16)
+            self.head = nn.Linear(16, 50)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.emb(ids))
+
+    tokens = ca.TokenBatch(seq_len=7, vocab=50).make(3)
+    assert default_loss(LM(), tokens).dim() == 0
+
+
+def test_default_loss_uses_hf_style_loss() -> None:
+    class Out:
+        def __init__(self, loss: torch.Tensor) -> None:
+            self.loss = loss
+            self.logits = None
+
+    class HF(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(()))
+
+        def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> Out:
+            return Out(self.w * 3.0)
+
+    loss = default_loss(HF(), ca.TokenBatch(4, 10).make(2))
+    assert float(loss.detach()) == pytest.approx(3.0)
+
+
+def test_summary_is_json_able() -> None:
+    import json
+
+    json.dumps(_spec(dataset_size=100).summary())

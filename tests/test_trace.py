@@ -1,0 +1,230 @@
+from __future__ import annotations
+
+import functools
+import resource
+import time
+
+import networkx as nx
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import costaware as ca
+from costaware.trace import CATEGORIES, rescale
+from tests.conftest import tiny_cnn
+
+MiB = 2**20
+
+
+def test_trace_records_graph_timeline_and_breakdown(cnn_spec: ca.TrainingSpec) -> None:
+    tr = ca.dry_run(cnn_spec)
+    g = tr.graph
+    assert isinstance(g, nx.DiGraph) and g.number_of_nodes() > 10
+    assert nx.is_directed_acyclic_graph(g)
+    ops = {d["op"] for _, d in g.nodes(data=True)}
+    assert {"convolution", "convolution_backward", "native_batch_norm", "addmm"} <= ops
+    for _, d in g.nodes(data=True):
+        assert {"op", "phase", "flops", "bytes", "dtype"} <= d.keys()
+    # the timeline is the running sum of 512-byte-rounded storages and peaks at peak_live
+    assert tr.peak_live == int(tr.timeline.max())
+    assert tr.timeline[-1] >= 0
+    assert sum(tr.peak_breakdown.values()) == tr.peak_live
+    assert set(tr.peak_breakdown) == set(CATEGORIES)
+    # parameters: every parameter's storage rounded to 512 B, exactly
+    model = tiny_cnn(width=8)
+    expected = sum(-(-p.numel() * 4 // 512) * 512 for p in model.parameters())
+    assert tr.param_bytes == expected
+    assert tr.param_count == sum(p.numel() for p in model.parameters())
+    # AdamW keeps two moments per parameter (plus a step counter each)
+    assert tr.optimizer_state_bytes >= 2 * tr.param_bytes
+    assert tr.peak_breakdown["activations"] > 0
+    assert tr.flops_forward > 0 and tr.flops_backward > tr.flops_forward
+    assert tr.build == "meta"
+
+
+def test_optimizer_state_depends_on_optimizer(cnn_spec: ca.TrainingSpec) -> None:
+    import dataclasses
+
+    sgd = ca.dry_run(dataclasses.replace(cnn_spec, optimizer="sgd"))
+    mom = ca.dry_run(dataclasses.replace(cnn_spec, optimizer="sgd", optimizer_kwargs={"momentum": 0.9}))
+    adam = ca.dry_run(cnn_spec)
+    assert sgd.optimizer_state_bytes == 0
+    assert mom.optimizer_state_bytes == pytest.approx(sgd.param_bytes, rel=0.01)
+    assert adam.peak_live > mom.peak_live > sgd.peak_live
+
+
+def test_flat_optimizer_step_matches_the_real_step(cnn_spec: ca.TrainingSpec) -> None:
+    import dataclasses
+
+    fast = ca.dry_run(cnn_spec)  # "adamw" by name: flat multi-tensor step
+    exact = ca.dry_run(dataclasses.replace(cnn_spec, optimizer=torch.optim.AdamW))
+    # the real step keeps one scalar step counter per parameter (512 B each on the allocator)
+    n_params = len(list(tiny_cnn(width=8).parameters()))
+    assert abs(exact.peak_live - fast.peak_live) <= n_params * 512
+    assert fast.phase_peaks["optimizer"] == pytest.approx(exact.phase_peaks["optimizer"], abs=n_params * 512)
+
+
+def test_second_step_holds_optimizer_state(cnn_spec: ca.TrainingSpec) -> None:
+    tr = ca.dry_run(cnn_spec)
+    steps = [i for i, name in tr.marks if name == "step"]
+    assert len(steps) == 2  # step 2 is synthesised from step 1
+    first = tr.timeline[steps[0] : steps[1]].max()
+    second = tr.timeline[steps[1] :].max()
+    assert second >= first
+    assert tr.peak_breakdown["optimizer_state"] == tr.optimizer_state_bytes
+
+
+def test_mixed_precision_runs_matmuls_in_half(cnn_spec: ca.TrainingSpec) -> None:
+    import dataclasses
+
+    fp32 = ca.dry_run(cnn_spec)
+    bf16 = ca.dry_run(dataclasses.replace(cnn_spec, precision="bf16"))
+    assert 1 in set(bf16.node_dtype.tolist())  # bf16 code
+    assert 1 not in set(fp32.node_dtype.tolist())
+    assert bf16.flops == pytest.approx(fp32.flops)
+
+
+def test_attention_flops_are_counted_on_cpu() -> None:
+    from costaware import zoo
+
+    spec = ca.TrainingSpec(
+        model=functools.partial(zoo.gpt, vocab=128, seq_len=32, dim=64, depth=2, heads=4),
+        batch=ca.TokenBatch(32, 128),
+        batch_size=2,
+    )
+    tr = ca.dry_run(spec)
+    attn = [d["flops"] for _, d in tr.graph.nodes(data=True) if "scaled_dot_product" in d["op"]]
+    assert attn and all(f > 0 for f in attn)
+
+
+def test_rescaling_matches_a_fresh_trace(cnn_spec: ca.TrainingSpec) -> None:
+    t16 = ca.dry_run(cnn_spec)
+    t48 = ca.dry_run(cnn_spec.with_batch_size(48))
+    exact = ca.dry_run(cnn_spec.with_batch_size(32))
+    one = rescale(t16, 32)
+    two = rescale(t16, 32, t48)
+    assert one.peak_live == pytest.approx(exact.peak_live, rel=0.01)
+    assert two.peak_live == pytest.approx(exact.peak_live, abs=512 * 4)
+    assert two.flops == pytest.approx(exact.flops, rel=1e-6)
+    assert rescale(t16, 16) is t16
+
+
+def test_huge_model_traces_without_allocating_it() -> None:
+    # ~6.4 billion parameters: 25.6 GB in fp32, more than this machine's memory
+    def huge() -> nn.Module:
+        return nn.Sequential(*[nn.Linear(40_000, 40_000, bias=False) for _ in range(4)])
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    spec = ca.TrainingSpec(model=huge, batch=ca.ImageBatch((40_000,), classes=40_000), batch_size=1, optimizer="sgd")
+    tr = ca.dry_run(spec)
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert tr.param_count == 4 * 40_000**2
+    assert tr.peak_live > 2 * tr.param_count * 4  # params + grads, at least
+    assert grown_kib < 1024 * 1024  # the process grew by less than 1 GiB
+
+
+class DataDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        if y.sum() > 0:  # a Python branch on a tensor value
+            return y
+        return -y
+
+
+class Nonzero(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        return y[y > 0].sum().reshape(1, 1).expand(x.shape[0], 8)
+
+
+@pytest.mark.parametrize("cls", [DataDependent, Nonzero])
+def test_untraceable_models_raise_a_clear_error(cls: type[nn.Module]) -> None:
+    spec = ca.TrainingSpec(model=cls, batch=ca.ImageBatch((8,), classes=8), batch_size=2)
+    with pytest.raises(ca.UntraceableModelError, match="cannot run on fake tensors"):
+        ca.dry_run(spec)
+
+
+class Slow(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pass
+        return self.fc(x)
+
+
+def test_a_hang_hits_the_time_limit() -> None:
+    spec = ca.TrainingSpec(model=Slow, batch=ca.ImageBatch((8,), classes=8), batch_size=2)
+    t0 = time.monotonic()
+    with pytest.raises(ca.TraceTimeout, match="time limit"):
+        ca.dry_run(spec, timeout=0.5)
+    assert time.monotonic() - t0 < 10
+
+
+def test_constructor_that_computes_falls_back_to_a_real_cpu_build() -> None:
+    class Computed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            widths = (torch.arange(1, 3) * 8).tolist()  # fails on meta: no data there
+            self.a = nn.Linear(8, widths[0])
+            self.b = nn.Linear(widths[0], widths[1])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.relu(self.a(x)))
+
+    spec = ca.TrainingSpec(model=Computed, batch=ca.ImageBatch((8,), classes=16), batch_size=2)
+    tr = ca.dry_run(spec)
+    assert tr.build == "cpu"
+    assert any("built for real on the CPU" in n for n in tr.notes)
+
+
+def test_module_instance_is_left_untouched() -> None:
+    model = tiny_cnn()
+    before = [p.detach().clone() for p in model.parameters()]
+    spec = ca.TrainingSpec(model=model, batch=ca.ImageBatch((3, 16, 16), classes=10), batch_size=4)
+    tr = ca.dry_run(spec)
+    assert tr.build == "module"
+    for p, q in zip(model.parameters(), before):
+        assert p.device.type == "cpu" and torch.equal(p.detach(), q)
+        assert p.grad is None
+
+
+def test_custom_batch_and_loss() -> None:
+    def batch(n: int) -> dict[str, torch.Tensor]:
+        return {"x": torch.randn(n, 8), "target": torch.randn(n, 4)}
+
+    def loss(model: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        return nn.functional.mse_loss(model(b["x"]), b["target"])
+
+    spec = ca.TrainingSpec(model=lambda: nn.Linear(8, 4), batch=batch, batch_size=5, loss=loss, optimizer="sgd")
+    tr = ca.dry_run(spec)
+    assert tr.peak_live > 0
+    bad = ca.TrainingSpec(model=lambda: nn.Linear(8, 4), batch=batch, batch_size=5, loss=lambda m, b: m(b["x"]))
+    with pytest.raises(ca.SpecError, match="scalar"):
+        ca.dry_run(bad)
+
+
+def test_events_are_consistent(cnn_spec: ca.TrainingSpec) -> None:
+    tr = ca.dry_run(cnn_spec)
+    keys, sizes = tr.events[:, 0], tr.events[:, 1]
+    live: set[int] = set()
+    for k, s in zip(keys.tolist(), sizes.tolist()):
+        if s > 0:
+            assert k not in live
+            live.add(k)
+        else:
+            assert k in live
+            live.remove(k)
+    assert np.all(sizes != 0)
