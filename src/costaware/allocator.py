@@ -162,8 +162,7 @@ def _rows(events: EventsLike) -> Iterable[tuple[int, int]] | Iterable[Sequence[i
 
 def _unknown_free(key: int) -> ValueError:
     return ValueError(
-        f"free of storage key {key!r}, which is not allocated "
-        "(never allocated, or already freed)"
+        f"free of storage key {key!r}, which is not allocated (never allocated, or already freed)"
     )
 
 

@@ -1,0 +1,286 @@
+"""Measure what a training configuration really costs: time and peak memory.
+
+This module imports only torch and, optionally, pynvml (``nvidia-ml-py``), so it runs on
+a bare GPU machine without catboost, optuna or gensim. It runs the same training step
+that :func:`costaware.dry_run` traces (forward, loss, backward, optimizer step,
+``zero_grad``), for real:
+
+- ``warmup`` steps, then ``steps`` timed steps (at least 10), each ended by a CUDA
+  synchronisation; the median and spread of the timed steps are reported.
+- CUDA memory: ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` over the
+  whole run, warm-up included (cuDNN's benchmark search and the optimizer state appear
+  in the first steps, and an OOM does not wait for the timed ones), after a peak reset
+  made once CUDA is initialised and before the model is built.
+- NVML: a sampling thread (every 2 ms) records the device's peak used memory; the
+  context overhead is that peak minus the caching allocator's reserved peak minus what
+  was used before the run.
+- An out-of-memory error is a result: ``status="oom"`` with the memory reached.
+- On the CPU, time is measured the same way; memory is the growth of the process's peak
+  resident set (``VmHWM``, reset through ``/proc/self/clear_refs`` where Linux allows,
+  otherwise ``ru_maxrss``) while glibc is told to serve every allocation above 64 KiB
+  with ``mmap``, so freed tensors leave the resident set at once. That measures the
+  same live-tensor peak the dry run predicts, plus the allocator's small-object slack.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import platform
+import resource
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from costaware.spec import TrainingSpec, default_loss
+
+__all__ = ["Measurement", "environment", "measure"]
+
+
+@dataclass
+class Measurement:
+    """One measured configuration. Bytes and seconds; None where not measured."""
+
+    status: str  # "ok" | "oom" | "error"
+    device: str
+    iteration_time: float | None = None
+    iteration_time_p10: float | None = None
+    iteration_time_p90: float | None = None
+    step_times: list[float] = field(default_factory=list)
+    max_allocated: int | None = None
+    max_reserved: int | None = None
+    nvml_peak_used: int | None = None
+    context_overhead: int | None = None
+    memory_method: str = ""
+    warmup: int = 0
+    steps: int = 0
+    error: str | None = None
+    spec: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def environment(device: str = "cpu") -> dict[str, Any]:
+    """GPU name, driver, torch, CUDA and cuDNN versions, Python and the allocator setting."""
+    env: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        idx = torch.device(device).index or 0
+        env["gpu"] = torch.cuda.get_device_name(idx)
+        env["gpu_memory"] = torch.cuda.get_device_properties(idx).total_memory
+        env["cuda"] = torch.version.cuda
+        env["cudnn"] = torch.backends.cudnn.version()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            env["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+        except Exception:  # NVML is optional
+            env["driver"] = None
+    return env
+
+
+class _NvmlSampler:
+    """Samples the device's used memory in a thread; ``peak`` is the highest seen."""
+
+    def __init__(self, index: int, interval: float = 0.002) -> None:
+        self.peak: int | None = None
+        self.baseline: int | None = None
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml: Any = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self.baseline = int(pynvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+        except Exception:
+            self._nvml = None
+
+    def __enter__(self) -> _NvmlSampler:
+        if self._nvml is not None:
+            self.peak = self.baseline
+            self._thread = threading.Thread(target=self._run, daemon=True, name="costaware-nvml")
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            used = int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+            if self.peak is None or used > self.peak:
+                self.peak = used
+            time.sleep(self._interval)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+
+
+def _rss_hwm() -> int:
+    """The process's peak resident set in bytes (VmHWM, else ru_maxrss)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _reset_rss_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _mmap_threshold(nbytes: int) -> Iterator[None]:
+    """Ask glibc to mmap allocations above ``nbytes`` so frees return memory at once."""
+    libc = None
+    with contextlib.suppress(OSError):
+        libc = ctypes.CDLL("libc.so.6")
+    m_mmap_threshold = -3
+    if libc is not None:
+        libc.mallopt(m_mmap_threshold, nbytes)
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.mallopt(m_mmap_threshold, 128 * 1024)
+
+
+def _build(spec: TrainingSpec, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = spec.model if isinstance(spec.model, torch.nn.Module) else spec.model()
+    model = model.to(device).train()
+    kwargs = dict(spec.optimizer_kwargs)
+    return model, spec.optimizer_class(model.parameters(), **kwargs)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(
+    spec: TrainingSpec,
+    device: str = "cuda",
+    *,
+    warmup: int = 3,
+    steps: int = 10,
+) -> Measurement:
+    """Run ``spec`` for real on ``device`` and measure its step time and peak memory.
+
+    Returns a :class:`Measurement`; an out-of-memory error gives ``status="oom"`` and any
+    other exception ``status="error"`` with its message, never a crash.
+    """
+    if steps < 10:
+        raise ValueError(f"steps must be at least 10 for a stable median, but got {steps=}.")
+    if warmup < 1:
+        raise ValueError(f"warmup must be at least 1, but got {warmup=}.")
+    dev = torch.device(device)
+    is_cuda = dev.type == "cuda"
+    if is_cuda and not torch.cuda.is_available():
+        raise RuntimeError("measure(device='cuda') needs a visible CUDA GPU; use device='cpu' here.")
+    t_start = time.perf_counter()
+    result = Measurement(status="ok", device=str(dev), warmup=warmup, steps=steps, spec=spec.summary())
+    result.env = environment(str(dev))
+    want_expandable = spec.allocator == "expandable_segments"
+    has_expandable = "expandable_segments:true" in result.env["alloc_conf"].replace(" ", "").lower()
+    if is_cuda and want_expandable != has_expandable:
+        result.status = "error"
+        result.error = (
+            f"the spec asks for allocator={spec.allocator!r} but PYTORCH_CUDA_ALLOC_CONF="
+            f"{result.env['alloc_conf']!r}; set it before CUDA starts (run each allocator in its own process)."
+        )
+        return result
+    loss_fn = spec.loss or default_loss
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
+    model: torch.nn.Module | None = None
+    opt: torch.optim.Optimizer | None = None
+    times: list[float] = []
+    if is_cuda:
+        torch.backends.cudnn.benchmark = spec.cudnn_benchmark
+        torch.cuda.init()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+        sampler: Any = _NvmlSampler(dev.index or 0)
+        result.memory_method = "torch.cuda.max_memory_reserved over all steps, after a peak reset"
+        mem_ctx: Any = contextlib.nullcontext()
+    else:
+        sampler = contextlib.nullcontext()
+        mem_ctx = _mmap_threshold(64 * 1024)
+    try:
+        with sampler, mem_ctx:
+            if not is_cuda:
+                exact = _reset_rss_hwm()
+                base = _rss_hwm()
+                result.memory_method = (
+                    "peak RSS growth (VmHWM reset via /proc/self/clear_refs), glibc mmap threshold 64 KiB"
+                    if exact
+                    else "peak RSS growth (ru_maxrss, not resettable: an upper bound), glibc mmap threshold 64 KiB"
+                )
+            model, opt = _build(spec, dev)
+            for i in range(warmup + steps):
+                t0 = time.perf_counter()
+                for _ in range(spec.grad_accumulation):
+                    with torch.device(dev):
+                        batch = spec.batch_spec.make(spec.batch_size)
+                    if amp is not None:
+                        with torch.autocast(dev.type, dtype=amp):
+                            loss = loss_fn(model, batch)
+                    else:
+                        loss = loss_fn(model, batch)
+                    loss.backward()
+                    del loss, batch
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                _sync(dev)
+                if i >= warmup:
+                    times.append((time.perf_counter() - t0) / spec.grad_accumulation)
+            if not is_cuda:
+                result.max_allocated = result.max_reserved = _rss_hwm() - base
+    except torch.cuda.OutOfMemoryError as e:
+        result.status = "oom"
+        result.error = str(e).splitlines()[0][:500]
+    except Exception as e:  # a measurement never crashes the collector
+        result.status = "error"
+        result.error = f"{type(e).__name__}: {str(e).splitlines()[0][:500] if str(e) else ''}"
+    finally:
+        del model, opt
+    if is_cuda:
+        result.max_allocated = int(torch.cuda.max_memory_allocated(dev))
+        result.max_reserved = int(torch.cuda.max_memory_reserved(dev))
+        if sampler.peak is not None and sampler.baseline is not None:
+            result.nvml_peak_used = sampler.peak - sampler.baseline
+            result.context_overhead = max(0, result.nvml_peak_used - result.max_reserved)
+        torch.cuda.empty_cache()
+    if times:
+        times_sorted = sorted(times)
+        result.step_times = times
+        result.iteration_time = statistics.median(times)
+        result.iteration_time_p10 = times_sorted[max(0, int(0.1 * len(times)) - 1)]
+        result.iteration_time_p90 = times_sorted[min(len(times) - 1, int(0.9 * len(times)))]
+    result.wall_s = time.perf_counter() - t_start
+    return result
