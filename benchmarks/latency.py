@@ -35,10 +35,14 @@ print(t1 - t0, t2 - t1)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5, help="repetitions per figure (median reported)")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="repetitions per figure (median reported)"
+    )
     args = parser.parse_args()
 
-    out = subprocess.run([sys.executable, "-c", PROCESS_START], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROCESS_START], capture_output=True, text=True, check=True
+    )
     import_s, first_s = (float(v) for v in out.stdout.split())
 
     import costaware as ca
@@ -50,7 +54,10 @@ def main() -> None:
     img = ca.ImageBatch((3, 224, 224))
     cases = [
         ("ResNet-50, bs 32, AdamW", spec(functools.partial(zoo.resnet, depth=50), img, 32)),
-        ("ResNet-18, bs 64, SGD", spec(functools.partial(zoo.resnet, depth=18), img, 64, optimizer="sgd")),
+        (
+            "ResNet-18, bs 64, SGD",
+            spec(functools.partial(zoo.resnet, depth=18), img, 64, optimizer="sgd"),
+        ),
         ("ViT-B/16, bs 32, bf16", spec(functools.partial(zoo.vit), img, 32, precision="bf16")),
         (
             "GPT-2 small, bs 8 x 1024, bf16",
@@ -58,7 +65,9 @@ def main() -> None:
         ),
     ]
     # warm the fake-tensor machinery once, as any process that has predicted before is
-    ca.CostModel().predict(spec(functools.partial(zoo.mlp), ca.ImageBatch((784,), classes=10), 8), device="H100")
+    ca.CostModel().predict(
+        spec(functools.partial(zoo.mlp), ca.ImageBatch((784,), classes=10), 8), device="H100"
+    )
 
     rows = []
     for name, s in cases:
@@ -74,18 +83,27 @@ def main() -> None:
                 warm_bs.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 model.predict(
-                    ca.TrainingSpec(**{**s.__dict__, "optimizer_kwargs": {"lr": 10.0 ** -(i + 2)}}), device="H100"
+                    ca.TrainingSpec(**{**s.__dict__, "optimizer_kwargs": {"lr": 10.0 ** -(i + 2)}}),
+                    device="H100",
                 )
                 warm_lr.append(time.perf_counter() - t0)
-        rows.append((name, statistics.median(cold), statistics.median(warm_bs), statistics.median(warm_lr)))
+        rows.append(
+            (name, statistics.median(cold), statistics.median(warm_bs), statistics.median(warm_lr))
+        )
 
-    print(f"costaware {ca.__version__} prediction latency ({args.repeats} repeats, median), device H100")
+    print(
+        f"costaware {ca.__version__} prediction latency ({args.repeats} repeats, median), device H100"
+    )
     print(f"  import costaware (with torch): {import_s * 1e3:,.0f} ms")
     print(f"  first prediction in a fresh process (ResNet-18): {first_s * 1e3:,.0f} ms\n")
-    print(f"| {'configuration':<34} | {'cold (new arch)':>15} | {'warm: new batch':>15} | {'warm: new lr':>12} |")
+    print(
+        f"| {'configuration':<34} | {'cold (new arch)':>15} | {'warm: new batch':>15} | {'warm: new lr':>12} |"
+    )
     print(f"|{'-' * 36}|{'-' * 17}|{'-' * 17}|{'-' * 14}|")
     for name, c, wb, wl in rows:
-        print(f"| {name:<34} | {c * 1e3:>12,.0f} ms | {wb * 1e3:>12,.1f} ms | {wl * 1e3:>9,.1f} ms |")
+        print(
+            f"| {name:<34} | {c * 1e3:>12,.0f} ms | {wb * 1e3:>12,.1f} ms | {wl * 1e3:>9,.1f} ms |"
+        )
 
 
 if __name__ == "__main__":

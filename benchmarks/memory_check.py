@@ -42,7 +42,11 @@ print(json.dumps({{"status": m.status, "error": m.error, "reserved": m.max_reser
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="where to measure: cpu or cuda")
-    parser.add_argument("--catalog-device", default=None, help="catalog entry to predict for (default: CPU, or auto on cuda)")
+    parser.add_argument(
+        "--catalog-device",
+        default=None,
+        help="catalog entry to predict for (default: CPU, or auto on cuda)",
+    )
     args = parser.parse_args()
 
     import functools  # noqa: F401  (used by the evaluated specs)
@@ -61,12 +65,17 @@ def main() -> None:
         spec = eval(expr)
         pred = model.predict(spec, device=target)
         out = subprocess.run(
-            [sys.executable, "-c", CHILD.format(expr=expr), args.device], capture_output=True, text=True, check=True
+            [sys.executable, "-c", CHILD.format(expr=expr), args.device],
+            capture_output=True,
+            text=True,
+            check=True,
         )
         m = json.loads(out.stdout.strip().splitlines()[-1])
         method = m["method"]
         if m["status"] != "ok":
-            print(f"| {name:<42} | {pred.peak_memory / 2**20:>6,.1f} MiB | {m['status']:>10} | {'-':>7} |")
+            print(
+                f"| {name:<42} | {pred.peak_memory / 2**20:>6,.1f} MiB | {m['status']:>10} | {'-':>7} |"
+            )
             continue
         err = (pred.peak_memory - m["reserved"]) / m["reserved"]
         errors.append(abs(err))
@@ -74,7 +83,9 @@ def main() -> None:
             f"| {name:<42} | {pred.peak_memory / 2**20:>6,.1f} MiB | {m['reserved'] / 2**20:>6,.1f} MiB | {err:>+6.1%} |"
         )
     if errors:
-        print(f"\nmean absolute relative error {sum(errors) / len(errors):.1%} over {len(errors)} configurations")
+        print(
+            f"\nmean absolute relative error {sum(errors) / len(errors):.1%} over {len(errors)} configurations"
+        )
     print(f"measured as: {method}")
 
 

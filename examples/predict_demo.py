@@ -10,31 +10,50 @@ from __future__ import annotations
 import argparse
 import time
 
+import models
 from rich.console import Console
 from rich.table import Table
 
 import costaware as ca
 from costaware.model import _fmt_bytes, _fmt_seconds
 
-import models
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="H100", help="catalog device to predict for (default H100)")
-    parser.add_argument("--capacity", default="24GiB", help="a memory budget to check against (default 24GiB)")
+    parser.add_argument(
+        "--device", default="H100", help="catalog device to predict for (default H100)"
+    )
+    parser.add_argument(
+        "--capacity", default="24GiB", help="a memory budget to check against (default 24GiB)"
+    )
     args = parser.parse_args()
     capacity = float(args.capacity.lower().removesuffix("gib")) * 2**30
 
     cost = ca.CostModel.default()
     console = Console()
-    console.print(f"[bold]costaware[/bold] {ca.__version__} - predictions for {args.device} ({cost!r})\n")
+    console.print(
+        f"[bold]costaware[/bold] {ca.__version__} - predictions for {args.device} ({cost!r})\n"
+    )
     configs = [
-        ("ResNet-18", models.resnet18, ca.ImageBatch((3, 224, 224)), [32, 128, 512], "adamw", "fp32"),
+        (
+            "ResNet-18",
+            models.resnet18,
+            ca.ImageBatch((3, 224, 224)),
+            [32, 128, 512],
+            "adamw",
+            "fp32",
+        ),
         ("ResNet-50", models.resnet50, ca.ImageBatch((3, 224, 224)), [32, 64, 256], "sgd", "bf16"),
         ("ViT-B/16", models.vit_b16, ca.ImageBatch((3, 224, 224)), [16, 64, 256], "adamw", "bf16"),
         ("GPT-2 small", models.gpt_small, ca.TokenBatch(1024, 50257), [4, 8, 32], "adamw", "bf16"),
-        ("U-Net", models.unet, ca.SegmentationBatch((3, 256, 256), classes=21), [8, 32], "adam", "fp32"),
+        (
+            "U-Net",
+            models.unet,
+            ca.SegmentationBatch((3, 256, 256), classes=21),
+            [8, 32],
+            "adam",
+            "fp32",
+        ),
     ]
     table = Table(
         title=f"Predicted cost on {args.device} (epoch = 50k samples), against a {args.capacity} budget",
@@ -45,8 +64,13 @@ def main() -> None:
     for name, factory, batch, sizes, optimizer, precision in configs:
         for bs in sizes:
             spec = ca.TrainingSpec(
-                model=factory, batch=batch, batch_size=bs, optimizer=optimizer,
-                precision=precision, dataset_size=50_000, name=name,
+                model=factory,
+                batch=batch,
+                batch_size=bs,
+                optimizer=optimizer,
+                precision=precision,
+                dataset_size=50_000,
+                name=name,
             )
             t0 = time.perf_counter()
             pred = cost.predict(spec, device=args.device)
@@ -55,14 +79,23 @@ def main() -> None:
             how = "traced" if pred.basis["trace_source"] == "traced" else "cached"
             table.add_row(
                 f"{name} bs{bs} {optimizer} {precision}",
-                _fmt_bytes(pred.peak_memory), _fmt_bytes(pred.peak_memory_upper),
-                _fmt_seconds(pred.iteration_time), _fmt_seconds(pred.epoch_time),
+                _fmt_bytes(pred.peak_memory),
+                _fmt_bytes(pred.peak_memory_upper),
+                _fmt_seconds(pred.iteration_time),
+                _fmt_seconds(pred.epoch_time),
                 "[green]yes[/green]" if fits else "[red]reject[/red]",
                 f"{ms:,.0f} ms {how}",
             )
     console.print(table)
-    spec = ca.TrainingSpec(model=models.resnet50, batch=ca.ImageBatch((3, 224, 224)), batch_size=64,
-                           optimizer="sgd", precision="bf16", dataset_size=50_000, name="ResNet-50")
+    spec = ca.TrainingSpec(
+        model=models.resnet50,
+        batch=ca.ImageBatch((3, 224, 224)),
+        batch_size=64,
+        optimizer="sgd",
+        precision="bf16",
+        dataset_size=50_000,
+        name="ResNet-50",
+    )
     console.print("\n[bold]What one prediction rests on:[/bold]")
     console.print(cost.predict(spec, device=args.device).explain(), markup=False, highlight=False)
 

@@ -34,8 +34,25 @@ def factory_file(tmp_path: Path) -> Path:
 
 
 def test_predict_prints_a_table(factory_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["predict", f"{factory_file}:mlp", "--batch-size", "64", "--input", "32", "--classes", "10",
-               "--optimizer", "adamw", "--device", "H100", "--dataset-size", "6400", "--explain"])
+    rc = main(
+        [
+            "predict",
+            f"{factory_file}:mlp",
+            "--batch-size",
+            "64",
+            "--input",
+            "32",
+            "--classes",
+            "10",
+            "--optimizer",
+            "adamw",
+            "--device",
+            "H100",
+            "--dataset-size",
+            "6400",
+            "--explain",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "peak memory (reserved)" in out and "epoch time" in out and "H100-SXM" in out
@@ -43,7 +60,21 @@ def test_predict_prints_a_table(factory_file: Path, capsys: pytest.CaptureFixtur
 
 
 def test_predict_json(factory_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["predict", f"{factory_file}:mlp", "-b", "8", "--input", "32", "--classes", "10", "--device", "A100", "--json"])
+    rc = main(
+        [
+            "predict",
+            f"{factory_file}:mlp",
+            "-b",
+            "8",
+            "--input",
+            "32",
+            "--classes",
+            "10",
+            "--device",
+            "A100",
+            "--json",
+        ]
+    )
     data = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert data["device"] == "A100-80GB" and data["peak_memory_upper"] >= data["peak_memory"] > 0
@@ -51,7 +82,21 @@ def test_predict_json(factory_file: Path, capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_predict_tokens_with_a_module_path(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["predict", "costaware.zoo:gpt", "-b", "2", "--seq-len", "16", "--vocab", "50257", "--device", "L4", "--json"])
+    rc = main(
+        [
+            "predict",
+            "costaware.zoo:gpt",
+            "-b",
+            "2",
+            "--seq-len",
+            "16",
+            "--vocab",
+            "50257",
+            "--device",
+            "L4",
+            "--json",
+        ]
+    )
     assert rc == 0
     assert json.loads(capsys.readouterr().out)["device"] == "L4"
 
@@ -87,7 +132,9 @@ def test_bad_input_is_one_readable_line(
         ("{f}:broken", "boom"),
     ],
 )
-def test_bad_model_reference(factory_file: Path, capsys: pytest.CaptureFixture[str], ref: str, message: str) -> None:
+def test_bad_model_reference(
+    factory_file: Path, capsys: pytest.CaptureFixture[str], ref: str, message: str
+) -> None:
     rc = main(["predict", ref.format(f=factory_file), "-b", "4", "--input", "32"])
     assert rc == 2
     assert message in capsys.readouterr().err
@@ -101,8 +148,20 @@ def test_debug_shows_the_traceback(factory_file: Path) -> None:
 def test_devices_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["devices", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    for name in ("H100-SXM", "H100-PCIe", "H200", "A100-40GB", "A100-80GB", "A10", "L4", "T4", "V100",
-                 "RTX-3090", "RTX-4090", "CPU"):
+    for name in (
+        "H100-SXM",
+        "H100-PCIe",
+        "H200",
+        "A100-40GB",
+        "A100-80GB",
+        "A10",
+        "L4",
+        "T4",
+        "V100",
+        "RTX-3090",
+        "RTX-4090",
+        "CPU",
+    ):
         assert name in data
     assert main(["devices"]) == 0
     assert "H200" in capsys.readouterr().out
@@ -111,7 +170,10 @@ def test_devices_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize("cmd", [[], ["predict"], ["devices"]])
 def test_help_explains_every_command(cmd: list[str]) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "costaware.cli", *cmd, "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "costaware.cli", *cmd, "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert "usage: costaware" in out
     assert ("predict" in out and "devices" in out) if not cmd else "--json" in out
@@ -123,6 +185,18 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_examples_models_file_works(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["predict", f"{MODELS}:resnet18", "-b", "4", "--input", "3x64x64", "--device", "T4", "--json"])
+    rc = main(
+        [
+            "predict",
+            f"{MODELS}:resnet18",
+            "-b",
+            "4",
+            "--input",
+            "3x64x64",
+            "--device",
+            "T4",
+            "--json",
+        ]
+    )
     assert rc == 0
     assert json.loads(capsys.readouterr().out)["basis"]["params"] > 11_000_000

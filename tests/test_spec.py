@@ -12,7 +12,9 @@ from tests.conftest import tiny_cnn
 
 
 def _spec(**kw: object) -> ca.TrainingSpec:
-    base: dict[str, object] = dict(model=tiny_cnn, batch=ca.ImageBatch((3, 8, 8), classes=10), batch_size=4)
+    base: dict[str, object] = dict(
+        model=tiny_cnn, batch=ca.ImageBatch((3, 8, 8), classes=10), batch_size=4
+    )
     base.update(kw)
     return ca.TrainingSpec(**base)  # type: ignore[arg-type]
 
@@ -24,18 +26,20 @@ def test_batch_size_must_be_positive_int(bad: object) -> None:
 
 
 def test_unknown_optimizer_lists_known_ones() -> None:
-    with pytest.raises(ca.SpecError, match="unknown optimizer 'lamb'.*adamw"):
+    with pytest.raises(ca.SpecError, match=r"unknown optimizer 'lamb'.*adamw"):
         _spec(optimizer="lamb")
 
 
 def test_optimizer_class_accepted_and_names_normalised() -> None:
     assert _spec(optimizer=torch.optim.SGD).optimizer_class is torch.optim.SGD
     assert _spec(optimizer="AdamW").optimizer_name == "adamw"
-    with pytest.raises(ca.SpecError, match="torch.optim.Optimizer"):
+    with pytest.raises(ca.SpecError, match=r"torch\.optim\.Optimizer"):
         _spec(optimizer=int)
 
 
-@pytest.mark.parametrize(("given", "canonical"), [("bf16-mixed", "bf16"), ("16-mixed", "fp16"), ("32", "fp32")])
+@pytest.mark.parametrize(
+    ("given", "canonical"), [("bf16-mixed", "bf16"), ("16-mixed", "fp16"), ("32", "fp32")]
+)
 def test_precision_aliases(given: str, canonical: str) -> None:
     assert _spec(precision=given).precision == canonical
 
@@ -56,7 +60,9 @@ def test_bad_precision_allocator_batch_model() -> None:
 
 
 def test_steps_and_state_counts() -> None:
-    spec = _spec(batch_size=64, dataset_size=1000, optimizer="sgd", optimizer_kwargs={"momentum": 0.9})
+    spec = _spec(
+        batch_size=64, dataset_size=1000, optimizer="sgd", optimizer_kwargs={"momentum": 0.9}
+    )
     assert spec.steps_per_epoch == 16
     assert spec.optimizer_state_per_param == 1.0
     assert _spec(optimizer="sgd").optimizer_state_per_param == 0.0
@@ -67,9 +73,20 @@ def test_steps_and_state_counts() -> None:
 def test_architecture_key_tracks_factory_arguments_not_batch_size() -> None:
     a = _spec(model=functools.partial(tiny_cnn, width=8))
     assert a.architecture_key() == a.with_batch_size(99).architecture_key()
-    assert a.architecture_key() == _spec(model=functools.partial(tiny_cnn, width=8), optimizer_kwargs={"lr": 0.1}).architecture_key()
-    assert a.architecture_key() != _spec(model=functools.partial(tiny_cnn, width=16)).architecture_key()
-    assert a.architecture_key() != _spec(model=functools.partial(tiny_cnn, width=8), precision="bf16").architecture_key()
+    assert (
+        a.architecture_key()
+        == _spec(
+            model=functools.partial(tiny_cnn, width=8), optimizer_kwargs={"lr": 0.1}
+        ).architecture_key()
+    )
+    assert (
+        a.architecture_key()
+        != _spec(model=functools.partial(tiny_cnn, width=16)).architecture_key()
+    )
+    assert (
+        a.architecture_key()
+        != _spec(model=functools.partial(tiny_cnn, width=8), precision="bf16").architecture_key()
+    )
     width = 8
     assert _spec(model=lambda: tiny_cnn(width)).architecture_key() is not None
     # an instance has no fingerprint: its key comes from building it

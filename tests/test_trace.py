@@ -47,7 +47,9 @@ def test_optimizer_state_depends_on_optimizer(cnn_spec: ca.TrainingSpec) -> None
     import dataclasses
 
     sgd = ca.dry_run(dataclasses.replace(cnn_spec, optimizer="sgd"))
-    mom = ca.dry_run(dataclasses.replace(cnn_spec, optimizer="sgd", optimizer_kwargs={"momentum": 0.9}))
+    mom = ca.dry_run(
+        dataclasses.replace(cnn_spec, optimizer="sgd", optimizer_kwargs={"momentum": 0.9})
+    )
     adam = ca.dry_run(cnn_spec)
     assert sgd.optimizer_state_bytes == 0
     assert mom.optimizer_state_bytes == pytest.approx(sgd.param_bytes, rel=0.01)
@@ -62,7 +64,9 @@ def test_flat_optimizer_step_matches_the_real_step(cnn_spec: ca.TrainingSpec) ->
     # the real step keeps one scalar step counter per parameter (512 B each on the allocator)
     n_params = len(list(tiny_cnn(width=8).parameters()))
     assert abs(exact.peak_live - fast.peak_live) <= n_params * 512
-    assert fast.phase_peaks["optimizer"] == pytest.approx(exact.phase_peaks["optimizer"], abs=n_params * 512)
+    assert fast.phase_peaks["optimizer"] == pytest.approx(
+        exact.phase_peaks["optimizer"], abs=n_params * 512
+    )
 
 
 def test_second_step_holds_optimizer_state(cnn_spec: ca.TrainingSpec) -> None:
@@ -116,7 +120,9 @@ def test_huge_model_traces_without_allocating_it() -> None:
         return nn.Sequential(*[nn.Linear(40_000, 40_000, bias=False) for _ in range(4)])
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    spec = ca.TrainingSpec(model=huge, batch=ca.ImageBatch((40_000,), classes=40_000), batch_size=1, optimizer="sgd")
+    spec = ca.TrainingSpec(
+        model=huge, batch=ca.ImageBatch((40_000,), classes=40_000), batch_size=1, optimizer="sgd"
+    )
     tr = ca.dry_run(spec)
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert tr.param_count == 4 * 40_000**2
@@ -208,10 +214,14 @@ def test_custom_batch_and_loss() -> None:
     def loss(model: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
         return nn.functional.mse_loss(model(b["x"]), b["target"])
 
-    spec = ca.TrainingSpec(model=lambda: nn.Linear(8, 4), batch=batch, batch_size=5, loss=loss, optimizer="sgd")
+    spec = ca.TrainingSpec(
+        model=lambda: nn.Linear(8, 4), batch=batch, batch_size=5, loss=loss, optimizer="sgd"
+    )
     tr = ca.dry_run(spec)
     assert tr.peak_live > 0
-    bad = ca.TrainingSpec(model=lambda: nn.Linear(8, 4), batch=batch, batch_size=5, loss=lambda m, b: m(b["x"]))
+    bad = ca.TrainingSpec(
+        model=lambda: nn.Linear(8, 4), batch=batch, batch_size=5, loss=lambda m, b: m(b["x"])
+    )
     with pytest.raises(ca.SpecError, match="scalar"):
         ca.dry_run(bad)
 

@@ -68,13 +68,16 @@ def _node_peaks(trace: Trace, device: Device) -> np.ndarray:
     fp32 = device.peak_flops("fp32")
     tf32 = device.peak_flops("fp32", allow_tf32=True)
     by_dtype = np.array(
-        [fp32, device.peak_flops("bf16"), device.peak_flops("fp16"), fp32 / 2, fp32], dtype=np.float64
+        [fp32, device.peak_flops("bf16"), device.peak_flops("fp16"), fp32 / 2, fp32],
+        dtype=np.float64,
     )
     peaks = by_dtype[np.clip(trace.node_dtype, 0, 4)]
     return np.where((trace.node_class == CONV) & (trace.node_dtype == 0), tf32, peaks)
 
 
-def roofline_time(trace: Trace, spec: TrainingSpec, device: Device) -> tuple[float, float, float, float]:
+def roofline_time(
+    trace: Trace, spec: TrainingSpec, device: Device
+) -> tuple[float, float, float, float]:
     """Seconds per micro-batch step: (total, compute-bound part, memory-bound part, overhead)."""
     kind = device.kind
     kernel = (trace.node_class != VIEW) & (trace.node_phase != 3)

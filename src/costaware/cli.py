@@ -26,7 +26,9 @@ class CliError(Exception):
 def _load_factory(ref: str) -> Callable[[], Any]:
     """Resolve ``path/to/file.py:name`` or ``package.module:name`` to a callable."""
     if ":" not in ref:
-        raise CliError(f"expected MODEL as 'path/to/file.py:factory' or 'module:factory', but got {ref!r}.")
+        raise CliError(
+            f"expected MODEL as 'path/to/file.py:factory' or 'module:factory', but got {ref!r}."
+        )
     where, _, name = ref.rpartition(":")
     if where.endswith(".py") or "/" in where or Path(where).is_file():
         path = Path(where)
@@ -52,7 +54,9 @@ def _load_factory(ref: str) -> Callable[[], Any]:
             raise CliError(f"{where} has no attribute {name!r}.")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise CliError(f"{ref} is not callable; it must be a zero-argument factory returning an nn.Module.")
+        raise CliError(
+            f"{ref} is not callable; it must be a zero-argument factory returning an nn.Module."
+        )
     return obj  # type: ignore[no-any-return]
 
 
@@ -76,9 +80,13 @@ def _build_spec(args: argparse.Namespace) -> Any:
         batch: Any = ca.TokenBatch(args.seq_len, args.vocab)
     elif args.input is not None:
         shape = _parse_shape(args.input)
-        batch = (ca.SegmentationBatch if args.segmentation else ca.ImageBatch)(shape, classes=args.classes)
+        batch = (ca.SegmentationBatch if args.segmentation else ca.ImageBatch)(
+            shape, classes=args.classes
+        )
     else:
-        raise CliError("give the input: --input 3x224x224 for dense inputs, or --seq-len N --vocab V for tokens.")
+        raise CliError(
+            "give the input: --input 3x224x224 for dense inputs, or --seq-len N --vocab V for tokens."
+        )
     kwargs = {"lr": args.lr} if args.lr is not None else {}
     return ca.TrainingSpec(
         model=factory,
@@ -110,15 +118,23 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"costaware prediction: {spec.display_name} on {pred.device}", title_justify="left")
+    table = Table(
+        title=f"costaware prediction: {spec.display_name} on {pred.device}", title_justify="left"
+    )
     table.add_column("quantity")
     table.add_column("predicted", justify="right")
     bound = f"upper bound ({pred.coverage:.0%})" if pred.coverage else "upper bound (heuristic)"
     table.add_column(bound, justify="right")
-    table.add_row("peak memory (reserved)", _fmt_bytes(pred.peak_memory), _fmt_bytes(pred.peak_memory_upper))
-    table.add_row("iteration time", _fmt_seconds(pred.iteration_time), _fmt_seconds(pred.iteration_time_upper))
+    table.add_row(
+        "peak memory (reserved)", _fmt_bytes(pred.peak_memory), _fmt_bytes(pred.peak_memory_upper)
+    )
+    table.add_row(
+        "iteration time", _fmt_seconds(pred.iteration_time), _fmt_seconds(pred.iteration_time_upper)
+    )
     if pred.epoch_time is not None:
-        table.add_row("epoch time", _fmt_seconds(pred.epoch_time), _fmt_seconds(pred.epoch_time_upper))
+        table.add_row(
+            "epoch time", _fmt_seconds(pred.epoch_time), _fmt_seconds(pred.epoch_time_upper)
+        )
     dev = ca.get_device(pred.device)
     console.print(table)
     fits = pred.peak_memory_upper <= dev.usable_memory_bytes
@@ -182,22 +198,40 @@ def _parser() -> argparse.ArgumentParser:
             "--optimizer adamw --device H100"
         ),
     )
-    pr.add_argument("model", metavar="MODEL", help="'path/to/file.py:factory' or 'module:factory' returning an nn.Module")
+    pr.add_argument(
+        "model",
+        metavar="MODEL",
+        help="'path/to/file.py:factory' or 'module:factory' returning an nn.Module",
+    )
     pr.add_argument("--batch-size", "-b", type=int, required=True, help="samples per step")
-    pr.add_argument("--input", help="per-sample input shape, e.g. 3x224x224 (images) or 784 (vectors)")
+    pr.add_argument(
+        "--input", help="per-sample input shape, e.g. 3x224x224 (images) or 784 (vectors)"
+    )
     pr.add_argument("--classes", type=int, default=1000, help="classes of the label (default 1000)")
-    pr.add_argument("--segmentation", action="store_true", help="labels per pixel (N×H×W) instead of per sample")
+    pr.add_argument(
+        "--segmentation", action="store_true", help="labels per pixel (N×H×W) instead of per sample"
+    )
     pr.add_argument("--seq-len", type=int, help="tokens per sample, for language models")
     pr.add_argument("--vocab", type=int, help="vocabulary size, with --seq-len")
-    pr.add_argument("--optimizer", default="adamw", help="sgd, adam, adamw, rmsprop, ... (default adamw)")
+    pr.add_argument(
+        "--optimizer", default="adamw", help="sgd, adam, adamw, rmsprop, ... (default adamw)"
+    )
     pr.add_argument("--lr", type=float, help="learning rate")
-    pr.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16 (mixed precision); default fp32")
+    pr.add_argument(
+        "--precision", default="fp32", help="fp32, bf16 or fp16 (mixed precision); default fp32"
+    )
     pr.add_argument("--dataset-size", type=int, help="samples per epoch, for the epoch time")
     pr.add_argument("--epochs", type=int, default=1, help="planned epochs (default 1)")
-    pr.add_argument("--grad-accumulation", type=int, default=1, help="micro-batches per optimizer step")
+    pr.add_argument(
+        "--grad-accumulation", type=int, default=1, help="micro-batches per optimizer step"
+    )
     pr.add_argument("--allocator", default="default", help="default or expandable_segments")
-    pr.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark is on")
-    pr.add_argument("--device", "-d", default="auto", help="catalog name (see 'costaware devices') or auto")
+    pr.add_argument(
+        "--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark is on"
+    )
+    pr.add_argument(
+        "--device", "-d", default="auto", help="catalog name (see 'costaware devices') or auto"
+    )
     pr.add_argument("--model-dir", help="a saved CostModel directory (default: the shipped model)")
     pr.add_argument("--json", action="store_true", help="print the prediction as JSON")
     pr.add_argument("--explain", action="store_true", help="also print what the numbers rest on")

@@ -16,7 +16,16 @@ from typing import Any
 import torch
 from torch.utils import flop_counter
 
-__all__ = ["COMPUTE_OPS", "CONV", "MATMUL", "MEMORY", "VIEW", "count_flops", "op_class", "register_flop_formula"]
+__all__ = [
+    "COMPUTE_OPS",
+    "CONV",
+    "MATMUL",
+    "MEMORY",
+    "VIEW",
+    "count_flops",
+    "op_class",
+    "register_flop_formula",
+]
 
 aten = torch.ops.aten
 
@@ -28,14 +37,18 @@ def register_flop_formula(op: Any, formula: Callable[..., int]) -> None:
     _REGISTRY[op] = formula
 
 
-def _cpu_sdpa(query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+def _cpu_sdpa(
+    query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any
+) -> int:
     return int(flop_counter.sdpa_flop_count(query.shape, key.shape, value.shape))
 
 
 def _cpu_sdpa_backward(
     grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any
 ) -> int:
-    return int(flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape))
+    return int(
+        flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+    )
 
 
 for _name, _f in (

@@ -363,7 +363,9 @@ class CostModel:
         return cache
 
     # -- features -------------------------------------------------------------------------
-    def trace(self, spec: TrainingSpec, *, exact: bool = False) -> tuple[Trace, dict[str, float], str]:
+    def trace(
+        self, spec: TrainingSpec, *, exact: bool = False
+    ) -> tuple[Trace, dict[str, float], str]:
         """The spec's trace (cached per architecture), its graph features, and its source.
 
         The first spec of an architecture is traced; another batch size of the same
@@ -403,7 +405,9 @@ class CostModel:
         return features_for(trace, spec, dev, est, graph_feats)
 
     # -- prediction -----------------------------------------------------------------------
-    def predict(self, spec: TrainingSpec, device: str | Device = "auto", *, exact: bool = False) -> Prediction:
+    def predict(
+        self, spec: TrainingSpec, device: str | Device = "auto", *, exact: bool = False
+    ) -> Prediction:
         """Predict ``spec``'s peak memory and iteration/epoch time on ``device``.
 
         ``device`` is a catalog name (``"H100"``), a :class:`~costaware.devices.Device`, or
@@ -519,11 +523,13 @@ class CostModel:
                     )
         names = sorted({k for o in obs for k in o.features})
         self.feature_names_ = names
-        x_all = np.asarray([[o.features.get(n, np.nan) for n in names] for o in obs], dtype=np.float64)
+        x_all = np.asarray(
+            [[o.features.get(n, np.nan) for n in names] for o in obs], dtype=np.float64
+        )
         groups = np.asarray([o.family or f"row{i}" for i, o in enumerate(obs)])
         rng = np.random.default_rng(self.random_state)
         uniq = np.unique(groups)
-        n_cal = max(1, int(round(len(uniq) * self.calibration_fraction))) if len(uniq) > 1 else 0
+        n_cal = max(1, round(len(uniq) * self.calibration_fraction)) if len(uniq) > 1 else 0
         cal_groups = set(rng.choice(uniq, size=n_cal, replace=False).tolist()) if n_cal else set()
         is_cal = np.asarray([g in cal_groups for g in groups])
 
@@ -562,7 +568,9 @@ class CostModel:
             setattr(self, f"{which}_q_", q)
             setattr(self, f"{which}_cal_rows_", int(cal.sum()))
         if not self.is_fitted:
-            raise ValueError("fit needs at least 5 observations with a measured peak memory or iteration time.")
+            raise ValueError(
+                "fit needs at least 5 observations with a measured peak memory or iteration time."
+            )
         digest = hashlib.sha1(x_all.tobytes()).hexdigest()[:16]
         self.training_ = {
             "rows": len(obs),
@@ -570,9 +578,7 @@ class CostModel:
             "families": sorted({o.family for o in obs if o.family}),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "data_hash": digest,
-            "calibration": {
-                w: getattr(self, f"{w}_cal_rows_", 0) for w in ("memory", "time")
-            },
+            "calibration": {w: getattr(self, f"{w}_cal_rows_", 0) for w in ("memory", "time")},
         }
         return self
 
@@ -607,17 +613,25 @@ class CostModel:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the model to directory ``path``: ``.cbm`` files and ``manifest.json``."""
         if not self.is_fitted:
-            raise NotFittedError("this CostModel is not fitted; there is nothing to save (call fit first).")
+            raise NotFittedError(
+                "this CostModel is not fitted; there is nothing to save (call fit first)."
+            )
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         files = {}
         for which in ("memory", "time"):
             m = self.__dict__.get(f"{which}_model_")
             if isinstance(m, _Constant):
-                files[which] = {"constant": m.value, "conformal_quantile": getattr(self, f"{which}_q_")}
+                files[which] = {
+                    "constant": m.value,
+                    "conformal_quantile": getattr(self, f"{which}_q_"),
+                }
             elif m is not None:
                 m.save_model(str(out / f"{which}.cbm"), format="cbm")
-                files[which] = {"file": f"{which}.cbm", "conformal_quantile": getattr(self, f"{which}_q_")}
+                files[which] = {
+                    "file": f"{which}.cbm",
+                    "conformal_quantile": getattr(self, f"{which}_q_"),
+                }
         g2v = self.__dict__.get("graph2vec_")
         if g2v is not None:
             g2v.save(out / "graph2vec")

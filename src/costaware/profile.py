@@ -184,7 +184,9 @@ def _warm_up_process() -> None:
     opt.step()
 
 
-def _build(spec: TrainingSpec, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def _build(
+    spec: TrainingSpec, device: torch.device
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     model = spec.model if isinstance(spec.model, torch.nn.Module) else spec.model()
     model = model.to(device).train()
     kwargs = dict(spec.optimizer_kwargs)
@@ -215,9 +217,13 @@ def measure(
     dev = torch.device(device)
     is_cuda = dev.type == "cuda"
     if is_cuda and not torch.cuda.is_available():
-        raise RuntimeError("measure(device='cuda') needs a visible CUDA GPU; use device='cpu' here.")
+        raise RuntimeError(
+            "measure(device='cuda') needs a visible CUDA GPU; use device='cpu' here."
+        )
     t_start = time.perf_counter()
-    result = Measurement(status="ok", device=str(dev), warmup=warmup, steps=steps, spec=spec.summary())
+    result = Measurement(
+        status="ok", device=str(dev), warmup=warmup, steps=steps, spec=spec.summary()
+    )
     result.env = environment(str(dev))
     want_expandable = spec.allocator == "expandable_segments"
     has_expandable = "expandable_segments:true" in result.env["alloc_conf"].replace(" ", "").lower()

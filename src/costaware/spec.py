@@ -14,7 +14,7 @@ import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -148,7 +148,10 @@ class TokenBatch:
 
     def make(self, batch_size: int) -> dict[str, torch.Tensor]:
         ids = torch.randint(0, self.vocab, (batch_size, self.seq_len))
-        return {"input_ids": ids, "labels": torch.randint(0, self.vocab, (batch_size, self.seq_len))}
+        return {
+            "input_ids": ids,
+            "labels": torch.randint(0, self.vocab, (batch_size, self.seq_len)),
+        }
 
     def signature(self) -> str:
         return f"TokenBatch{self.seq_len}v{self.vocab}"
@@ -178,13 +181,21 @@ class _CallableBatch:
 
     def describe(self) -> dict[str, float]:
         return dict.fromkeys(
-            ("input_numel", "input_channels", "input_height", "input_width", "seq_len", "vocab", "classes"),
+            (
+                "input_numel",
+                "input_channels",
+                "input_height",
+                "input_width",
+                "seq_len",
+                "vocab",
+                "classes",
+            ),
             0.0,
         )
 
 
-BatchLike = Union[ImageBatch, TokenBatch, Callable[[int], Any]]
-_Batch = Union[ImageBatch, TokenBatch, _CallableBatch]
+BatchLike = ImageBatch | TokenBatch | Callable[[int], Any]
+_Batch = ImageBatch | TokenBatch | _CallableBatch
 
 
 def _logits(out: Any) -> torch.Tensor:
@@ -212,7 +223,11 @@ def _output_loss(out: Any) -> torch.Tensor | None:
 
 def _classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    if logits.dim() == labels.dim() + 1 and logits.dim() >= 3 and logits.shape[0] == labels.shape[0]:
+    if (
+        logits.dim() == labels.dim() + 1
+        and logits.dim() >= 3
+        and logits.shape[0] == labels.shape[0]
+    ):
         if logits.shape[1:-1] == labels.shape[1:]:  # token logits N×T×V against N×T labels
             return F.cross_entropy(logits.flatten(0, -2), labels.flatten())
         return F.cross_entropy(logits, labels)  # segmentation: N×C×H×W against N×H×W
@@ -272,7 +287,11 @@ def _fingerprint(obj: Any, depth: int = 0) -> str | None:
         return None if None in parts else f"{type(obj).__name__}({','.join(parts)})"  # type: ignore[arg-type]
     if isinstance(obj, dict):
         items = [(repr(k), _fingerprint(v, depth + 1)) for k, v in sorted(obj.items(), key=repr)]
-        return None if any(v is None for _, v in items) else "{" + ",".join(f"{k}:{v}" for k, v in items) + "}"
+        return (
+            None
+            if any(v is None for _, v in items)
+            else "{" + ",".join(f"{k}:{v}" for k, v in items) + "}"
+        )
     if isinstance(obj, functools.partial):
         inner = [_fingerprint(o, depth + 1) for o in (obj.func, obj.args, obj.keywords)]
         return None if None in inner else f"partial({','.join(inner)})"  # type: ignore[arg-type]
@@ -344,12 +363,13 @@ class TrainingSpec:
                 "model must be a zero-argument callable returning an nn.Module, or an "
                 f"nn.Module, but got {type(self.model).__name__}."
             )
-        if not isinstance(self.batch, (ImageBatch, TokenBatch, _CallableBatch)):
-            if not callable(self.batch):
-                raise SpecError(
-                    "batch must be an ImageBatch, SegmentationBatch, TokenBatch or a "
-                    f"callable(batch_size) -> batch, but got {type(self.batch).__name__}."
-                )
+        if not isinstance(self.batch, (ImageBatch, TokenBatch, _CallableBatch)) and not callable(
+            self.batch
+        ):
+            raise SpecError(
+                "batch must be an ImageBatch, SegmentationBatch, TokenBatch or a "
+                f"callable(batch_size) -> batch, but got {type(self.batch).__name__}."
+            )
         _positive_int("batch_size", self.batch_size)
         _positive_int("grad_accumulation", self.grad_accumulation)
         _positive_int("epochs", self.epochs)
@@ -362,7 +382,9 @@ class TrainingSpec:
                     f"{sorted(OPTIMIZERS)} or a torch.optim.Optimizer subclass."
                 )
             self.optimizer = self.optimizer.lower()
-        elif not (isinstance(self.optimizer, type) and issubclass(self.optimizer, torch.optim.Optimizer)):
+        elif not (
+            isinstance(self.optimizer, type) and issubclass(self.optimizer, torch.optim.Optimizer)
+        ):
             raise SpecError(
                 f"optimizer must be a name from {sorted(OPTIMIZERS)} or a torch.optim.Optimizer "
                 f"subclass, but got {self.optimizer!r}."
@@ -394,7 +416,9 @@ class TrainingSpec:
 
     @property
     def optimizer_name(self) -> str:
-        return self.optimizer if isinstance(self.optimizer, str) else self.optimizer.__name__.lower()
+        return (
+            self.optimizer if isinstance(self.optimizer, str) else self.optimizer.__name__.lower()
+        )
 
     @property
     def optimizer_state_per_param(self) -> float:
@@ -447,8 +471,14 @@ class TrainingSpec:
         return self._key_with(model_fp)
 
     def _key_with(self, model_fp: str) -> str:
-        kw = {k: v for k, v in sorted(self.optimizer_kwargs.items()) if k not in ("lr", "weight_decay")}
-        loss_fp = "default" if self.loss is None else (_fingerprint(self.loss) or f"id{id(self.loss)}")
+        kw = {
+            k: v
+            for k, v in sorted(self.optimizer_kwargs.items())
+            if k not in ("lr", "weight_decay")
+        }
+        loss_fp = (
+            "default" if self.loss is None else (_fingerprint(self.loss) or f"id{id(self.loss)}")
+        )
         parts = [
             model_fp,
             self.batch_spec.signature(),

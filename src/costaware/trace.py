@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import itertools
 import signal
 import threading
 import time
@@ -77,7 +78,9 @@ _NOISE = frozenset(
     }
 )
 _CAT_CODE = {name: i for i, name in enumerate(CATEGORIES)}
-_STATE_INIT_OPS = frozenset({"zeros_like", "zeros", "empty", "empty_like", "full", "full_like", "clone"})
+_STATE_INIT_OPS = frozenset(
+    {"zeros_like", "zeros", "empty", "empty_like", "full", "full_like", "clone"}
+)
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
 
 
@@ -293,7 +296,9 @@ def build_model(spec: TrainingSpec) -> tuple[nn.Module, str]:
         model = spec.model()
         how = "cpu"
     if not isinstance(model, nn.Module):
-        raise SpecError(f"the model factory must return an nn.Module, but it returned {type(model).__name__}.")
+        raise SpecError(
+            f"the model factory must return an nn.Module, but it returned {type(model).__name__}."
+        )
     return model, how
 
 
@@ -317,7 +322,15 @@ def _to_fake(model: nn.Module) -> None:
 
 
 def _layer_counts(model: nn.Module) -> dict[str, int]:
-    counts = {"conv": 0, "linear": 0, "norm": 0, "attention": 0, "recurrent": 0, "embedding": 0, "pool": 0}
+    counts = {
+        "conv": 0,
+        "linear": 0,
+        "norm": 0,
+        "attention": 0,
+        "recurrent": 0,
+        "embedding": 0,
+        "pool": 0,
+    }
     for m in model.modules():
         if isinstance(m, nn.modules.conv._ConvNd):
             counts["conv"] += 1
@@ -416,7 +429,9 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str) -> Trace:
             try:
                 opt = opt_cls(model.parameters(), **opt_kwargs)
             except (TypeError, ValueError) as e:
-                raise SpecError(f"optimizer {spec.optimizer_name!r} rejected its arguments {opt_kwargs}: {e}") from e
+                raise SpecError(
+                    f"optimizer {spec.optimizer_name!r} rejected its arguments {opt_kwargs}: {e}"
+                ) from e
             micro = min(spec.grad_accumulation, 2)
             rec.step = 1
             rec.record_graph = True
@@ -454,61 +469,50 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str) -> Trace:
             rec.closed = True
 
     param_count = sum(p.numel() for p in model.parameters())
-    param_bytes = sum(_round(p.untyped_storage().nbytes()) for p in {id(p): p for p in model.parameters()}.values())
+    param_bytes = sum(
+        _round(p.untyped_storage().nbytes())
+        for p in {id(p): p for p in model.parameters()}.values()
+    )
     buffer_bytes = sum(_round(b.untyped_storage().nbytes()) for b in model.buffers())
     del opt, model
 
     ev_key, ev_size, marks = _with_second_step(rec)
-    keys = np.asarray(ev_key, dtype=np.int64)
-    sizes = np.asarray(ev_size, dtype=np.int64)
-    events = np.stack([keys, sizes], axis=1) if len(keys) else np.zeros((0, 2), np.int64)
-    timeline, rounded = _live_timeline(ev_key, ev_size)
-    peak_idx = int(np.argmax(timeline)) if len(timeline) else 0
-    peak_live = int(timeline[peak_idx]) if len(timeline) else 0
-
-    # breakdown at the peak: which storages were live, by category
-    live: dict[int, int] = {}
-    for i in range(peak_idx + 1):
-        if ev_size[i] > 0:
-            live[ev_key[i]] = int(rounded[i])
-        else:
-            live.pop(ev_key[i], None)
-    breakdown = dict.fromkeys(CATEGORIES, 0)
+    events = np.asarray([ev_key, ev_size], dtype=np.int64).T.reshape(-1, 2)
     offset = rec._next_key  # step-2 keys are step-1 keys + offset
 
+    def origin(k: int) -> int:
+        return k - offset if k >= offset else k
+
     def category(k: int) -> str:
-        k = k - offset if k >= offset else k
-        cat = rec.key_category.get(k)
+        cat = rec.key_category.get(origin(k))
         if cat is None:
-            cat = "activations" if rec.key_phase.get(k) == "forward" else "temporaries"
+            cat = "activations" if rec.key_phase.get(origin(k)) == "forward" else "temporaries"
         return cat
 
     def scales(k: int) -> bool:
         cat = category(k)
-        k = k - offset if k >= offset else k
         return cat in ("inputs", "activations") or (
-            cat == "temporaries" and rec.key_phase.get(k) == "backward"
+            cat == "temporaries" and rec.key_phase.get(origin(k)) == "backward"
         )
 
-    for k, nb in live.items():
-        breakdown[category(k)] += nb
-    phase_peaks: dict[str, int] = {}
-    bounds = [*marks, (len(timeline), "end")]
-    for (start, name), (stop, _) in zip(bounds, bounds[1:]):
-        if stop > start and name in ("forward", "backward", "optimizer"):
-            phase_peaks[name] = max(phase_peaks.get(name, 0), int(timeline[start:stop].max()))
+    event_category = np.asarray([_CAT_CODE[category(k)] for k in ev_key], dtype=np.int8)
+    timeline, peak_live, breakdown, phase_peaks = _memory_profile(events, event_category, marks)
 
     g = nx.DiGraph()
     op_counts: Counter[str] = Counter()
     phase_of_node = []
     for i, (name, phase, cls, dcode, nout, fl, nb) in enumerate(rec.nodes):
-        g.add_node(i, op=name, phase=phase, op_class=cls, dtype=dcode, outputs=nout, flops=fl, bytes=nb)
+        g.add_node(
+            i, op=name, phase=phase, op_class=cls, dtype=dcode, outputs=nout, flops=fl, bytes=nb
+        )
         op_counts[name] += 1
         phase_of_node.append(phase)
     g.add_edges_from(rec.edges)
     notes: list[str] = []
     if how == "cpu":
-        notes.append("the model constructor failed on the meta device, so it was built for real on the CPU")
+        notes.append(
+            "the model constructor failed on the meta device, so it was built for real on the CPU"
+        )
     if rec.unsupported:
         notes.append(f"FLOPs not counted for ops whose formula failed: {dict(rec.unsupported)}")
     return Trace(
@@ -535,7 +539,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str) -> Trace:
         node_class=np.asarray([n[2] for n in rec.nodes], dtype=np.int8),
         node_dtype=np.asarray([n[3] for n in rec.nodes], dtype=np.int8),
         node_phase=np.asarray([_node_phase(n[0], n[1]) for n in rec.nodes], dtype=np.int8),
-        event_category=np.asarray([_CAT_CODE[category(k)] for k in ev_key], dtype=np.int8),
+        event_category=event_category,
         event_scales=np.asarray([scales(k) for k in ev_key], dtype=bool),
         marks=marks,
         build=how,
@@ -544,8 +548,6 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str) -> Trace:
         + f":{len(ev_key)}",
         notes=notes,
     )
-
-
 
 
 def _optimizer_step(rec: _Recorder, fm: Any, opt: torch.optim.Optimizer) -> int:
@@ -561,7 +563,9 @@ def _optimizer_step(rec: _Recorder, fm: Any, opt: torch.optim.Optimizer) -> int:
     return rec.label([list(s.values()) for s in opt.state.values()], "optimizer_state")
 
 
-def _flat_optimizer_ok(spec: TrainingSpec, opt_kwargs: dict[str, Any], params: list[torch.Tensor]) -> bool:
+def _flat_optimizer_ok(
+    spec: TrainingSpec, opt_kwargs: dict[str, Any], params: list[torch.Tensor]
+) -> bool:
     """Whether the optimizer step may run on one flat tensor (see _flat_optimizer_step)."""
     return (
         isinstance(spec.optimizer, str)  # the built-in optimizers are elementwise
@@ -572,7 +576,10 @@ def _flat_optimizer_ok(spec: TrainingSpec, opt_kwargs: dict[str, Any], params: l
 
 
 def _flat_optimizer_step(
-    rec: _Recorder, opt_cls: type[torch.optim.Optimizer], opt_kwargs: dict[str, Any], params: list[torch.Tensor]
+    rec: _Recorder,
+    opt_cls: type[torch.optim.Optimizer],
+    opt_kwargs: dict[str, Any],
+    params: list[torch.Tensor],
 ) -> int:
     """Run an elementwise optimizer's step on one flat parameter, then expand its events.
 
@@ -608,7 +615,9 @@ def _flat_optimizer_step(
     for k, size in zip(sub.ev_key, sub.ev_size):
         if size > 0:
             per_elem, rem = divmod(size, total)
-            sizes = [n * per_elem for n in numels] if rem == 0 and per_elem in (1, 2, 4, 8) else [size]
+            sizes = (
+                [n * per_elem for n in numels] if rem == 0 and per_elem in (1, 2, 4, 8) else [size]
+            )
             keys = []
             for sz in sizes:
                 key = rec._next_key
@@ -630,6 +639,7 @@ def _flat_optimizer_step(
     rec.nodes.extend(sub.nodes)
     del opt, flat
     return state_bytes
+
 
 def _with_second_step(rec: _Recorder) -> tuple[list[int], list[int], list[tuple[int, str]]]:
     """Append step 2 to the recorded step 1, without running it again.
@@ -667,21 +677,6 @@ def _node_phase(name: str, phase: str) -> int:
     if phase == "backward":
         return 1
     return 3 if name in _STATE_INIT_OPS else 2
-
-
-def _live_timeline(ev_key: list[int], ev_size: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Live bytes after each event, each storage rounded to 512 B, and the rounded sizes."""
-    sizes = np.asarray(ev_size, dtype=np.int64)
-    rounded = np.where(sizes > 0, _MIN_BLOCK * ((sizes + _MIN_BLOCK - 1) // _MIN_BLOCK), 0)
-    alloc_size: dict[int, int] = {}
-    delta = rounded.copy()
-    for i, (k, sz) in enumerate(zip(ev_key, ev_size)):
-        if sz > 0:
-            alloc_size[k] = int(rounded[i])
-        else:
-            delta[i] = -alloc_size.pop(k, 0)
-    timeline = np.cumsum(delta) if len(delta) else np.zeros(0, np.int64)
-    return timeline, rounded
 
 
 def dry_run(spec: TrainingSpec, *, timeout: float | None = 60.0) -> Trace:
@@ -739,11 +734,23 @@ def _param_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def _breakdown_at(events: np.ndarray, category: np.ndarray, delta: np.ndarray, idx: int) -> dict[str, int]:
-    out = {}
-    for code, name in enumerate(CATEGORIES):
-        out[name] = int(delta[: idx + 1][category[: idx + 1] == code].sum())
-    return out
+def _memory_profile(
+    events: np.ndarray, category: np.ndarray, marks: list[tuple[int, str]]
+) -> tuple[np.ndarray, int, dict[str, int], dict[str, int]]:
+    """Live-bytes timeline, its peak, the peak's breakdown by category, and phase peaks."""
+    delta = _signed_rounded(events)
+    timeline = np.cumsum(delta)
+    if not len(timeline):
+        return timeline, 0, dict.fromkeys(CATEGORIES, 0), {}
+    idx = int(np.argmax(timeline))
+    upto, cats = delta[: idx + 1], category[: idx + 1]
+    breakdown = {name: int(upto[cats == code].sum()) for code, name in enumerate(CATEGORIES)}
+    phase_peaks: dict[str, int] = {}
+    bounds = [*marks, (len(timeline), "end")]
+    for (start, name), (stop, _) in itertools.pairwise(bounds):
+        if stop > start and name in ("forward", "backward", "optimizer"):
+            phase_peaks[name] = max(phase_peaks.get(name, 0), int(timeline[start:stop].max()))
+    return timeline, int(timeline[idx]), breakdown, phase_peaks
 
 
 def _signed_rounded(events: np.ndarray) -> np.ndarray:
@@ -801,27 +808,24 @@ def rescale(trace: Trace, batch_size: int, other: Trace | None = None) -> Trace:
         }
     new_sizes = np.where(alloc, np.maximum(np.rint(new_sizes), 1), -1).astype(np.int64)
     events = np.stack([trace.events[:, 0], new_sizes], axis=1)
-    delta = _signed_rounded(events)
-    timeline = np.cumsum(delta)
-    peak_idx = int(np.argmax(timeline)) if len(timeline) else 0
-    breakdown = _breakdown_at(events, trace.event_category, delta, peak_idx)
-    phase_peaks: dict[str, int] = {}
-    bounds = [*trace.marks, (len(timeline), "end")]
-    for (start, name), (stop, _) in zip(bounds, bounds[1:]):
-        if stop > start and name in ("forward", "backward", "optimizer"):
-            phase_peaks[name] = max(phase_peaks.get(name, 0), int(timeline[start:stop].max()))
+    timeline, peak_live, breakdown, phase_peaks = _memory_profile(
+        events, trace.event_category, trace.marks
+    )
     return dataclasses.replace(
         trace,
         batch_size=batch_size,
         events=events,
         timeline=timeline,
-        peak_live=int(timeline[peak_idx]) if len(timeline) else 0,
+        peak_live=peak_live,
         peak_breakdown=breakdown,
         phase_peaks=phase_peaks,
         node_flops=node_flops,
         node_bytes=node_bytes,
         input_bytes=breakdown["inputs"],
         duration_s=0.0,
-        notes=[*trace.notes, f"rescaled from batch size {b0}" + (f" and {other.batch_size}" if other else "")],
+        notes=[
+            *trace.notes,
+            f"rescaled from batch size {b0}" + (f" and {other.batch_size}" if other else ""),
+        ],
         **lin,
     )
