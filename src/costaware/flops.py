@@ -40,14 +40,14 @@ def register_flop_formula(op: Any, formula: Callable[..., int]) -> None:
 def _cpu_sdpa(
     query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any
 ) -> int:
-    return int(flop_counter.sdpa_flop_count(query.shape, key.shape, value.shape))
+    return int(flop_counter.sdpa_flop_count(query.shape, key.shape, value.shape))  # type: ignore[no-untyped-call]
 
 
 def _cpu_sdpa_backward(
     grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any
 ) -> int:
     return int(
-        flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+        flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)  # type: ignore[no-untyped-call]
     )
 
 

@@ -315,6 +315,15 @@ class CostModel:
         cache_size: architectures whose traces are kept for warm predictions.
     """
 
+    # learned state, set by fit / load
+    feature_names_: list[str]
+    training_: dict[str, Any]
+    memory_model_: Any
+    time_model_: Any
+    memory_q_: float
+    time_q_: float
+    graph2vec_: Any
+
     def __init__(
         self,
         *,
@@ -447,11 +456,11 @@ class CostModel:
             coverage: float | None = self.coverage
             basis["features_used"] = len(self.feature_names_)
             basis["trained_rows"] = self.training_.get("rows")
-            unseen = dev.name not in self.training_.get("devices", [])
-            if unseen:
+            seen: list[str] = list(self.training_.get("devices", []))
+            if dev.name not in seen:
                 notes.append(
                     f"{dev.name} is not among the devices the model was trained on "
-                    f"({', '.join(self.training_.get('devices', []))}); times transfer poorly across GPUs"
+                    f"({', '.join(seen)}); times transfer poorly across GPUs"
                 )
         else:
             peak, peak_hi, it = est.reserved, est.reserved_upper, est.iteration_time

@@ -83,7 +83,7 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         env["gpu"] = torch.cuda.get_device_name(idx)
         env["gpu_memory"] = torch.cuda.get_device_properties(idx).total_memory
         env["cuda"] = torch.version.cuda
-        env["cudnn"] = torch.backends.cudnn.version()
+        env["cudnn"] = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
         try:
             import pynvml
 
@@ -241,7 +241,7 @@ def measure(
     times: list[float] = []
     if is_cuda:
         torch.backends.cudnn.benchmark = spec.cudnn_benchmark
-        torch.cuda.init()
+        torch.cuda.init()  # type: ignore[no-untyped-call]
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
         sampler: Any = _NvmlSampler(dev.index or 0)
@@ -272,7 +272,7 @@ def measure(
                             loss = loss_fn(model, batch)
                     else:
                         loss = loss_fn(model, batch)
-                    loss.backward()
+                    loss.backward()  # type: ignore[no-untyped-call]
                     del loss, batch
                 opt.step()
                 opt.zero_grad(set_to_none=True)

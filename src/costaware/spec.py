@@ -205,7 +205,8 @@ def _logits(out: Any) -> torch.Tensor:
     if isinstance(logits, torch.Tensor):
         return logits
     if isinstance(out, Mapping) and isinstance(out.get("logits"), torch.Tensor):
-        return out["logits"]
+        found: torch.Tensor = out["logits"]
+        return found
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
     raise SpecError(
@@ -453,7 +454,7 @@ class TrainingSpec:
         if isinstance(self.model, nn.Module):
             return type(self.model).__name__
         inner = self.model.func if isinstance(self.model, functools.partial) else self.model
-        return getattr(inner, "__qualname__", None) or getattr(inner, "__name__", "model")
+        return str(getattr(inner, "__qualname__", None) or getattr(inner, "__name__", "model"))
 
     def with_batch_size(self, batch_size: int) -> TrainingSpec:
         """A copy of this spec with another batch size."""

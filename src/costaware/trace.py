@@ -32,7 +32,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,7 +174,7 @@ class _Recorder(TorchDispatchMode):
         self._writer: dict[int, int] = {}
         self.nodes: list[tuple[str, str, int, int, int, float, float]] = []
         self.edges: list[tuple[int, int]] = []
-        self.flops = Counter[str]()
+        self.flops: dict[str, float] = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
         self.bytes_moved = 0.0
         self.unsupported: Counter[str] = Counter()
 
@@ -236,7 +236,7 @@ class _Recorder(TorchDispatchMode):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         out_keys = [self.key_of(t) for t in outs]
         if self.phase in ("forward", "backward", "optimizer"):
-            flops = 0.0
+            flops: float = 0.0
             try:
                 flops = float(count_flops(func, args, kwargs, out))
             except Exception:  # a formula that does not fit these args: count, never fail
@@ -564,7 +564,7 @@ def _optimizer_step(rec: _Recorder, fm: Any, opt: torch.optim.Optimizer) -> int:
 
 
 def _flat_optimizer_ok(
-    spec: TrainingSpec, opt_kwargs: dict[str, Any], params: list[torch.Tensor]
+    spec: TrainingSpec, opt_kwargs: dict[str, Any], params: Sequence[torch.Tensor]
 ) -> bool:
     """Whether the optimizer step may run on one flat tensor (see _flat_optimizer_step)."""
     return (
@@ -579,7 +579,7 @@ def _flat_optimizer_step(
     rec: _Recorder,
     opt_cls: type[torch.optim.Optimizer],
     opt_kwargs: dict[str, Any],
-    params: list[torch.Tensor],
+    params: Sequence[torch.Tensor],
 ) -> int:
     """Run an elementwise optimizer's step on one flat parameter, then expand its events.
 
