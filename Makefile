@@ -20,6 +20,8 @@ demo: $(STAMP)
 	$(BIN)/python examples/predict_demo.py
 
 test: $(STAMP)
+	$(BIN)/ruff check src integrations tests benchmarks examples
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)

@@ -11,6 +11,7 @@ import argparse
 import time
 
 import models
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -56,11 +57,14 @@ def main() -> None:
         ),
     ]
     table = Table(
-        title=f"Predicted cost on {args.device} (epoch = 50k samples), against a {args.capacity} budget",
-        caption="peak = allocator reserved peak; upper = its upper bound, which the budget check uses",
+        title=f"Predicted cost on {args.device}: batch size, optimizer, precision; epoch = 50k samples",
+        caption=f"peak: allocator reserved peak; upper: its upper bound, checked against {args.capacity}",
+        box=box.SIMPLE_HEAD,
     )
-    for col in ("configuration", "peak", "upper", "step", "epoch", "fits?", "took"):
-        table.add_column(col, justify="left" if col == "configuration" else "right")
+    cold: list[float] = []
+    warm: list[float] = []
+    for col in ("configuration", "peak", "upper", "epoch", "fits?", "ms"):
+        table.add_column(col, justify="left" if col == "configuration" else "right", no_wrap=True)
     for name, factory, batch, sizes, optimizer, precision in configs:
         for bs in sizes:
             spec = ca.TrainingSpec(
@@ -76,17 +80,20 @@ def main() -> None:
             pred = cost.predict(spec, device=args.device)
             ms = (time.perf_counter() - t0) * 1e3
             fits = pred.peak_memory_upper <= capacity
-            how = "traced" if pred.basis["trace_source"] == "traced" else "cached"
+            (cold if pred.basis["trace_source"] == "traced" else warm).append(ms)
             table.add_row(
-                f"{name} bs{bs} {optimizer} {precision}",
+                f"{name} {bs} {optimizer} {precision}",
                 _fmt_bytes(pred.peak_memory),
                 _fmt_bytes(pred.peak_memory_upper),
-                _fmt_seconds(pred.iteration_time),
                 _fmt_seconds(pred.epoch_time),
                 "[green]yes[/green]" if fits else "[red]reject[/red]",
-                f"{ms:,.0f} ms {how}",
+                f"{ms:,.0f}",
             )
     console.print(table)
+    console.print(
+        f"A new architecture is dry-run once ({min(cold):,.0f}-{max(cold):,.0f} ms here, including first-use "
+        f"warm-up); other batch sizes are rescaled from its trace ({min(warm):,.0f}-{max(warm):,.0f} ms)."
+    )
     spec = ca.TrainingSpec(
         model=models.resnet50,
         batch=ca.ImageBatch((3, 224, 224)),
