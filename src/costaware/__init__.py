@@ -10,6 +10,7 @@ Example:
     True
 """
 
+from costaware.budget import Budget, BudgetError, Decision, Reason, parse_bytes, parse_duration
 from costaware.devices import CATALOG, Device, UnknownDeviceError, get_device, known_devices
 from costaware.errors import (
     CostawareError,
@@ -27,6 +28,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CATALOG",
+    "Budget",
+    "BudgetError",
+    "Decision",
+    "Reason",
+    "parse_bytes",
+    "parse_duration",
     "CostModel",
     "CostawareError",
     "Device",

@@ -40,7 +40,14 @@ import torch
 
 from costaware.spec import TrainingSpec, default_loss
 
-__all__ = ["Measurement", "environment", "measure"]
+__all__ = [
+    "Measurement",
+    "environment",
+    "measure",
+    "mmap_threshold",
+    "reset_rss_peak",
+    "rss_peak_bytes",
+]
 
 
 @dataclass
@@ -134,7 +141,7 @@ class _NvmlSampler:
             self._thread.join(timeout=1.0)
 
 
-def _rss_hwm() -> int:
+def rss_peak_bytes() -> int:
     """The process's peak resident set in bytes (VmHWM, else ru_maxrss)."""
     try:
         with open("/proc/self/status") as f:
@@ -146,7 +153,8 @@ def _rss_hwm() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def _reset_rss_hwm() -> bool:
+def reset_rss_peak() -> bool:
+    """Reset the process's peak resident set to its current size (Linux); False if not possible."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -156,7 +164,7 @@ def _reset_rss_hwm() -> bool:
 
 
 @contextlib.contextmanager
-def _mmap_threshold(nbytes: int) -> Iterator[None]:
+def mmap_threshold(nbytes: int) -> Iterator[None]:
     """Ask glibc to mmap allocations above ``nbytes`` so frees return memory at once."""
     libc = None
     with contextlib.suppress(OSError):
@@ -249,13 +257,13 @@ def measure(
         mem_ctx: Any = contextlib.nullcontext()
     else:
         sampler = contextlib.nullcontext()
-        mem_ctx = _mmap_threshold(64 * 1024)
+        mem_ctx = mmap_threshold(64 * 1024)
     try:
         with sampler, mem_ctx:
             if not is_cuda:
                 _warm_up_process()
-                exact = _reset_rss_hwm()
-                base = _rss_hwm()
+                exact = _resetrss_peak_bytes()
+                base = rss_peak_bytes()
                 result.memory_method = (
                     "peak RSS growth (VmHWM reset via /proc/self/clear_refs), glibc mmap threshold 64 KiB"
                     if exact
@@ -278,11 +286,11 @@ def measure(
                 opt.zero_grad(set_to_none=True)
                 _sync(dev)
                 if i == warmup - 1 and not is_cuda:
-                    _reset_rss_hwm()  # later peaks: steady state, not one-time set-up
+                    _resetrss_peak_bytes()  # later peaks: steady state, not one-time set-up
                 if i >= warmup:
                     times.append((time.perf_counter() - t0) / spec.grad_accumulation)
             if not is_cuda:
-                result.max_allocated = result.max_reserved = _rss_hwm() - base
+                result.max_allocated = result.max_reserved = rss_peak_bytes() - base
     except torch.cuda.OutOfMemoryError as e:
         result.status = "oom"
         result.error = str(e).splitlines()[0][:500]

@@ -1,0 +1,321 @@
+"""Budgets, and the admit/reject decision a prediction gets against one.
+
+Example:
+    >>> import costaware as ca
+    >>> budget = ca.Budget(max_memory="24GiB", max_epoch_time="10min")
+    >>> budget.max_memory_bytes()
+    25769803776
+    >>> ca.parse_duration("1.5h")
+    5400.0
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from costaware.devices import Device, get_device
+from costaware.errors import CostawareError
+
+__all__ = ["Budget", "BudgetError", "Decision", "Reason", "parse_bytes", "parse_duration"]
+
+
+class BudgetError(CostawareError, ValueError):
+    """A budget value could not be understood (says what was expected)."""
+
+
+_BYTE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}  # fmt: skip
+_TIME_UNITS = {
+    "": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
+    "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
+    "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0, "hours": 3600.0,
+    "d": 86400.0, "day": 86400.0, "days": 86400.0,
+}  # fmt: skip
+_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """Bytes from ``25769803776``, ``"24GiB"``, ``"24 GB"`` (powers of 1000) or ``"512MiB"``."""
+    if isinstance(value, bool):
+        raise BudgetError(f"expected a memory size like 24GiB, but got {value!r}.")
+    if isinstance(value, (int, float)):
+        if value <= 0 or not math.isfinite(value):
+            raise BudgetError(f"a memory size must be positive, but got {value!r}.")
+        return int(value)
+    m = _NUMBER_UNIT.match(str(value))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _BYTE_UNITS:
+        raise BudgetError(
+            f"expected a memory size like 24GiB, 80GB or 512MiB (or bytes, or a percentage like 90%), "
+            f"but got {value!r}."
+        )
+    n = float(m.group(1)) * _BYTE_UNITS[unit]
+    if n <= 0:
+        raise BudgetError(f"a memory size must be positive, but got {value!r}.")
+    return int(n)
+
+
+def parse_duration(value: int | float | str) -> float:
+    """Seconds from ``90``, ``"90s"``, ``"5min"``, ``"1.5h"`` or ``"2 days"``."""
+    if isinstance(value, bool):
+        raise BudgetError(f"expected a duration like 10min, but got {value!r}.")
+    if isinstance(value, (int, float)):
+        if value <= 0 or not math.isfinite(value):
+            raise BudgetError(f"a duration must be positive, but got {value!r}.")
+        return float(value)
+    m = _NUMBER_UNIT.match(str(value))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _TIME_UNITS:
+        raise BudgetError(
+            f"expected a duration like 90s, 10min or 1.5h (or seconds), but got {value!r}."
+        )
+    seconds = float(m.group(1)) * _TIME_UNITS[unit]
+    if seconds <= 0:
+        raise BudgetError(f"a duration must be positive, but got {value!r}.")
+    return seconds
+
+
+def _fmt_gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _fmt_s(s: float) -> str:
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.2f} h"
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a trial was rejected: which limit, the predicted figure, and the limit."""
+
+    kind: str  # "memory" | "epoch_time" | "trial_time" | "total_time" | "cost"
+    predicted: float
+    limit: float
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "predicted": self.predicted,
+            "limit": self.limit,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Admit or reject, with the reasons and the figures that were compared."""
+
+    admit: bool
+    reasons: tuple[Reason, ...] = ()
+    checked: dict[str, Any] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.admit
+
+    def __str__(self) -> str:
+        if self.admit:
+            return "admit: " + (
+                ", ".join(f"{k} ok" for k in self.checked.get("limits", [])) or "no limits set"
+            )
+        return "reject: " + "; ".join(r.message for r in self.reasons)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "admit": self.admit,
+            "reasons": [r.to_dict() for r in self.reasons],
+            "checked": dict(self.checked),
+        }
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits a trial must fit, checked before it runs.
+
+    Args:
+        max_memory: the most GPU memory the training process may use, CUDA context
+            included: bytes, ``"24GiB"``, ``"90%"`` of the device, or ``"auto"`` (all of
+            the device). The check is ``predicted reserved peak + context overhead``.
+        max_epoch_time, max_trial_time, max_total_time: seconds or ``"10min"``-style
+            strings; the trial time is the epoch time times the spec's epochs, and the
+            total time adds what the study has already spent.
+        price_per_hour, max_cost: a price per GPU-hour and a cap on the study's cost.
+        safety_margin: a fraction added to every predicted figure before comparing.
+        bound: ``"upper"`` (the calibrated upper bound, default) or ``"point"``.
+        time_bound: the same for times; default: as ``bound``.
+    """
+
+    max_memory: int | float | str | None = None
+    max_epoch_time: int | float | str | None = None
+    max_trial_time: int | float | str | None = None
+    max_total_time: int | float | str | None = None
+    price_per_hour: float | None = None
+    max_cost: float | None = None
+    safety_margin: float = 0.0
+    bound: str = "upper"
+    time_bound: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_memory is not None:
+            self._memory_fraction()  # validates
+            if not isinstance(self.max_memory, str) or not self.max_memory.strip().endswith("%"):
+                if str(self.max_memory).strip().lower() != "auto":
+                    parse_bytes(self.max_memory)
+        for name in ("max_epoch_time", "max_trial_time", "max_total_time"):
+            v = getattr(self, name)
+            if v is not None:
+                parse_duration(v)
+        for name in ("price_per_hour", "max_cost"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+                raise BudgetError(f"{name} must be a non-negative number, but got {name}={v!r}.")
+        if self.max_cost is not None and self.price_per_hour is None:
+            raise BudgetError("max_cost needs price_per_hour, to turn GPU time into cost.")
+        if not (isinstance(self.safety_margin, (int, float)) and 0 <= self.safety_margin < 10):
+            raise BudgetError(
+                f"safety_margin must be a fraction >= 0, but got {self.safety_margin!r}."
+            )
+        for name in ("bound", "time_bound"):
+            v = getattr(self, name)
+            if v is not None and v not in ("upper", "point"):
+                raise BudgetError(f"{name} must be 'upper' or 'point', but got {name}={v!r}.")
+
+    def _memory_fraction(self) -> float | None:
+        v = self.max_memory
+        if isinstance(v, str) and v.strip().endswith("%"):
+            try:
+                pct = float(v.strip()[:-1])
+            except ValueError:
+                raise BudgetError(
+                    f"expected a percentage like 90%, but got max_memory={v!r}."
+                ) from None
+            if not 0 < pct <= 100:
+                raise BudgetError(
+                    f"a memory percentage must be in (0, 100], but got max_memory={v!r}."
+                )
+            return pct / 100
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            return 1.0
+        return None
+
+    def max_memory_bytes(self, device: str | Device | None = None) -> int | None:
+        """The memory limit in bytes; a percentage or ``"auto"`` needs the device."""
+        if self.max_memory is None:
+            return None
+        frac = self._memory_fraction()
+        if frac is None:
+            return parse_bytes(self.max_memory)
+        if device is None:
+            raise BudgetError(
+                f"max_memory={self.max_memory!r} is relative to a device; pass device=."
+            )
+        return int(get_device(device).memory_bytes * frac)
+
+    def decide(
+        self,
+        prediction: Any,
+        *,
+        device: str | Device | None = None,
+        spent_time: float = 0.0,
+        spent_cost: float = 0.0,
+    ) -> Decision:
+        """Admit or reject ``prediction`` (a :class:`~costaware.Prediction`).
+
+        ``spent_time`` (seconds) and ``spent_cost`` are what the study has used so far,
+        for ``max_total_time`` and ``max_cost``.
+        """
+        dev = get_device(device if device is not None else prediction.device)
+        grow = 1.0 + self.safety_margin
+        upper_mem = self.bound == "upper"
+        upper_time = (self.time_bound or self.bound) == "upper"
+        label_mem = "upper bound" if upper_mem else "prediction"
+        label_time = "upper bound" if upper_time else "prediction"
+        reasons: list[Reason] = []
+        checked: dict[str, Any] = {
+            "limits": [],
+            "device": dev.name,
+            "safety_margin": self.safety_margin,
+        }
+
+        limit = self.max_memory_bytes(dev)
+        if limit is not None:
+            peak = (prediction.peak_memory_upper if upper_mem else prediction.peak_memory) * grow
+            need = peak + dev.context_overhead_bytes
+            checked["limits"].append("memory")
+            checked["memory"] = {"predicted": need, "limit": limit}
+            if need > limit:
+                reasons.append(
+                    Reason(
+                        "memory",
+                        need,
+                        limit,
+                        f"predicted peak memory {_fmt_gib(peak)} ({label_mem}) + {_fmt_gib(dev.context_overhead_bytes)} "
+                        f"CUDA context = {_fmt_gib(need)} exceeds the {_fmt_gib(limit)} budget",
+                    )
+                )
+        epoch = prediction.epoch_time_upper if upper_time else prediction.epoch_time
+        if epoch is not None:
+            epoch *= grow
+        trial = None if epoch is None else epoch * prediction.spec.get("epochs", 1)
+        times = (
+            ("epoch_time", self.max_epoch_time, epoch, "epoch time"),
+            ("trial_time", self.max_trial_time, trial, "trial time"),
+        )
+        for kind, raw, value, words in times:
+            if raw is None:
+                continue
+            cap = parse_duration(raw)
+            checked["limits"].append(kind)
+            if value is None:
+                checked[kind] = {
+                    "predicted": None,
+                    "limit": cap,
+                    "note": "no dataset_size: not checked",
+                }
+                continue
+            checked[kind] = {"predicted": value, "limit": cap}
+            if value > cap:
+                reasons.append(
+                    Reason(
+                        kind,
+                        value,
+                        cap,
+                        f"predicted {words} {_fmt_s(value)} ({label_time}) exceeds {_fmt_s(cap)}",
+                    )
+                )
+        if self.max_total_time is not None and trial is not None:
+            cap = parse_duration(self.max_total_time)
+            checked["limits"].append("total_time")
+            checked["total_time"] = {"predicted": spent_time + trial, "limit": cap}
+            if spent_time + trial > cap:
+                reasons.append(
+                    Reason(
+                        "total_time",
+                        spent_time + trial,
+                        cap,
+                        f"{_fmt_s(spent_time)} spent + {_fmt_s(trial)} for this trial exceeds the study's {_fmt_s(cap)}",
+                    )
+                )
+        if self.max_cost is not None and self.price_per_hour is not None and trial is not None:
+            cost = trial / 3600 * self.price_per_hour
+            checked["limits"].append("cost")
+            checked["cost"] = {"predicted": spent_cost + cost, "limit": self.max_cost}
+            if spent_cost + cost > self.max_cost:
+                reasons.append(
+                    Reason(
+                        "cost",
+                        spent_cost + cost,
+                        self.max_cost,
+                        f"{spent_cost:.2f} spent + {cost:.2f} for this trial exceeds the {self.max_cost:.2f} cost cap",
+                    )
+                )
+        return Decision(admit=not reasons, reasons=tuple(reasons), checked=checked)
