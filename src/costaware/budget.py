@@ -166,10 +166,8 @@ class Budget:
 
     def __post_init__(self) -> None:
         if self.max_memory is not None:
-            self._memory_fraction()  # validates
-            if not isinstance(self.max_memory, str) or not self.max_memory.strip().endswith("%"):
-                if str(self.max_memory).strip().lower() != "auto":
-                    parse_bytes(self.max_memory)
+            if self._memory_fraction() is None:  # validates percentages and "auto"
+                parse_bytes(self.max_memory)
         for name in ("max_epoch_time", "max_trial_time", "max_total_time"):
             v = getattr(self, name)
             if v is not None:

@@ -262,7 +262,7 @@ def measure(
         with sampler, mem_ctx:
             if not is_cuda:
                 _warm_up_process()
-                exact = _resetrss_peak_bytes()
+                exact = reset_rss_peak()
                 base = rss_peak_bytes()
                 result.memory_method = (
                     "peak RSS growth (VmHWM reset via /proc/self/clear_refs), glibc mmap threshold 64 KiB"
@@ -286,7 +286,7 @@ def measure(
                 opt.zero_grad(set_to_none=True)
                 _sync(dev)
                 if i == warmup - 1 and not is_cuda:
-                    _resetrss_peak_bytes()  # later peaks: steady state, not one-time set-up
+                    reset_rss_peak()  # later peaks: steady state, not one-time set-up
                 if i >= warmup:
                     times.append((time.perf_counter() - t0) / spec.grad_accumulation)
             if not is_cuda:
