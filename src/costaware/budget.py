@@ -165,9 +165,9 @@ class Budget:
     time_bound: str | None = None
 
     def __post_init__(self) -> None:
-        if self.max_memory is not None:
-            if self._memory_fraction() is None:  # validates percentages and "auto"
-                parse_bytes(self.max_memory)
+        # _memory_fraction validates percentages and "auto"; anything else must be a size
+        if self.max_memory is not None and self._memory_fraction() is None:
+            parse_bytes(self.max_memory)
         for name in ("max_epoch_time", "max_trial_time", "max_total_time"):
             v = getattr(self, name)
             if v is not None:
