@@ -50,6 +50,8 @@ __all__ = ["CostModel", "Observation", "Prediction", "features_for"]
 
 MiB = 2**20
 MANIFEST = "manifest.json"
+#: below this many measurements of a target, fit learns one constant factor, not trees
+SMALL_SAMPLE = 12
 FORMAT_VERSION = 1
 
 
@@ -323,6 +325,7 @@ class CostModel:
     memory_q_: float
     time_q_: float
     graph2vec_: Any
+    base_: CostModel | None
 
     def __init__(
         self,
@@ -451,7 +454,9 @@ class CostModel:
         }
         if self.is_fitted:
             feats = features_for(trace, spec, dev, est, graph_feats)
-            peak, peak_hi, it, it_hi = self._learned(feats, est, basis)
+            peak, peak_hi, it, it_hi = self._learned(feats, est)
+            basis["memory_factor"] = peak / max(est.reserved, 1)
+            basis["time_factor"] = it / max(est.iteration_time, 1e-12)
             kind = "learned"
             coverage: float | None = self.coverage
             basis["features_used"] = len(self.feature_names_)
@@ -494,32 +499,66 @@ class CostModel:
         return np.asarray([[feats.get(n, np.nan) for n in self.feature_names_]], dtype=np.float64)
 
     def _learned(
-        self, feats: Mapping[str, float], est: _analytic.AnalyticEstimate, basis: dict[str, Any]
+        self, feats: Mapping[str, float], est: _analytic.AnalyticEstimate
     ) -> tuple[float, float, float, float]:
+        """Point predictions and upper bounds (peak, peak_hi, time, time_hi) from features.
+
+        The baseline is the analytic estimate, or the base model's point prediction when
+        this model was refitted on top of another one. A target without a learned model
+        falls back to the baseline and its bound.
+        """
+        base: CostModel | None = self.__dict__.get("base_")
+        if base is not None:
+            peak, peak_hi, it, it_hi = base._learned(feats, est)
+        else:
+            peak, peak_hi = float(est.reserved), float(est.reserved_upper)
+            it = est.iteration_time
+            it_hi = it / (1 - 0.59)  # the roofline ran -59%..+47% on an H200
         x = self._vector(feats)
-        peak = float(est.reserved)
-        peak_hi = float(est.reserved_upper)
-        it = est.iteration_time
-        it_hi = it / (1 - 0.59)
         if hasattr(self, "memory_model_"):
             r = float(self.memory_model_.predict(x)[0])
-            peak = est.reserved * math.exp(r)
-            peak_hi = est.reserved * math.exp(r + self.memory_q_)
-            basis["memory_factor"] = math.exp(r)
+            peak, peak_hi = peak * math.exp(r), peak * math.exp(r + self.memory_q_)
         if hasattr(self, "time_model_"):
             r = float(self.time_model_.predict(x)[0])
-            it = est.iteration_time * math.exp(r)
-            it_hi = est.iteration_time * math.exp(r + self.time_q_)
-            basis["time_factor"] = math.exp(r)
+            it, it_hi = it * math.exp(r), it * math.exp(r + self.time_q_)
         return peak, peak_hi, it, it_hi
 
+    def _baseline(self, feats: Mapping[str, float]) -> tuple[float, float]:
+        """The (memory, time) baseline a target is learned against, from features alone."""
+        mem = feats["analytic_reserved_mib"] * MiB
+        secs = feats["analytic_time_ms"] / 1e3
+        base = self.__dict__.get("base_")
+        if base is None:
+            return mem, secs
+        x = base._vector(feats)
+        if hasattr(base, "memory_model_"):
+            mem *= math.exp(float(base.memory_model_.predict(x)[0]))
+        if hasattr(base, "time_model_"):
+            secs *= math.exp(float(base.time_model_.predict(x)[0]))
+        if base.__dict__.get("base_") is not None:
+            b_mem, b_secs = base.base_._baseline(feats)
+            mem *= b_mem / (feats["analytic_reserved_mib"] * MiB)
+            secs *= b_secs / (feats["analytic_time_ms"] / 1e3)
+        return mem, secs
+
     # -- fitting --------------------------------------------------------------------------
-    def fit(self, observations: Iterable[Observation | Mapping[str, Any]]) -> CostModel:
+    def fit(
+        self,
+        observations: Iterable[Observation | Mapping[str, Any]],
+        *,
+        base: CostModel | None = None,
+    ) -> CostModel:
         """Fit the memory and time residual models on measured observations.
 
         Each observation carries the features its spec had (:meth:`features`) and the
         measured reserved peak and/or iteration time. Rows without a measurement of a
         target (an OOM has no peak) are left out of that target's model.
+
+        With ``base`` (a fitted model), the residual is learned over the base model's
+        predictions instead of the analytic estimate: that is how the online refit
+        adapts a shipped model to the user's hardware. With fewer than
+        ``SMALL_SAMPLE`` measurements of a target, its correction is one constant factor
+        (the median ratio), since a tree ensemble on a handful of rows would overfit.
         """
         obs = [o if isinstance(o, Observation) else Observation.from_dict(o) for o in observations]
         if not obs:
@@ -530,6 +569,11 @@ class CostModel:
                     raise ValueError(
                         f"observation features lack {name!r}; build them with CostModel.features(spec, device)."
                     )
+        if base is not None and not base.is_fitted:
+            base = None  # an unfitted base is the analytic estimate, the default baseline
+        self.base_ = base
+        if base is not None and base.__dict__.get("graph2vec_") is not None:
+            self.graph2vec_ = base.graph2vec_
         names = sorted({k for o in obs for k in o.features})
         self.feature_names_ = names
         x_all = np.asarray(
@@ -543,18 +587,27 @@ class CostModel:
         is_cal = np.asarray([g in cal_groups for g in groups])
 
         def target(o: Observation, which: str) -> float | None:
+            mem, secs = self._baseline(o.features)
             if which == "memory":
                 if o.peak_memory is None or o.peak_memory <= 0 or o.status not in ("ok", None):
                     return None
-                return math.log(o.peak_memory / (o.features["analytic_reserved_mib"] * MiB))
+                return math.log(o.peak_memory / mem)
             if o.iteration_time is None or o.iteration_time <= 0:
                 return None
-            return math.log(o.iteration_time / (o.features["analytic_time_ms"] / 1e3))
+            return math.log(o.iteration_time / secs)
 
         for which in ("memory", "time"):
             y = np.asarray([np.nan if (v := target(o, which)) is None else v for o in obs])
             ok = ~np.isnan(y)
-            if ok.sum() < 5:
+            if ok.sum() < 2:
+                continue
+            if ok.sum() < SMALL_SAMPLE:
+                # one factor: the median ratio; its bound from the leave-one-out residuals
+                vals = y[ok]
+                loo = np.asarray([v - np.median(np.delete(vals, i)) for i, v in enumerate(vals)])
+                setattr(self, f"{which}_model_", _Constant(float(np.median(vals))))
+                setattr(self, f"{which}_q_", _conformal_quantile(loo, self.coverage))
+                setattr(self, f"{which}_cal_rows_", int(ok.sum()))
                 continue
             train = ok & ~is_cal
             cal = ok & is_cal
@@ -578,7 +631,7 @@ class CostModel:
             setattr(self, f"{which}_cal_rows_", int(cal.sum()))
         if not self.is_fitted:
             raise ValueError(
-                "fit needs at least 5 observations with a measured peak memory or iteration time."
+                "fit needs at least 2 observations with a measured peak memory or iteration time."
             )
         digest = hashlib.sha1(x_all.tobytes()).hexdigest()[:16]
         self.training_ = {
@@ -588,6 +641,7 @@ class CostModel:
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "data_hash": digest,
             "calibration": {w: getattr(self, f"{w}_cal_rows_", 0) for w in ("memory", "time")},
+            "base": None if base is None else base.training_,
         }
         return self
 
@@ -644,6 +698,9 @@ class CostModel:
         g2v = self.__dict__.get("graph2vec_")
         if g2v is not None:
             g2v.save(out / "graph2vec")
+        base = self.__dict__.get("base_")
+        if base is not None:
+            base.save(out / "base")
         manifest = {
             "format_version": FORMAT_VERSION,
             "feature_version": FEATURE_VERSION,
@@ -651,6 +708,7 @@ class CostModel:
             "params": self._params(),
             "models": files,
             "graph2vec": g2v is not None,
+            "base": base is not None,
             "training": self.training_,
         }
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
@@ -683,6 +741,7 @@ class CostModel:
                 m.load_model(str(root / info["file"]), format="cbm")
             setattr(self, f"{which}_model_", m)
             setattr(self, f"{which}_q_", float(info["conformal_quantile"]))
+        self.base_ = cls.load(root / "base") if manifest.get("base") else None
         if manifest.get("graph2vec"):
             from costaware.graph2vec import Graph2Vec
 
