@@ -199,3 +199,38 @@ def test_constant_targets_fit_save_and_load(tmp_path: Path, cnn_spec: ca.Trainin
     assert loaded.predict(cnn_spec, device="H100").iteration_time == pytest.approx(
         3.0 * analytic.iteration_time
     )
+
+
+def test_refit_on_top_of_a_fitted_base(fitted: tuple[ca.CostModel, Path], tmp_path: Path) -> None:
+    base, _ = fitted
+    # the "user's hardware" is 1.5x slower and uses 10% more memory than the base predicts
+    rows = []
+    for w in (6, 14):
+        for bs in (8, 32):
+            spec = ca.TrainingSpec(
+                model=functools.partial(tiny_cnn, width=w),
+                batch=ca.ImageBatch((3, 32, 32), classes=10),
+                batch_size=bs,
+            )
+            pred = base.predict(spec, device="H100")
+            rows.append(
+                Observation(
+                    features=base.features(spec, "H100"),
+                    device="H100-SXM",
+                    peak_memory=pred.peak_memory * 1.1,
+                    iteration_time=pred.iteration_time * 1.5,
+                )
+            )
+    online = ca.CostModel().fit(rows, base=base)
+    spec = ca.TrainingSpec(
+        model=functools.partial(tiny_cnn, width=10),
+        batch=ca.ImageBatch((3, 32, 32), classes=10),
+        batch_size=16,
+    )
+    before, after = base.predict(spec, device="H100"), online.predict(spec, device="H100")
+    assert after.iteration_time == pytest.approx(1.5 * before.iteration_time, rel=0.02)
+    assert after.peak_memory == pytest.approx(1.1 * before.peak_memory, rel=0.02)
+    online.save(tmp_path / "online")
+    assert (tmp_path / "online" / "base" / "manifest.json").is_file()
+    again = ca.CostModel.load(tmp_path / "online").predict(spec, device="H100")
+    assert again.iteration_time == pytest.approx(after.iteration_time, rel=1e-4)

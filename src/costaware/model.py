@@ -524,21 +524,20 @@ class CostModel:
         return peak, peak_hi, it, it_hi
 
     def _baseline(self, feats: Mapping[str, float]) -> tuple[float, float]:
-        """The (memory, time) baseline a target is learned against, from features alone."""
-        mem = feats["analytic_reserved_mib"] * MiB
-        secs = feats["analytic_time_ms"] / 1e3
-        base = self.__dict__.get("base_")
+        """The (memory, time) baseline this model's residuals are learned against."""
+        base: CostModel | None = self.__dict__.get("base_")
         if base is None:
-            return mem, secs
-        x = base._vector(feats)
-        if hasattr(base, "memory_model_"):
-            mem *= math.exp(float(base.memory_model_.predict(x)[0]))
-        if hasattr(base, "time_model_"):
-            secs *= math.exp(float(base.time_model_.predict(x)[0]))
-        if base.__dict__.get("base_") is not None:
-            b_mem, b_secs = base.base_._baseline(feats)
-            mem *= b_mem / (feats["analytic_reserved_mib"] * MiB)
-            secs *= b_secs / (feats["analytic_time_ms"] / 1e3)
+            return feats["analytic_reserved_mib"] * MiB, feats["analytic_time_ms"] / 1e3
+        return base._point(feats)
+
+    def _point(self, feats: Mapping[str, float]) -> tuple[float, float]:
+        """This model's (memory, time) point prediction, from the features alone."""
+        mem, secs = self._baseline(feats)
+        x = self._vector(feats)
+        if hasattr(self, "memory_model_"):
+            mem *= math.exp(float(self.memory_model_.predict(x)[0]))
+        if hasattr(self, "time_model_"):
+            secs *= math.exp(float(self.time_model_.predict(x)[0]))
         return mem, secs
 
     # -- fitting --------------------------------------------------------------------------
