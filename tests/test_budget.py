@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import costaware as ca
+from costaware.model import Prediction
+
+GiB = 2**30
+
+
+def _pred(
+    peak: float = 10 * GiB, upper: float = 12 * GiB, epoch: float | None = 100.0, epochs: int = 3
+) -> Prediction:
+    return Prediction(
+        peak_memory=int(peak),
+        peak_memory_upper=int(upper),
+        iteration_time=0.1,
+        iteration_time_upper=0.2,
+        epoch_time=epoch,
+        epoch_time_upper=None if epoch is None else epoch * 1.5,
+        trial_time=None if epoch is None else epoch * epochs,
+        device="A10",
+        kind="analytic",
+        coverage=None,
+        spec={"epochs": epochs, "name": "m"},
+        basis={},
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("24GiB", 24 * GiB),
+        ("24 GB", 24 * 10**9),
+        ("512MiB", 512 * 2**20),
+        (1024, 1024),
+        ("1.5GiB", int(1.5 * GiB)),
+    ],
+)
+def test_parse_bytes(text: str | int, expected: int) -> None:
+    assert ca.parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("90s", 90.0), ("5min", 300.0), ("1.5h", 5400.0), (42, 42.0), ("2 days", 172800.0)],
+)
+def test_parse_duration(text: str | int, expected: float) -> None:
+    assert ca.parse_duration(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_memory": "24 parsecs"}, "expected a memory size like 24GiB"),
+        ({"max_memory": "150%"}, "percentage must be in"),
+        ({"max_memory": -3}, "must be positive"),
+        ({"max_epoch_time": "soon"}, "expected a duration like 90s"),
+        ({"max_cost": 10.0}, "max_cost needs price_per_hour"),
+        ({"price_per_hour": -1.0}, "non-negative"),
+        ({"bound": "lower"}, "'upper' or 'point'"),
+        ({"safety_margin": -0.1}, "safety_margin"),
+    ],
+)
+def test_bad_budgets_say_what_was_expected(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ca.BudgetError, match=message):
+        ca.Budget(**kwargs)  # type: ignore[arg-type]
+
+
+def test_memory_limit_counts_the_cuda_context() -> None:
+    a10 = ca.get_device("A10")
+    budget = ca.Budget(max_memory="24GiB")
+    ok = budget.decide(_pred(upper=20 * GiB))
+    assert ok.admit and "memory ok" in str(ok)
+    near = budget.decide(_pred(upper=24 * GiB - a10.context_overhead_bytes // 2))
+    assert not near.admit  # fits the card alone, not with the context
+    (reason,) = near.reasons
+    assert reason.kind == "memory" and reason.limit == 24 * GiB
+    assert (
+        reason.predicted == 24 * GiB - a10.context_overhead_bytes // 2 + a10.context_overhead_bytes
+    )
+    assert "CUDA context" in reason.message and "exceeds the 24.00 GiB budget" in reason.message
+
+
+def test_point_bound_and_safety_margin() -> None:
+    pred = _pred(peak=10 * GiB, upper=30 * GiB)
+    assert not ca.Budget(max_memory="24GiB").decide(pred).admit
+    assert ca.Budget(max_memory="24GiB", bound="point").decide(pred).admit
+    assert not ca.Budget(max_memory="24GiB", bound="point", safety_margin=1.5).decide(pred).admit
+
+
+def test_relative_memory_needs_the_device() -> None:
+    budget = ca.Budget(max_memory="50%")
+    assert budget.max_memory_bytes("A10") == ca.get_device("A10").memory_bytes // 2
+    with pytest.raises(ca.BudgetError, match="relative to a device"):
+        budget.max_memory_bytes()
+    assert (
+        ca.Budget(max_memory="auto").max_memory_bytes("H100") == ca.get_device("H100").memory_bytes
+    )
+
+
+def test_time_budgets() -> None:
+    pred = _pred(epoch=100.0, epochs=3)  # upper bound 150 s per epoch, 450 s per trial
+    assert ca.Budget(max_epoch_time="200s").decide(pred).admit
+    d = ca.Budget(max_epoch_time="2min").decide(pred)
+    assert [r.kind for r in d.reasons] == ["epoch_time"] and "exceeds 2.0 min" in str(d)
+    assert not ca.Budget(max_trial_time="7min").decide(pred).admit
+    assert ca.Budget(max_trial_time="7min", time_bound="point").decide(pred).admit
+    total = ca.Budget(max_total_time="1h").decide(pred, spent_time=3400)
+    assert [r.kind for r in total.reasons] == ["total_time"]
+    no_epoch = ca.Budget(max_epoch_time="1s").decide(_pred(epoch=None))
+    assert no_epoch.admit and "no dataset_size" in no_epoch.checked["epoch_time"]["note"]
+
+
+def test_cost_budget_and_several_reasons() -> None:
+    budget = ca.Budget(max_memory="8GiB", max_epoch_time="1min", price_per_hour=3.6, max_cost=1.0)
+    d = budget.decide(_pred(epoch=100.0), spent_cost=0.8)
+    assert {r.kind for r in d.reasons} == {"memory", "epoch_time", "cost"}
+    assert not d and d.to_dict()["admit"] is False
+    cost = next(r for r in d.reasons if r.kind == "cost")
+    assert cost.predicted == pytest.approx(0.8 + 450 / 3600 * 3.6)
+
+
+def test_budget_is_frozen_and_hashable() -> None:
+    b = ca.Budget(max_memory="24GiB")
+    assert hash(b) == hash(replace(b))
