@@ -169,5 +169,7 @@ class OnlineRefit:
             f.write(version)
         os.replace(tmp, self.directory / _LATEST)  # atomic: readers see old or new, never half
         with (self.directory / "refits.jsonl").open("a") as log_file:
-            log_file.write(json.dumps({"version": version, "rows": model.training_.get("rows")}) + "\n")
+            log_file.write(
+                json.dumps({"version": version, "rows": model.training_.get("rows")}) + "\n"
+            )
         return version

@@ -1,0 +1,240 @@
+"""costaware quickstart: an Optuna study that stops crashing into its budget.
+
+A real Optuna study (TPE) tunes a small Lightning CNN on scikit-learn's bundled digits
+data set, on the CPU. Part of the search space does not fit the budget: some
+configurations need more memory than allowed, others take longer per epoch. costaware's
+pruner judges every trial before it is built, the Lightning callback records what each
+admitted trial really cost (and stops one that breaks the budget anyway), and the cost
+model refits on those measurements every few trials: on this CPU the shipped model's
+epoch times are far off at first, and the refit pulls them in.
+
+Run: ``python examples/optuna_quickstart.py`` (``--help`` for options). About 2 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import optuna
+import torch
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from sklearn.datasets import load_digits
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import costaware as ca
+from costaware.integrations.lightning import CostAwareCallback
+from costaware.integrations.optuna import CostAwarePruner
+from costaware.store import ObservationStore
+
+
+class DigitsCNN(nn.Module):
+    """Two conv layers and a classifier head, for 1x8x8 digit images."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, width, 3, padding=1),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, width, 3, padding=1),
+            nn.ReLU(),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(width * 64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class LitDigits(pl.LightningModule):
+    def __init__(self, width: int, hidden: int, lr: float) -> None:
+        super().__init__()
+        self.net = DigitsCNN(width, hidden)
+        self.lr = lr
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_acc", (self.net(x).argmax(1) == y).float().mean(), prog_bar=False)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+def digits() -> tuple[TensorDataset, TensorDataset]:
+    data = load_digits()
+    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(data.target)
+    g = torch.Generator().manual_seed(0)
+    order = torch.randperm(len(x), generator=g)
+    train, val = order[:1400], order[1400:]
+    return TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val])
+
+
+def spec_fn(params: dict[str, Any]) -> ca.TrainingSpec:
+    """The training configuration a trial's parameters describe, for costaware."""
+    return ca.TrainingSpec(
+        model=functools.partial(DigitsCNN, params["width"], params["hidden"]),
+        batch=ca.ImageBatch((1, 8, 8), classes=10),
+        batch_size=params["batch_size"],
+        optimizer="adam",
+        optimizer_kwargs={"lr": params["lr"]},
+        dataset_size=1400,
+        epochs=EPOCHS,
+        name=f"cnn-w{params['width']}-h{params['hidden']}",
+    )
+
+
+EPOCHS = 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=30, help="number of trials (default 30)")
+    parser.add_argument("--max-memory", default="160MiB", help="memory budget (default 160MiB)")
+    parser.add_argument("--max-epoch-time", default="1.5s", help="epoch-time budget (default 1.5s)")
+    parser.add_argument("--workdir", default=None, help="where the study and store live (default: a temp dir)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    torch.set_num_threads(2)
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=UserWarning, module="lightning")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    console = Console()
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="costaware-quickstart-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    storage = f"sqlite:///{workdir / 'hpo.db'}"
+    store = ObservationStore(workdir / "costaware.db")
+    budget = ca.Budget(max_memory=args.max_memory, max_epoch_time=args.max_epoch_time)
+    pruner = CostAwarePruner(spec_fn, budget, device="cpu", store=store, refit_every=4)
+    study = optuna.create_study(
+        study_name="digits",
+        storage=storage,
+        direction="maximize",
+        pruner=pruner,
+        sampler=optuna.samplers.TPESampler(seed=args.seed, n_startup_trials=8),
+        load_if_exists=True,
+    )
+    train, val = digits()
+    console.print(
+        f"[bold]costaware quickstart[/bold]: {args.trials} trials, budget: memory {args.max_memory}, "
+        f"epoch time {args.max_epoch_time}, device CPU\nstudy {storage}\nstore {store.url}\n"
+    )
+
+    def objective(trial: optuna.Trial) -> float:
+        params = {
+            "width": trial.suggest_categorical("width", [8, 32, 128, 256]),
+            "hidden": trial.suggest_categorical("hidden", [64, 256, 1024]),
+            "batch_size": trial.suggest_categorical("batch_size", [16, 64, 256]),
+            "lr": trial.suggest_float("lr", 1e-4, 3e-2, log=True),
+        }
+        if trial.should_prune():  # costaware decides here, before anything is built
+            raise optuna.TrialPruned(trial_reason(trial))
+        torch.manual_seed(trial.number)
+        model = LitDigits(params["width"], params["hidden"], params["lr"])
+        callback = CostAwareCallback(store, budget=budget, enforce=True, trial=trial, device="cpu")
+        trainer = pl.Trainer(
+            max_epochs=EPOCHS,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[callback],
+        )
+        trainer.fit(
+            model,
+            DataLoader(train, batch_size=params["batch_size"], shuffle=True),
+            DataLoader(val, batch_size=256),
+        )
+        return float(trainer.callback_metrics["val_acc"])
+
+    def trial_reason(trial: optuna.Trial) -> str:
+        attrs = study._storage.get_trial_user_attrs(trial._trial_id)
+        return "; ".join(attrs.get("costaware:reasons", [])) or "rejected by costaware"
+
+    t0 = time.perf_counter()
+    study.optimize(objective, n_trials=args.trials)
+    elapsed = time.perf_counter() - t0
+    report(console, study, store, pruner, elapsed)
+
+
+def _fmt_mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def report(console: Console, study: optuna.Study, store: ObservationStore, pruner: CostAwarePruner, elapsed: float) -> None:
+    measured = {(m["trial"], m["status"]): m for m in store.measurements(study="digits")}
+    table = Table(title="Trials", box=box.SIMPLE_HEAD)
+    for col in ("#", "params", "outcome", "predicted epoch", "measured epoch", "peak (pred / meas)"):
+        table.add_column(col, justify="right" if col not in ("params", "outcome") else "left", no_wrap=col != "outcome")
+    rejected = stopped = 0
+    errors_before: list[float] = []
+    errors_after: list[float] = []
+    for t in study.trials:
+        a = t.user_attrs
+        p = t.params
+        params = f"w{p['width']} h{p['hidden']} bs{p['batch_size']}"
+        meas = [m for (trial, status), m in measured.items() if trial == str(t.number) and status in ("ok", "stopped")]
+        m_epoch = meas[-1]["actual"].get("epoch_time") if meas else None
+        m_peak = max((m["actual"].get("peak_memory") or 0 for m in meas), default=None)
+        if t.state == optuna.trial.TrialState.PRUNED and not meas:
+            rejected += 1
+            outcome = "[red]rejected[/red]: " + "; ".join(a.get("costaware:reasons", []))
+        elif t.state == optuna.trial.TrialState.PRUNED:
+            stopped += 1
+            outcome = "[yellow]stopped[/yellow]: " + str(a.get("costaware_stopped", "over budget"))
+        else:
+            outcome = f"[green]ok[/green] acc {t.value:.3f}" if t.value is not None else str(t.state.name)
+        pred_epoch = a.get("costaware:epoch_time")
+        if m_epoch and pred_epoch:
+            err = abs(pred_epoch - m_epoch) / m_epoch
+            (errors_before if a.get("costaware:model") == "analytic" else errors_after).append(err)
+        table.add_row(
+            str(t.number),
+            params,
+            outcome,
+            "-" if pred_epoch is None else f"{pred_epoch:.2f} s",
+            "-" if m_epoch is None else f"{m_epoch:.2f} s",
+            f"{_fmt_mib(a.get('costaware:peak_memory'))} / {_fmt_mib(m_peak)}",
+        )
+    console.print(table)
+    done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    console.print(
+        f"{len(study.trials)} trials in {elapsed:.0f} s: {done} completed, {rejected} rejected before they ran, "
+        f"{stopped} stopped by the callback for breaking the budget."
+    )
+    if errors_before:
+        console.print(f"epoch-time error of the shipped model (before any refit): {sum(errors_before) / len(errors_before):.0%} mean, {len(errors_before)} trials")
+    if errors_after:
+        console.print(f"epoch-time error after online refits: {sum(errors_after) / len(errors_after):.0%} mean, {len(errors_after)} trials")
+    refit = pruner.refit
+    if refit is not None and refit.history:
+        console.print(f"refits: {len(refit.history)} (on {', '.join(str(h['rows']) for h in refit.history)} measured trials)")
+    if study.best_trial is not None:
+        console.print(f"best: acc {study.best_value:.3f} with {study.best_trial.params}")
+
+
+if __name__ == "__main__":
+    main()
