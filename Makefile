@@ -22,6 +22,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src integrations tests benchmarks examples
 	$(BIN)/mypy
+	for f in integrations/optuna.py integrations/lightning.py; do \
+	  MYPYPATH=src $(BIN)/mypy --strict --ignore-missing-imports --follow-imports=silent $$f || exit 1; done
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)

@@ -50,7 +50,9 @@ class DigitsCNN(nn.Module):
             nn.Conv2d(width, width, 3, padding=1),
             nn.ReLU(),
         )
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(width * 64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+        self.head = nn.Sequential(
+            nn.Flatten(), nn.Linear(width * 64, hidden), nn.ReLU(), nn.Linear(hidden, 10)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
@@ -109,7 +111,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=30, help="number of trials (default 30)")
     parser.add_argument("--max-memory", default="160MiB", help="memory budget (default 160MiB)")
     parser.add_argument("--max-epoch-time", default="1.5s", help="epoch-time budget (default 1.5s)")
-    parser.add_argument("--workdir", default=None, help="where the study and store live (default: a temp dir)")
+    parser.add_argument(
+        "--workdir", default=None, help="where the study and store live (default: a temp dir)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -184,11 +188,28 @@ def _fmt_mib(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
-def report(console: Console, study: optuna.Study, store: ObservationStore, pruner: CostAwarePruner, elapsed: float) -> None:
+def report(
+    console: Console,
+    study: optuna.Study,
+    store: ObservationStore,
+    pruner: CostAwarePruner,
+    elapsed: float,
+) -> None:
     measured = {(m["trial"], m["status"]): m for m in store.measurements(study="digits")}
     table = Table(title="Trials", box=box.SIMPLE_HEAD)
-    for col in ("#", "params", "outcome", "predicted epoch", "measured epoch", "peak (pred / meas)"):
-        table.add_column(col, justify="right" if col not in ("params", "outcome") else "left", no_wrap=col != "outcome")
+    for col in (
+        "#",
+        "params",
+        "outcome",
+        "predicted epoch",
+        "measured epoch",
+        "peak (pred / meas)",
+    ):
+        table.add_column(
+            col,
+            justify="right" if col not in ("params", "outcome") else "left",
+            no_wrap=col != "outcome",
+        )
     rejected = stopped = 0
     errors_before: list[float] = []
     errors_after: list[float] = []
@@ -196,7 +217,11 @@ def report(console: Console, study: optuna.Study, store: ObservationStore, prune
         a = t.user_attrs
         p = t.params
         params = f"w{p['width']} h{p['hidden']} bs{p['batch_size']}"
-        meas = [m for (trial, status), m in measured.items() if trial == str(t.number) and status in ("ok", "stopped")]
+        meas = [
+            m
+            for (trial, status), m in measured.items()
+            if trial == str(t.number) and status in ("ok", "stopped")
+        ]
         m_epoch = meas[-1]["actual"].get("epoch_time") if meas else None
         m_peak = max((m["actual"].get("peak_memory") or 0 for m in meas), default=None)
         if t.state == optuna.trial.TrialState.PRUNED and not meas:
@@ -206,7 +231,9 @@ def report(console: Console, study: optuna.Study, store: ObservationStore, prune
             stopped += 1
             outcome = "[yellow]stopped[/yellow]: " + str(a.get("costaware_stopped", "over budget"))
         else:
-            outcome = f"[green]ok[/green] acc {t.value:.3f}" if t.value is not None else str(t.state.name)
+            outcome = (
+                f"[green]ok[/green] acc {t.value:.3f}" if t.value is not None else str(t.state.name)
+            )
         pred_epoch = a.get("costaware:epoch_time")
         if m_epoch and pred_epoch:
             err = abs(pred_epoch - m_epoch) / m_epoch
@@ -226,13 +253,19 @@ def report(console: Console, study: optuna.Study, store: ObservationStore, prune
         f"{stopped} stopped by the callback for breaking the budget."
     )
     if errors_before:
-        console.print(f"epoch-time error of the shipped model (before any refit): {sum(errors_before) / len(errors_before):.0%} mean, {len(errors_before)} trials")
+        console.print(
+            f"epoch-time error of the shipped model (before any refit): {sum(errors_before) / len(errors_before):.0%} mean, {len(errors_before)} trials"
+        )
     if errors_after:
-        console.print(f"epoch-time error after online refits: {sum(errors_after) / len(errors_after):.0%} mean, {len(errors_after)} trials")
+        console.print(
+            f"epoch-time error after online refits: {sum(errors_after) / len(errors_after):.0%} mean, {len(errors_after)} trials"
+        )
     refit = pruner.refit
     if refit is not None and refit.history:
-        console.print(f"refits: {len(refit.history)} (on {', '.join(str(h['rows']) for h in refit.history)} measured trials)")
-    if study.best_trial is not None:
+        console.print(
+            f"refits: {len(refit.history)} (on {', '.join(str(h['rows']) for h in refit.history)} measured trials)"
+        )
+    if done:
         console.print(f"best: acc {study.best_value:.3f} with {study.best_trial.params}")
 
 

@@ -51,10 +51,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 try:
+    import optuna
     from optuna.pruners import BasePruner, HyperbandPruner
     from optuna.trial import FrozenTrial, TrialState
-
-    import optuna
 except ImportError as e:  # pragma: no cover - exercised only without optuna
     raise ImportError(
         "costaware.integrations.optuna needs Optuna: pip install 'costaware[optuna]'"
@@ -62,6 +61,7 @@ except ImportError as e:  # pragma: no cover - exercised only without optuna
 
 from costaware.budget import Budget, Decision
 from costaware.devices import Device, get_device
+from costaware.errors import CostAwareWarning
 from costaware.model import CostModel, Prediction
 from costaware.spec import TrainingSpec
 
@@ -71,10 +71,6 @@ __all__ = ["CostAwareHyperbandPruner", "CostAwarePruner", "CostAwareWarning", "a
 ATTR = "costaware:"
 CONSTRAINT_MEMORY = "costaware_memory"
 CONSTRAINT_TIME = "costaware_time"
-
-
-class CostAwareWarning(UserWarning):
-    """A prediction failed and the trial was admitted (or rejected) by the fail policy."""
 
 
 def _spent(study: optuna.Study) -> float:

@@ -8,18 +8,18 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
+from optuna.trial import TrialState
+
+import costaware as ca
+from costaware import zoo
 from costaware.integrations.optuna import (
     CostAwareHyperbandPruner,
     CostAwarePruner,
     CostAwareWarning,
     admit,
 )
-from optuna.trial import TrialState
-
-import costaware as ca
-import optuna
-from costaware import zoo
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 BUDGET = ca.Budget(max_memory="1.25GiB", max_epoch_time="1h")

@@ -8,6 +8,7 @@ catch one type and fail open. Errors about bad arguments also derive from ``Valu
 from __future__ import annotations
 
 __all__ = [
+    "CostAwareWarning",
     "CostawareError",
     "NotFittedError",
     "SpecError",
@@ -39,3 +40,11 @@ class TraceTimeout(TraceError):
 
 class NotFittedError(CostawareError, RuntimeError):
     """A learned component was used before ``fit`` was called."""
+
+
+class CostAwareWarning(UserWarning):
+    """Something costaware could not do (predict, write the store); the study goes on.
+
+    The integrations fail open: they warn with this category, record why, and admit the
+    trial (or keep training). Filter it like any warning category.
+    """

@@ -1,0 +1,958 @@
+r"""
+Lightning callback
+^^^^^^^^^^^^^^^^^^
+
+Record what a training run really costs, epoch by epoch, and stop one that blows its budget.
+
+:class:`CostAwareCallback` measures, for every training epoch:
+
+- ``epoch_time``: wall time of the epoch's training batches (from the epoch's start to the
+  end of its last batch, data loading included, validation excluded);
+- ``iteration_time``: the median time of one batch, measured ``on_train_batch_start`` ->
+  ``on_train_batch_end`` (on CUDA after a synchronisation on both ends), skipping the first
+  ``warmup_steps`` batches of the first epoch;
+- ``peak_memory``: on CUDA ``torch.cuda.max_memory_reserved`` (``peak_allocated``:
+  ``max_memory_allocated``) since training started; ``nvml_peak`` is the highest
+  device-wide used memory the driver reported (``cudaMemGetInfo``, the figure NVML shows,
+  CUDA context included). On the CPU it is the growth of the process's peak resident set
+  since training started plus the bytes of the model's parameters and buffers (they were
+  allocated before the hook, and the prediction counts them), while glibc serves every
+  allocation above 64 KiB with ``mmap`` so that freed tensors leave the resident set at once.
+  Peaks are running peaks: epoch ``k`` reports the highest figure of epochs ``0..k``.
+  ``actual["memory_method"]`` says which method was used.
+
+Each epoch becomes one ``record_measurement(status="ok", epoch=...)`` row in an
+:class:`~costaware.store.ObservationStore` (or ``"stopped"`` when the budget was enforced on
+it). A crash is recorded by ``on_exception``: ``"oom"`` for CUDA/CPU out-of-memory errors,
+``"stopped"`` for ``optuna.TrialPruned`` or ``KeyboardInterrupt``, ``"error"`` otherwise, with
+the memory reached so far; the exception still propagates to the caller. With a
+:class:`~costaware.TrainingSpec` the callback also records the cost model's prediction when
+fitting starts, unless costaware's Optuna pruner already recorded one for the same trial.
+Everything is also kept in memory in ``callback.records``, so the callback works alone as a
+cost recorder. Nothing the callback does may break training: a failing prediction or a store
+that cannot be written only warns (once).
+
+With ``enforce=True`` and a :class:`~costaware.Budget`, an epoch whose measured epoch time,
+training time so far, or peak memory (plus the device's CUDA context overhead on a GPU)
+exceeds the budget is recorded as ``"stopped"`` with a readable reason. If an Optuna trial is
+attached, the callback sets the trial's ``costaware_stopped`` user attribute and raises
+``optuna.TrialPruned`` (Lightning re-raises it out of ``trainer.fit``, so the objective ends
+as PRUNED and the sampler learns from it); otherwise it sets ``trainer.should_stop``.
+
+Two Lightning namespaces
+------------------------
+``lightning.pytorch`` (the ``lightning`` distribution) and ``pytorch_lightning`` (the
+``pytorch-lightning`` distribution) ship the same source as two separate class hierarchies:
+``lightning.pytorch.Callback is not pytorch_lightning.Callback``. A callback of the other
+namespace is invisible to the Trainer's ``isinstance`` checks, and one passed alone (not in a
+list) fails with ``TypeError: '...' object is not iterable``. So this module offers one class
+per namespace, with the same arguments and behaviour (all logic lives in one shared base):
+
+- :class:`CostAwareCallback` subclasses ``lightning.pytorch.Callback``: use it with
+  ``lightning.pytorch.Trainer`` (``import lightning as L; L.Trainer(...)``).
+- :class:`PLCostAwareCallback` subclasses ``pytorch_lightning.Callback``: use it with
+  ``pytorch_lightning.Trainer``.
+
+A callback given to a Trainer of the other namespace warns in ``setup``. Importing this module
+needs at least one of the two packages (``pip install 'costaware[lightning]'`` installs
+``lightning``); the class of a missing namespace raises ``ImportError`` on access.
+
+Example:
+
+.. code-block:: python
+
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import costaware as ca
+    from costaware.integrations.lightning import CostAwareCallback
+
+
+    class Regressor(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+            )
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+    data = DataLoader(TensorDataset(torch.randn(256, 32), torch.randn(256, 1)), batch_size=32)
+    callback = CostAwareCallback(  # store="sqlite:///hpo.db" to keep the rows
+        budget=ca.Budget(max_epoch_time="10min", max_memory="4GiB"), enforce=True
+    )
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=2, callbacks=[callback], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(Regressor(), data)
+    for row in callback.measurements:
+        print(row["epoch"], row["status"], row["actual"]["epoch_time"], row["actual"]["peak_memory"])
+
+Under Optuna, pass ``trial=trial`` (and the spec, to record the prediction):
+``CostAwareCallback("sqlite:///hpo.db", spec=spec_fn(trial), budget=budget, enforce=True,
+trial=trial)``; the study and trial ids of the rows then come from the trial.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from costaware.budget import Budget, parse_duration
+from costaware.devices import Device, cpu_device, detect_device, get_device
+from costaware.errors import CostAwareWarning
+from costaware.model import CostModel, Prediction
+from costaware.profile import mmap_threshold, reset_rss_peak, rss_peak_bytes
+from costaware.spec import TrainingSpec
+
+if TYPE_CHECKING:
+    from costaware.store import ObservationStore
+
+_INSTALL_HINT = "pip install 'costaware[lightning]'"
+_MMAP_THRESHOLD = 64 * 1024
+_MAX_REASON = 500
+_T = TypeVar("_T")
+
+
+def _optional_callback(module: str) -> Any:
+    try:
+        return importlib.import_module(module).Callback
+    except ImportError:
+        return None
+
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Callback as _LightningCallback
+    from pytorch_lightning import Callback as _PLCallback
+else:
+    _LightningCallback = _optional_callback("lightning.pytorch")
+    _PLCallback = _optional_callback("pytorch_lightning")
+
+if _LightningCallback is None and _PLCallback is None:
+    raise ImportError(
+        "costaware.integrations.lightning needs Lightning (lightning.pytorch or "
+        f"pytorch_lightning), and neither is installed. Install it with:\n    {_INSTALL_HINT}"
+    )
+
+
+# --------------------------------------------------------------------------------------
+# small helpers
+# --------------------------------------------------------------------------------------
+def _fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _fmt_seconds(s: float) -> str:
+    if s < 1:
+        return f"{s:.3g} s"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.2f} h"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    out = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+    return out[:_MAX_REASON]
+
+
+def _is_oom(exc: BaseException) -> bool:
+    """CUDA OOM, CPU allocator failure (``DefaultCPUAllocator: can't allocate memory``),
+    a cuBLAS allocation failure, or Python's MemoryError."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    if isinstance(exc, RuntimeError):
+        msg = str(exc).lower()
+        return (
+            "out of memory" in msg
+            or "can't allocate memory" in msg
+            or "cublas_status_alloc_failed" in msg
+        )
+    return False
+
+
+def _is_trial_pruned(exc: BaseException) -> bool:
+    # by name: optuna is optional here, and optuna.TrialPruned is optuna.exceptions.TrialPruned
+    return any(c.__name__ == "TrialPruned" for c in type(exc).__mro__)
+
+
+def _is_optuna_trial(obj: Any) -> bool:
+    return obj is not None and all(hasattr(obj, a) for a in ("number", "set_user_attr", "params"))
+
+
+def _json_default(obj: Any) -> Any:
+    item = getattr(obj, "item", None)  # numpy / torch scalars
+    if callable(item):
+        with contextlib.suppress(Exception):
+            return item()
+    return str(obj)
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-plain copy (checkpoints load with ``weights_only=True``)."""
+    return json.loads(json.dumps(obj, default=_json_default))
+
+
+def _module_bytes(module: torch.nn.Module, device_type: str) -> int:
+    total = 0
+    for t in (*module.parameters(), *module.buffers()):
+        if t.device.type == device_type:
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _malloc_trim() -> None:
+    """Hand freed heap memory back to the OS, so the CPU baseline starts clean (glibc)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+# --------------------------------------------------------------------------------------
+# the shared implementation
+# --------------------------------------------------------------------------------------
+class _CostAwareCallbackBase:
+    """All of the callback's logic; the public classes add a Lightning ``Callback`` base."""
+
+    _namespace = ""  # "lightning" or "pytorch_lightning", set by the public classes
+
+    def __init__(
+        self,
+        store: ObservationStore | str | os.PathLike[str] | None = None,
+        *,
+        spec: TrainingSpec | None = None,
+        model: CostModel | None = None,
+        budget: Budget | None = None,
+        enforce: bool = False,
+        device: str | Device = "auto",
+        study: str | None = None,
+        trial: Any = None,
+        warmup_steps: int = 1,
+    ) -> None:
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, but got {warmup_steps=}.")
+        if spec is not None and not isinstance(spec, TrainingSpec):
+            raise TypeError(
+                f"spec must be a costaware.TrainingSpec, but got {type(spec).__name__}."
+            )
+        if model is not None and not isinstance(model, CostModel):
+            raise TypeError(f"model must be a costaware.CostModel, but got {type(model).__name__}.")
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
+        if enforce and budget is None:
+            raise ValueError("enforce=True needs a budget, but got budget=None.")
+        if not (
+            store is None
+            or isinstance(store, (str, os.PathLike))
+            or (hasattr(store, "record_measurement") and hasattr(store, "record_prediction"))
+        ):
+            raise TypeError(
+                "store must be an ObservationStore, a URL/path such as 'sqlite:///hpo.db', or "
+                f"None (records kept in memory only), but got {type(store).__name__}."
+            )
+        if not isinstance(device, (str, Device)):
+            raise TypeError(
+                f"device must be a device name, a costaware Device or 'auto', but got {device!r}."
+            )
+        if isinstance(device, str) and device.strip().lower() != "auto":
+            get_device(device)  # fail fast on an unknown name (UnknownDeviceError lists them)
+        self.store = store
+        self.spec = spec
+        self.model = model
+        self.budget = budget
+        self.enforce = enforce
+        self.device = device
+        self.study = study
+        self.trial = trial
+        self.warmup_steps = warmup_steps
+        #: every row written (or meant to be written), as dicts with a "kind" key:
+        #: "prediction" or "measurement", the store's keyword arguments, and the store's "id".
+        self.records: list[dict[str, Any]] = []
+        #: the cost model's prediction for this run, when a spec was given and it worked.
+        self.prediction: Prediction | None = None
+        #: why enforcement stopped the run, or None.
+        self.stopped_reason: str | None = None
+        #: epochs recorded so far (0-based, as ``trainer.current_epoch``).
+        self.epochs_recorded: list[int] = []
+        self._prediction_done = False
+        self._train_time = 0.0  # sum of measured epoch times
+        self._warned: set[str] = set()
+        self._store_obj: Any = None
+        self._store_failed = False
+        self._rank_zero = True
+        self._reset_run_state()
+
+    def _reset_run_state(self) -> None:
+        self._exit_stack: contextlib.ExitStack | None = None
+        self._dev: Device | None = None
+        self._kind = "cpu"
+        self._torch_device: torch.device | None = None
+        self._training = False
+        self._rss_baseline: int | None = None
+        self._rss_exact = False
+        self._nvml_peak: int | None = None
+        self._raised: BaseException | None = None
+        self._first_epoch: int | None = None
+        self._epoch_start: float | None = None
+        self._batch_t0: float | None = None
+        self._last_batch_end: float | None = None
+        self._val_start: float | None = None
+        self._val_time = 0.0
+        self._val_time_at_last_batch = 0.0
+        self._epoch_batches = 0
+        self._times: list[float] = []
+        self._warmup_times: list[float] = []
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def study_name(self) -> str | None:
+        """The study the rows belong to: ``study``, else the Optuna trial's study name."""
+        if self.study is not None:
+            return self.study
+        if _is_optuna_trial(self.trial):
+            return getattr(getattr(self.trial, "study", None), "study_name", None)
+        return None
+
+    @property
+    def trial_id(self) -> Any:
+        """The trial the rows belong to: the Optuna trial's number, else ``trial`` as given."""
+        if _is_optuna_trial(self.trial):
+            return self.trial.number
+        return self.trial
+
+    @property
+    def measurements(self) -> list[dict[str, Any]]:
+        """The measurement records (one per epoch, plus one for a crash)."""
+        return [r for r in self.records if r["kind"] == "measurement"]
+
+    # -- Lightning hooks (thin) -----------------------------------------------------------
+    @property
+    def state_key(self) -> str:
+        key = {"study": self.study_name, "trial": self.trial_id}
+        return f"{type(self).__qualname__}{key!r}"
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit":
+            self._check_namespace(trainer)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._safely("starting", self._start_fit, trainer, pl_module)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        self._safely("starting to measure", self._start_training, trainer, pl_module)
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        self._safely("starting an epoch", self._start_epoch, trainer)
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.sanity_checking:
+            return
+        self._safely("timing a batch", self._start_batch)
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.sanity_checking:
+            return
+        self._safely("timing a batch", self._end_batch, trainer)
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.sanity_checking or self._epoch_start is None:
+            return
+        self._val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.sanity_checking or self._val_start is None:
+            return
+        self._val_time += time.perf_counter() - self._val_start
+        self._val_start = None
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        reason = self._safely("recording an epoch", self._end_epoch, trainer, pl_module)
+        if reason:
+            self._stop(trainer, reason)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._finish()
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._finish()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        try:
+            self._safely("recording a crash", self._record_exception, trainer, pl_module, exception)
+        finally:
+            self._finish()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "records": _plain(self.records),
+            "epochs_recorded": list(self.epochs_recorded),
+            "prediction_done": self._prediction_done,
+            "stopped_reason": self.stopped_reason,
+            "train_time": self._train_time,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.records = list(state_dict.get("records", []))
+        self.epochs_recorded = list(state_dict.get("epochs_recorded", []))
+        self._prediction_done = bool(state_dict.get("prediction_done", False))
+        self.stopped_reason = state_dict.get("stopped_reason")
+        self._train_time = float(state_dict.get("train_time", 0.0))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # picklable for Ray & co.: drop the open store (reopened from its URL), the run
+        # state, and the module's log methods Lightning binds onto every callback in fit
+        state = dict(self.__dict__)
+        state["_exit_stack"] = None
+        state.pop("log", None)
+        state.pop("log_dict", None)
+        if isinstance(self.store, (str, os.PathLike)):
+            state["_store_obj"] = None
+        return state
+
+    # -- fit start: device, store, prediction ---------------------------------------------
+    def _check_namespace(self, trainer: Any) -> None:
+        root = type(trainer).__module__.split(".", 1)[0]
+        if root in ("lightning", "pytorch_lightning") and root != self._namespace:
+            other = "PLCostAwareCallback" if root == "pytorch_lightning" else "CostAwareCallback"
+            self._warn_once(
+                "namespace",
+                f"{type(self).__name__} is a {self._namespace} callback, but this Trainer comes "
+                f"from {root}; use {other} from costaware.integrations.lightning instead. It "
+                "still runs when passed in a list, but Lightning's isinstance checks miss it.",
+            )
+
+    def _start_fit(self, trainer: Any, pl_module: Any) -> None:
+        self._finish()
+        self._reset_run_state()
+        self._torch_device = trainer.strategy.root_device
+        self._kind = self._torch_device.type
+        # under DDP every process measures its own device, global rank zero alone writes
+        self._rank_zero = bool(getattr(trainer, "is_global_zero", True))
+        self._dev = self._resolve_device()
+        if self._rank_zero:
+            self._open_store()
+            self._predict()
+        if self._kind == "cpu":
+            # from here to the end of fit, frees of large blocks leave the resident set at
+            # once (set after the prediction, whose dry run must not shape the heap)
+            self._exit_stack = contextlib.ExitStack()
+            self._exit_stack.enter_context(mmap_threshold(_MMAP_THRESHOLD))
+
+    def _resolve_device(self) -> Device | None:
+        try:
+            if isinstance(self.device, Device):
+                return self.device
+            if self.device.strip().lower() != "auto":
+                return get_device(self.device)
+            if self._kind == "cuda" and self._torch_device is not None:
+                try:
+                    return get_device(torch.cuda.get_device_name(self._torch_device))
+                except Exception:
+                    return detect_device()
+            if self._kind == "cpu":
+                return cpu_device()
+            return None
+        except Exception as e:  # never break training over a device name
+            self._warn_once("device", f"costaware could not describe the device: {_first_line(e)}")
+            return None
+
+    @property
+    def _device_name(self) -> str | None:
+        return self._dev.name if self._dev is not None else None
+
+    def _open_store(self) -> Any:
+        if self._store_obj is not None or self._store_failed or self.store is None:
+            return self._store_obj
+        if not isinstance(self.store, (str, os.PathLike)):
+            self._store_obj = self.store
+            return self._store_obj
+        try:
+            from costaware.store import ObservationStore
+
+            self._store_obj = ObservationStore(self.store)
+        except Exception as e:
+            self._store_failed = True
+            self._warn_once(
+                "store",
+                f"costaware could not open the observation store {str(self.store)!r} "
+                f"({_first_line(e)}); records are kept in callback.records only.",
+            )
+        return self._store_obj
+
+    def _already_predicted(self, study: str | None, trial: Any) -> bool:
+        if trial is None:
+            return False
+        if any(
+            r["kind"] == "prediction" and r["study"] == study and str(r["trial"]) == str(trial)
+            for r in self.records
+        ):
+            return True
+        store = self._store_obj
+        if store is None or not hasattr(store, "predictions"):
+            return False
+        try:
+            rows = store.predictions(study=study)
+        except Exception as e:
+            self._warn_once(
+                "store-read", f"costaware could not read the observation store: {_first_line(e)}"
+            )
+            return False
+        return any(r.get("study") == study and str(r.get("trial")) == str(trial) for r in rows)
+
+    def _predict(self) -> None:
+        if self.spec is None or self._prediction_done:
+            return
+        self._prediction_done = True
+        study, trial = self.study_name, self.trial_id
+        if self._already_predicted(study, trial):
+            return  # costaware's Optuna pruner predicted this trial before it launched
+        fields: dict[str, Any] = {"study": study, "trial": trial, "device": self._device_name}
+        summary: dict[str, Any] = {}
+        try:
+            if self._dev is None:
+                raise RuntimeError("no device to predict for")
+            model = self.model if self.model is not None else CostModel.default()
+            pred = model.predict(self.spec, self._dev)
+            feats = model.features(self.spec, self._dev)
+            summary = self.spec.summary()
+        except Exception as e:
+            reason = _first_line(e)
+            self._warn_once(
+                "predict",
+                f"costaware could not predict this run's cost ({reason}); training goes on and "
+                "its actual cost is still recorded.",
+            )
+            with contextlib.suppress(Exception):
+                summary = self.spec.summary()
+            self._write(
+                "prediction",
+                **fields,
+                spec=summary,
+                features=None,
+                prediction=None,
+                decision=None,
+                status="error",
+                reason=reason,
+                meta=self._meta(None),
+            )
+            return
+        self.prediction = pred
+        self._write(
+            "prediction",
+            **fields,
+            spec=summary,
+            features=_plain(feats),
+            prediction=_plain(pred.to_dict()),
+            decision=None,
+            status="admitted",
+            reason=None,
+            meta=self._meta(None),
+        )
+
+    # -- measuring ------------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self._kind == "cuda" and self._torch_device is not None:
+            torch.cuda.synchronize(self._torch_device)
+
+    def _start_training(self, trainer: Any, pl_module: Any) -> None:
+        if self._torch_device is None:  # on_fit_start did not run (fit hooks bypassed)
+            self._start_fit(trainer, pl_module)
+        self._training = True
+        self._first_epoch = trainer.current_epoch
+        if self._kind == "cuda":
+            dev = self._torch_device
+            torch.cuda.synchronize(dev)
+            torch.cuda.empty_cache()  # the sanity check's cached blocks are not training's
+            torch.cuda.reset_peak_memory_stats(dev)
+            self._sample_device_memory()
+        elif self._kind == "cpu":
+            _malloc_trim()
+            self._rss_exact = reset_rss_peak()
+            # the parameters and buffers were allocated before this point; the prediction
+            # counts them, so the baseline leaves them out
+            self._rss_baseline = rss_peak_bytes() - _module_bytes(pl_module, "cpu")
+
+    def _start_epoch(self, trainer: Any) -> None:
+        if not self._training:
+            return
+        self._epoch_start = time.perf_counter()
+        self._batch_t0 = None
+        self._last_batch_end = None
+        self._val_start = None
+        self._val_time = self._val_time_at_last_batch = 0.0
+        self._epoch_batches = 0
+        self._times = []
+        self._warmup_times = []
+
+    def _start_batch(self) -> None:
+        if not self._training:
+            return
+        self._sync()
+        self._batch_t0 = time.perf_counter()
+
+    def _end_batch(self, trainer: Any) -> None:
+        if not self._training or self._batch_t0 is None:
+            return
+        self._sync()
+        now = time.perf_counter()
+        dt = now - self._batch_t0
+        self._batch_t0 = None
+        self._last_batch_end = now
+        self._val_time_at_last_batch = self._val_time
+        if trainer.current_epoch == self._first_epoch and self._epoch_batches < self.warmup_steps:
+            self._warmup_times.append(dt)
+        else:
+            self._times.append(dt)
+        self._epoch_batches += 1
+        if self._kind == "cuda":
+            self._sample_device_memory()
+
+    def _sample_device_memory(self) -> None:
+        with contextlib.suppress(Exception):
+            free, total = torch.cuda.mem_get_info(self._torch_device)
+            used = int(total - free)
+            self._nvml_peak = used if self._nvml_peak is None else max(self._nvml_peak, used)
+
+    def _memory(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"peak_memory": None, "peak_allocated": None, "nvml_peak": None}
+        if self._kind == "cuda" and self._torch_device is not None:
+            dev = self._torch_device
+            out["peak_memory"] = int(torch.cuda.max_memory_reserved(dev))
+            out["peak_allocated"] = int(torch.cuda.max_memory_allocated(dev))
+            self._sample_device_memory()
+            out["nvml_peak"] = self._nvml_peak
+            out["memory_method"] = (
+                "torch.cuda.max_memory_reserved/allocated since on_train_start (cache emptied, "
+                "peak stats reset there); nvml_peak: highest device-wide used memory "
+                "(cudaMemGetInfo) at batch ends"
+                if self._training
+                else "torch.cuda.max_memory_reserved/allocated before training started "
+                "(peak stats not reset: since the process started or the last reset)"
+            )
+        elif self._kind == "cpu" and self._rss_baseline is not None:
+            peak = max(0, rss_peak_bytes() - self._rss_baseline)
+            out["peak_memory"] = out["peak_allocated"] = peak
+            how = (
+                "VmHWM reset via /proc/self/clear_refs"
+                if self._rss_exact
+                else "ru_maxrss, not resettable: an upper bound"
+            )
+            out["memory_method"] = (
+                f"peak RSS growth since on_train_start + parameter/buffer bytes ({how}), "
+                "glibc mmap threshold 64 KiB"
+            )
+        else:
+            out["memory_method"] = (
+                "not measured before training started"
+                if self._kind in ("cpu", "cuda")
+                else f"not measured on {self._kind}"
+            )
+        return out
+
+    def _actual(self) -> dict[str, Any]:
+        times = self._times or self._warmup_times
+        epoch_time = None
+        if self._epoch_start is not None and self._last_batch_end is not None:
+            epoch_time = max(
+                0.0, self._last_batch_end - self._epoch_start - self._val_time_at_last_batch
+            )
+        mem = self._memory()
+        return {
+            "peak_memory": mem["peak_memory"],
+            "peak_allocated": mem["peak_allocated"],
+            "iteration_time": statistics.median(times) if times else None,
+            "epoch_time": epoch_time,
+            "nvml_peak": mem["nvml_peak"],
+            "memory_method": mem["memory_method"],
+            "device_kind": self._kind,
+            "steps": self._epoch_batches,
+        }
+
+    def _meta(self, trainer: Any) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "source": "lightning",
+            "framework": self._namespace,
+            "warmup_steps": self.warmup_steps,
+        }
+        if trainer is not None:
+            meta["global_step"] = int(trainer.global_step)
+            meta["max_epochs"] = trainer.max_epochs
+        if self.spec is not None:
+            with contextlib.suppress(Exception):
+                meta["spec"] = self.spec.summary()
+        return meta
+
+    def _end_epoch(self, trainer: Any, pl_module: Any) -> str | None:
+        """Record the epoch; the reason to stop it, if it was over budget."""
+        if not self._training:
+            return None
+        epoch = int(trainer.current_epoch)
+        actual = self._actual()
+        if actual["epoch_time"] is not None:
+            self._train_time += actual["epoch_time"]
+        reason = self._over_budget(actual) if self.enforce else None
+        if self.enforce:
+            stop = bool(trainer.strategy.reduce_boolean_decision(reason is not None, all=False))
+            if stop and reason is None:
+                reason = "another process of this run exceeded the budget"
+        self._write(
+            "measurement",
+            study=self.study_name,
+            trial=self.trial_id,
+            status="stopped" if reason else "ok",
+            actual=actual,
+            device=self._device_name,
+            epoch=epoch,
+            reason=reason,
+            meta=self._meta(trainer),
+        )
+        self.epochs_recorded.append(epoch)
+        self._epoch_start = None
+        return reason
+
+    # -- enforcement ----------------------------------------------------------------------
+    def _over_budget(self, actual: Mapping[str, Any]) -> str | None:
+        budget = self.budget
+        if budget is None:
+            return None
+        reasons: list[str] = []
+        epoch_time = actual.get("epoch_time")
+        if budget.max_epoch_time is not None and epoch_time is not None:
+            cap = parse_duration(budget.max_epoch_time)
+            if epoch_time > cap:
+                reasons.append(
+                    f"measured epoch time {_fmt_seconds(epoch_time)} exceeds the "
+                    f"{_fmt_seconds(cap)} budget"
+                )
+        if budget.max_trial_time is not None:
+            cap = parse_duration(budget.max_trial_time)
+            if self._train_time > cap:
+                reasons.append(
+                    f"measured training time so far {_fmt_seconds(self._train_time)} exceeds "
+                    f"the {_fmt_seconds(cap)} trial budget"
+                )
+        peak = actual.get("peak_memory")
+        if budget.max_memory is not None and peak is not None:
+            try:
+                limit = budget.max_memory_bytes(self._dev)
+            except Exception as e:  # a relative budget ("90%") without a known device
+                self._warn_once(
+                    "budget", f"costaware could not check the memory budget: {_first_line(e)}"
+                )
+                limit = None
+            if limit is not None:
+                if self._kind == "cuda":
+                    context = self._dev.context_overhead_bytes if self._dev is not None else 0
+                    need = peak + context
+                    if need > limit:
+                        reasons.append(
+                            f"measured peak memory {_fmt_bytes(peak)} + {_fmt_bytes(context)} "
+                            f"CUDA context = {_fmt_bytes(need)} exceeds the "
+                            f"{_fmt_bytes(limit)} budget"
+                        )
+                elif peak > limit:
+                    reasons.append(
+                        f"measured peak memory {_fmt_bytes(peak)} exceeds the "
+                        f"{_fmt_bytes(limit)} budget"
+                    )
+        return "; ".join(reasons) or None
+
+    def _stop(self, trainer: Any, reason: str) -> None:
+        self.stopped_reason = reason
+        if _is_optuna_trial(self.trial):
+            try:
+                self.trial.set_user_attr("costaware_stopped", reason)
+            except Exception as e:
+                self._warn_once(
+                    "user-attr", f"costaware could not set the trial's user attr: {_first_line(e)}"
+                )
+            import optuna
+
+            exc = optuna.TrialPruned(reason)
+            self._raised = exc  # on_exception must not record it a second time
+            raise exc
+        trainer.should_stop = True
+
+    # -- crashes --------------------------------------------------------------------------
+    def _record_exception(self, trainer: Any, pl_module: Any, exc: BaseException) -> None:
+        if exc is self._raised:
+            return  # our own TrialPruned: the epoch was recorded as "stopped" already
+        fn = getattr(getattr(trainer, "state", None), "fn", None)
+        if fn is not None and fn != "fit":
+            return  # validate/test/predict: not a training run
+        if _is_trial_pruned(exc):
+            status, reason = "stopped", "pruned by Optuna: " + _first_line(exc)
+        elif isinstance(exc, KeyboardInterrupt):
+            status, reason = "stopped", "interrupted (KeyboardInterrupt)"
+        elif _is_oom(exc):
+            status, reason = "oom", _first_line(exc)
+        else:
+            status, reason = "error", _first_line(exc)
+        try:
+            actual = self._actual()
+        except Exception:  # a broken CUDA context may refuse even the memory stats
+            actual = {"device_kind": self._kind, "steps": self._epoch_batches}
+        self._write(
+            "measurement",
+            study=self.study_name,
+            trial=self.trial_id,
+            status=status,
+            actual=actual,
+            device=self._device_name,
+            epoch=int(trainer.current_epoch),
+            reason=reason,
+            meta=self._meta(trainer),
+        )
+        if status == "oom" and _is_optuna_trial(self.trial):
+            with contextlib.suppress(Exception):
+                self.trial.set_user_attr("costaware_oom", reason)
+
+    def _finish(self) -> None:
+        self._training = False
+        if self._exit_stack is not None:
+            stack, self._exit_stack = self._exit_stack, None
+            stack.close()  # restores glibc's mmap threshold
+
+    # -- writing --------------------------------------------------------------------------
+    def _write(self, kind: str, **fields: Any) -> dict[str, Any]:
+        record: dict[str, Any] = {"kind": kind, **fields, "id": None}
+        self.records.append(record)
+        store = self._open_store() if self._rank_zero else None
+        if store is None:
+            return record
+        try:
+            if kind == "prediction":
+                record["id"] = store.record_prediction(**fields)
+            else:
+                record["id"] = store.record_measurement(**fields)
+        except Exception as e:  # fail open: training matters more than the record
+            self._warn_once(
+                "store-write",
+                f"costaware could not write to the observation store ({_first_line(e)}); "
+                "records are kept in callback.records.",
+            )
+        return record
+
+    def _safely(self, what: str, fn: Callable[..., _T], *args: Any) -> _T | None:
+        """Run ``fn``; a failure of costaware's own bookkeeping warns once and never
+        reaches the training loop."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            self._warn_once(
+                f"failed:{what}",
+                f"costaware's Lightning callback failed while {what} ({_first_line(e)}); "
+                "training goes on.",
+            )
+            return None
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        warnings.warn(message, CostAwareWarning, stacklevel=3)
+
+
+_DOC = """Record a run's real cost per epoch and, with ``enforce=True``, stop it over budget.
+
+    Use with ``{trainer}``; see :mod:`costaware.integrations.lightning` for what is
+    measured and how, and for the class to use with the other Lightning namespace.
+
+    Args:
+        store: an :class:`~costaware.store.ObservationStore`, a URL or path to open one
+            (``"sqlite:///hpo.db"``; opened when fitting starts), or None to keep the records
+            in memory only (``callback.records``, always kept). A store that cannot be
+            opened or written only warns.
+        spec: what is trained; with it, the cost model's prediction is recorded when fitting
+            starts (unless costaware's Optuna pruner already recorded this trial's).
+        model: the :class:`~costaware.CostModel` that predicts; default
+            ``CostModel.default()``.
+        budget: limits checked against the measured figures when ``enforce=True``:
+            ``max_epoch_time``, ``max_trial_time`` (training time so far) and ``max_memory``
+            (with the device's CUDA context overhead added on a GPU).
+        enforce: stop the run after an epoch that exceeded the budget.
+        device: the device the rows are labelled with and predicted for: a catalog name,
+            a :class:`~costaware.Device`, or ``"auto"`` (the Trainer's GPU, or the CPU).
+        study: the study id of the rows; default: the Optuna trial's study name.
+        trial: an ``optuna.trial.Trial`` (ids from ``trial.study.study_name`` and
+            ``trial.number``; enforcement then raises ``optuna.TrialPruned``), or any trial
+            id (a string or number) to label the rows with.
+        warmup_steps: batches of the first epoch left out of the median iteration time.
+
+    Attributes:
+        records: every row as a dict: ``kind`` ("prediction"/"measurement"), the store's
+            keyword arguments, and ``id`` (the store's row id, or None).
+        measurements: the measurement records.
+        prediction: the :class:`~costaware.Prediction`, when a spec was given.
+        stopped_reason: why enforcement stopped the run, or None.
+"""
+
+
+if _LightningCallback is not None:
+
+    class CostAwareCallback(_CostAwareCallbackBase, _LightningCallback):
+        _namespace = "lightning"
+
+    CostAwareCallback.__doc__ = _DOC.format(trainer="lightning.pytorch.Trainer")
+
+if _PLCallback is not None:
+
+    class PLCostAwareCallback(_CostAwareCallbackBase, _PLCallback):
+        _namespace = "pytorch_lightning"
+
+    PLCostAwareCallback.__doc__ = _DOC.format(trainer="pytorch_lightning.Trainer")
+
+
+__all__ = ["CostAwareWarning"]
+if _LightningCallback is not None:
+    __all__ += ["CostAwareCallback"]
+if _PLCallback is not None:
+    __all__ += ["PLCostAwareCallback"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CostAwareCallback":
+        raise ImportError(
+            "CostAwareCallback needs lightning.pytorch, which is not installed. Install it "
+            f"with:\n    {_INSTALL_HINT}\n(or use PLCostAwareCallback with pytorch_lightning)."
+        )
+    if name == "PLCostAwareCallback":
+        raise ImportError(
+            "PLCostAwareCallback needs pytorch_lightning, which is not installed. Install it "
+            "with:\n    pip install pytorch-lightning\n(or use CostAwareCallback with "
+            "lightning.pytorch)."
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
