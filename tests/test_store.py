@@ -1,0 +1,496 @@
+"""Tests for costaware.store on SQLite and, when COSTAWARE_TEST_POSTGRES_URL is set, PostgreSQL.
+
+Start the PostgreSQL server with ``eval "$(bash .ci/postgres.sh)"``; without it the
+PostgreSQL cases are skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+import multiprocessing
+import os
+import pathlib
+import pickle
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+from costaware.errors import CostawareError
+from costaware.store import (
+    SCHEMA_VERSION,
+    ObservationStore,
+    StoreError,
+    measurements_table,
+    predictions_table,
+)
+
+PG_ENV = "COSTAWARE_TEST_POSTGRES_URL"
+TABLES = ("costaware_measurements", "costaware_predictions", "costaware_meta")
+
+
+def _drop_tables(url: str) -> None:
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            for table in TABLES:
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> str:
+    """A URL to an empty store: a fresh SQLite file, or the test server with no tables."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    url = os.environ.get(PG_ENV)
+    if not url:
+        pytest.skip(f'{PG_ENV} is not set; run eval "$(bash .ci/postgres.sh)" first')
+    _drop_tables(url)
+    return url
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[ObservationStore]:
+    with ObservationStore(store_url) as s:
+        yield s
+
+
+def _predict(store: ObservationStore, trial: Any, **kw: Any) -> int:
+    args: dict[str, Any] = {
+        "study": "s",
+        "trial": trial,
+        "spec": {"name": "mlp", "batch_size": 32},
+        "features": {"analytic_reserved_mib": 100.0, "x": 1.0},
+        "prediction": {"peak_memory": 1.0e9},
+        "decision": {"admit": True},
+        "device": "H100",
+        "status": "admitted",
+    }
+    args.update(kw)
+    return int(store.record_prediction(**args))
+
+
+def _measure(store: ObservationStore, trial: Any, status: str = "ok", **actual: Any) -> int:
+    study = actual.pop("study", "s")
+    epoch = actual.pop("epoch", None)
+    return int(
+        store.record_measurement(
+            study=study, trial=trial, status=status, actual=actual, device="cuda:0", epoch=epoch
+        )
+    )
+
+
+# --------------------------------------------------------------------------------------
+# round trips and filters
+# --------------------------------------------------------------------------------------
+def test_prediction_round_trip_with_nested_json_and_nan(store: ObservationStore) -> None:
+    before = dt.datetime.now(dt.timezone.utc)
+    spec = {
+        "name": "resnet",
+        "layers": [1, 2, {"width": np.int64(64), "ratio": np.float32(0.5)}],
+        "shape": np.arange(3),
+        "opt": {"lr": float("nan"), "betas": (0.9, 0.999), "eps": float("inf")},
+    }
+    row_id = store.record_prediction(
+        study="study-a",
+        trial=7,
+        spec=spec,
+        features={"f1": np.float64(1.5), "f2": float("nan"), "f3": 3},
+        prediction={"peak_memory": np.int64(2**33), "epoch_time": -math.inf},
+        decision={"admit": False, "reasons": [{"kind": "memory", "text": "too big"}]},
+        device="H100",
+        status="rejected",
+        reason="peak memory over budget",
+        meta={"sampler": "TPE"},
+    )
+    (row,) = store.predictions()
+    assert row["id"] == row_id
+    assert row["study"] == "study-a"
+    assert row["trial"] == "7"
+    assert row["status"] == "rejected"
+    assert row["device"] == "H100"
+    assert row["spec"] == {
+        "name": "resnet",
+        "layers": [1, 2, {"width": 64, "ratio": 0.5}],
+        "shape": [0, 1, 2],
+        "opt": {"lr": None, "betas": [0.9, 0.999], "eps": None},
+    }
+    assert row["features"] == {"f1": 1.5, "f2": None, "f3": 3.0}
+    assert row["prediction"] == {"peak_memory": 2**33, "epoch_time": None}
+    assert row["decision"]["reasons"][0]["text"] == "too big"
+    assert row["reason"] == "peak memory over budget"
+    assert row["meta"] == {"sampler": "TPE"}
+    created = row["created_at"]
+    assert created.tzinfo is not None and created.utcoffset() == dt.timedelta(0)
+    assert before - dt.timedelta(seconds=5) <= created <= before + dt.timedelta(seconds=60)
+
+
+def test_measurement_round_trip(store: ObservationStore) -> None:
+    actual = {
+        "peak_memory": 3 * 2**30,
+        "peak_allocated": 2 * 2**30,
+        "iteration_time": np.float64(0.125),
+        "epoch_time": 12.5,
+        "nvml_peak": float("nan"),
+        "memory_method": "max_memory_reserved",
+        "device_kind": "cuda",
+        "steps": 100,
+    }
+    row_id = store.record_measurement(
+        study="s", trial="ray_0001", status="oom", actual=actual, device="NVIDIA H100",
+        epoch=np.int64(3), reason="CUDA out of memory", meta={"host": "node1"},
+    )  # fmt: skip
+    (row,) = store.measurements()
+    assert row["id"] == row_id
+    assert (row["study"], row["trial"], row["epoch"], row["status"]) == ("s", "ray_0001", 3, "oom")
+    assert row["actual"] == {**actual, "iteration_time": 0.125, "nvml_peak": None}
+    assert row["reason"] == "CUDA out of memory"
+    assert row["meta"] == {"host": "node1"}
+    assert row["created_at"].tzinfo is not None
+
+
+def test_filters_by_study_and_status(store: ObservationStore) -> None:
+    _predict(store, 0, study="a", status="admitted")
+    _predict(store, 1, study="a", status="rejected")
+    _predict(store, 0, study="b", status="rejected")
+    _predict(store, 1, study=None, status="error", features=None, reason="trace failed")
+    _measure(store, 0, study="a")
+    _measure(store, 0, "oom", study="a")
+    _measure(store, 0, "stopped", study="b")
+
+    assert [(r["study"], r["trial"]) for r in store.predictions()] == [
+        ("a", "0"), ("a", "1"), ("b", "0"), (None, "1"),
+    ]  # fmt: skip
+    assert [r["trial"] for r in store.predictions(study="a")] == ["0", "1"]
+    assert [r["study"] for r in store.predictions(status="rejected")] == ["a", "b"]
+    assert [r["study"] for r in store.predictions(study="b", status="rejected")] == ["b"]
+    assert store.predictions(study="b", status="admitted") == []
+    assert store.predictions(status="error")[0]["features"] is None
+    assert [r["status"] for r in store.measurements(study="a")] == ["ok", "oom"]
+    assert [r["study"] for r in store.measurements(status="stopped")] == ["b"]
+    ids = [r["id"] for r in store.measurements()]
+    assert ids == sorted(ids) and len(set(ids)) == 3
+
+
+# --------------------------------------------------------------------------------------
+# observations
+# --------------------------------------------------------------------------------------
+def test_observations_join_and_aggregate(store: ObservationStore) -> None:
+    # trial 0: two predictions (the latest counts), three usable epochs
+    _predict(store, 0, features={"analytic_reserved_mib": 1.0, "x": 1.0})
+    _predict(store, 0, features={"analytic_reserved_mib": 2.0, "x": float("nan")})
+    _measure(
+        store, 0, epoch=0, peak_memory=100, peak_allocated=80, iteration_time=0.1, epoch_time=10
+    )
+    _measure(
+        store, 0, epoch=1, peak_memory=300, peak_allocated=90, iteration_time=0.3, epoch_time=30
+    )
+    _measure(store, 0, "stopped", epoch=2, peak_memory=200, iteration_time=0.2, epoch_time=20)
+    # trial 1: one good epoch, then out of memory
+    _predict(store, 1, spec={"family": "resnet", "name": "resnet18"})
+    _measure(store, 1, epoch=0, peak_memory=500, iteration_time=0.5, epoch_time=50)
+    _measure(store, 1, "oom", epoch=1)
+    # trial 2: rejected, never ran; trial 3: ran without a prediction
+    _predict(store, 2, status="rejected")
+    _measure(store, 3, peak_memory=1)
+    # trial 4: the prediction failed (no features), the trial ran anyway
+    _predict(store, 4, features=None, status="error", reason="trace failed")
+    _measure(store, 4, peak_memory=1)
+    # trial 5: crashed for another reason before any epoch completed
+    _predict(store, 5)
+    _measure(store, 5, "error")
+    # the same trial number in another study is another trial
+    _predict(store, 0, study="other", device="A100")
+    _measure(store, 0, study="other", peak_memory=7, iteration_time=0.7)
+
+    obs = store.observations(study="s")
+    assert [o.meta["trial"] for o in obs] == ["0", "1", "5"]
+    t0, t1, t5 = obs
+    assert t0.status == "ok"
+    assert t0.features["analytic_reserved_mib"] == 2.0 and math.isnan(t0.features["x"])
+    assert t0.peak_memory == 300.0 and t0.peak_allocated == 90.0
+    assert t0.iteration_time == pytest.approx(0.2)
+    assert t0.meta["epoch_time"] == pytest.approx(20.0)
+    assert t0.meta["study"] == "s" and t0.meta["epochs"] == 3
+    assert t0.device == "H100" and t0.family == "mlp"
+
+    assert t1.status == "oom" and t1.peak_memory is None and t1.peak_allocated is None
+    assert t1.iteration_time == pytest.approx(0.5)
+    assert t1.family == "resnet"
+
+    assert t5.status == "error" and t5.peak_memory is None and t5.iteration_time is None
+
+    every = store.observations()
+    assert len(every) == 4
+    (other,) = [o for o in every if o.meta["study"] == "other"]
+    assert other.peak_memory == 7.0 and other.device == "A100"
+    assert store.count_observations(study="s") == len(obs) == 3
+    assert store.count_observations() == len(every) == 4
+    assert store.count_observations(study="nobody") == len(store.observations(study="nobody")) == 0
+
+
+def test_observations_without_study_or_trial(store: ObservationStore) -> None:
+    _predict(store, 1, study=None)
+    _measure(store, 1, study=None, peak_memory=10)
+    _predict(store, None)  # no trial id: nothing to join on
+    _measure(store, None, peak_memory=10)
+    obs = store.observations()
+    assert [(o.meta["study"], o.meta["trial"]) for o in obs] == [(None, "1")]
+    assert store.count_observations() == 1
+
+
+def test_count_observations_is_fast_on_10k_rows(store_url: str) -> None:
+    n = 5000  # 5k predictions + 5k measurements
+    with ObservationStore(store_url) as store:
+        now = dt.datetime.now(dt.timezone.utc)
+        feats = {f"f{j}": float(j) for j in range(50)}
+        common = {"created_at": now, "study": "big", "device": "H100"}
+        preds = [
+            {**common, "trial": str(i), "status": "admitted", "spec": {"name": "m"},
+             "features": None if i % 10 == 0 else feats}
+            for i in range(n)
+        ]  # fmt: skip
+        meas = [
+            {**common, "trial": str(i), "status": "ok", "actual": {"peak_memory": i}}
+            for i in range(n // 2, n + n // 2)
+        ]
+        engine = sa.create_engine(store_url, poolclass=NullPool)
+        with engine.begin() as conn:
+            conn.execute(predictions_table.insert(), preds)
+            conn.execute(measurements_table.insert(), meas)
+        engine.dispose()
+
+        expected = sum(1 for i in range(n // 2, n) if i % 10)
+        t0 = time.perf_counter()
+        count = store.count_observations(study="big")
+        elapsed = time.perf_counter() - t0
+        assert count == expected
+        assert elapsed < 1.0, f"count_observations took {elapsed:.2f} s on {2 * n} rows"
+        assert store.count_observations() == len(store.observations()) == expected
+
+
+# --------------------------------------------------------------------------------------
+# schema, errors, URLs
+# --------------------------------------------------------------------------------------
+def test_schema_version_recorded_and_newer_refused(store_url: str) -> None:
+    ObservationStore(store_url).close()
+    ObservationStore(store_url).close()  # reopening is idempotent
+    engine = sa.create_engine(store_url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            rows = conn.exec_driver_sql("SELECT key, value FROM costaware_meta").all()
+            assert [tuple(r) for r in rows] == [("schema_version", str(SCHEMA_VERSION))]
+            conn.exec_driver_sql(
+                f"UPDATE costaware_meta SET value = '{SCHEMA_VERSION + 1}' "
+                "WHERE key = 'schema_version'"
+            )
+    finally:
+        engine.dispose()
+    with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}"):
+        ObservationStore(store_url)
+
+
+def test_unreachable_server_raises_store_error_without_password() -> None:
+    pytest.importorskip("psycopg")
+    t0 = time.perf_counter()
+    with pytest.raises(StoreError) as info:
+        ObservationStore("postgresql+psycopg://u:secret@127.0.0.1:1/db")
+    assert time.perf_counter() - t0 < 5
+    message = str(info.value)
+    assert "secret" not in message
+    assert message.startswith("cannot open the observation store at postgresql+psycopg://u:***@")
+    assert isinstance(info.value, CostawareError) and isinstance(info.value, RuntimeError)
+
+
+def test_server_url_and_repr_hide_the_password(store: ObservationStore) -> None:
+    url = sa.engine.make_url(store.url)
+    if url.get_backend_name() == "sqlite":
+        assert store.path is not None and store.path.exists()
+        assert repr(store) == f"ObservationStore('sqlite:///{store.path}')"
+    else:
+        assert store.path is None
+        assert ":***@" in store.url and "costaware:costaware@" not in repr(store)
+
+
+def test_unopenable_sqlite_file_raises_store_error(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(StoreError, match="does not exist"):
+        ObservationStore(tmp_path / "missing" / "store.db")
+
+
+@pytest.mark.parametrize("kind", ["str", "path"])
+def test_plain_path_is_a_sqlite_file(
+    kind: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "runs.db"
+    arg: str | pathlib.Path = str(target) if kind == "str" else target
+    with ObservationStore(arg) as store:
+        _measure(store, 1, peak_memory=5)
+        assert store.path == target and target.exists()
+        assert store.url == f"sqlite:///{target}"
+    with ObservationStore(f"sqlite:///{target}") as again:  # the same file by URL
+        assert len(again.measurements()) == 1
+
+    monkeypatch.chdir(tmp_path)
+    relative = ObservationStore("relative.db" if kind == "str" else pathlib.Path("relative.db"))
+    assert relative.path == tmp_path / "relative.db"  # resolved now, not at each connect
+    default = ObservationStore()
+    assert default.path == tmp_path / "costaware.db" and default.path.exists()
+
+
+def test_in_memory_store_shared_by_threads() -> None:
+    store = ObservationStore("sqlite://")
+    assert store.path is None
+
+    def write(worker: int) -> None:
+        for i in range(25):
+            _measure(store, f"{worker}-{i}", peak_memory=i)
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({r["trial"] for r in store.measurements()}) == 100
+
+
+def test_pickled_store_reopens_the_same_database(tmp_path: pathlib.Path) -> None:
+    store = ObservationStore(tmp_path / "p.db")
+    _measure(store, 1, peak_memory=1)
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy.url == store.url and len(copy.measurements()) == 1
+
+
+def test_bad_arguments(store: ObservationStore) -> None:
+    with pytest.raises(ValueError, match=r"'admitted', 'rejected', 'error', but got 'maybe'"):
+        _predict(store, 0, status="maybe")
+    with pytest.raises(ValueError, match=r"'ok', 'oom', 'error', 'stopped', but got 'crashed'"):
+        _measure(store, 0, "crashed")
+    with pytest.raises(ValueError, match="status must be one of"):
+        store.predictions(status="ok")
+    with pytest.raises(ValueError, match="status must be one of"):
+        store.measurements(status="admitted")
+    with pytest.raises(TypeError, match=r"spec\['model'\] must be JSON-serialisable"):
+        _predict(store, 0, spec={"model": object()})
+    with pytest.raises(TypeError, match=r"features\['x'\] must be a number, but got str"):
+        _predict(store, 0, features={"x": "big"})
+    not_a_mapping: Any = []
+    with pytest.raises(TypeError, match="actual must be a mapping, but got list"):
+        store.record_measurement(study="s", trial=0, status="ok", actual=not_a_mapping, device=None)
+    with pytest.raises(ValueError, match="epoch must be at least 0"):
+        _measure(store, 0, epoch=-1)
+    not_a_url: Any = 42
+    with pytest.raises(TypeError, match="url must be a str"):
+        ObservationStore(not_a_url)
+    with pytest.raises(ValueError, match="cannot parse"):
+        ObservationStore("postgresql+psycopg://u:p@host:notaport/db")
+    assert store.predictions() == [] and store.measurements() == []  # nothing half-written
+
+
+# --------------------------------------------------------------------------------------
+# many processes at once
+# --------------------------------------------------------------------------------------
+WORKERS = 4
+ROWS_PER_KIND = 50
+
+
+def _write_rows(url: str, worker: int, n: int) -> None:
+    """Open the store (creating it, maybe at the same moment as others) and write 2n rows."""
+    store = ObservationStore(url)
+    for i in range(n):
+        tag = {"worker": worker, "i": i}
+        store.record_prediction(
+            study="concurrent",
+            trial=f"{worker}-{i}",
+            spec={"name": "mlp", **tag, "nested": {"layers": [worker, i]}},
+            features={"worker": float(worker), "i": float(i)},
+            prediction={"peak_memory": 1e9 + i},
+            decision={"admit": True},
+            device="H100",
+            status="admitted",
+            meta=tag,
+        )
+        store.record_measurement(
+            study="concurrent",
+            trial=f"{worker}-{i}",
+            status="ok",
+            actual={"peak_memory": worker * 1000 + i, "iteration_time": 0.01},
+            device="H100",
+            epoch=0,
+            meta=tag,
+        )
+    store.close()
+
+
+def _writer_process(worker: int, tasks: Any, results: Any, barrier: Any) -> None:
+    """A spawned worker: for each URL it is sent, wait for the others, then write at once."""
+    while True:
+        url = tasks.get()
+        try:
+            barrier.wait(timeout=60)
+            t0 = time.perf_counter()
+            _write_rows(url, worker, ROWS_PER_KIND)
+            results.put((worker, None, time.perf_counter() - t0))
+        except BaseException as e:  # report it to the test instead of dying silently
+            results.put((worker, f"{type(e).__name__}: {e}", 0.0))
+
+
+@dataclasses.dataclass
+class WriterPool:
+    tasks: list[Any]
+    results: Any
+
+
+@pytest.fixture(scope="module")
+def writers() -> Iterator[WriterPool]:
+    """WORKERS spawned processes, started once for both backends (importing is the slow part)."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(WORKERS)
+    results = ctx.Queue()
+    tasks = [ctx.Queue() for _ in range(WORKERS)]
+    procs = [
+        ctx.Process(target=_writer_process, args=(w, tasks[w], results, barrier), daemon=True)
+        for w in range(WORKERS)
+    ]
+    for p in procs:
+        p.start()
+    yield WriterPool(tasks, results)
+    for p in procs:  # idle by now; a clean exit would spend seconds unloading torch
+        p.kill()
+        p.join(timeout=10)
+
+
+def test_concurrent_writers_lose_no_rows(store_url: str, writers: WriterPool) -> None:
+    for q in writers.tasks:
+        q.put(store_url)
+    outcomes = sorted(writers.results.get(timeout=120) for _ in range(WORKERS))
+    assert [(w, error) for w, error, _ in outcomes] == [(w, None) for w in range(WORKERS)]
+
+    store = ObservationStore(store_url)
+    preds, meas = store.predictions(), store.measurements()
+    expected = {(w, i) for w in range(WORKERS) for i in range(ROWS_PER_KIND)}
+    assert len(preds) + len(meas) == 2 * WORKERS * ROWS_PER_KIND == 400
+    assert len({r["id"] for r in preds}) == len(preds)
+    assert len({r["id"] for r in meas}) == len(meas)
+    for rows in (preds, meas):
+        seen = [(r["meta"]["worker"], r["meta"]["i"]) for r in rows]
+        assert len(seen) == len(set(seen)) and set(seen) == expected
+    for r in preds:  # every row whole
+        w, i = r["meta"]["worker"], r["meta"]["i"]
+        assert r["trial"] == f"{w}-{i}" and r["status"] == "admitted"
+        assert r["spec"]["nested"] == {"layers": [w, i]}
+        assert r["features"] == {"worker": w, "i": i}
+        assert r["prediction"] == {"peak_memory": 1e9 + i} and r["decision"] == {"admit": True}
+    for r in meas:
+        w, i = r["meta"]["worker"], r["meta"]["i"]
+        assert r["trial"] == f"{w}-{i}" and r["actual"]["peak_memory"] == w * 1000 + i
+    assert store.count_observations(study="concurrent") == WORKERS * ROWS_PER_KIND
+    store.close()
