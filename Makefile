@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test lint typecheck bench clean
+.PHONY: setup demo predict-demo test lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
+	$(BIN)/python examples/optuna_quickstart.py
+
+predict-demo: $(STAMP)
 	$(BIN)/python examples/predict_demo.py
 
 test: $(STAMP)

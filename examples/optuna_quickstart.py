@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import statistics
 import tempfile
 import time
 import warnings
@@ -118,10 +119,12 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(2)
-    logging.getLogger("lightning").setLevel(logging.ERROR)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    # Lightning's per-run banners; both package names, since either may own the logger
+    for name in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=UserWarning, module="lightning")
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     console = Console()
 
@@ -185,7 +188,7 @@ def main() -> None:
 
 
 def _fmt_mib(n: float | None) -> str:
-    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+    return "-" if n is None else f"{n / 2**20:,.0f}"
 
 
 def report(
@@ -195,78 +198,81 @@ def report(
     pruner: CostAwarePruner,
     elapsed: float,
 ) -> None:
-    measured = {(m["trial"], m["status"]): m for m in store.measurements(study="digits")}
-    table = Table(title="Trials", box=box.SIMPLE_HEAD)
-    for col in (
-        "#",
-        "params",
-        "outcome",
-        "predicted epoch",
-        "measured epoch",
-        "peak (pred / meas)",
-    ):
+    """Print each trial's outcome, what was predicted and measured, and the rejections."""
+    by_trial: dict[str, list[dict[str, Any]]] = {}
+    for m in store.measurements(study="digits"):
+        if m["status"] in ("ok", "stopped"):
+            by_trial.setdefault(m["trial"], []).append(m["actual"])
+    table = Table(
+        title="Trials: epoch time and peak memory, predicted / measured",
+        box=box.SIMPLE_HEAD,
+    )
+    for col in ("#", "width hidden batch", "outcome", "epoch (s)", "peak (MiB)", "model"):
         table.add_column(
-            col,
-            justify="right" if col not in ("params", "outcome") else "left",
-            no_wrap=col != "outcome",
+            col, justify="left" if col in ("width hidden batch", "outcome", "model") else "right"
         )
-    rejected = stopped = 0
-    errors_before: list[float] = []
-    errors_after: list[float] = []
+    rejections: list[str] = []
+    stops: list[str] = []
+    errors: dict[str, list[float]] = {"analytic": [], "learned": []}
     for t in study.trials:
-        a = t.user_attrs
-        p = t.params
-        params = f"w{p['width']} h{p['hidden']} bs{p['batch_size']}"
-        meas = [
-            m
-            for (trial, status), m in measured.items()
-            if trial == str(t.number) and status in ("ok", "stopped")
-        ]
-        m_epoch = meas[-1]["actual"].get("epoch_time") if meas else None
-        m_peak = max((m["actual"].get("peak_memory") or 0 for m in meas), default=None)
-        if t.state == optuna.trial.TrialState.PRUNED and not meas:
-            rejected += 1
-            outcome = "[red]rejected[/red]: " + "; ".join(a.get("costaware:reasons", []))
-        elif t.state == optuna.trial.TrialState.PRUNED:
-            stopped += 1
-            outcome = "[yellow]stopped[/yellow]: " + str(a.get("costaware_stopped", "over budget"))
-        else:
-            outcome = (
-                f"[green]ok[/green] acc {t.value:.3f}" if t.value is not None else str(t.state.name)
-            )
+        a, p = t.user_attrs, t.params
+        actual = by_trial.get(str(t.number), [])
+        m_epoch = statistics.median(x["epoch_time"] for x in actual) if actual else None
+        m_peak = max((x.get("peak_memory") or 0 for x in actual), default=None)
         pred_epoch = a.get("costaware:epoch_time")
+        if t.state == optuna.trial.TrialState.PRUNED and not actual:
+            outcome = "[red]rejected[/red]"
+            rejections.append(f"  #{t.number}: " + "; ".join(a.get("costaware:reasons", [])))
+        elif t.state == optuna.trial.TrialState.PRUNED:
+            outcome = "[yellow]stopped[/yellow]"
+            stops.append(f"  #{t.number}: {a.get('costaware_stopped', 'over budget')}")
+        else:
+            outcome = f"[green]acc {t.value:.3f}[/green]" if t.value is not None else t.state.name
         if m_epoch and pred_epoch:
-            err = abs(pred_epoch - m_epoch) / m_epoch
-            (errors_before if a.get("costaware:model") == "analytic" else errors_after).append(err)
+            errors[a.get("costaware:model", "analytic")].append(abs(pred_epoch - m_epoch) / m_epoch)
         table.add_row(
             str(t.number),
-            params,
+            f"{p['width']:>3} {p['hidden']:>4} {p['batch_size']:>3}",
             outcome,
-            "-" if pred_epoch is None else f"{pred_epoch:.2f} s",
-            "-" if m_epoch is None else f"{m_epoch:.2f} s",
+            f"{_fmt_s(pred_epoch)} / {_fmt_s(m_epoch)}",
             f"{_fmt_mib(a.get('costaware:peak_memory'))} / {_fmt_mib(m_peak)}",
+            str(a.get("costaware:model", "-")),
         )
     console.print(table)
     done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     console.print(
-        f"{len(study.trials)} trials in {elapsed:.0f} s: {done} completed, {rejected} rejected before they ran, "
-        f"{stopped} stopped by the callback for breaking the budget."
+        f"{len(study.trials)} trials in {elapsed:.0f} s: {done} completed, {len(rejections)} rejected "
+        f"before they ran, {len(stops)} stopped by the callback for breaking the budget."
     )
-    if errors_before:
+    if rejections:
         console.print(
-            f"epoch-time error of the shipped model (before any refit): {sum(errors_before) / len(errors_before):.0%} mean, {len(errors_before)} trials"
+            "[bold]Rejected before they ran[/bold] (the budget check uses the upper bounds):"
         )
-    if errors_after:
-        console.print(
-            f"epoch-time error after online refits: {sum(errors_after) / len(errors_after):.0%} mean, {len(errors_after)} trials"
-        )
+        for line in rejections:
+            console.print(line, markup=False, highlight=False)
+    if stops:
+        console.print("[bold]Stopped while running[/bold]:")
+        for line in stops:
+            console.print(line, markup=False, highlight=False)
+    for kind, label in (
+        ("analytic", "the shipped model, before any refit"),
+        ("learned", "the model after online refits"),
+    ):
+        if errors[kind]:
+            mean = sum(errors[kind]) / len(errors[kind])
+            console.print(
+                f"epoch-time error of {label}: {mean:.0%} mean over {len(errors[kind])} trials"
+            )
     refit = pruner.refit
     if refit is not None and refit.history:
-        console.print(
-            f"refits: {len(refit.history)} (on {', '.join(str(h['rows']) for h in refit.history)} measured trials)"
-        )
+        rows = ", ".join(str(h["rows"]) for h in refit.history)
+        console.print(f"online refits: {len(refit.history)}, on {rows} measured trials")
     if done:
         console.print(f"best: acc {study.best_value:.3f} with {study.best_trial.params}")
+
+
+def _fmt_s(s: float | None) -> str:
+    return "-" if s is None else f"{s:.2f}"
 
 
 if __name__ == "__main__":

@@ -128,7 +128,10 @@ def test_fit_learns_the_residual(fitted: tuple[ca.CostModel, Path]) -> None:
     pred = model.predict(spec, device="H100")
     analytic = ca.CostModel().predict(spec, device="H100")
     truth = analytic.peak_memory * (1.3 + 0.002 * 10)
-    assert pred.kind == "learned" and pred.coverage == 0.95
+    assert pred.kind == "learned" and pred.coverage == model.achieved_coverage()
+    assert (
+        pred.coverage is not None and 0.5 < pred.coverage <= 0.95
+    )  # few calibration rows: below nominal
     assert abs(pred.peak_memory - truth) / truth < abs(analytic.peak_memory - truth) / truth
     assert abs(pred.peak_memory - truth) / truth < 0.05
     assert pred.iteration_time == pytest.approx(
@@ -182,10 +185,11 @@ def test_conformal_quantile() -> None:
     from costaware.model import _conformal_quantile
 
     r = np.arange(1, 100, dtype=float)  # 99 residuals
-    assert _conformal_quantile(r, 0.95) == 95.0  # the ceil(100 * 0.95) = 95th smallest
-    small = np.array([0.1, 0.2])
-    assert _conformal_quantile(small, 0.95) > 0.2  # too few rows: wider than the maximum
-    assert math.isnan(_conformal_quantile(np.array([]), 0.95))
+    assert _conformal_quantile(r, 0.95) == (95.0, 0.95)  # the ceil(100 * 0.95) = 95th smallest
+    small = np.array([0.1, 0.2, 0.3])
+    # too few rows for 95%: the maximum, which guarantees only 3/4
+    assert _conformal_quantile(small, 0.95) == (0.3, 0.75)
+    assert math.isnan(_conformal_quantile(np.array([]), 0.95)[0])
 
 
 def test_constant_targets_fit_save_and_load(tmp_path: Path, cnn_spec: ca.TrainingSpec) -> None:

@@ -42,7 +42,10 @@ WORKSPACE_BYTES = 80 * MiB
 CUDNN_BENCHMARK_FACTOR = (1.8, 3.5)
 COMPUTE_EFFICIENCY = 0.6
 MEMORY_EFFICIENCY = 0.75
-LAUNCH_OVERHEAD_S = {"cuda": 5e-6, "cpu": 2e-6}
+LAUNCH_OVERHEAD_S = {
+    "cuda": 5e-6,
+    "cpu": 3e-5,
+}  # CPU: eager dispatch + autograd per op, measured ~30-80 µs here
 #: fixed per-step cost outside kernels (Python, optimizer bookkeeping, loader hand-off)
 STEP_OVERHEAD_S = {"cuda": 2e-3, "cpu": 1e-3}
 

@@ -82,7 +82,9 @@ def parse_duration(value: int | float | str) -> float:
 
 
 def _fmt_gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    if abs(n) >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.0f} MiB"
 
 
 def _fmt_s(s: float) -> str:
@@ -251,14 +253,12 @@ class Budget:
             checked["limits"].append("memory")
             checked["memory"] = {"predicted": need, "limit": limit}
             if need > limit:
+                context = dev.context_overhead_bytes
+                what = f"predicted peak memory {_fmt_gib(peak)} ({label_mem})"
+                if context:
+                    what += f" + {_fmt_gib(context)} CUDA context = {_fmt_gib(need)}"
                 reasons.append(
-                    Reason(
-                        "memory",
-                        need,
-                        limit,
-                        f"predicted peak memory {_fmt_gib(peak)} ({label_mem}) + {_fmt_gib(dev.context_overhead_bytes)} "
-                        f"CUDA context = {_fmt_gib(need)} exceeds the {_fmt_gib(limit)} budget",
-                    )
+                    Reason("memory", need, limit, f"{what} exceeds the {_fmt_gib(limit)} budget")
                 )
         epoch = prediction.epoch_time_upper if upper_time else prediction.epoch_time
         if epoch is not None:

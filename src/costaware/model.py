@@ -51,7 +51,7 @@ __all__ = ["CostModel", "Observation", "Prediction", "features_for"]
 MiB = 2**20
 MANIFEST = "manifest.json"
 #: below this many measurements of a target, fit learns one constant factor, not trees
-SMALL_SAMPLE = 12
+SMALL_SAMPLE = 8
 FORMAT_VERSION = 1
 
 
@@ -126,7 +126,7 @@ class Prediction:
         else:
             lines.append(
                 f"  model: learned residual over the analytic estimate, trained on {b.get('trained_rows')} "
-                f"measurements; upper bounds split-conformal at {self.coverage:.0%}"
+                f"measurements; upper bounds split-conformal, guaranteed coverage {self.coverage:.0%}"
             )
         lines += [
             "  based on:",
@@ -283,15 +283,21 @@ class _Constant:
         return np.full(len(x), self.value)
 
 
-def _conformal_quantile(residuals: np.ndarray, coverage: float) -> float:
-    """Split-conformal quantile: the ceil((n+1)·coverage)-th smallest residual."""
+def _conformal_quantile(residuals: np.ndarray, coverage: float) -> tuple[float, float]:
+    """Split-conformal quantile and the coverage it guarantees.
+
+    The ceil((n+1)·coverage)-th smallest residual covers a new exchangeable row with
+    probability >= coverage. With too few rows for that (n < coverage / (1 - coverage)),
+    the largest residual is used and the guarantee is only n / (n + 1): that lower
+    level is returned, not the nominal one.
+    """
     n = len(residuals)
     if n == 0:
-        return float("nan")
+        return float("nan"), 0.0
     k = math.ceil((n + 1) * coverage)
-    if k > n:  # too few calibration rows for a finite quantile: widen past the maximum
-        return float(np.max(residuals) + np.std(residuals))
-    return float(np.sort(residuals)[k - 1])
+    if k > n:
+        return float(np.max(residuals)), n / (n + 1)
+    return float(np.sort(residuals)[k - 1]), coverage
 
 
 class CostModel:
@@ -458,7 +464,7 @@ class CostModel:
             basis["memory_factor"] = peak / max(est.reserved, 1)
             basis["time_factor"] = it / max(est.iteration_time, 1e-12)
             kind = "learned"
-            coverage: float | None = self.coverage
+            coverage: float | None = self.achieved_coverage()
             basis["features_used"] = len(self.feature_names_)
             basis["trained_rows"] = self.training_.get("rows")
             seen: list[str] = list(self.training_.get("devices", []))
@@ -494,6 +500,17 @@ class CostModel:
             notes=tuple(notes),
             latency_s=time.perf_counter() - t0,
         )
+
+    def achieved_coverage(self) -> float | None:
+        """The coverage the memory bound guarantees (the time bound's if memory has none).
+
+        The nominal ``coverage`` when there were enough calibration rows, lower otherwise.
+        """
+        for which in ("memory", "time"):
+            level = self.__dict__.get(f"{which}_coverage_")
+            if level is not None:
+                return float(level)
+        return None
 
     def _vector(self, feats: Mapping[str, float]) -> np.ndarray:
         return np.asarray([[feats.get(n, np.nan) for n in self.feature_names_]], dtype=np.float64)
@@ -605,7 +622,9 @@ class CostModel:
                 vals = y[ok]
                 loo = np.asarray([v - np.median(np.delete(vals, i)) for i, v in enumerate(vals)])
                 setattr(self, f"{which}_model_", _Constant(float(np.median(vals))))
-                setattr(self, f"{which}_q_", _conformal_quantile(loo, self.coverage))
+                q, level = _conformal_quantile(loo, self.coverage)
+                setattr(self, f"{which}_q_", q)
+                setattr(self, f"{which}_coverage_", level)
                 setattr(self, f"{which}_cal_rows_", int(ok.sum()))
                 continue
             train = ok & ~is_cal
@@ -624,9 +643,10 @@ class CostModel:
                 model = self._regressor()
                 model.fit(x_all[train], y[train])
             resid = y[cal] - model.predict(x_all[cal])
-            q = _conformal_quantile(resid, self.coverage)
+            q, level = _conformal_quantile(resid, self.coverage)
             setattr(self, f"{which}_model_", model)
             setattr(self, f"{which}_q_", q)
+            setattr(self, f"{which}_coverage_", level)
             setattr(self, f"{which}_cal_rows_", int(cal.sum()))
         if not self.is_fitted:
             raise ValueError(
@@ -683,16 +703,19 @@ class CostModel:
         files = {}
         for which in ("memory", "time"):
             m = self.__dict__.get(f"{which}_model_")
+            level = self.__dict__.get(f"{which}_coverage_", self.coverage)
             if isinstance(m, _Constant):
                 files[which] = {
                     "constant": m.value,
                     "conformal_quantile": getattr(self, f"{which}_q_"),
+                    "coverage": level,
                 }
             elif m is not None:
                 m.save_model(str(out / f"{which}.cbm"), format="cbm")
                 files[which] = {
                     "file": f"{which}.cbm",
                     "conformal_quantile": getattr(self, f"{which}_q_"),
+                    "coverage": level,
                 }
         g2v = self.__dict__.get("graph2vec_")
         if g2v is not None:
@@ -740,6 +763,7 @@ class CostModel:
                 m.load_model(str(root / info["file"]), format="cbm")
             setattr(self, f"{which}_model_", m)
             setattr(self, f"{which}_q_", float(info["conformal_quantile"]))
+            setattr(self, f"{which}_coverage_", float(info.get("coverage", self.coverage)))
         self.base_ = cls.load(root / "base") if manifest.get("base") else None
         if manifest.get("graph2vec"):
             from costaware.graph2vec import Graph2Vec
