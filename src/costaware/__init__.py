@@ -56,3 +56,19 @@ __all__ = [
     "parse_bytes",
     "parse_duration",
 ]
+
+_LAZY = {
+    "ObservationStore": "costaware.store",
+    "StoreError": "costaware.store",
+    "OnlineRefit": "costaware.refit",
+}
+
+
+def __getattr__(name: str) -> object:
+    # the store needs SQLAlchemy, which a bare GPU box measuring with costaware.profile
+    # may lack: import it on first use only
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'costaware' has no attribute {name!r}")
