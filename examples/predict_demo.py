@@ -16,7 +16,6 @@ from rich.console import Console
 from rich.table import Table
 
 import costaware as ca
-from costaware.model import _fmt_bytes, _fmt_seconds
 
 
 def main() -> None:
@@ -83,9 +82,9 @@ def main() -> None:
             (cold if pred.basis["trace_source"] == "traced" else warm).append(ms)
             table.add_row(
                 f"{name} {bs} {optimizer} {precision}",
-                _fmt_bytes(pred.peak_memory),
-                _fmt_bytes(pred.peak_memory_upper),
-                _fmt_seconds(pred.epoch_time),
+                ca.fmt_bytes(pred.peak_memory),
+                ca.fmt_bytes(pred.peak_memory_upper),
+                ca.fmt_seconds(pred.epoch_time),
                 "[green]yes[/green]" if fits else "[red]reject[/red]",
                 f"{ms:,.0f}",
             )

@@ -116,6 +116,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from costaware._format import fmt_bytes, fmt_seconds
 from costaware.budget import Budget, parse_duration
 from costaware.devices import Device, cpu_device, detect_device, get_device
 from costaware.errors import CostAwareWarning
@@ -156,21 +157,6 @@ if _LightningCallback is None and _PLCallback is None:
 # --------------------------------------------------------------------------------------
 # small helpers
 # --------------------------------------------------------------------------------------
-def _fmt_bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
-
-
-def _fmt_seconds(s: float) -> str:
-    if s < 1:
-        return f"{s:.3g} s"
-    if s < 120:
-        return f"{s:.1f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.2f} h"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -754,15 +740,15 @@ class _CostAwareCallbackBase:
             cap = parse_duration(budget.max_epoch_time)
             if epoch_time > cap:
                 reasons.append(
-                    f"measured epoch time {_fmt_seconds(epoch_time)} exceeds the "
-                    f"{_fmt_seconds(cap)} budget"
+                    f"measured epoch time {fmt_seconds(epoch_time)} exceeds the "
+                    f"{fmt_seconds(cap)} budget"
                 )
         if budget.max_trial_time is not None:
             cap = parse_duration(budget.max_trial_time)
             if self._train_time > cap:
                 reasons.append(
-                    f"measured training time so far {_fmt_seconds(self._train_time)} exceeds "
-                    f"the {_fmt_seconds(cap)} trial budget"
+                    f"measured training time so far {fmt_seconds(self._train_time)} exceeds "
+                    f"the {fmt_seconds(cap)} trial budget"
                 )
         peak = actual.get("peak_memory")
         if budget.max_memory is not None and peak is not None:
@@ -779,14 +765,14 @@ class _CostAwareCallbackBase:
                     need = peak + context
                     if need > limit:
                         reasons.append(
-                            f"measured peak memory {_fmt_bytes(peak)} + {_fmt_bytes(context)} "
-                            f"CUDA context = {_fmt_bytes(need)} exceeds the "
-                            f"{_fmt_bytes(limit)} budget"
+                            f"measured peak memory {fmt_bytes(peak)} + {fmt_bytes(context)} "
+                            f"CUDA context = {fmt_bytes(need)} exceeds the "
+                            f"{fmt_bytes(limit)} budget"
                         )
                 elif peak > limit:
                     reasons.append(
-                        f"measured peak memory {_fmt_bytes(peak)} exceeds the "
-                        f"{_fmt_bytes(limit)} budget"
+                        f"measured peak memory {fmt_bytes(peak)} exceeds the "
+                        f"{fmt_bytes(limit)} budget"
                     )
         return "; ".join(reasons) or None
 

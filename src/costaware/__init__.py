@@ -10,6 +10,7 @@ Example:
     True
 """
 
+from costaware._format import fmt_bytes, fmt_seconds
 from costaware.budget import Budget, BudgetError, Decision, Reason, parse_bytes, parse_duration
 from costaware.devices import CATALOG, Device, UnknownDeviceError, get_device, known_devices
 from costaware.errors import (
@@ -51,6 +52,8 @@ __all__ = [
     "__version__",
     "default_loss",
     "dry_run",
+    "fmt_bytes",
+    "fmt_seconds",
     "get_device",
     "known_devices",
     "parse_bytes",

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from costaware._format import fmt_bytes, fmt_seconds
 from costaware.devices import Device, get_device
 from costaware.errors import CostawareError
 
@@ -79,20 +80,6 @@ def parse_duration(value: int | float | str) -> float:
     if seconds <= 0:
         raise BudgetError(f"a duration must be positive, but got {value!r}.")
     return seconds
-
-
-def _fmt_gib(n: float) -> str:
-    if abs(n) >= 2**30:
-        return f"{n / 2**30:.2f} GiB"
-    return f"{n / 2**20:.0f} MiB"
-
-
-def _fmt_s(s: float) -> str:
-    if s < 120:
-        return f"{s:.1f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.2f} h"
 
 
 @dataclass(frozen=True)
@@ -254,11 +241,11 @@ class Budget:
             checked["memory"] = {"predicted": need, "limit": limit}
             if need > limit:
                 context = dev.context_overhead_bytes
-                what = f"predicted peak memory {_fmt_gib(peak)} ({label_mem})"
+                what = f"predicted peak memory {fmt_bytes(peak)} ({label_mem})"
                 if context:
-                    what += f" + {_fmt_gib(context)} CUDA context = {_fmt_gib(need)}"
+                    what += f" + {fmt_bytes(context)} CUDA context = {fmt_bytes(need)}"
                 reasons.append(
-                    Reason("memory", need, limit, f"{what} exceeds the {_fmt_gib(limit)} budget")
+                    Reason("memory", need, limit, f"{what} exceeds the {fmt_bytes(limit)} budget")
                 )
         epoch = prediction.epoch_time_upper if upper_time else prediction.epoch_time
         if epoch is not None:
@@ -287,7 +274,7 @@ class Budget:
                         kind,
                         value,
                         cap,
-                        f"predicted {words} {_fmt_s(value)} ({label_time}) exceeds {_fmt_s(cap)}",
+                        f"predicted {words} {fmt_seconds(value)} ({label_time}) exceeds {fmt_seconds(cap)}",
                     )
                 )
         if self.max_total_time is not None and trial is not None:
@@ -300,7 +287,7 @@ class Budget:
                         "total_time",
                         spent_time + trial,
                         cap,
-                        f"{_fmt_s(spent_time)} spent + {_fmt_s(trial)} for this trial exceeds the study's {_fmt_s(cap)}",
+                        f"{fmt_seconds(spent_time)} spent + {fmt_seconds(trial)} for this trial exceeds the study's {fmt_seconds(cap)}",
                     )
                 )
         if self.max_cost is not None and self.price_per_hour is not None and trial is not None:

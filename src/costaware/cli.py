@@ -106,7 +106,7 @@ def _build_spec(args: argparse.Namespace) -> Any:
 
 def _cmd_predict(args: argparse.Namespace) -> int:
     import costaware as ca
-    from costaware.model import _fmt_bytes, _fmt_seconds
+    from costaware._format import fmt_bytes, fmt_seconds
 
     spec = _build_spec(args)
     model = ca.CostModel.load(args.model_dir) if args.model_dir else ca.CostModel.default()
@@ -126,22 +126,22 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     bound = f"upper bound ({pred.coverage:.0%})" if pred.coverage else "upper bound (heuristic)"
     table.add_column(bound, justify="right")
     table.add_row(
-        "peak memory (reserved)", _fmt_bytes(pred.peak_memory), _fmt_bytes(pred.peak_memory_upper)
+        "peak memory (reserved)", fmt_bytes(pred.peak_memory), fmt_bytes(pred.peak_memory_upper)
     )
     table.add_row(
-        "iteration time", _fmt_seconds(pred.iteration_time), _fmt_seconds(pred.iteration_time_upper)
+        "iteration time", fmt_seconds(pred.iteration_time), fmt_seconds(pred.iteration_time_upper)
     )
     if pred.epoch_time is not None:
         table.add_row(
-            "epoch time", _fmt_seconds(pred.epoch_time), _fmt_seconds(pred.epoch_time_upper)
+            "epoch time", fmt_seconds(pred.epoch_time), fmt_seconds(pred.epoch_time_upper)
         )
     dev = ca.get_device(pred.device)
     console.print(table)
     fits = pred.peak_memory_upper <= dev.usable_memory_bytes
     verdict = "[green]fits[/green]" if fits else "[red]does not fit[/red]"
     console.print(
-        f"{verdict} in {pred.device}'s {_fmt_bytes(dev.usable_memory_bytes)} usable memory "
-        f"(of {_fmt_bytes(dev.memory_bytes)}; the rest is CUDA context)."
+        f"{verdict} in {pred.device}'s {fmt_bytes(dev.usable_memory_bytes)} usable memory "
+        f"(of {fmt_bytes(dev.memory_bytes)}; the rest is CUDA context)."
     )
     if args.explain:
         console.print(pred.explain(), markup=False, highlight=False)
@@ -150,7 +150,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 def _cmd_devices(args: argparse.Namespace) -> int:
     import costaware as ca
-    from costaware.model import _fmt_bytes
+    from costaware._format import fmt_bytes
 
     if args.json:
         print(json.dumps({n: ca.CATALOG[n].to_dict() for n in ca.known_devices()}, indent=2))
@@ -165,7 +165,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         d = ca.CATALOG[name]
         table.add_row(
             name,
-            _fmt_bytes(d.memory_bytes),
+            fmt_bytes(d.memory_bytes),
             f"{d.bandwidth / 1e9:,.0f} GB/s",
             f"{d.peak_flops('fp32') / 1e12:,.1f} TF",
             f"{d.peak_flops('bf16') / 1e12:,.1f} TF",

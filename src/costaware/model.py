@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from costaware import analytic as _analytic
+from costaware._format import fmt_bytes, fmt_seconds
 from costaware.devices import Device, get_device
 from costaware.errors import CostawareError, NotFittedError
 from costaware.features import (
@@ -53,29 +54,6 @@ MANIFEST = "manifest.json"
 #: below this many measurements of a target, fit learns one constant factor, not trees
 SMALL_SAMPLE = 8
 FORMAT_VERSION = 1
-
-
-def _fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _fmt_seconds(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s < 1e-3:
-        return f"{s * 1e6:.0f} µs"
-    if s < 1:
-        return f"{s * 1e3:.1f} ms"
-    if s < 120:
-        return f"{s:.2f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.2f} h"
 
 
 @dataclass(frozen=True)
@@ -108,15 +86,15 @@ class Prediction:
         lines = [
             f"{self.spec.get('name', 'model')} on {self.device}: batch {self.spec.get('batch_size')}, "
             f"{self.spec.get('optimizer')}, {self.spec.get('precision')}, allocator {self.spec.get('allocator')}",
-            f"  peak memory (reserved): {_fmt_bytes(self.peak_memory)}  "
-            f"upper bound: {_fmt_bytes(self.peak_memory_upper)}",
-            f"  iteration time: {_fmt_seconds(self.iteration_time)}  "
-            f"upper bound: {_fmt_seconds(self.iteration_time_upper)}",
+            f"  peak memory (reserved): {fmt_bytes(self.peak_memory)}  "
+            f"upper bound: {fmt_bytes(self.peak_memory_upper)}",
+            f"  iteration time: {fmt_seconds(self.iteration_time)}  "
+            f"upper bound: {fmt_seconds(self.iteration_time_upper)}",
         ]
         if self.epoch_time is not None:
             lines.append(
-                f"  epoch time: {_fmt_seconds(self.epoch_time)} ({self.spec.get('steps_per_epoch')} steps)  "
-                f"upper bound: {_fmt_seconds(self.epoch_time_upper)}"
+                f"  epoch time: {fmt_seconds(self.epoch_time)} ({self.spec.get('steps_per_epoch')} steps)  "
+                f"upper bound: {fmt_seconds(self.epoch_time_upper)}"
             )
         if self.kind == "analytic":
             lines.append(
@@ -130,16 +108,16 @@ class Prediction:
             )
         lines += [
             "  based on:",
-            f"    dry-run live peak        {_fmt_bytes(b.get('live_peak'))}",
-            f"    simulated allocator peak {_fmt_bytes(b.get('simulated_reserved'))} "
-            f"(allocated {_fmt_bytes(b.get('simulated_allocated'))}, incl. {_fmt_bytes(b.get('workspace'))} "
+            f"    dry-run live peak        {fmt_bytes(b.get('live_peak'))}",
+            f"    simulated allocator peak {fmt_bytes(b.get('simulated_reserved'))} "
+            f"(allocated {fmt_bytes(b.get('simulated_allocated'))}, incl. {fmt_bytes(b.get('workspace'))} "
             "cuBLAS/cuDNN workspace)",
             "    peak breakdown           "
-            + ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in b.get("breakdown", {}).items() if v),
+            + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in b.get("breakdown", {}).items() if v),
             f"    parameters               {b.get('params', 0) / 1e6:.2f} M",
             f"    FLOPs per step           {b.get('flops', 0) / 1e9:.1f} GFLOP "
             f"(forward {b.get('flops_forward', 0) / 1e9:.1f})",
-            f"    roofline time            {_fmt_seconds(b.get('analytic_time'))}",
+            f"    roofline time            {fmt_seconds(b.get('analytic_time'))}",
         ]
         if self.kind == "learned":
             lines.append(
@@ -161,11 +139,11 @@ class Prediction:
         return d
 
     def __repr__(self) -> str:
-        ep = f", epoch_time={_fmt_seconds(self.epoch_time)}" if self.epoch_time is not None else ""
+        ep = f", epoch_time={fmt_seconds(self.epoch_time)}" if self.epoch_time is not None else ""
         return (
-            f"Prediction(peak_memory={_fmt_bytes(self.peak_memory)}, "
-            f"peak_memory_upper={_fmt_bytes(self.peak_memory_upper)}, "
-            f"iteration_time={_fmt_seconds(self.iteration_time)}{ep}, device={self.device!r}, "
+            f"Prediction(peak_memory={fmt_bytes(self.peak_memory)}, "
+            f"peak_memory_upper={fmt_bytes(self.peak_memory_upper)}, "
+            f"iteration_time={fmt_seconds(self.iteration_time)}{ep}, device={self.device!r}, "
             f"kind={self.kind!r})"
         )
 

@@ -1,0 +1,34 @@
+"""How costaware writes bytes and seconds for people: one place, one style."""
+
+from __future__ import annotations
+
+__all__ = ["fmt_bytes", "fmt_seconds"]
+
+
+def fmt_bytes(n: float | None) -> str:
+    """``3.47 GiB``, ``160 MiB``, ``12.5 MiB``, ``512 B``; ``-`` for None."""
+    if n is None:
+        return "-"
+    a = abs(n)
+    if a >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    if a >= 2**20:
+        return f"{n / 2**20:.0f} MiB" if a >= 100 * 2**20 else f"{n / 2**20:.1f} MiB"
+    if a >= 2**10:
+        return f"{n / 2**10:.1f} KiB"
+    return f"{n:.0f} B"
+
+
+def fmt_seconds(s: float | None) -> str:
+    """``850 µs``, ``15.8 ms``, ``2.4 s``, ``4.6 min``, ``1.25 h``; ``-`` for None."""
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.2f} h"
