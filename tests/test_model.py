@@ -238,3 +238,13 @@ def test_refit_on_top_of_a_fitted_base(fitted: tuple[ca.CostModel, Path], tmp_pa
     assert (tmp_path / "online" / "base" / "manifest.json").is_file()
     again = ca.CostModel.load(tmp_path / "online").predict(spec, device="H100")
     assert again.iteration_time == pytest.approx(after.iteration_time, rel=1e-4)
+
+
+def test_a_model_learned_on_gpus_is_not_applied_to_the_cpu(
+    fitted: tuple[ca.CostModel, Path], cnn_spec: ca.TrainingSpec
+) -> None:
+    model, _ = fitted  # trained on H100 rows only
+    assert model.covers("A10") and not model.covers("cpu")
+    cpu = model.predict(cnn_spec, device="cpu")
+    assert cpu.kind == "analytic" and any("saw no CPU measurements" in n for n in cpu.notes)
+    assert model.predict(cnn_spec, device="A10").kind == "learned"

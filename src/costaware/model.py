@@ -251,6 +251,12 @@ def features_for(
     return feats
 
 
+def _known(name: str) -> bool:
+    from costaware.devices import known_devices
+
+    return name in known_devices()
+
+
 @dataclass(frozen=True)
 class _Constant:
     """A regressor for a target that never varied in training."""
@@ -436,7 +442,13 @@ class CostModel:
             "build": trace.build,
             "trace_seconds": trace.duration_s,
         }
-        if self.is_fitted:
+        learned_here = self.is_fitted and self.covers(dev)
+        if self.is_fitted and not learned_here:
+            notes.append(
+                f"the learned model saw no {dev.kind.upper()} measurements "
+                f"(trained on {', '.join(self.training_.get('devices', []))}): using the analytic estimate"
+            )
+        if learned_here:
             feats = features_for(trace, spec, dev, est, graph_feats)
             peak, peak_hi, it, it_hi = self._learned(feats, est)
             basis["memory_factor"] = peak / max(est.reserved, 1)
@@ -478,6 +490,19 @@ class CostModel:
             notes=tuple(notes),
             latency_s=time.perf_counter() - t0,
         )
+
+    def covers(self, device: str | Device) -> bool:
+        """Whether the learned part applies to ``device``: fitted on that kind (GPU or CPU).
+
+        CPU residuals (resident-set growth, CPU kernels) say nothing about a GPU's
+        allocator or kernels, and the other way round.
+        """
+        if not self.is_fitted:
+            return False
+        kind = get_device(device).kind
+        seen = self.training_.get("devices", [])
+        kinds = {get_device(d).kind if _known(d) else "cuda" for d in seen}
+        return kind in kinds
 
     def achieved_coverage(self) -> float | None:
         """The coverage the memory bound guarantees (the time bound's if memory has none).
