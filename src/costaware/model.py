@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from torch import nn
 
 from costaware import analytic as _analytic
 from costaware._format import fmt_bytes, fmt_seconds
@@ -215,7 +216,8 @@ def _arch_key(spec: TrainingSpec) -> str:
     key = spec.architecture_key()
     if key is not None:
         return key
-    model, _ = build_model(spec)
+    # an instance is described as it is; a factory without a fingerprint is built on meta
+    model = spec.model if isinstance(spec.model, nn.Module) else build_model(spec)[0]
     shapes = ";".join(f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters())
     body = hashlib.sha1((repr(model) + shapes).encode()).hexdigest()
     return spec._key_with("module:" + body)
