@@ -119,7 +119,7 @@ import torch
 from costaware._format import fmt_bytes, fmt_seconds
 from costaware.budget import Budget, parse_duration
 from costaware.devices import Device, cpu_device, detect_device, get_device
-from costaware.errors import CostAwareWarning
+from costaware.errors import CostAwareWarning, first_line
 from costaware.model import CostModel, Prediction
 from costaware.profile import mmap_threshold, reset_rss_peak, rss_peak_bytes
 from costaware.spec import TrainingSpec
@@ -159,11 +159,8 @@ if _LightningCallback is None and _PLCallback is None:
 # --------------------------------------------------------------------------------------
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    line = text.splitlines()[0] if text else ""
-    out = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
-    return out[:_MAX_REASON]
+def _reason_line(exc: BaseException) -> str:
+    return first_line(exc, _MAX_REASON)
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -472,7 +469,7 @@ class _CostAwareCallbackBase:
                 return cpu_device()
             return None
         except Exception as e:  # never break training over a device name
-            self._warn_once("device", f"costaware could not describe the device: {_first_line(e)}")
+            self._warn_once("device", f"costaware could not describe the device: {_reason_line(e)}")
             return None
 
     @property
@@ -494,7 +491,7 @@ class _CostAwareCallbackBase:
             self._warn_once(
                 "store",
                 f"costaware could not open the observation store {str(self.store)!r} "
-                f"({_first_line(e)}); records are kept in callback.records only.",
+                f"({_reason_line(e)}); records are kept in callback.records only.",
             )
         return self._store_obj
 
@@ -513,7 +510,7 @@ class _CostAwareCallbackBase:
             rows = store.predictions(study=study)
         except Exception as e:
             self._warn_once(
-                "store-read", f"costaware could not read the observation store: {_first_line(e)}"
+                "store-read", f"costaware could not read the observation store: {_reason_line(e)}"
             )
             return False
         return any(r.get("study") == study and str(r.get("trial")) == str(trial) for r in rows)
@@ -535,7 +532,7 @@ class _CostAwareCallbackBase:
             feats = model.features(self.spec, self._dev)
             summary = self.spec.summary()
         except Exception as e:
-            reason = _first_line(e)
+            reason = _reason_line(e)
             self._warn_once(
                 "predict",
                 f"costaware could not predict this run's cost ({reason}); training goes on and "
@@ -756,7 +753,7 @@ class _CostAwareCallbackBase:
                 limit = budget.max_memory_bytes(self._dev)
             except Exception as e:  # a relative budget ("90%") without a known device
                 self._warn_once(
-                    "budget", f"costaware could not check the memory budget: {_first_line(e)}"
+                    "budget", f"costaware could not check the memory budget: {_reason_line(e)}"
                 )
                 limit = None
             if limit is not None:
@@ -783,7 +780,7 @@ class _CostAwareCallbackBase:
                 self.trial.set_user_attr("costaware_stopped", reason)
             except Exception as e:
                 self._warn_once(
-                    "user-attr", f"costaware could not set the trial's user attr: {_first_line(e)}"
+                    "user-attr", f"costaware could not set the trial's user attr: {_reason_line(e)}"
                 )
             import optuna
 
@@ -800,13 +797,13 @@ class _CostAwareCallbackBase:
         if fn is not None and fn != "fit":
             return  # validate/test/predict: not a training run
         if _is_trial_pruned(exc):
-            status, reason = "stopped", "pruned by Optuna: " + _first_line(exc)
+            status, reason = "stopped", "pruned by Optuna: " + _reason_line(exc)
         elif isinstance(exc, KeyboardInterrupt):
             status, reason = "stopped", "interrupted (KeyboardInterrupt)"
         elif _is_oom(exc):
-            status, reason = "oom", _first_line(exc)
+            status, reason = "oom", _reason_line(exc)
         else:
-            status, reason = "error", _first_line(exc)
+            status, reason = "error", _reason_line(exc)
         try:
             actual = self._actual()
         except Exception:  # a broken CUDA context may refuse even the memory stats
@@ -847,7 +844,7 @@ class _CostAwareCallbackBase:
         except Exception as e:  # fail open: training matters more than the record
             self._warn_once(
                 "store-write",
-                f"costaware could not write to the observation store ({_first_line(e)}); "
+                f"costaware could not write to the observation store ({_reason_line(e)}); "
                 "records are kept in callback.records.",
             )
         return record
@@ -860,7 +857,7 @@ class _CostAwareCallbackBase:
         except Exception as e:
             self._warn_once(
                 f"failed:{what}",
-                f"costaware's Lightning callback failed while {what} ({_first_line(e)}); "
+                f"costaware's Lightning callback failed while {what} ({_reason_line(e)}); "
                 "training goes on.",
             )
             return None

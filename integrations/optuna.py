@@ -59,18 +59,17 @@ except ImportError as e:  # pragma: no cover - exercised only without optuna
         "costaware.integrations.optuna needs Optuna: pip install 'costaware[optuna]'"
     ) from e
 
-from costaware.budget import Budget, Decision
-from costaware.devices import Device, get_device
+from costaware.budget import Budget
+from costaware.devices import Device
 from costaware.errors import CostAwareWarning
-from costaware.model import CostModel, Prediction
+from costaware.gate import Gate
+from costaware.model import CostModel
 from costaware.spec import TrainingSpec
 
 __all__ = ["CostAwareHyperbandPruner", "CostAwarePruner", "CostAwareWarning", "admit"]
 
 #: user attribute keys (prefix ``costaware:``)
 ATTR = "costaware:"
-CONSTRAINT_MEMORY = "costaware_memory"
-CONSTRAINT_TIME = "costaware_time"
 
 
 def _spent(study: optuna.Study) -> float:
@@ -84,150 +83,10 @@ def _spent(study: optuna.Study) -> float:
     return total
 
 
-class _Gate:
-    """Predict, decide, record: shared by the pruners and :func:`admit`."""
-
-    def __init__(
-        self,
-        budget: Budget,
-        device: str | Device,
-        model: CostModel | None,
-        store: Any,
-        refit_every: int | None,
-        fail_open: bool,
-    ) -> None:
-        if not isinstance(budget, Budget):
-            raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
-        self.budget = budget
-        self.device = device
-        self.fail_open = fail_open
-        self._model = model
-        self._device: Device | None = None
-        self._lock = threading.Lock()
-        if isinstance(store, (str, bytes)) or hasattr(store, "__fspath__"):
-            from costaware.store import ObservationStore
-
-            store = ObservationStore(store)
-        self.store = store
-        self.refit = None
-        if store is not None and refit_every:
-            from costaware.refit import OnlineRefit
-
-            self.refit = OnlineRefit(store, base=model, every=refit_every)
-
-    def model(self) -> CostModel:
-        if self.refit is not None:
-            self.refit.maybe_refit()  # non-blocking: refits in the background
-            return self.refit.model()
-        with self._lock:
-            if self._model is None:
-                self._model = CostModel.default()
-            return self._model
-
-    def resolved_device(self) -> Device:
-        if self._device is None:
-            self._device = get_device(self.device)
-        return self._device
-
-    def constraints(self, pred: Prediction | None, decision: Decision | None) -> dict[str, float]:
-        """One value per budgeted quantity, for every trial: <= 0 is feasible."""
-        out: dict[str, float] = {}
-        checked = decision.checked if decision is not None else {}
-        if self.budget.max_memory is not None:
-            m = checked.get("memory")
-            out[CONSTRAINT_MEMORY] = float(m["predicted"] - m["limit"]) / 2**30 if m else 0.0
-        if self.budget.max_epoch_time is not None or self.budget.max_trial_time is not None:
-            key = "epoch_time" if self.budget.max_epoch_time is not None else "trial_time"
-            t = checked.get(key)
-            out[CONSTRAINT_TIME] = (
-                float(t["predicted"] - t["limit"]) if t and t.get("predicted") is not None else 0.0
-            )
-        return out
-
-    def judge(
-        self,
-        spec: TrainingSpec | None,
-        spec_error: Exception | None,
-        study_name: str,
-        number: int,
-        spent: float,
-    ) -> tuple[bool, dict[str, Any], dict[str, float]]:
-        """Returns (admit, user attrs, constraints); never raises."""
-        attrs: dict[str, Any] = {}
-        pred: Prediction | None = None
-        decision: Decision | None = None
-        error = spec_error
-        features = None
-        model = None
-        if error is None and spec is not None:
-            try:
-                model = self.model()
-                device = self.resolved_device()
-                pred = model.predict(spec, device=device)
-                decision = self.budget.decide(pred, device=device, spent_time=spent)
-            except Exception as e:  # fail open (or closed), never crash the study
-                error = e
-        if error is not None:
-            admit_it = self.fail_open
-            reason = f"prediction failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            warnings.warn(
-                f"costaware could not judge trial {number}: {reason}; "
-                f"{'admitting' if admit_it else 'rejecting'} it (fail_open={self.fail_open}).",
-                CostAwareWarning,
-                stacklevel=3,
-            )
-            attrs.update(
-                {"admit": admit_it, "error": reason, "reasons": [] if admit_it else [reason]}
-            )
-            status = "error"
-        else:
-            assert pred is not None and decision is not None
-            admit_it = decision.admit
-            reason = "; ".join(r.message for r in decision.reasons)
-            attrs.update(
-                {
-                    "admit": admit_it,
-                    "reasons": [r.message for r in decision.reasons],
-                    "reason_kinds": [r.kind for r in decision.reasons],
-                    "peak_memory": pred.peak_memory,
-                    "peak_memory_upper": pred.peak_memory_upper,
-                    "iteration_time": pred.iteration_time,
-                    "epoch_time": pred.epoch_time,
-                    "epoch_time_upper": pred.epoch_time_upper,
-                    "trial_time": pred.trial_time,
-                    "device": pred.device,
-                    "model": pred.kind,
-                    "latency_ms": round(pred.latency_s * 1e3, 2),
-                }
-            )
-            status = "admitted" if admit_it else "rejected"
-        if self.store is not None:
-            try:
-                if model is not None and spec is not None and error is None:
-                    features = model.features(spec, self.resolved_device())
-                self.store.record_prediction(
-                    study=study_name,
-                    trial=number,
-                    spec=spec.summary() if spec is not None else {},
-                    features=features,
-                    prediction=pred.to_dict() if pred is not None else None,
-                    decision=decision.to_dict() if decision is not None else None,
-                    device=pred.device if pred is not None else None,
-                    status=status,
-                    reason=reason or None,
-                )
-            except Exception as e:  # an unreachable store never stops the study
-                attrs["store_error"] = f"{type(e).__name__}: {e}"
-                warnings.warn(
-                    f"costaware could not write to the store: {e}", CostAwareWarning, stacklevel=3
-                )
-        return admit_it, attrs, self.constraints(pred, decision)
-
-
 class _PrunerGate:
     """The pre-launch decision as a pruner mixin (first ``should_prune`` with no step)."""
 
-    _gate: _Gate
+    _gate: Gate
     _spec_fn: Callable[[dict[str, Any]], TrainingSpec]
 
     def _pre_launch(self, study: optuna.Study, trial: FrozenTrial) -> bool | None:
@@ -247,15 +106,19 @@ class _PrunerGate:
                 )
         except Exception as e:
             spec_error = e
-        admit_it, attrs, constraints = self._gate.judge(
-            spec, spec_error, study.study_name, trial.number, _spent(study)
+        verdict = self._gate.judge(
+            spec,
+            study=study.study_name,
+            trial=trial.number,
+            error=spec_error,
+            spent_time=_spent(study),
         )
         storage = study._storage
-        for key, value in attrs.items():
+        for key, value in verdict.info.items():
             storage.set_trial_user_attr(trial._trial_id, ATTR + key, value)
-        for key, value in constraints.items():
+        for key, value in verdict.constraints.items():
             storage.set_trial_system_attr(trial._trial_id, "constraints:" + key, value)
-        return not admit_it
+        return not verdict.admit
 
 
 def _check_spec_fn(spec_fn: Any) -> None:
@@ -301,7 +164,7 @@ class CostAwarePruner(BasePruner, _PrunerGate):
             )
         self._spec_fn = spec_fn
         self._wrapped = wrapped
-        self._gate = _Gate(budget, device, model, store, refit_every, fail_open)
+        self._gate = Gate(budget, device, model, store, refit_every, fail_open)
 
     @property
     def refit(self) -> Any:
@@ -337,7 +200,7 @@ class CostAwareHyperbandPruner(HyperbandPruner, _PrunerGate):
         _check_spec_fn(spec_fn)
         super().__init__(**hyperband)
         self._spec_fn = spec_fn
-        self._gate = _Gate(budget, device, model, store, refit_every, fail_open)
+        self._gate = Gate(budget, device, model, store, refit_every, fail_open)
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         decided = self._pre_launch(study, trial)
@@ -346,7 +209,7 @@ class CostAwareHyperbandPruner(HyperbandPruner, _PrunerGate):
         return bool(super().prune(study, trial))
 
 
-_GATES: dict[tuple[int, int, int, str, bool], _Gate] = {}
+_GATES: dict[tuple[int, int, int, str, bool], Gate] = {}
 _GATES_LOCK = threading.Lock()
 
 
@@ -374,16 +237,17 @@ def admit(
     with _GATES_LOCK:
         gate = _GATES.get(key)
         if gate is None:
-            gate = _GATES[key] = _Gate(budget, device, model, store, None, fail_open)
+            gate = _GATES[key] = Gate(budget, device, model, store, None, fail_open)
     t0 = time.perf_counter()
-    admit_it, attrs, constraints = gate.judge(
-        spec, None, trial.study.study_name, trial.number, _spent(trial.study)
+    verdict = gate.judge(
+        spec, study=trial.study.study_name, trial=trial.number, spent_time=_spent(trial.study)
     )
+    attrs = verdict.info
     attrs["gate_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
     for k, v in attrs.items():
         trial.set_user_attr(ATTR + k, v)
-    for k, v in constraints.items():
+    for k, v in verdict.constraints.items():
         trial.set_constraint(k, v)
-    if not admit_it:
+    if not verdict.admit:
         raise optuna.TrialPruned("; ".join(attrs.get("reasons", [])) or "rejected by costaware")
     return attrs

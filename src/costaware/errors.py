@@ -15,6 +15,7 @@ __all__ = [
     "TraceError",
     "TraceTimeout",
     "UntraceableModelError",
+    "first_line",
 ]
 
 
@@ -48,3 +49,11 @@ class CostAwareWarning(UserWarning):
     The integrations fail open: they warn with this category, record why, and admit the
     trial (or keep training). Filter it like any warning category.
     """
+
+
+def first_line(exc: BaseException, limit: int = 500) -> str:
+    """``"TypeName: first line of the message"``, at most ``limit`` characters: for reasons
+    recorded next to a trial, where a whole traceback would not help."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    return (f"{type(exc).__name__}: {line}" if line else type(exc).__name__)[:limit]

@@ -360,6 +360,12 @@ class CostModel:
     def is_fitted(self) -> bool:
         return hasattr(self, "memory_model_") or hasattr(self, "time_model_")
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the trace cache holds a lock: a pickled (or copied) model starts with a fresh one
+        state = self.__dict__.copy()
+        state.pop("_trace_cache", None)
+        return state
+
     def _cache(self) -> _TraceCache:
         cache = self.__dict__.get("_trace_cache")
         if cache is None:

@@ -1,0 +1,211 @@
+"""The pre-launch judgement every integration shares: predict, decide, record.
+
+:class:`Gate` holds a budget, a device, a cost model (refitted online when a store is
+given) and the fail policy. :meth:`Gate.judge` never raises: a prediction that fails
+admits the trial (``fail_open=True``, the default) or rejects it, with a
+:class:`~costaware.errors.CostAwareWarning` and the reason in the verdict. Framework
+adapters (Optuna, Ray Tune) translate the :class:`Verdict` into their own terms.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from costaware.budget import Budget, Decision
+from costaware.devices import Device, get_device
+from costaware.errors import CostAwareWarning, first_line
+from costaware.model import CostModel, Prediction
+from costaware.spec import TrainingSpec
+
+__all__ = ["CONSTRAINT_MEMORY", "CONSTRAINT_TIME", "Gate", "Verdict"]
+
+#: names of the feasibility constraints (<= 0 is feasible) the integrations set
+CONSTRAINT_MEMORY = "costaware_memory"
+CONSTRAINT_TIME = "costaware_time"
+
+
+@dataclass
+class Verdict:
+    """The outcome of :meth:`Gate.judge`: admit or not, and the figures behind it."""
+
+    admit: bool
+    info: dict[str, Any]
+    prediction: Prediction | None = None
+    decision: Decision | None = None
+    constraints: dict[str, float] = field(default_factory=dict)
+
+
+class Gate:
+    """Predict, decide against a budget, and record, for one study or experiment.
+
+    Args:
+        budget: the limits a trial must fit.
+        device: a catalog name, a ``Device``, or ``"auto"``.
+        model: the cost model (default: the shipped one).
+        store: an ``ObservationStore`` or its URL, to record predictions (and refit).
+        refit_every: with a store, refit after this many measured trials (None: never).
+        fail_open: admit a trial whose prediction fails (default) or reject it.
+    """
+
+    def __init__(
+        self,
+        budget: Budget,
+        device: str | Device = "auto",
+        model: CostModel | None = None,
+        store: Any = None,
+        refit_every: int | None = None,
+        fail_open: bool = True,
+    ) -> None:
+        if not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
+        self.budget = budget
+        self.device = device
+        self.fail_open = fail_open
+        self.refit_every = refit_every
+        self._model = model
+        self._device: Device | None = None
+        self._lock = threading.Lock()
+        if isinstance(store, (str, bytes)) or hasattr(store, "__fspath__"):
+            from costaware.store import ObservationStore
+
+            store = ObservationStore(store)
+        self.store = store
+        self.refit: Any = None
+        self._start_refit()
+
+    def _start_refit(self) -> None:
+        if self.store is not None and self.refit_every:
+            from costaware.refit import OnlineRefit
+
+            self.refit = OnlineRefit(self.store, base=self._model, every=self.refit_every)
+
+    # frameworks (Ray Tune) pickle what they are given: no locks or threads in the state
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_lock", None)
+        state["refit"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._start_refit()
+
+    def model(self) -> CostModel:
+        """The model in use: the newest online refit, or the given (default) one."""
+        if self.refit is not None:
+            self.refit.maybe_refit()  # non-blocking: refits in the background
+            refitted: CostModel = self.refit.model()
+            return refitted
+        with self._lock:
+            if self._model is None:
+                self._model = CostModel.default()
+            return self._model
+
+    def resolved_device(self) -> Device:
+        if self._device is None:
+            self._device = get_device(self.device)
+        return self._device
+
+    def constraints(self, decision: Decision | None) -> dict[str, float]:
+        """One value per budgeted quantity (<= 0 feasible), the same keys for every trial."""
+        out: dict[str, float] = {}
+        checked = decision.checked if decision is not None else {}
+        if self.budget.max_memory is not None:
+            m = checked.get("memory")
+            out[CONSTRAINT_MEMORY] = float(m["predicted"] - m["limit"]) / 2**30 if m else 0.0
+        if self.budget.max_epoch_time is not None or self.budget.max_trial_time is not None:
+            key = "epoch_time" if self.budget.max_epoch_time is not None else "trial_time"
+            t = checked.get(key)
+            ok = t is not None and t.get("predicted") is not None
+            out[CONSTRAINT_TIME] = float(t["predicted"] - t["limit"]) if ok else 0.0  # type: ignore[index]
+        return out
+
+    def judge(
+        self,
+        spec: TrainingSpec | None,
+        *,
+        study: str | None,
+        trial: str | int,
+        error: Exception | None = None,
+        spent_time: float = 0.0,
+        rejected_as: str | int | None = None,
+    ) -> Verdict:
+        """Judge ``spec`` (or the ``error`` that stopped building it); never raises.
+
+        The prediction is recorded in the store under ``trial`` when admitted, under
+        ``rejected_as`` (default ``trial``) when rejected.
+        """
+        pred: Prediction | None = None
+        decision: Decision | None = None
+        model: CostModel | None = None
+        if error is None and spec is None:
+            error = ValueError("no TrainingSpec")
+        if error is None and spec is not None:
+            try:
+                model = self.model()
+                device = self.resolved_device()
+                pred = model.predict(spec, device=device)
+                decision = self.budget.decide(pred, device=device, spent_time=spent_time)
+            except Exception as e:  # fail open (or closed), never crash the study
+                error = e
+        if error is not None or pred is None or decision is None:
+            admit = self.fail_open
+            reason = "prediction failed: " + (first_line(error) if error else "unknown")
+            warnings.warn(
+                f"costaware could not judge trial {trial}: {reason}; "
+                f"{'admitting' if admit else 'rejecting'} it (fail_open={self.fail_open}).",
+                CostAwareWarning,
+                stacklevel=4,
+            )
+            info: dict[str, Any] = {
+                "admit": admit,
+                "error": reason,
+                "reasons": [] if admit else [reason],
+            }
+            status = "error"
+        else:
+            admit = decision.admit
+            reason = "; ".join(r.message for r in decision.reasons)
+            info = {
+                "admit": admit,
+                "reasons": [r.message for r in decision.reasons],
+                "reason_kinds": [r.kind for r in decision.reasons],
+                "peak_memory": pred.peak_memory,
+                "peak_memory_upper": pred.peak_memory_upper,
+                "iteration_time": pred.iteration_time,
+                "epoch_time": pred.epoch_time,
+                "epoch_time_upper": pred.epoch_time_upper,
+                "trial_time": pred.trial_time,
+                "device": pred.device,
+                "model": pred.kind,
+                "latency_ms": round(pred.latency_s * 1e3, 2),
+            }
+            status = "admitted" if admit else "rejected"
+        if self.store is not None:
+            try:
+                features = None
+                if model is not None and spec is not None and pred is not None:
+                    features = model.features(spec, self.resolved_device())
+                self.store.record_prediction(
+                    study=study,
+                    trial=trial if admit or rejected_as is None else rejected_as,
+                    spec=spec.summary() if spec is not None else {},
+                    features=features,
+                    prediction=pred.to_dict() if pred is not None else None,
+                    decision=decision.to_dict() if decision is not None else None,
+                    device=pred.device if pred is not None else None,
+                    status=status,
+                    reason=reason or None,
+                )
+            except Exception as e:  # an unreachable store never stops the study
+                info["store_error"] = first_line(e)
+                warnings.warn(
+                    f"costaware could not write to the store: {first_line(e)}",
+                    CostAwareWarning,
+                    stacklevel=4,
+                )
+        return Verdict(admit, info, pred, decision, self.constraints(decision))
