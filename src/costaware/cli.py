@@ -176,6 +176,92 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_collect(args: argparse.Namespace) -> int:
+    from costaware import collect
+
+    if not args.out and not args.list:
+        raise CliError(
+            "--out FILE.jsonl.gz is required (for example data/gpu/h100-shard0.jsonl.gz)."
+        )
+    return collect.run(args)
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    import costaware as ca
+    from costaware.collect import observations, read_rows
+
+    files = [Path(p) for p in args.data]
+    for f in files:
+        if not f.is_file():
+            raise CliError(f"no such data file: {f}")
+    rows: list[dict[str, Any]] = []
+    per_file: dict[str, dict[str, Any]] = {}
+    for f in files:
+        got = list(read_rows(f))
+        per_file[str(f)] = {"sha256": _sha256(f), "rows": len(got), "bytes": f.stat().st_size}
+        rows += got
+    if not rows:
+        raise CliError(f"no rows in {', '.join(map(str, files))}.")
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:  # the latest row of an (id, device) wins: re-measurements replace
+        seen[(str(r.get("id")), str(r.get("device_name")))] = r
+    rows = list(seen.values())
+    model = ca.CostModel(
+        iterations=args.iterations, random_state=args.seed, thread_count=args.threads
+    )
+    quiet = args.quiet
+    if quiet:
+        obs, skipped = observations(
+            rows, model=ca.CostModel(trace_timeout=600.0), cache=args.features_cache
+        )
+    else:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as progress:
+            task = progress.add_task("tracing configurations", total=len(rows))
+            obs, skipped = observations(
+                rows,
+                model=ca.CostModel(trace_timeout=600.0),
+                cache=args.features_cache,
+                on_row=lambda i, r: progress.update(
+                    task, completed=i, description=str(r.get("id"))
+                ),
+            )
+    if not obs:
+        raise CliError(f"none of the {len(rows)} rows is usable: {'; '.join(skipped[:3])}")
+    model.fit(obs)
+    model.training_["data_files"] = per_file
+    model.training_["skipped_rows"] = len(skipped)
+    out = model.save(args.out)
+    info = {
+        "files": per_file,
+        "rows_read": len(rows),
+        "observations": len(obs),
+        "skipped": skipped,
+        "devices": model.training_.get("devices"),
+        "families": model.training_.get("families"),
+        "command": "costaware fit " + " ".join(map(str, args.data)) + f" --out {args.out}",
+        "costaware": ca.__version__,
+    }
+    (out / "data.json").write_text(json.dumps(info, indent=2))
+    print(
+        f"fitted on {len(obs)} observations ({len(skipped)} rows skipped) from "
+        f"{len(files)} file(s), devices {', '.join(model.training_.get('devices', []))}; "
+        f"saved to {out}"
+    )
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="costaware",
@@ -244,6 +330,41 @@ def _parser() -> argparse.ArgumentParser:
     )
     dv.add_argument("--json", action="store_true", help="print the catalog as JSON")
     dv.set_defaults(func=_cmd_devices)
+
+    from costaware.collect import add_arguments
+
+    co = sub.add_parser(
+        "collect",
+        help="measure a corpus shard for real and append rows to a .jsonl.gz file",
+        description=(
+            "Measure a shard of the costaware corpus (peak memory, step time) on this machine and "
+            "append one JSON row per configuration to a gzip JSONL file; resumes by default. "
+            "Example: costaware collect --corpus gpu --shard 0 --device cuda "
+            "--out data/gpu/h100-shard0.jsonl.gz --max-minutes 9"
+        ),
+    )
+    add_arguments(co)
+    co.set_defaults(func=_cmd_collect)
+
+    fi = sub.add_parser(
+        "fit",
+        help="fit a CostModel on collected .jsonl.gz files and save it",
+        description=(
+            "Rebuild every measured configuration, trace it, compute its features and fit the "
+            "memory and time residual models. Example: costaware fit data/cpu/*.jsonl.gz --out model/"
+        ),
+    )
+    fi.add_argument("data", nargs="+", metavar="DATA", help="one or more .jsonl.gz files")
+    fi.add_argument("--out", required=True, help="directory to save the model to")
+    fi.add_argument("--iterations", type=int, default=800, help="CatBoost trees (default 800)")
+    fi.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    fi.add_argument("--threads", type=int, default=2, help="CatBoost threads (default 2)")
+    fi.add_argument("--quiet", action="store_true", help="no progress bar")
+    fi.add_argument(
+        "--features-cache",
+        help="a .json.gz file of features already computed (reused and updated); default none",
+    )
+    fi.set_defaults(func=_cmd_fit)
     return p
 
 

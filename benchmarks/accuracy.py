@@ -1,0 +1,295 @@
+"""Leave-family-out accuracy of the learned cost model on the collected measurements.
+
+For every architecture family: fit a CostModel on the other families' rows of the same
+device kind, predict the held-out family from its features, and compare with what was
+measured. Per family and overall it reports
+
+- memory MRE and iteration-time MRE of the learned model, and of the analytic estimate
+  alone (the unfitted baseline: simulated allocator peak / roofline time);
+- coverage of the calibrated upper bounds (share of rows whose measurement is at or
+  below the bound);
+- OOM decisions at simulated capacities: a trial is admitted when its memory upper bound
+  fits. "admitted-but-OOM" counts admitted trials whose measured peak exceeds the
+  capacity (must be 0), "good-rejected" counts rejected trials that would have fit.
+  Capacities: 12 and 24 GiB for GPU data; for CPU data (MiB-scale peaks) the median and
+  the 75th percentile of the measured peaks.
+
+Usage:
+    python benchmarks/accuracy.py [DATA.jsonl.gz ...] [--out docs/accuracy.md]
+
+With no DATA it reads every ``data/**/*.jsonl.gz``. Features (one dry run per row) are
+cached in the temp folder, keyed by row id, device and feature version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1024**2
+GiB = 1024**3
+
+
+def _load(files: Sequence[Path]) -> list[dict[str, Any]]:
+    from costaware.collect import read_rows
+
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for f in files:
+        for r in read_rows(f):
+            seen[(str(r.get("id")), str(r.get("device_name")))] = r
+    return list(seen.values())
+
+
+def _observations(rows: list[dict[str, Any]], use_cache: bool) -> tuple[list[Any], list[str]]:
+    from costaware.collect import observations
+
+    cache = Path(tempfile.gettempdir()) / "costaware-accuracy" / "features.json.gz"
+    t0 = time.perf_counter()
+    count = [0]
+
+    def on_row(i: int, r: dict[str, Any]) -> None:
+        count[0] += 1
+        if count[0] % 25 == 0:
+            print(f"  traced {count[0]} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+
+    obs, skipped = observations(rows, on_row=on_row, cache=cache if use_cache else None)
+    return list(obs), list(skipped)
+
+
+def _predict(model: Any, feats: dict[str, float]) -> tuple[float, float, float, float]:
+    """Point and upper predictions (memory, memory upper, time, time upper) from features."""
+    mem = feats["analytic_reserved_mib"] * MiB
+    secs = feats["analytic_time_ms"] / 1e3
+    x = np.asarray([[feats.get(n, np.nan) for n in model.feature_names_]], dtype=np.float64)
+    mem_hi, secs_hi = mem, secs / (1 - 0.59)
+    if hasattr(model, "memory_model_"):
+        r = float(model.memory_model_.predict(x)[0])
+        mem, mem_hi = mem * math.exp(r), mem * math.exp(r + model.memory_q_)
+    if hasattr(model, "time_model_"):
+        r = float(model.time_model_.predict(x)[0])
+        secs, secs_hi = secs * math.exp(r), secs * math.exp(r + model.time_q_)
+    return mem, mem_hi, secs, secs_hi
+
+
+def _mre(pred: list[float], actual: list[float]) -> float:
+    if not actual:
+        return float("nan")
+    return float(np.mean([abs(p - a) / a for p, a in zip(pred, actual, strict=True)]))
+
+
+def _mdre(pred: list[float], actual: list[float]) -> float:
+    if not actual:
+        return float("nan")
+    return float(np.median([abs(p - a) / a for p, a in zip(pred, actual, strict=True)]))
+
+
+def _evaluate(obs: list[Any], kind: str, iterations: int, threads: int) -> dict[str, Any]:
+    from costaware.model import CostModel
+
+    families = sorted({o.family for o in obs})
+    if kind == "cpu":
+        peaks = sorted(o.peak_memory for o in obs if o.peak_memory)
+        caps = {
+            "p50 of peaks": float(np.percentile(peaks, 50)),
+            "p75 of peaks": float(np.percentile(peaks, 75)),
+        }
+    else:
+        caps = {"12 GiB": 12.0 * GiB, "24 GiB": 24.0 * GiB}
+    records: list[dict[str, Any]] = []
+    for fam in families:
+        train = [o for o in obs if o.family != fam]
+        test = [o for o in obs if o.family == fam]
+        model = CostModel(iterations=iterations, thread_count=threads).fit(train)
+        for o in test:
+            mem, mem_hi, secs, secs_hi = _predict(model, o.features)
+            records.append(
+                {
+                    "family": fam,
+                    "id": o.meta.get("id"),
+                    "status": o.status,
+                    "mem": o.peak_memory,
+                    "secs": o.iteration_time,
+                    "p_mem": mem,
+                    "p_mem_hi": mem_hi,
+                    "p_secs": secs,
+                    "p_secs_hi": secs_hi,
+                    "a_mem": o.features["analytic_reserved_mib"] * MiB,
+                    "a_secs": o.features["analytic_time_ms"] / 1e3,
+                }
+            )
+        print(f"  fold {fam}: {len(test)} held out, {len(train)} trained", file=sys.stderr)
+
+    def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
+        m = [r for r in recs if r["mem"]]  # CPU peaks under 1 MiB are noise: no memory row
+        t = [r for r in recs if r["secs"]]
+        s: dict[str, Any] = {
+            "n": len(recs),
+            "mem_mre": _mre([r["p_mem"] for r in m], [r["mem"] for r in m]),
+            "time_mre": _mre([r["p_secs"] for r in t], [r["secs"] for r in t]),
+            "mem_cov": float(np.mean([r["mem"] <= r["p_mem_hi"] for r in m])) if m else math.nan,
+            "time_cov": float(np.mean([r["secs"] <= r["p_secs_hi"] for r in t])) if t else math.nan,
+            "mem_mdre": _mdre([r["p_mem"] for r in m], [r["mem"] for r in m]),
+            "time_mdre": _mdre([r["p_secs"] for r in t], [r["secs"] for r in t]),
+            "a_mem_mre": _mre([r["a_mem"] for r in m], [r["mem"] for r in m]),
+            "a_time_mre": _mre([r["a_secs"] for r in t], [r["secs"] for r in t]),
+        }
+        for name, cap in caps.items():
+            oom = [r["status"] == "oom" or (r["mem"] or 0) > cap for r in recs]
+            admitted = [r["p_mem_hi"] <= cap for r in recs]
+            a_admitted = [r["a_mem"] <= cap for r in recs]
+            misses = [
+                f"{r['id']} (measured {r['mem'] / MiB:,.1f} MiB, bound {r['p_mem_hi'] / MiB:,.1f} MiB)"
+                if r["mem"]
+                else f"{r['id']} (OOM)"
+                for r, a, o in zip(recs, admitted, oom, strict=True)
+                if a and o
+            ]
+            s[f"cap:{name}"] = {
+                "misses": misses,
+                "would_oom": sum(oom),
+                "admitted_but_oom": sum(a and o for a, o in zip(admitted, oom, strict=True)),
+                "good_rejected": sum(not a and not o for a, o in zip(admitted, oom, strict=True)),
+                "analytic_admitted_but_oom": sum(
+                    a and o for a, o in zip(a_admitted, oom, strict=True)
+                ),
+                "analytic_good_rejected": sum(
+                    not a and not o for a, o in zip(a_admitted, oom, strict=True)
+                ),
+            }
+        return s
+
+    per_family = {f: summarise([r for r in records if r["family"] == f]) for f in families}
+    return {
+        "families": per_family,
+        "overall": summarise(records),
+        "capacities": caps,
+        "rows": len(obs),
+    }
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x != x else f"{100 * x:.1f}%"
+
+
+def _cap_label(name: str, cap: float) -> str:
+    return f"{name} ({cap / MiB:,.0f} MiB)" if cap < GiB else name
+
+
+def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
+    lines = [
+        "# Accuracy: leave-family-out cross-validation",
+        "",
+        "Generated by `python benchmarks/accuracy.py` "
+        f"on {meta['date']} from {', '.join(meta['files'])}.",
+        "",
+        f"**Measured on: {', '.join(meta['devices'])}.** "
+        + (
+            "There is no GPU data yet: every figure below is for the CPU (peak resident-set "
+            "growth and CPU step times, see data/README.md), not for a GPU."
+            if not any(k != "cpu" for k in results)
+            else ""
+        ),
+        "",
+        "For each family the model is fitted on all the other families of the same device kind "
+        f"(CatBoost, {meta['iterations']} trees, split-conformal bounds at 95%) and predicts the "
+        "held-out family from its dry-run features. MRE = mean |predicted - measured| / measured. "
+        "`analytic` is the unfitted baseline (simulated allocator peak, roofline time). "
+        "Coverage is the share of rows at or below the upper bound (nominal 95%).",
+        "",
+    ]
+    for kind, res in results.items():
+        caps = res["capacities"]
+        lines += [f"## {kind.upper()} data ({res['rows']} rows)", ""]
+        if kind == "cpu":
+            lines += [
+                "OOM capacities for CPU data: the median and the 75th percentile of the measured "
+                "peaks (GPU capacities such as 12/24 GiB would admit every CPU-scale row). "
+                "Memory figures leave out CPU peaks under 1 MiB (resident-set noise; those rows "
+                "still count for time). CPU times come from a shared 2-core container (1 torch "
+                "thread, under `nice`), so they carry scheduling noise.",
+                "",
+            ]
+        head = (
+            "| family | n | mem MRE | mem MRE (analytic) | mem median RE | time MRE "
+            "| time MRE (analytic) | time median RE | mem cov | time cov |"
+        )
+        lines += [head, "|" + "---|" * 10]
+        items = [*list(res["families"].items()), ("**overall**", res["overall"])]
+        for fam, s in items:
+            lines.append(
+                f"| {fam} | {s['n']} | {_pct(s['mem_mre'])} | {_pct(s['a_mem_mre'])} | "
+                f"{_pct(s['mem_mdre'])} | {_pct(s['time_mre'])} | {_pct(s['a_time_mre'])} | "
+                f"{_pct(s['time_mdre'])} | {_pct(s['mem_cov'])} | {_pct(s['time_cov'])} |"
+            )
+        lines += [
+            "",
+            "OOM decisions (overall, admitted when the memory upper bound fits; the analytic "
+            "baseline admits on its point estimate):",
+            "",
+            "| capacity | would OOM | admitted but OOM | good rejected | analytic: admitted but OOM "
+            "| analytic: good rejected |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, cap in caps.items():
+            c = res["overall"][f"cap:{name}"]
+            lines.append(
+                f"| {_cap_label(name, cap)} | {c['would_oom']} | {c['admitted_but_oom']} | "
+                f"{c['good_rejected']} | {c['analytic_admitted_but_oom']} | "
+                f"{c['analytic_good_rejected']} |"
+            )
+        for name, cap in caps.items():
+            misses = res["overall"][f"cap:{name}"]["misses"]
+            if misses:
+                lines += ["", f"Admitted but OOM at {_cap_label(name, cap)}: " + "; ".join(misses)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("data", nargs="*", help="jsonl.gz files (default data/**/*.jsonl.gz)")
+    p.add_argument("--out", default=str(ROOT / "docs" / "accuracy.md"), help="markdown output")
+    p.add_argument("--iterations", type=int, default=400, help="CatBoost trees per fit")
+    p.add_argument("--threads", type=int, default=2, help="CatBoost threads")
+    p.add_argument("--no-cache", action="store_true", help="recompute every feature")
+    args = p.parse_args(argv)
+    files = [Path(f) for f in args.data] or sorted((ROOT / "data").glob("**/*.jsonl.gz"))
+    if not files:
+        print("no data files: run `costaware collect` first (see data/README.md)", file=sys.stderr)
+        return 2
+    rows = _load(files)
+    print(f"{len(rows)} rows from {len(files)} file(s); computing features", file=sys.stderr)
+    obs, skipped = _observations(rows, use_cache=not args.no_cache)
+    by_kind: dict[str, list[Any]] = {}
+    for o in obs:
+        by_kind.setdefault("cpu" if o.device == "CPU" else "gpu", []).append(o)
+    devices = sorted({str(r.get("device_name")) for r in rows})
+    results = {k: _evaluate(v, k, args.iterations, args.threads) for k, v in by_kind.items()}
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "files": [str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f) for f in files],
+        "devices": devices,
+        "iterations": args.iterations,
+    }
+    md = _markdown(results, meta)
+    if skipped:
+        md += f"\n{len(skipped)} rows were skipped (errors, crashes or untraceable): "
+        md += "; ".join(skipped[:10]) + ("; ..." if len(skipped) > 10 else "") + "\n"
+    print(md)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(md)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""The corpus, the collector (gzip JSONL rows, resume, time limit, failures) and `costaware fit`."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from costaware import zoo
+from costaware.cli import main
+from costaware.collect import append_row, collect, done_ids, read_rows
+from costaware.corpus import Config, corpus, full_corpus, recommended_shards, shard_estimates
+
+
+def _tiny(name: str, batch_size: int = 8, **kw: object) -> Config:
+    base: dict[str, object] = {
+        "id": name,
+        "family": "mlp",
+        "factory": "mlp",
+        "kwargs": {"in_features": 16, "hidden": [32], "classes": 4},
+        "batch_kind": "vector",
+        "batch_shape": [16],
+        "classes": 4,
+        "batch_size": batch_size,
+        "optimizer": "sgd",
+        "est_seconds": 0.1,
+    }
+    base.update(kw)
+    return Config(**base)  # type: ignore[arg-type]
+
+
+TINY_GPT = _tiny(
+    "t-gpt",
+    family="gpt",
+    factory="gpt",
+    kwargs={"vocab": 64, "seq_len": 16, "dim": 32, "depth": 1, "heads": 2},
+    batch_kind="tokens",
+    batch_shape=[16],
+    classes=64,
+    batch_size=2,
+    optimizer="adamw",
+)
+BROKEN = _tiny(  # dim 10 is not divisible by 3 heads: the model raises when built
+    "t-broken",
+    family="vit",
+    factory="vit",
+    kwargs={"image_size": 8, "patch": 4, "dim": 10, "depth": 1, "heads": 3, "classes": 2},
+    batch_kind="image",
+    batch_shape=[3, 8, 8],
+    classes=2,
+)
+
+
+# ----------------------------------------------------------------------------- corpus
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_corpus_is_deterministic_and_spans_every_family(kind: str) -> None:
+    a, b = full_corpus(kind), full_corpus(kind)
+    assert [c.id for c in a] == [c.id for c in b]
+    assert len({c.id for c in a}) == len(a) > 300
+    assert {c.family for c in a} == set(zoo.FAMILIES)
+    assert {c.optimizer for c in a} == {"sgd", "adam", "adamw"}
+    assert {c.precision for c in a} >= {"fp32", "bf16"}
+    assert [c.id for c in full_corpus(kind, seed=1)] != [c.id for c in a]
+    first = {c.family for c in a[:60]}  # shuffled: a prefix spans most families
+    assert len(first) >= 12
+
+
+@pytest.mark.parametrize(("kind", "shards"), [("cpu", 3), ("gpu", 5)])
+def test_shards_are_disjoint_covering_and_balanced(kind: str, shards: int) -> None:
+    parts = [corpus(kind, shard=i, shards=shards) for i in range(shards)]
+    ids = [c.id for p in parts for c in p]
+    assert len(ids) == len(set(ids))
+    assert set(ids) == {c.id for c in full_corpus(kind)}
+    est = shard_estimates(kind, shards)
+    assert max(est) - min(est) < 0.1 * max(est) + 15
+    with pytest.raises(ValueError, match="shard must be in"):
+        corpus(kind, shard=shards, shards=shards)
+
+
+def test_recommended_gpu_shards_fit_the_time_target() -> None:
+    n = recommended_shards("gpu")
+    assert n >= 2
+    assert max(shard_estimates("gpu", n)) <= 8 * 60
+
+
+def test_cpu_corpus_is_small() -> None:
+    assert max(c.est_seconds for c in full_corpus("cpu")) < 5
+    assert {c.allocator for c in full_corpus("cpu")} == {"default"}
+    assert {c.allocator for c in full_corpus("gpu")} == {"default", "expandable_segments"}
+
+
+def test_config_round_trips_to_a_spec_for_every_family() -> None:
+    for fam in zoo.FAMILIES:
+        cfg = next(c for c in full_corpus("cpu") if c.family == fam)
+        again = Config.from_dict(json.loads(json.dumps(cfg.to_dict())))
+        assert again == cfg
+        spec = again.to_spec()
+        assert spec.batch_size == cfg.batch_size
+        assert spec.optimizer_name == cfg.optimizer
+        assert spec.precision == cfg.precision
+        assert spec.name == cfg.id
+        assert spec.architecture_key() is not None  # partial of a zoo function: cacheable
+        with torch.device("meta"):
+            model = spec.model()  # type: ignore[operator]
+        assert sum(p.numel() for p in model.parameters()) > 0
+    gpu = full_corpus("gpu")
+    for fam in ("gpt", "resnet"):
+        spec = next(c for c in gpu if c.family == fam).to_spec()
+        assert spec.batch_size >= 1
+
+
+def test_unknown_factory_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown zoo factory"):
+        _tiny("x", factory="nope").to_spec()
+
+
+# ----------------------------------------------------------------------------- collect
+def test_collect_writes_gzip_rows_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "d" / "rows.jsonl.gz"
+    configs = [_tiny("t-mlp-8"), TINY_GPT, BROKEN]
+    s = collect(configs, out, "cpu", warmup=1, steps=10, progress=False)
+    assert (s.measured, s.skipped, s.remaining) == (3, 0, 0)
+    rows = list(read_rows(out))
+    assert [r["id"] for r in rows] == ["t-mlp-8", "t-gpt", "t-broken"]
+    by_id = {r["id"]: r for r in rows}
+    assert by_id["t-mlp-8"]["status"] == "ok"
+    assert by_id["t-mlp-8"]["measurement"]["iteration_time"] > 0
+    assert by_id["t-mlp-8"]["device_name"] == "CPU"
+    assert by_id["t-mlp-8"]["env"]["torch"] == torch.__version__
+    assert by_id["t-broken"]["status"] == "error"
+    assert (
+        "heads" in by_id["t-broken"]["measurement"]["error"]
+        or by_id["t-broken"]["measurement"]["error"]
+    )
+    assert Config.from_dict(by_id["t-gpt"]["config"]) == TINY_GPT
+    # a plain gzip reader sees the same lines (one member per row)
+    with gzip.open(out, "rt") as f:
+        assert len([line for line in f if line.strip()]) == 3
+    again = collect(configs, out, "cpu", warmup=1, steps=10, progress=False)
+    assert (again.measured, again.skipped) == (0, 3)
+    assert done_ids(out) == {"t-mlp-8", "t-gpt", "t-broken"}
+
+
+def test_max_minutes_stops_after_the_first(tmp_path: Path) -> None:
+    out = tmp_path / "rows.jsonl.gz"
+    configs = [_tiny("a"), _tiny("b", 4), _tiny("c", 2)]
+    s = collect(configs, out, "cpu", max_minutes=0.0001, warmup=1, steps=10, progress=False)
+    assert s.measured == 1
+    assert s.stopped_early
+    assert s.remaining == 2
+    assert [r["id"] for r in read_rows(out)] == ["a"]
+
+
+def test_a_config_over_its_time_limit_is_a_timeout_row(tmp_path: Path) -> None:
+    out = tmp_path / "rows.jsonl.gz"
+    slow = _tiny("slow", 64, kwargs={"in_features": 16, "hidden": [2048] * 6, "classes": 4})
+    s = collect(
+        [slow, _tiny("fast")], out, "cpu", warmup=1, steps=10, progress=False, timeout_s=0.05
+    )
+    rows = {r["id"]: r for r in read_rows(out)}
+    assert rows["slow"]["status"] == "timeout"
+    assert "0.05 s" in rows["slow"]["measurement"]["error"]
+    assert s.measured == 2
+
+
+def test_a_truncated_tail_and_a_killed_run_are_handled(tmp_path: Path) -> None:
+    out = tmp_path / "rows.jsonl.gz"
+    append_row(out, {"id": "x", "status": "ok"})
+    with open(out, "ab") as f:
+        f.write(gzip.compress(b'{"id": "y"}\n')[:-6])  # killed mid-write
+    assert [r["id"] for r in read_rows(out)] == ["x"]
+    out2 = tmp_path / "rows2.jsonl.gz"
+    cfg = _tiny("dies")
+    (tmp_path / "rows2.jsonl.gz.inflight").write_text(json.dumps({"config": cfg.to_dict()}))
+    s = collect([cfg, _tiny("next", 4)], out2, "cpu", warmup=1, steps=10, progress=False)
+    rows = {r["id"]: r["status"] for r in read_rows(out2)}
+    assert rows == {"dies": "crash", "next": "ok"}
+    assert s.skipped == 1
+    assert not (tmp_path / "rows2.jsonl.gz.inflight").exists()
+
+
+def test_spawned_workers_one_per_allocator(tmp_path: Path) -> None:
+    out = tmp_path / "rows.jsonl.gz"
+    # one child per allocator mode, with PYTORCH_CUDA_ALLOC_CONF set before torch starts
+    configs = [_tiny("e", allocator="expandable_segments")]
+    s = collect(configs, out, "cpu", warmup=1, steps=10, progress=False, spawn=True)
+    rows = {r["id"]: r for r in read_rows(out)}
+    assert set(rows) == {"e"}
+    assert "expandable_segments:True" in rows["e"]["env"]["alloc_conf"]
+    assert (s.measured, s.remaining) == (1, 0)
+
+
+def test_progress_log_lines_when_not_a_tty(tmp_path: Path) -> None:
+    import io
+
+    buf = io.StringIO()
+    collect([_tiny("p")], tmp_path / "p.jsonl.gz", "cpu", warmup=1, steps=10, stream=buf)
+    assert "[collect] 1/1 done" in buf.getvalue()
+
+
+def test_module_help_and_torch_only_imports() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "costaware.collect", "--help"], capture_output=True, text=True
+    )
+    assert r.returncode == 0
+    assert "--max-minutes" in r.stdout
+    code = (
+        "import sys, costaware.collect, costaware.corpus\n"
+        "costaware.corpus.corpus('gpu', 0, 4)\n"
+        "print([m for m in ('catboost', 'gensim', 'sqlalchemy', 'rich') if m in sys.modules])"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stdout.strip() == "[]", r.stderr
+
+
+def test_cli_collect_lists_a_shard(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["collect", "--corpus", "cpu", "--shards", "4", "--list", "--limit", "2"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
+    assert len(lines) == 2
+    assert Config.from_dict(json.loads(lines[0])) == corpus("cpu", 0, 4)[0]
+
+
+# ----------------------------------------------------------------------------- fit
+def test_cli_fit_builds_a_loadable_model(tmp_path: Path) -> None:
+    import costaware as ca
+
+    data = tmp_path / "rows.jsonl.gz"
+    rows = []
+    for i, bs in enumerate((4, 8, 16, 32, 64, 128)):
+        for cfg in (
+            _tiny(f"m{bs}", bs),
+            Config.from_dict({**TINY_GPT.to_dict(), "id": f"g{bs}", "batch_size": bs}),
+        ):
+            peak = (2 + i) * 2**20 * (3 if cfg.family == "gpt" else 1)
+            rows.append(
+                {
+                    "schema": 1,
+                    "id": cfg.id,
+                    "family": cfg.family,
+                    "status": "ok",
+                    "device": "cpu",
+                    "device_name": "CPU",
+                    "config": cfg.to_dict(),
+                    "measurement": {
+                        "status": "ok",
+                        "max_reserved": peak,
+                        "max_allocated": peak,
+                        "iteration_time": 0.001 * bs,
+                    },
+                    "env": {},
+                    "finished_at": "2026-01-01T00:00:00+00:00",
+                }
+            )
+    rows.append({**rows[0], "id": "bad", "status": "error"})
+    for r in rows:
+        append_row(data, r)
+    out = tmp_path / "model"
+    cache = tmp_path / "feats.json.gz"
+    args = ["fit", str(data), "--out", str(out), "--iterations", "20", "--quiet"]
+    assert main([*args, "--features-cache", str(cache)]) == 0
+    assert cache.is_file()
+    model = ca.CostModel.load(out)
+    assert model.training_["rows"] == 12
+    assert model.training_["devices"] == ["CPU"]
+    sha = hashlib.sha256(data.read_bytes()).hexdigest()
+    assert model.training_["data_files"][str(data)]["sha256"] == sha
+    info = json.loads((out / "data.json").read_text())
+    assert info["observations"] == 12
+    assert info["skipped"] == ["bad: status error"]
+    spec = TINY_GPT.to_spec()
+    pred = model.predict(spec, device="cpu")
+    assert pred.kind == "learned"
+    assert pred.peak_memory > 0
