@@ -45,7 +45,7 @@ class OnlineRefit:
             store (``<file>.costaware-models/``), or none (in-process only) for servers,
             unless given. Workers that share it share refits.
         study: only learn from this study's trials (default: all in the store).
-        background: refit in a daemon thread (default) or inline.
+        background: refit in a background thread (default) or inline.
     """
 
     def __init__(
@@ -120,7 +120,11 @@ class OnlineRefit:
             return False
         if self.background:
             self._thread = threading.Thread(
-                target=self._refit_safely, name="costaware-refit", daemon=True
+                # not a daemon: the interpreter waits for a refit in flight at exit, instead
+                # of tearing Python down under CatBoost's threads (which segfaults)
+                target=self._refit_safely,
+                name="costaware-refit",
+                daemon=False,
             )
             self._thread.start()
         else:
