@@ -116,8 +116,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from costaware._format import fmt_bytes, fmt_seconds
-from costaware.budget import Budget, parse_duration
+from costaware.budget import Budget
 from costaware.devices import Device, cpu_device, detect_device, get_device
 from costaware.errors import CostAwareWarning, first_line
 from costaware.model import CostModel, Prediction
@@ -728,50 +727,19 @@ class _CostAwareCallbackBase:
 
     # -- enforcement ----------------------------------------------------------------------
     def _over_budget(self, actual: Mapping[str, Any]) -> str | None:
-        budget = self.budget
-        if budget is None:
+        if self.budget is None:
             return None
-        reasons: list[str] = []
-        epoch_time = actual.get("epoch_time")
-        if budget.max_epoch_time is not None and epoch_time is not None:
-            cap = parse_duration(budget.max_epoch_time)
-            if epoch_time > cap:
-                reasons.append(
-                    f"measured epoch time {fmt_seconds(epoch_time)} exceeds the "
-                    f"{fmt_seconds(cap)} budget"
-                )
-        if budget.max_trial_time is not None:
-            cap = parse_duration(budget.max_trial_time)
-            if self._train_time > cap:
-                reasons.append(
-                    f"measured training time so far {fmt_seconds(self._train_time)} exceeds "
-                    f"the {fmt_seconds(cap)} trial budget"
-                )
-        peak = actual.get("peak_memory")
-        if budget.max_memory is not None and peak is not None:
-            try:
-                limit = budget.max_memory_bytes(self._dev)
-            except Exception as e:  # a relative budget ("90%") without a known device
-                self._warn_once(
-                    "budget", f"costaware could not check the memory budget: {_reason_line(e)}"
-                )
-                limit = None
-            if limit is not None:
-                if self._kind == "cuda":
-                    context = self._dev.context_overhead_bytes if self._dev is not None else 0
-                    need = peak + context
-                    if need > limit:
-                        reasons.append(
-                            f"measured peak memory {fmt_bytes(peak)} + {fmt_bytes(context)} "
-                            f"CUDA context = {fmt_bytes(need)} exceeds the "
-                            f"{fmt_bytes(limit)} budget"
-                        )
-                elif peak > limit:
-                    reasons.append(
-                        f"measured peak memory {fmt_bytes(peak)} exceeds the "
-                        f"{fmt_bytes(limit)} budget"
-                    )
-        return "; ".join(reasons) or None
+        try:
+            reasons = self.budget.check_measured(
+                device=self._dev,
+                peak_memory=actual.get("peak_memory"),
+                epoch_time=actual.get("epoch_time"),
+                trial_time=self._train_time,
+            )
+        except Exception as e:  # a relative budget ("90%") without a known device
+            self._warn_once("budget", f"costaware could not check the budget: {_reason_line(e)}")
+            return None
+        return "; ".join(r.message for r in reasons) or None
 
     def _stop(self, trainer: Any, reason: str) -> None:
         self.stopped_reason = reason

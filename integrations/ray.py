@@ -79,8 +79,7 @@ except ImportError as e:  # pragma: no cover - exercised only without ray
         "costaware.integrations.ray needs Ray Tune: pip install 'costaware[ray]'"
     ) from e
 
-from costaware._format import fmt_bytes, fmt_seconds
-from costaware.budget import Budget, Reason, parse_duration
+from costaware.budget import Budget, Reason
 from costaware.devices import Device, get_device
 from costaware.errors import CostAwareWarning, first_line
 from costaware.gate import Gate
@@ -539,47 +538,22 @@ class CostAwareScheduler(TrialScheduler):
     def _over_budget(
         self, epoch_time: float | None, peak: float | None, trial_time: float | None
     ) -> list[Reason]:
-        budget = self.budget
-        if budget is None:
+        if self.budget is None:
             return []
-        reasons: list[Reason] = []
-        if peak is not None and budget.max_memory is not None:
-            try:
-                limit = budget.max_memory_bytes(self.device)
-            except Exception as e:
-                warnings.warn(
-                    f"costaware cannot check memory: {first_line(e)}", CostAwareWarning, 3
+        try:
+            return list(
+                self.budget.check_measured(
+                    device=self.device,
+                    peak_memory=peak,
+                    epoch_time=epoch_time,
+                    trial_time=trial_time,
                 )
-                limit = None
-            if limit is not None:
-                context = self.device.context_overhead_bytes if self.device is not None else 0
-                need = peak + context
-                if need > limit:
-                    what = f"measured peak memory {fmt_bytes(peak)}"
-                    if context:
-                        what += f" + {fmt_bytes(context)} CUDA context = {fmt_bytes(need)}"
-                    reasons.append(
-                        Reason(
-                            "memory", need, limit, f"{what} exceeds the {fmt_bytes(limit)} budget"
-                        )
-                    )
-        for kind, raw, value, words in (
-            ("epoch_time", budget.max_epoch_time, epoch_time, "epoch time"),
-            ("trial_time", budget.max_trial_time, trial_time, "training time so far"),
-        ):
-            if raw is None or value is None:
-                continue
-            cap = parse_duration(raw)
-            if value > cap:
-                reasons.append(
-                    Reason(
-                        kind,
-                        value,
-                        cap,
-                        f"measured {words} {fmt_seconds(value)} exceeds {fmt_seconds(cap)}",
-                    )
-                )
-        return reasons
+            )
+        except Exception as e:  # a relative budget ("90%") without a known device
+            warnings.warn(
+                f"costaware cannot check the budget: {first_line(e)}", CostAwareWarning, 3
+            )
+            return []
 
 
 class _Resources:

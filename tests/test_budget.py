@@ -126,3 +126,15 @@ def test_cost_budget_and_several_reasons() -> None:
 def test_budget_is_frozen_and_hashable() -> None:
     b = ca.Budget(max_memory="24GiB")
     assert hash(b) == hash(replace(b))
+
+
+def test_check_measured_counts_the_context_on_gpus_only() -> None:
+    budget = ca.Budget(max_memory="2GiB", max_epoch_time="10s", max_trial_time="1min")
+    t4 = ca.get_device("T4")  # 0.5 GiB of CUDA context
+    (reason,) = budget.check_measured(device=t4, peak_memory=1.75 * GiB)
+    assert reason.kind == "memory" and "CUDA context" in reason.message
+    assert budget.check_measured(device=ca.get_device("cpu"), peak_memory=1.75 * GiB) == ()
+    kinds = [r.kind for r in budget.check_measured(epoch_time=12.0, trial_time=61.0)]
+    assert kinds == ["epoch_time", "trial_time"]
+    with pytest.raises(ca.BudgetError, match="relative to a device"):
+        ca.Budget(max_memory="90%").check_measured(peak_memory=1.0)

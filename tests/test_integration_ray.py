@@ -119,7 +119,7 @@ def test_scheduler_stops_an_over_budget_trial(ray_session: None, tmp_path: Path)
     assert stop["reason_kinds"] == ["epoch_time"]
     assert stop["epoch"] == 0
     stopped = store.measurements(status="stopped")
-    assert len(stopped) == 1 and "exceeds 5" in stopped[0]["reason"]
+    assert len(stopped) == 1 and "exceeds the 5.0 s budget" in stopped[0]["reason"]
     assert stopped[0]["actual"]["epoch_time"] == 10.0
 
 

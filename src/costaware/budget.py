@@ -304,3 +304,47 @@ class Budget:
                     )
                 )
         return Decision(admit=not reasons, reasons=tuple(reasons), checked=checked)
+
+    def check_measured(
+        self,
+        *,
+        device: Device | None = None,
+        peak_memory: float | None = None,
+        epoch_time: float | None = None,
+        trial_time: float | None = None,
+    ) -> tuple[Reason, ...]:
+        """What a *running* trial's measured cost breaks, for callbacks and schedulers.
+
+        ``peak_memory`` is the allocator's reserved peak on a GPU (the device's CUDA
+        context is added) or the measured peak on a CPU; ``trial_time`` is the training
+        time so far. A relative memory budget (``"90%"``) needs ``device``.
+        """
+        reasons: list[Reason] = []
+        if epoch_time is not None and self.max_epoch_time is not None:
+            cap = parse_duration(self.max_epoch_time)
+            if epoch_time > cap:
+                msg = f"measured epoch time {fmt_seconds(epoch_time)} exceeds the {fmt_seconds(cap)} budget"
+                reasons.append(Reason("epoch_time", epoch_time, cap, msg))
+        if trial_time is not None and self.max_trial_time is not None:
+            cap = parse_duration(self.max_trial_time)
+            if trial_time > cap:
+                msg = (
+                    f"measured training time so far {fmt_seconds(trial_time)} exceeds the "
+                    f"{fmt_seconds(cap)} trial budget"
+                )
+                reasons.append(Reason("trial_time", trial_time, cap, msg))
+        if peak_memory is not None and self.max_memory is not None:
+            limit = self.max_memory_bytes(device)
+            assert limit is not None  # max_memory is set
+            context = (
+                device.context_overhead_bytes if device is not None and device.kind == "cuda" else 0
+            )
+            need = peak_memory + context
+            if need > limit:
+                what = f"measured peak memory {fmt_bytes(peak_memory)}"
+                if context:
+                    what += f" + {fmt_bytes(context)} CUDA context = {fmt_bytes(need)}"
+                reasons.append(
+                    Reason("memory", need, limit, f"{what} exceeds the {fmt_bytes(limit)} budget")
+                )
+        return tuple(reasons)
