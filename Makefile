@@ -25,7 +25,7 @@ predict-demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src integrations tests benchmarks examples
 	$(BIN)/mypy
-	for f in integrations/optuna.py integrations/lightning.py; do \
+	for f in integrations/optuna.py integrations/lightning.py integrations/ray.py; do \
 	  MYPYPATH=src $(BIN)/mypy --strict --ignore-missing-imports --follow-imports=silent $$f || exit 1; done
 	$(BIN)/python -m pytest
 
