@@ -484,7 +484,8 @@ def _simulate_expandable(rows: Iterable[Sequence[int]]) -> AllocatorResult:
                 peak_allocated = allocated
             if requested > peak_requested:
                 peak_requested = requested
-        elif nbytes < 0:
+        elif nbytes < 0:  # the same free-and-merge path as _simulate_default, inlined: both
+            # loops are the hot path of a warm prediction
             try:
                 rec = live[key]
             except KeyError:
