@@ -10,27 +10,86 @@ Example:
     True
 """
 
-from costaware._format import fmt_bytes, fmt_seconds
-from costaware.budget import Budget, BudgetError, Decision, Reason, parse_bytes, parse_duration
-from costaware.devices import CATALOG, Device, UnknownDeviceError, get_device, known_devices
-from costaware.errors import (
-    CostawareError,
-    NotFittedError,
-    SpecError,
-    TraceError,
-    TraceTimeout,
-    UntraceableModelError,
-)
-from costaware.model import CostModel, Observation, Prediction
-from costaware.spec import ImageBatch, SegmentationBatch, TokenBatch, TrainingSpec, default_loss
-from costaware.trace import Trace, dry_run
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from costaware.errors import CostawareError as CostawareError
+from costaware.errors import CostAwareWarning as CostAwareWarning
+from costaware.errors import NotFittedError as NotFittedError
+from costaware.errors import SpecError as SpecError
+from costaware.errors import TraceError as TraceError
+from costaware.errors import TraceTimeout as TraceTimeout
+from costaware.errors import UntraceableModelError as UntraceableModelError
+
+if TYPE_CHECKING:
+    from costaware._format import fmt_bytes as fmt_bytes
+    from costaware._format import fmt_seconds as fmt_seconds
+    from costaware.budget import Budget as Budget
+    from costaware.budget import BudgetError as BudgetError
+    from costaware.budget import Decision as Decision
+    from costaware.budget import Reason as Reason
+    from costaware.budget import parse_bytes as parse_bytes
+    from costaware.budget import parse_duration as parse_duration
+    from costaware.devices import CATALOG as CATALOG
+    from costaware.devices import Device as Device
+    from costaware.devices import UnknownDeviceError as UnknownDeviceError
+    from costaware.devices import get_device as get_device
+    from costaware.devices import known_devices as known_devices
+    from costaware.model import CostModel as CostModel
+    from costaware.model import Observation as Observation
+    from costaware.model import Prediction as Prediction
+    from costaware.refit import OnlineRefit as OnlineRefit
+    from costaware.spec import ImageBatch as ImageBatch
+    from costaware.spec import SegmentationBatch as SegmentationBatch
+    from costaware.spec import TokenBatch as TokenBatch
+    from costaware.spec import TrainingSpec as TrainingSpec
+    from costaware.spec import default_loss as default_loss
+    from costaware.store import ObservationStore as ObservationStore
+    from costaware.store import StoreError as StoreError
+    from costaware.trace import Trace as Trace
+    from costaware.trace import dry_run as dry_run
 
 __version__ = "0.1.0"
+
+# Imported on first use: a process that only opens the store (a Ray or Optuna worker)
+# or only measures (costaware.profile on a bare GPU box) does not pay for torch's fake
+# tensors, CatBoost or SQLAlchemy it never touches.
+_LAZY = {
+    "fmt_bytes": "costaware._format",
+    "fmt_seconds": "costaware._format",
+    "Budget": "costaware.budget",
+    "BudgetError": "costaware.budget",
+    "Decision": "costaware.budget",
+    "Reason": "costaware.budget",
+    "parse_bytes": "costaware.budget",
+    "parse_duration": "costaware.budget",
+    "CATALOG": "costaware.devices",
+    "Device": "costaware.devices",
+    "UnknownDeviceError": "costaware.devices",
+    "get_device": "costaware.devices",
+    "known_devices": "costaware.devices",
+    "CostModel": "costaware.model",
+    "Observation": "costaware.model",
+    "Prediction": "costaware.model",
+    "OnlineRefit": "costaware.refit",
+    "ImageBatch": "costaware.spec",
+    "SegmentationBatch": "costaware.spec",
+    "TokenBatch": "costaware.spec",
+    "TrainingSpec": "costaware.spec",
+    "default_loss": "costaware.spec",
+    "ObservationStore": "costaware.store",
+    "StoreError": "costaware.store",
+    "Trace": "costaware.trace",
+    "dry_run": "costaware.trace",
+}
 
 __all__ = [
     "CATALOG",
     "Budget",
     "BudgetError",
+    "CostAwareWarning",
     "CostModel",
     "CostawareError",
     "Decision",
@@ -38,10 +97,13 @@ __all__ = [
     "ImageBatch",
     "NotFittedError",
     "Observation",
+    "ObservationStore",
+    "OnlineRefit",
     "Prediction",
     "Reason",
     "SegmentationBatch",
     "SpecError",
+    "StoreError",
     "TokenBatch",
     "Trace",
     "TraceError",
@@ -60,18 +122,15 @@ __all__ = [
     "parse_duration",
 ]
 
-_LAZY = {
-    "ObservationStore": "costaware.store",
-    "StoreError": "costaware.store",
-    "OnlineRefit": "costaware.refit",
-}
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'costaware' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # next time: a plain attribute
+    return value
 
 
-def __getattr__(name: str) -> object:
-    # the store needs SQLAlchemy, which a bare GPU box measuring with costaware.profile
-    # may lack: import it on first use only
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'costaware' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
