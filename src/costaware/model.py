@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -206,10 +206,6 @@ class _TraceCache:
             self._data.move_to_end(key)
             while len(self._data) > self.size:
                 self._data.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
 
 
 def _arch_key(spec: TrainingSpec) -> str:
@@ -785,25 +781,3 @@ class CostModel:
     def __repr__(self) -> str:
         state = f"fitted on {self.training_.get('rows')} rows" if self.is_fitted else "analytic"
         return f"CostModel({state})"
-
-
-def observations_from(
-    model: CostModel,
-    rows: Sequence[tuple[TrainingSpec, str | Device, float | None, float | None]],
-    family: str | None = None,
-) -> list[Observation]:
-    """Observations for ``(spec, device, measured peak bytes, measured seconds)`` rows."""
-    out = []
-    for spec, device, peak, seconds in rows:
-        dev = get_device(device)
-        out.append(
-            Observation(
-                features=model.features(spec, dev),
-                device=dev.name,
-                peak_memory=peak,
-                iteration_time=seconds,
-                family=family,
-                meta={"spec": spec.summary()},
-            )
-        )
-    return out

@@ -500,13 +500,11 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str) -> Trace:
 
     g = nx.DiGraph()
     op_counts: Counter[str] = Counter()
-    phase_of_node = []
     for i, (name, phase, cls, dcode, nout, fl, nb) in enumerate(rec.nodes):
         g.add_node(
             i, op=name, phase=phase, op_class=cls, dtype=dcode, outputs=nout, flops=fl, bytes=nb
         )
         op_counts[name] += 1
-        phase_of_node.append(phase)
     g.add_edges_from(rec.edges)
     notes: list[str] = []
     if how == "cpu":
