@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from costaware.cli import main
+from tests.test_devices import REQUIRED
 
 MODELS = Path(__file__).resolve().parent.parent / "examples" / "models.py"
 TINY = """
@@ -148,20 +149,7 @@ def test_debug_shows_the_traceback(factory_file: Path) -> None:
 def test_devices_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["devices", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    for name in (
-        "H100-SXM",
-        "H100-PCIe",
-        "H200",
-        "A100-40GB",
-        "A100-80GB",
-        "A10",
-        "L4",
-        "T4",
-        "V100",
-        "RTX-3090",
-        "RTX-4090",
-        "CPU",
-    ):
+    for name in REQUIRED:
         assert name in data
     assert main(["devices"]) == 0
     assert "H200" in capsys.readouterr().out
