@@ -100,9 +100,11 @@ else
 		((port < want_port + 50)) || die "no free port in $want_port..$port"
 	done
 	log "starting the server on 127.0.0.1:$port (log: $log_file)"
+	# 3>&-: the server must not inherit fd 3 (the caller's `$(...)` pipe), or the caller's
+	# command substitution waits for the server to exit, i.e. forever.
 	if ! as_server "$pg_ctl" -D "$data_dir" -l "$log_file" -w -t 60 -o \
 		"-p $port -c listen_addresses=127.0.0.1 -k $root_dir -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
-		start >/dev/null; then
+		start >/dev/null 3>&-; then
 		tail -n 30 "$log_file" || true
 		die "the server did not start"
 	fi
