@@ -45,6 +45,8 @@ def _load(files: Sequence[Path]) -> list[dict[str, Any]]:
     seen: dict[tuple[str, str], dict[str, Any]] = {}
     for f in files:
         for r in read_rows(f):
+            if r.get("kind") == "op":  # per-op timings (costaware.opbench) are not models
+                continue
             seen[(str(r.get("id")), str(r.get("device_name")))] = r
     return list(seen.values())
 

@@ -258,6 +258,8 @@ def test_cli_fit_builds_a_loadable_model(tmp_path: Path) -> None:
                 }
             )
     rows.append({**rows[0], "id": "bad", "status": "error"})
+    # a per-op timing row (costaware.opbench) in the same file is not a model configuration
+    rows.append({"schema": 1, "kind": "op", "id": "op-1", "op": "relu", "status": "ok"})
     for r in rows:
         append_row(data, r)
     out = tmp_path / "model"
@@ -272,7 +274,7 @@ def test_cli_fit_builds_a_loadable_model(tmp_path: Path) -> None:
     assert model.training_["data_files"][str(data)]["sha256"] == sha
     info = json.loads((out / "data.json").read_text())
     assert info["observations"] == 12
-    assert info["skipped"] == ["bad: status error"]
+    assert info["skipped"] == ["bad: status error", "op-1: a per-op timing row"]
     spec = TINY_GPT.to_spec()
     pred = model.predict(spec, device="cpu")
     assert pred.kind == "learned"

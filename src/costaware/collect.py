@@ -556,10 +556,22 @@ def observations(
                 feats_cache = stored.get("features", {})
     out: list[Any] = []
     skipped: list[str] = []
-    dirty = False
+    dirty = 0
+
+    def save() -> None:
+        if cache_path is not None and dirty:
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            payload = {"feature_version": FEATURE_VERSION, "features": feats_cache}
+            tmp = cache_path.with_name(cache_path.name + ".tmp")
+            tmp.write_bytes(gzip.compress(json.dumps(payload).encode(), mtime=0))
+            os.replace(tmp, cache_path)
+
     for i, row in enumerate(rows):
         status = row.get("status")
         rid = str(row.get("id", f"row{i}"))
+        if row.get("kind") == "op":  # a per-op timing (costaware.opbench), not a model
+            skipped.append(f"{rid}: a per-op timing row")
+            continue
         if status not in ("ok", "oom"):
             skipped.append(f"{rid}: status {status}")
             continue
@@ -573,7 +585,9 @@ def observations(
                 spec = Config.from_dict(row["config"]).to_spec()
                 feats = cm.features(spec, dev)
                 feats_cache[key] = feats
-                dirty = True
+                dirty += 1
+                if dirty % 50 == 0:  # an interrupted run keeps what it traced
+                    save()
         except Exception as e:
             skipped.append(f"{rid}: {type(e).__name__}: {str(e)[:200]}")
             continue
@@ -596,10 +610,7 @@ def observations(
                 meta={"id": rid, "source_device": row.get("device_name")},
             )
         )
-    if cache_path is not None and dirty:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"feature_version": FEATURE_VERSION, "features": feats_cache}
-        cache_path.write_bytes(gzip.compress(json.dumps(payload).encode(), mtime=0))
+    save()
     return out, skipped
 
 
