@@ -35,10 +35,12 @@ def test_unfitted_model_predicts_the_analytic_estimate(cnn_spec: ca.TrainingSpec
 
 
 def test_default_model_and_cpu_device(cnn_spec: ca.TrainingSpec) -> None:
-    pred = ca.CostModel.default().predict(cnn_spec, device="cpu")
+    pred = ca.CostModel().predict(cnn_spec, device="cpu")
     assert pred.device == "CPU"
-    # no caching allocator on the CPU: the peak is the live peak
+    # no caching allocator on the CPU: the analytic peak is the live peak
     assert pred.peak_memory == pred.basis["live_peak"]
+    shipped = ca.CostModel.default().predict(cnn_spec, device="cpu")
+    assert shipped.device == "CPU" and shipped.peak_memory_upper >= shipped.peak_memory > 0
     auto = ca.CostModel().predict(cnn_spec)  # "auto": no GPU here, so the CPU
     assert auto.device in ca.known_devices() or auto.device
 
@@ -98,6 +100,7 @@ def _observations(model: ca.CostModel, widths: list[int], family: str) -> list[O
                 Observation(
                     features=feats,
                     device="H100-SXM",
+                    meta={"spec": spec},
                     peak_memory=feats["analytic_reserved_mib"] * MiB * factor,
                     iteration_time=feats["analytic_time_ms"] / 1e3 * (2.0 + 0.001 * bs),
                     family=family,
@@ -248,3 +251,38 @@ def test_a_model_learned_on_gpus_is_not_applied_to_the_cpu(
     cpu = model.predict(cnn_spec, device="cpu")
     assert cpu.kind == "analytic" and any("saw no CPU measurements" in n for n in cpu.notes)
     assert model.predict(cnn_spec, device="A10").kind == "learned"
+
+
+def test_each_device_kind_gets_its_own_bound(tmp_path: Path, cnn_spec: ca.TrainingSpec) -> None:
+    """Noisy CPU rows must not widen the GPU bound of a model fitted on both kinds."""
+    model = ca.CostModel(iterations=100, depth=4, calibration_fraction=0.4)
+    rng = np.random.default_rng(0)
+    obs = []
+    for fam, widths in zip(
+        "abcde", ([4, 8, 12], [16, 20, 24], [28, 32, 36], [6, 10, 14], [18, 22, 26])
+    ):
+        gpu = _observations(model, widths, fam)
+        obs += gpu
+        for o in gpu:  # the same configurations "measured" on the CPU, with +-60% noise
+            feats = model.features(o.meta["spec"], "cpu")
+            noise = float(np.exp(rng.uniform(-0.6, 0.6)))
+            obs.append(
+                Observation(
+                    features=feats,
+                    device="CPU",
+                    peak_memory=feats["analytic_reserved_mib"] * MiB * 1.1 * noise,
+                    iteration_time=feats["analytic_time_ms"] / 1e3 * 3.0 * noise,
+                    family=fam,
+                )
+            )
+    model.fit(obs)
+    q_gpu, q_cpu = model._q("memory", "cuda"), model._q("memory", "cpu")
+    assert q_cpu > q_gpu + 0.2  # the CPU bound is wide, the GPU one is not dragged along
+    assert q_gpu < model.memory_q_ <= q_cpu  # the pooled quantile sits between
+    gpu = model.predict(cnn_spec, device="H100")
+    assert gpu.peak_memory_upper / gpu.peak_memory == pytest.approx(math.exp(q_gpu), rel=1e-6)
+    assert model.achieved_coverage("cuda") is not None
+    loaded = ca.CostModel.load(model.save(tmp_path / "m"))
+    for which in ("memory", "time"):
+        for kind in ("cuda", "cpu"):
+            assert loaded._q(which, kind) == pytest.approx(model._q(which, kind))

@@ -54,6 +54,9 @@ MiB = 2**20
 MANIFEST = "manifest.json"
 #: below this many measurements of a target, fit learns one constant factor, not trees
 SMALL_SAMPLE = 8
+#: A device kind (GPU, CPU) gets its own upper bound once its calibration rows number this
+#: many; with fewer, its rows share the pooled bound.
+MIN_KIND_CALIBRATION = 20
 FORMAT_VERSION = 1
 
 
@@ -454,11 +457,11 @@ class CostModel:
             )
         if learned_here:
             feats = features_for(trace, spec, dev, est, graph_feats)
-            peak, peak_hi, it, it_hi = self._learned(feats, est)
+            peak, peak_hi, it, it_hi = self._learned(feats, est, dev.kind)
             basis["memory_factor"] = peak / max(est.reserved, 1)
             basis["time_factor"] = it / max(est.iteration_time, 1e-12)
             kind = "learned"
-            coverage: float | None = self.achieved_coverage()
+            coverage: float | None = self.achieved_coverage(dev.kind)
             basis["features_used"] = len(self.feature_names_)
             basis["trained_rows"] = self.training_.get("rows")
             seen: list[str] = list(self.training_.get("devices", []))
@@ -508,12 +511,16 @@ class CostModel:
         kinds = {get_device(d).kind if _known(d) else "cuda" for d in seen}
         return kind in kinds
 
-    def achieved_coverage(self) -> float | None:
+    def achieved_coverage(self, kind: str | None = None) -> float | None:
         """The coverage the memory bound guarantees (the time bound's if memory has none).
 
         The nominal ``coverage`` when there were enough calibration rows, lower otherwise.
+        With ``kind`` ("cuda" or "cpu"), the level of that kind's own bound when it has one.
         """
         for which in ("memory", "time"):
+            per_kind = self.__dict__.get(f"{which}_q_kind_", {})
+            if kind in per_kind:
+                return float(per_kind[kind][1])
             level = self.__dict__.get(f"{which}_coverage_")
             if level is not None:
                 return float(level)
@@ -522,8 +529,19 @@ class CostModel:
     def _vector(self, feats: Mapping[str, float]) -> np.ndarray:
         return np.asarray([[feats.get(n, np.nan) for n in self.feature_names_]], dtype=np.float64)
 
+    def _q(self, which: str, kind: str | None) -> float:
+        """The conformal quantile of ``which``'s log residual for a device of ``kind``.
+
+        A model fitted on GPU and CPU rows calibrates each kind on its own rows (CPU
+        resident-set noise must not widen GPU bounds); the pooled quantile otherwise.
+        """
+        per_kind: dict[str, tuple[float, float]] = self.__dict__.get(f"{which}_q_kind_", {})
+        if kind is not None and kind in per_kind:
+            return float(per_kind[kind][0])
+        return float(getattr(self, f"{which}_q_"))
+
     def _learned(
-        self, feats: Mapping[str, float], est: _analytic.AnalyticEstimate
+        self, feats: Mapping[str, float], est: _analytic.AnalyticEstimate, kind: str | None = None
     ) -> tuple[float, float, float, float]:
         """Point predictions and upper bounds (peak, peak_hi, time, time_hi) from features.
 
@@ -533,7 +551,7 @@ class CostModel:
         """
         base: CostModel | None = self.__dict__.get("base_")
         if base is not None:
-            peak, peak_hi, it, it_hi = base._learned(feats, est)
+            peak, peak_hi, it, it_hi = base._learned(feats, est, kind)
         else:
             peak, peak_hi = float(est.reserved), float(est.reserved_upper)
             it = est.iteration_time
@@ -541,10 +559,10 @@ class CostModel:
         x = self._vector(feats)
         if hasattr(self, "memory_model_"):
             r = float(self.memory_model_.predict(x)[0])
-            peak, peak_hi = peak * math.exp(r), peak * math.exp(r + self.memory_q_)
+            peak, peak_hi = peak * math.exp(r), peak * math.exp(r + self._q("memory", kind))
         if hasattr(self, "time_model_"):
             r = float(self.time_model_.predict(x)[0])
-            it, it_hi = it * math.exp(r), it * math.exp(r + self.time_q_)
+            it, it_hi = it * math.exp(r), it * math.exp(r + self._q("time", kind))
         return peak, peak_hi, it, it_hi
 
     def _baseline(self, feats: Mapping[str, float]) -> tuple[float, float]:
@@ -608,6 +626,7 @@ class CostModel:
         n_cal = max(1, round(len(uniq) * self.calibration_fraction)) if len(uniq) > 1 else 0
         cal_groups = set(rng.choice(uniq, size=n_cal, replace=False).tolist()) if n_cal else set()
         is_cal = np.asarray([g in cal_groups for g in groups])
+        kinds = np.asarray([get_device(o.device).kind if _known(o.device) else "cuda" for o in obs])
 
         def target(o: Observation, which: str) -> float | None:
             mem, secs = self._baseline(o.features)
@@ -651,6 +670,15 @@ class CostModel:
                 model.fit(x_all[train], y[train])
             resid = y[cal] - model.predict(x_all[cal])
             q, level = _conformal_quantile(resid, self.coverage)
+            per_kind: dict[str, tuple[float, float]] = {}
+            if len(set(kinds[cal].tolist())) > 1:  # each kind calibrated on its own rows
+                for k in sorted(set(kinds[cal].tolist())):
+                    rk = resid[kinds[cal] == k]
+                    if len(rk) >= MIN_KIND_CALIBRATION:
+                        per_kind[k] = _conformal_quantile(rk, self.coverage)
+            self.__dict__.pop(f"{which}_q_kind_", None)
+            if per_kind:
+                setattr(self, f"{which}_q_kind_", per_kind)
             setattr(self, f"{which}_model_", model)
             setattr(self, f"{which}_q_", q)
             setattr(self, f"{which}_coverage_", level)
@@ -724,6 +752,11 @@ class CostModel:
                     "conformal_quantile": getattr(self, f"{which}_q_"),
                     "coverage": level,
                 }
+                per_kind = self.__dict__.get(f"{which}_q_kind_")
+                if per_kind:
+                    files[which]["conformal_quantile_by_kind"] = {
+                        k: {"quantile": q, "coverage": c} for k, (q, c) in per_kind.items()
+                    }
         g2v = self.__dict__.get("graph2vec_")
         if g2v is not None:
             g2v.save(out / "graph2vec")
@@ -771,6 +804,13 @@ class CostModel:
             setattr(self, f"{which}_model_", m)
             setattr(self, f"{which}_q_", float(info["conformal_quantile"]))
             setattr(self, f"{which}_coverage_", float(info.get("coverage", self.coverage)))
+            by_kind = info.get("conformal_quantile_by_kind")
+            if by_kind:
+                setattr(
+                    self,
+                    f"{which}_q_kind_",
+                    {k: (float(v["quantile"]), float(v["coverage"])) for k, v in by_kind.items()},
+                )
         self.base_ = cls.load(root / "base") if manifest.get("base") else None
         if manifest.get("graph2vec"):
             from costaware.graph2vec import Graph2Vec
