@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     from costaware.model import Observation as Observation
     from costaware.model import Prediction as Prediction
     from costaware.refit import OnlineRefit as OnlineRefit
+    from costaware.reporting import Report as Report
+    from costaware.reporting import ReportError as ReportError
+    from costaware.reporting import report as report
     from costaware.spec import ImageBatch as ImageBatch
     from costaware.spec import SegmentationBatch as SegmentationBatch
     from costaware.spec import TokenBatch as TokenBatch
@@ -74,6 +77,9 @@ _LAZY = {
     "Observation": "costaware.model",
     "Prediction": "costaware.model",
     "OnlineRefit": "costaware.refit",
+    "Report": "costaware.reporting",
+    "ReportError": "costaware.reporting",
+    "report": "costaware.reporting",
     "ImageBatch": "costaware.spec",
     "SegmentationBatch": "costaware.spec",
     "TokenBatch": "costaware.spec",
@@ -101,6 +107,8 @@ __all__ = [
     "OnlineRefit",
     "Prediction",
     "Reason",
+    "Report",
+    "ReportError",
     "SegmentationBatch",
     "SpecError",
     "StoreError",
@@ -120,6 +128,7 @@ __all__ = [
     "known_devices",
     "parse_bytes",
     "parse_duration",
+    "report",
 ]
 
 

@@ -6,13 +6,15 @@ Every error is one readable line that says what to fix; ``--debug`` shows the tr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["main"]
 
@@ -21,6 +23,28 @@ _EPILOG = "Run 'costaware COMMAND --help' for a command's options."
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line that names the help to read."""
+
+    def error(self, message: str) -> NoReturn:
+        print(
+            f"costaware: error: {message} (see '{self.prog} --help')",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
+
+#: packages an ImportError may name, and the extra that installs them
+_EXTRAS = {
+    "optuna": "optuna",
+    "ray": "ray",
+    "lightning": "lightning",
+    "pytorch_lightning": "lightning",
+    "psycopg": "postgres",
+    "psycopg2": "postgres",
+}
 
 
 def _load_factory(ref: str) -> Callable[[], Any]:
@@ -219,27 +243,24 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     model = ca.CostModel(
         iterations=args.iterations, random_state=args.seed, thread_count=args.threads
     )
-    quiet = args.quiet
-    if quiet:
-        obs, skipped = observations(
-            rows, model=ca.CostModel(trace_timeout=600.0), cache=args.features_cache
-        )
-    else:
-        from rich.progress import Progress
+    console = _stderr_console(args.quiet)
+    from rich.progress import Progress
 
-        with Progress(transient=True) as progress:
-            task = progress.add_task("tracing configurations", total=len(rows))
-            obs, skipped = observations(
-                rows,
-                model=ca.CostModel(trace_timeout=600.0),
-                cache=args.features_cache,
-                on_row=lambda i, r: progress.update(
-                    task, completed=i, description=str(r.get("id"))
-                ),
-            )
+    with Progress(console=console, transient=True, disable=console is None) as progress:
+        task = progress.add_task("tracing configurations", total=len(rows))
+        obs, skipped = observations(
+            rows,
+            model=ca.CostModel(trace_timeout=600.0),
+            cache=args.features_cache,
+            on_row=lambda i, r: progress.update(task, completed=i, description=str(r.get("id"))),
+        )
     if not obs:
         raise CliError(f"none of the {len(rows)} rows is usable: {'; '.join(skipped[:3])}")
-    model.fit(obs)
+    if console is not None:
+        with console.status(f"fitting the memory and time models on {len(obs)} observations"):
+            model.fit(obs)
+    else:
+        model.fit(obs)
     model.training_["data_files"] = per_file
     model.training_["skipped_rows"] = len(skipped)
     out = model.save(args.out)
@@ -262,8 +283,90 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stderr_console(quiet: bool) -> Any:
+    """A rich Console on stderr for progress, or None when quiet or not a terminal."""
+    if quiet or not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from costaware.reporting import report
+
+    if args.study and not (args.storage or args.store or args.source):
+        raise CliError("--study names a study in --storage (or in --store); give one of them.")
+    if not (args.source or args.storage or args.store or args.ray_dir):
+        raise CliError(
+            "say what to report on: --storage URL --study NAME (an Optuna study), "
+            "--store URL (the observation store) or --ray-dir PATH (a Ray Tune run)."
+        )
+    if args.source and (args.storage or args.ray_dir):
+        raise CliError("give the source once: either SOURCE or --storage / --ray-dir.")
+    budget = None
+    if args.max_total_time or args.max_cost is not None:
+        import costaware as ca
+
+        budget = ca.Budget(
+            max_total_time=args.max_total_time,
+            max_cost=args.max_cost,
+            price_per_hour=args.price_per_hour,
+        )
+    console = _stderr_console(args.quiet)
+    from rich.progress import Progress
+
+    with Progress(console=console, transient=True, disable=console is None) as progress:
+        task = progress.add_task("reading", total=None)
+
+        def on_progress(what: str, done: int, total: int) -> None:
+            progress.update(task, description=what, completed=done, total=total or None)
+
+        rep = report(
+            args.source,
+            study=args.study,
+            store=args.store,
+            storage=args.storage,
+            ray_dir=args.ray_dir,
+            budget=budget,
+            price_per_hour=args.price_per_hour,
+            currency=args.currency,
+            mode=args.mode,
+            title=args.title,
+            progress=on_progress,
+        )
+        written = []
+        if args.html:
+            rep.to_html(args.html, progress=on_progress)
+            written.append(args.html)
+        if args.markdown:
+            rep.to_markdown(args.markdown)
+            written.append(args.markdown)
+        if args.json:
+            text = json.dumps(rep.to_dict(), indent=2, default=str)
+            if args.json == "-":
+                print(text)
+            else:
+                try:
+                    Path(args.json).write_text(text + "\n", encoding="utf-8")
+                except OSError as e:
+                    raise CliError(f"cannot write {args.json}: {e.strerror or e}") from None
+                written.append(args.json)
+    if not args.quiet and args.json != "-":
+        from rich.console import Console
+
+        rep.print(Console())
+    for path in written:
+        size = Path(path).stat().st_size
+        print(
+            f"wrote {path} ({size / 1e6:.1f} MB)" if size > 1e5 else f"wrote {path}",
+            file=sys.stderr,
+        )
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="costaware",
         description=(
             "Predict a training configuration's peak GPU memory and epoch time before it runs, "
@@ -365,31 +468,137 @@ def _parser() -> argparse.ArgumentParser:
         help="a .json.gz file of features already computed (reused and updated); default none",
     )
     fi.set_defaults(func=_cmd_fit)
+
+    rp = sub.add_parser(
+        "report",
+        help="budget report of an Optuna study, the observation store or a Ray Tune run",
+        description=(
+            "Where the compute went, which trials were rejected and why, what the rejections "
+            "saved, and how far the predictions were from the measurements. Prints a summary; "
+            "--html writes one self-contained page (opens offline), --markdown a page for a PR "
+            "or a wiki. Examples: "
+            "costaware report --storage sqlite:///hpo.db --study digits --store "
+            "sqlite:///costaware.db --html report.html | "
+            "costaware report --store sqlite:///costaware.db --markdown report.md | "
+            "costaware report --ray-dir ~/ray_results/digits --store sqlite:///costaware.db "
+            "--mode max --html report.html"
+        ),
+    )
+    rp.add_argument(
+        "source",
+        nargs="?",
+        metavar="SOURCE",
+        help="a database URL or SQLite file (an Optuna storage and/or an observation store), "
+        "or a Ray Tune experiment directory",
+    )
+    rp.add_argument("--storage", help="the Optuna storage URL, e.g. sqlite:///hpo.db")
+    rp.add_argument("--study", help="the study name (needed when the storage holds several)")
+    rp.add_argument(
+        "--store",
+        help="the observation store the pruner and CostAwareCallback wrote to, "
+        "e.g. sqlite:///costaware.db (its measurements join the study's trials)",
+    )
+    rp.add_argument(
+        "--ray-dir", help="a Ray Tune experiment directory (RunConfig storage_path/name)"
+    )
+    rp.add_argument("--html", metavar="PATH", help="write the HTML report here")
+    rp.add_argument("--markdown", "--md", metavar="PATH", help="write the Markdown report here")
+    rp.add_argument("--json", metavar="PATH", help="write every figure as JSON here ('-': stdout)")
+    rp.add_argument("--price-per-hour", type=float, help="price of one GPU-hour, to show costs")
+    rp.add_argument("--currency", default="$", help="currency symbol for costs (default $)")
+    rp.add_argument("--max-total-time", help="the study's GPU-time cap, e.g. 8h, if not recorded")
+    rp.add_argument("--max-cost", type=float, help="the study's cost cap (needs --price-per-hour)")
+    rp.add_argument(
+        "--mode",
+        choices=("max", "min"),
+        help="rank a Ray Tune run's trials (Ray does not record it)",
+    )
+    rp.add_argument("--title", help="the report's title")
+    rp.add_argument("--quiet", "-q", action="store_true", help="no summary, no progress bar")
+    rp.set_defaults(func=_cmd_report)
+
+    for sp in (pr, dv, co, fi, rp):  # --debug after the command works too
+        sp.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``costaware`` command."""
+    """Entry point of the ``costaware`` command.
+
+    Every error is one line on stderr (``costaware: error: ...``, saying what to fix) and
+    exit status 2; ``--debug`` (before or after the command) raises it with its traceback
+    instead. Warnings are one line each too.
+    """
     parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a usage error already printed as one line
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    import warnings
+
+    shown = warnings.showwarning
+    if not args.debug:
+        warnings.showwarning = _one_line_warning
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
         print("costaware: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (costaware report ... | head)
+        with contextlib.suppress(Exception):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - no flush error at exit
+        return 1
     except Exception as e:
         if args.debug:
             raise
-        from costaware.errors import CostawareError
-
-        known = isinstance(e, (CliError, CostawareError, ValueError, FileNotFoundError))
-        prefix = "costaware: error: " if known else f"costaware: unexpected {type(e).__name__}: "
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"{prefix}{msg} (run with --debug for the traceback)", file=sys.stderr)
+        print(_error_line(e), file=sys.stderr)
         return 2
+    finally:
+        warnings.showwarning = shown
+
+
+def _first(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def _error_line(e: BaseException) -> str:
+    """One line for an error: what went wrong and how to fix it."""
+    from costaware.errors import CostawareError
+
+    msg = _first(str(e))
+    if isinstance(e, (CliError, CostawareError)):
+        return f"costaware: error: {msg or type(e).__name__}"
+    if isinstance(e, ImportError):
+        name = (getattr(e, "name", None) or "").split(".")[0]
+        extra = _EXTRAS.get(name)
+        fix = f"pip install 'costaware[{extra}]'" if extra else f"pip install {name or 'it'}"
+        return f"costaware: error: {msg or 'an import failed'}; install it with: {fix}"
+    if isinstance(e, OSError) and e.filename is not None:
+        what = e.strerror or msg or type(e).__name__
+        return f"costaware: error: {what}: {e.filename}"
+    if isinstance(e, (ValueError, TypeError, OSError)):
+        return f"costaware: error: {msg or type(e).__name__} (--debug shows where)"
+    return (
+        f"costaware: unexpected {type(e).__name__}: {msg or 'no message'} "
+        "(run with --debug for the traceback)"
+    )
+
+
+def _one_line_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    print(f"costaware: warning: {_first(str(message))}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover
