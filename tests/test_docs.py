@@ -20,11 +20,23 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
 
-# page -> (modules it needs, lines its output must contain)
-QUICKSTARTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "optuna": (("optuna",), ("PRUNED", "rejected: predicted peak memory", "COMPLETE")),
-    "ray": (("ray", "optuna"), ("rejected before launch: width 4096", "ran: width")),
-    "lightning": (("lightning",), ("admit: memory ok", "epoch 1: ok", "stopped: measured epoch")),
+# page -> (modules it needs, lines its output must contain, files it must write)
+QUICKSTARTS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "optuna": (
+        ("optuna",),
+        ("PRUNED", "rejected: predicted peak memory", "COMPLETE"),
+        ("costaware.db", "report.html"),
+    ),
+    "ray": (
+        ("ray", "optuna"),
+        ("rejected before launch: width 4096", "ran: width"),
+        ("costaware.db",),
+    ),
+    "lightning": (
+        ("lightning",),
+        ("admit: memory ok", "epoch 1: ok", "stopped: measured epoch"),
+        ("costaware.db",),
+    ),
 }
 
 
@@ -62,7 +74,7 @@ def test_quickstart_blocks_compile(name: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(QUICKSTARTS))
 def test_quickstart_runs(name: str, tmp_path: Path) -> None:
-    modules, expected = QUICKSTARTS[name]
+    modules, expected, files = QUICKSTARTS[name]
     for module in modules:
         pytest.importorskip(module)
     script = tmp_path / f"quickstart_{name}.py"
@@ -81,6 +93,8 @@ def test_quickstart_runs(name: str, tmp_path: Path) -> None:
         assert text in proc.stdout, (
             f"quickstart/{name}.md: {text!r} not in its output:\n{output[-4000:]}"
         )
+    for file in files:
+        assert (tmp_path / file).is_file(), f"quickstart/{name}.md did not write {file}"
 
 
 def test_nav_lists_every_page() -> None:
@@ -134,6 +148,7 @@ def test_site_builds_without_warnings(tmp_path: Path) -> None:
         ("api/optuna/index.html", "CostAwarePruner"),
         ("api/lightning/index.html", "warmup_steps"),
         ("api/ray/index.html", "CostAwareScheduler"),
+        ("api/report/index.html", "to_html"),
     ):
         html = (site / page).read_text(encoding="utf-8")
         assert name in html, f"{page} lacks {name}"
