@@ -139,3 +139,20 @@ def test_summary_is_json_able() -> None:
     import json
 
     json.dumps(_spec(dataset_size=100).summary())
+
+
+GLOBAL_WIDTH = 8
+
+
+def test_a_factory_reading_a_module_global_is_keyed_on_its_value() -> None:
+    """`lambda: make(GLOBAL_WIDTH)` in a loop over the global must not share one key."""
+    global GLOBAL_WIDTH
+    spec = _spec(model=lambda: tiny_cnn(GLOBAL_WIDTH))
+    k8 = spec.architecture_key()
+    GLOBAL_WIDTH = 64
+    try:
+        assert spec.architecture_key() != k8
+        assert ca.CostModel().predict(spec, device="H100").basis["params"] > 0
+    finally:
+        GLOBAL_WIDTH = 8
+    assert spec.architecture_key() == k8

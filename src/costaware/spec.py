@@ -12,6 +12,7 @@ import functools
 import hashlib
 import inspect
 import math
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -273,6 +274,15 @@ def default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return _logits(model(batch)).float().mean()
 
 
+def _global_names(code: types.CodeType) -> set[str]:
+    """Names a code object (and the functions and comprehensions nested in it) looks up."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
 def _fingerprint(obj: Any, depth: int = 0) -> str | None:
     """A stable description of a factory's code and arguments, or None if it has none.
 
@@ -298,10 +308,19 @@ def _fingerprint(obj: Any, depth: int = 0) -> str | None:
         return None if None in inner else f"partial({','.join(inner)})"  # type: ignore[arg-type]
     if isinstance(obj, type):
         return f"class:{obj.__module__}.{obj.__qualname__}"
+    if isinstance(obj, types.ModuleType):
+        return f"module:{obj.__name__}"
     code = getattr(obj, "__code__", None)
     if code is not None and inspect.isfunction(obj):
         cells = [c.cell_contents for c in (obj.__closure__ or ())]
-        extra = [_fingerprint(o, depth + 1) for o in (cells, obj.__defaults__, obj.__kwdefaults__)]
+        # the module-level names the code reads: `lambda: mlp(width)` with a global `width`
+        # builds a different model for every value of `width`
+        # (for the factory itself; the helpers it calls are taken by their code alone)
+        scope = obj.__globals__ if depth <= 1 else {}
+        used = {n: scope[n] for n in sorted(_global_names(code)) if n in scope}
+        extra = [
+            _fingerprint(o, depth + 1) for o in (cells, obj.__defaults__, obj.__kwdefaults__, used)
+        ]
         if None in extra:
             return None
         digest = hashlib.sha1(code.co_code + repr(code.co_consts).encode()).hexdigest()[:12]
