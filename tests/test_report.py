@@ -448,11 +448,10 @@ def test_html_escapes_every_user_string(tmp_path: Path) -> None:
 def test_plotly_json_cannot_end_its_script_element() -> None:
     """Defence in depth: strings reach the figures escaped, and plotly's JSON escapes
     < > / again, so even a raw one could not close the script element."""
-    import plotly.graph_objects as go
+    from costaware._report_html import _Fig, _Figures
 
-    from costaware._report_html import _Figures
-
-    div = _Figures().div(go.Figure(go.Scatter(x=[1], y=[1], name=EVIL)), "t", 200, EVIL)
+    fig = _Fig({"type": "scatter", "x": [1], "y": [1], "name": EVIL})
+    div = _Figures().div(fig, "t", 200, EVIL)
     assert EVIL not in div and "\\u003c\\u002fscript\\u003e" in div
 
 
@@ -482,6 +481,18 @@ def test_html_is_one_self_contained_page(store: ObservationStore, tmp_path: Path
     for section in ("budget", "trials", "saved", "accuracy", "best", "all"):
         assert f'id="{section}"' in page
     assert "$0.16" in page  # 230 s saved at $2.50 an hour
+
+
+def test_figures_follow_plotlys_schema(store: ObservationStore) -> None:
+    """The figures are built as plain dicts for speed; plotly's validator checks them here."""
+    from costaware._report_html import render_html
+
+    for rep in (
+        ca.report(store),
+        ca.report(store, price_per_hour=1.0, budget=ca.Budget(max_total_time="1h")),
+    ):
+        page = render_html(rep, validate=True)
+        assert page.count("Plotly.newPlot") == 5
 
 
 def test_markdown_report(store: ObservationStore) -> None:

@@ -201,18 +201,85 @@ def _unit(seconds: float) -> tuple[float, str]:
 # --------------------------------------------------------------------------------------
 # figures
 # --------------------------------------------------------------------------------------
+class _Fig:
+    """The part of plotly's ``Figure`` API the report uses, over plain dicts.
+
+    ``plotly.graph_objects`` validates and deep-copies every array it is given, which takes
+    seconds for a study of thousands of trials; the figures here are built from known
+    keys, so they go to ``plotly.io.to_html`` as dicts (tests render them validated).
+    """
+
+    def __init__(self, *traces: dict[str, Any]) -> None:
+        self.data: list[dict[str, Any]] = list(traces)
+        self.layout: dict[str, Any] = {}
+        self.shapes: list[dict[str, Any]] = []
+        self.annotations: list[dict[str, Any]] = []
+
+    def add_trace(self, trace: dict[str, Any]) -> None:
+        self.data.append(trace)
+
+    def update_layout(self, **kw: Any) -> None:
+        for key, value in kw.items():
+            axis, _, prop = key.partition("_")
+            if axis in ("xaxis", "yaxis") and prop == "title":
+                self.layout.setdefault(axis, {})["title"] = {"text": value}
+            elif isinstance(value, dict):
+                self.layout.setdefault(key, {}).update(value)
+            else:
+                self.layout[key] = value
+
+    def update_xaxes(self, **kw: Any) -> None:
+        self.layout.setdefault("xaxis", {}).update(kw)
+
+    def update_yaxes(self, **kw: Any) -> None:
+        self.layout.setdefault("yaxis", {}).update(kw)
+
+    def add_hline(self, y: float, line: dict[str, Any], annotation_text: str = "") -> None:
+        self.shapes.append(
+            {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": y, "y1": y,
+             "line": line}
+        )  # fmt: skip
+        if annotation_text:
+            self.annotations.append(
+                {"xref": "paper", "x": 0, "xanchor": "left", "yref": "y", "y": y,
+                 "yanchor": "bottom", "text": annotation_text, "showarrow": False,
+                 "font": {"color": line.get("color", "#444")}}
+            )  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        layout = dict(self.layout)
+        if self.shapes:
+            layout["shapes"] = self.shapes
+        if self.annotations:
+            layout["annotations"] = self.annotations
+        return {"data": self.data, "layout": layout}
+
+
+_TEMPLATE: dict[str, Any] = {}
+
+
+def _template() -> dict[str, Any]:
+    """plotly's ``plotly_white`` template as a dict (what ``template="plotly_white"`` sends)."""
+    if not _TEMPLATE:
+        import plotly.io as pio
+
+        _TEMPLATE.update(pio.templates["plotly_white"].to_plotly_json())
+    return _TEMPLATE
+
+
 class _Figures:
-    """Renders plotly figures to HTML divs; plotly.js goes inline with the first one."""
+    """Renders figures to HTML divs; plotly.js goes inline with the first one."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, validate: bool = False) -> None:
         self.count = 0
+        self.validate = validate
 
-    def div(self, fig: Any, name: str, height: int, title: str) -> str:
+    def div(self, fig: _Fig, name: str, height: int, title: str) -> str:
         """The figure as HTML under its title (``title`` is escaped here)."""
         import plotly.io as pio
 
         fig.update_layout(
-            template="plotly_white",
+            template=_template(),
             height=height,
             margin={"l": 70, "r": 20, "t": 12, "b": 50},
             font={"family": _FONT, "size": 13, "color": "#1d2329"},
@@ -220,14 +287,14 @@ class _Figures:
             hoverlabel={"font": {"family": _FONT, "size": 12}, "align": "left"},
         )
         out = pio.to_html(
-            fig,
+            fig.to_dict(),
             full_html=False,
             include_plotlyjs=self.count == 0,
             div_id=f"fig-{name}",
             default_height=f"{height}px",
             default_width="100%",
             config={"displaylogo": False, "displayModeBar": False, "responsive": True},
-            validate=True,
+            validate=self.validate,
         )
         self.count += 1
         return f'<div class="fig"><h4>{e(title)}</h4>{out}</div>'
@@ -249,8 +316,6 @@ def _log_axis(values: Sequence[float]) -> bool:
 
 
 def _budget_figure(rep: Report, figs: _Figures) -> str:
-    import plotly.graph_objects as go
-
     tl = rep.timeline()
     if not tl:
         return '<p class="empty">No trial has a recorded end time yet: nothing to plot.</p>'
@@ -265,10 +330,11 @@ def _budget_figure(rep: Report, figs: _Figures) -> str:
         ylabel, fmt = f"{word} time ({unit})", "%{y:,.2f} " + unit
     x = [_local(p["time"]) for p in tl]
     labels = [e(p["trial"]) for p in tl]
-    fig = go.Figure()
+    fig = _Fig()
     if any(p["avoided"] for p in tl):
         fig.add_trace(
-            go.Scatter(
+            dict(
+                type="scatter",
                 x=x,
                 y=[(p["spent"] + p["avoided"]) / scale for p in tl],
                 name="without the rejections (spent + their predicted cost)",
@@ -279,7 +345,8 @@ def _budget_figure(rep: Report, figs: _Figures) -> str:
             )
         )
     fig.add_trace(
-        go.Scatter(
+        dict(
+            type="scatter",
             x=x,
             y=[p["spent"] / scale for p in tl],
             name=f"spent ({word} time of trials that ran)",
@@ -303,7 +370,6 @@ def _budget_figure(rep: Report, figs: _Figures) -> str:
             y=cap_y,
             line={"color": "#c62828", "dash": "dot", "width": 2},
             annotation_text=e(cap_text),
-            annotation_position="top left",
         )
     fig.update_layout(
         xaxis_title="time the trial ended (local)",
@@ -315,14 +381,13 @@ def _budget_figure(rep: Report, figs: _Figures) -> str:
 
 
 def _outcome_figure(rep: Report, figs: _Figures) -> str:
-    import plotly.graph_objects as go
-
     counts = rep.counts()
     shown = [o for o in OUTCOMES if counts[o]]
     if not shown:
         return ""
-    fig = go.Figure(
-        go.Bar(
+    fig = _Fig(
+        dict(
+            type="bar",
             x=[counts[o] for o in shown],
             y=[OUTCOME_LABELS[o] for o in shown],
             orientation="h",
@@ -351,8 +416,6 @@ def _measured_pairs(rep: Report, memory: bool) -> list[TrialRow]:
 
 
 def _scatter(rep: Report, figs: _Figures, *, what: str, name: str, height: int = 440) -> str:
-    import plotly.graph_objects as go
-
     memory = what == "memory"
     fmt = fmt_bytes if memory else fmt_seconds
     rows = _measured_pairs(rep, memory)[:MAX_POINTS]
@@ -385,12 +448,13 @@ def _scatter(rep: Report, figs: _Figures, *, what: str, name: str, height: int =
         scale, unit = (2.0**30, "GiB") if max(raw) >= 4 * 2**30 else (2.0**20, "MiB")
     else:
         scale, unit = (60.0, "min") if max(raw) >= 600 else (1.0, "s")
-    fig = go.Figure()
+    fig = _Fig()
     groups: dict[tuple[str, bool], list[TrialRow]] = {}
     for r in rows:
         upper = upper_of(r)
         covered = upper is None or act_of(r) <= upper
         groups.setdefault((r.model_kind or "unknown", covered), []).append(r)
+    kinds = {kind for kind, _ in groups}
     for (kind, covered), members in sorted(groups.items(), key=lambda g: (g[0][0], not g[0][1])):
         texts = []
         for r in members:
@@ -406,11 +470,12 @@ def _scatter(rep: Report, figs: _Figures, *, what: str, name: str, height: int =
             )
         color = KIND_COLORS.get(kind, "#555")
         fig.add_trace(
-            go.Scatter(
+            dict(
+                type="scatter",
                 x=[pred_of(r) / scale for r in members],
                 y=[act_of(r) / scale for r in members],
                 mode="markers",
-                name=f"{e(kind)} model, "
+                name=(f"{e(kind)} model, " if len(kinds) > 1 else "")
                 + ("within its upper bound" if covered else "above its upper bound"),
                 marker={
                     "color": color,
@@ -434,7 +499,8 @@ def _scatter(rep: Report, figs: _Figures, *, what: str, name: str, height: int =
         )
     if ooms:
         fig.add_trace(
-            go.Scatter(
+            dict(
+                type="scatter",
                 x=[(r.pred_memory or 0) / scale for r in ooms],
                 y=[(r.oom_memory_reached or 0) / scale for r in ooms],
                 mode="markers",
@@ -457,7 +523,8 @@ def _scatter(rep: Report, figs: _Figures, *, what: str, name: str, height: int =
     log = hi / lo > 30
     lo, hi = (lo / 1.25, hi * 1.25) if log else (0.0, hi * 1.08)
     fig.add_trace(
-        go.Scatter(
+        dict(
+            type="scatter",
             x=[lo, hi],
             y=[lo, hi],
             mode="lines",
@@ -488,8 +555,6 @@ def _range(lo: float, hi: float, log: bool) -> list[float]:
 
 
 def _ratio_figure(rep: Report, figs: _Figures) -> str:
-    import plotly.graph_objects as go
-
     series = []
     for memory, label, color in (
         (True, "peak memory", "#6a3d9a"),
@@ -510,10 +575,11 @@ def _ratio_figure(rep: Report, figs: _Figures) -> str:
             series.append((label, color, xs[:MAX_POINTS], ys[:MAX_POINTS], texts[:MAX_POINTS]))
     if not series:
         return ""
-    fig = go.Figure()
+    fig = _Fig()
     for label, color, xs, ys, texts in series:
         fig.add_trace(
-            go.Scatter(
+            dict(
+                type="scatter",
                 x=xs,
                 y=ys,
                 mode="markers+lines" if len(xs) <= 60 else "markers",
@@ -640,7 +706,10 @@ def _budget_section(rep: Report, figs: _Figures) -> str:
     items = []
     if "memory" in caps:
         items.append(
-            ("peak memory per trial", fmt_bytes(caps["memory"]) + " (CUDA context included)")
+            (
+                "peak memory per trial",
+                fmt_bytes(caps["memory"]) + (" (CUDA context included)" if word == "GPU" else ""),
+            )
         )
     if "epoch_time" in caps:
         items.append(("epoch time", fmt_seconds(caps["epoch_time"])))
@@ -973,8 +1042,10 @@ def _best_section(rep: Report) -> str:
     best = rep.best(10)
     head = '<section id="best"><h2>Best trials</h2>'
     if not best:
+        c = rep.counts()
         why = (
-            "No trial has finished with an objective value yet."
+            f"No trial has completed with an objective value yet ({c['stopped']} stopped early, "
+            f"{c['oom']} out of memory, {c['failed']} failed, {c['running']} running)."
             if rep.direction
             else "The records hold no optimisation direction or no objective values (see the notes above)."
         )
@@ -1084,9 +1155,9 @@ _RESIZE = (
 )
 
 
-def render_html(rep: Report, *, progress: ProgressFn | None = None) -> str:
-    """The whole page."""
-    figs = _Figures()
+def render_html(rep: Report, *, progress: ProgressFn | None = None, validate: bool = False) -> str:
+    """The whole page; ``validate`` checks every figure against plotly's schema (slow)."""
+    figs = _Figures(validate=validate)
     steps = ["header", "budget", "trials", "saved", "accuracy", "best", "all"]
 
     def step(i: int) -> None:

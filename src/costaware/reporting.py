@@ -408,7 +408,10 @@ class Report:
         ]
         events.sort(key=lambda e: e[0])
         spent = avoided = 0.0
-        out = []
+        out: list[dict[str, Any]] = []
+        starts = [r.start for r in self.trials if r.start is not None]
+        if events and starts and min(starts) < events[0][0]:  # the curve starts at zero
+            out.append({"time": min(starts), "trial": "start", "spent": 0.0, "avoided": 0.0})
         for t, r in events:
             if r.outcome == "rejected":
                 avoided += r.predicted_cost or 0.0

@@ -1,9 +1,10 @@
 """Dry run of one real training step on fake tensors: graph, memory timeline, FLOPs.
 
 The model is built on the ``meta`` device (no memory, any size), its parameters and
-buffers are swapped for fake ``cpu`` tensors, and two full training steps (forward, loss,
-backward, optimizer step, ``zero_grad``) run under :class:`FakeTensorMode`. The second step
-holds the optimizer state the first one created, as every later step does. A dispatch
+buffers are swapped for fake ``cpu`` tensors, and one full training step (forward, loss,
+backward, optimizer step, ``zero_grad``) runs under :class:`FakeTensorMode`. A second step,
+which holds the optimizer state the first one created as every later step does, is
+synthesised from the first step's events rather than run again. A dispatch
 mode records every aten op with its shapes, FLOPs and bytes, and every storage's
 allocation and release, which gives:
 
