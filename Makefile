@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo predict-demo test lint typecheck bench clean
+.PHONY: setup demo predict-demo test lint typecheck bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,17 +23,22 @@ predict-demo: $(STAMP)
 	$(BIN)/python examples/predict_demo.py
 
 test: $(STAMP)
-	$(BIN)/ruff check src integrations tests benchmarks examples
+	$(BIN)/ruff check src integrations tests benchmarks examples docs/_ext
 	$(BIN)/mypy
 	for f in integrations/optuna.py integrations/lightning.py integrations/ray.py; do \
 	  MYPYPATH=src $(BIN)/mypy --strict --ignore-missing-imports --follow-imports=silent $$f || exit 1; done
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check src integrations tests benchmarks examples
+	$(BIN)/ruff check src integrations tests benchmarks examples docs/_ext
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+# The documentation site (mkdocs-material, API pages from docstrings) into site/; the
+# tests build it too, with warnings as errors.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/latency.py
