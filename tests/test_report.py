@@ -659,3 +659,90 @@ def test_cli_report_errors_are_one_line(
 def test_cli_report_debug_raises(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ReportError, match="no such file"):
         main(["report", "--store", "/nonexistent/costaware.db", "--debug"])
+
+
+# --------------------------------------------------------------------------------------
+# every command's errors: one line, with the fix; --debug for the traceback
+# --------------------------------------------------------------------------------------
+def _one_line(err: str) -> None:
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["predict"],
+            "required: MODEL, --batch-size/-b (see 'costaware predict --help')",
+        ),
+        (["predict", "m:f", "-b", "x"], "invalid int value: 'x'"),
+        (["nope"], "invalid choice: 'nope'"),
+        (
+            ["fit", "/nonexistent.jsonl.gz", "--out", "m"],
+            "no such data file: /nonexistent.jsonl.gz",
+        ),
+        (["report", "--price-per-hour", "cheap"], "invalid float value: 'cheap'"),
+    ],
+)
+def test_usage_errors_are_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("costaware: error: ") and message in err
+    _one_line(err)
+
+
+@pytest.mark.parametrize(
+    ("exc", "message"),
+    [
+        (ImportError("No module named 'optuna'", name="optuna"), "pip install 'costaware[optuna]'"),
+        (PermissionError(13, "Permission denied", "/root/x.db"), "Permission denied: /root/x.db"),
+        (ValueError("width must be positive\nmore detail"), "width must be positive (--debug"),
+        (RuntimeError("cuda broke"), "unexpected RuntimeError: cuda broke (run with --debug"),
+        (ca.SpecError("batch_size must be a positive integer"), "error: batch_size must be"),
+    ],
+)
+def test_failures_are_one_line_with_the_fix(
+    exc: Exception,
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import costaware.cli as cli
+
+    def boom(args: Any) -> int:
+        raise exc
+
+    monkeypatch.setattr(cli, "_cmd_devices", boom)
+    assert main(["devices"]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    _one_line(err)
+    with pytest.raises(type(exc)):  # --debug, after the command too, shows the real thing
+        main(["devices", "--debug"])
+
+
+def test_warnings_are_one_line_and_pipes_may_close(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import warnings
+
+    import costaware.cli as cli
+
+    def warns(args: Any) -> int:
+        warnings.warn("could not predict\nsecond line", ca.CostAwareWarning, stacklevel=1)
+        return 0
+
+    monkeypatch.setattr(cli, "_cmd_devices", warns)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main(["devices"]) == 0
+    err = capsys.readouterr().err
+    assert err == "costaware: warning: could not predict\n"
+
+    def closed(args: Any) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "_cmd_devices", closed)
+    assert main(["devices"]) == 1 and capsys.readouterr().err == ""

@@ -863,6 +863,8 @@ def _direction(study: Any) -> str | None:
 def _optuna_rows(
     study: Any, grouped: Mapping[tuple[str | None, str], _StoreTrial], progress: ProgressFn | None
 ) -> list[TrialRow]:
+    if progress is not None:
+        progress("reading the study's trials", 0, 0)
     trials = study.get_trials(deepcopy=False)
     name = study.study_name
     rows = []
@@ -915,7 +917,14 @@ def _optuna_rows(
             row.reasons = (
                 [str(stop)]
                 if stop
-                else (row.reasons or [f"pruned by the study's pruner at step {t.last_step}"])
+                else (
+                    row.reasons
+                    or [
+                        f"pruned by the study's pruner at step {t.last_step}"
+                        if t.last_step is not None
+                        else "pruned before it reported a step"
+                    ]
+                )
             )
         elif state == "FAIL":
             oom = a.get("costaware_oom")
@@ -1220,6 +1229,10 @@ def report(
                 "No observation store given: the measured peak memory and epoch times live in "
                 "the store CostAwareCallback writes to; pass it with --store URL (store= in "
                 "Python)." + _store_hint(storage)
+            )
+        if len(getattr(optuna_study, "directions", ())) > 1:
+            notes.append(
+                "A multi-objective study: the best trials are ranked by the first objective."
             )
         default_title = f"costaware report: {name}"
         spent_basis = "a trial's wall time as Optuna recorded it (start to end)"
