@@ -27,6 +27,7 @@ test: $(STAMP)
 	$(BIN)/mypy
 	for f in integrations/optuna.py integrations/lightning.py integrations/ray.py; do \
 	  MYPYPATH=src $(BIN)/mypy --strict --ignore-missing-imports --follow-imports=silent $$f || exit 1; done
+	bash .ci/chromium.sh
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)

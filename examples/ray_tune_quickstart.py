@@ -123,7 +123,8 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("ray").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=CostAwareWarning)  # reasons are printed below
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="costaware-ray-"))
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="costaware-ray-")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
     store = ObservationStore(workdir / "costaware.db")
     budget = ca.Budget(max_memory=args.max_memory, max_epoch_time=args.max_epoch_time)
     print(
