@@ -51,8 +51,11 @@ def _load(files: Sequence[Path]) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-def _observations(rows: list[dict[str, Any]], use_cache: bool) -> tuple[list[Any], list[str]]:
+def _observations(
+    rows: list[dict[str, Any]], use_cache: bool, trace_timeout: float
+) -> tuple[list[Any], list[str]]:
     from costaware.collect import observations
+    from costaware.model import CostModel
 
     cache = Path(tempfile.gettempdir()) / "costaware-accuracy" / "features.json.gz"
     t0 = time.perf_counter()
@@ -63,7 +66,12 @@ def _observations(rows: list[dict[str, Any]], use_cache: bool) -> tuple[list[Any
         if count[0] % 25 == 0:
             print(f"  traced {count[0]} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
 
-    obs, skipped = observations(rows, on_row=on_row, cache=cache if use_cache else None)
+    obs, skipped = observations(
+        rows,
+        model=CostModel(trace_timeout=trace_timeout),
+        on_row=on_row,
+        cache=cache if use_cache else None,
+    )
     return list(obs), list(skipped)
 
 
@@ -263,6 +271,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=400, help="CatBoost trees per fit")
     p.add_argument("--threads", type=int, default=2, help="CatBoost threads")
     p.add_argument("--no-cache", action="store_true", help="recompute every feature")
+    p.add_argument(
+        "--trace-timeout",
+        type=float,
+        default=600.0,
+        help="seconds allowed for one dry run; rows over it are skipped and listed (default 600)",
+    )
     args = p.parse_args(argv)
     files = [Path(f) for f in args.data] or sorted((ROOT / "data").glob("**/*.jsonl.gz"))
     if not files:
@@ -270,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     rows = _load(files)
     print(f"{len(rows)} rows from {len(files)} file(s); computing features", file=sys.stderr)
-    obs, skipped = _observations(rows, use_cache=not args.no_cache)
+    obs, skipped = _observations(rows, not args.no_cache, args.trace_timeout)
     by_kind: dict[str, list[Any]] = {}
     for o in obs:
         by_kind.setdefault("cpu" if o.device == "CPU" else "gpu", []).append(o)
@@ -281,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "files": [str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f) for f in files],
         "devices": devices,
         "iterations": args.iterations,
+        "trace_timeout": args.trace_timeout,
     }
     md = _markdown(results, meta)
     if skipped:

@@ -250,7 +250,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         task = progress.add_task("tracing configurations", total=len(rows))
         obs, skipped = observations(
             rows,
-            model=ca.CostModel(trace_timeout=600.0),
+            model=ca.CostModel(trace_timeout=args.trace_timeout),
             cache=args.features_cache,
             on_row=lambda i, r: progress.update(task, completed=i, description=str(r.get("id"))),
         )
@@ -271,7 +271,9 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         "skipped": skipped,
         "devices": model.training_.get("devices"),
         "families": model.training_.get("families"),
-        "command": "costaware fit " + " ".join(map(str, args.data)) + f" --out {args.out}",
+        "command": "costaware fit "
+        + " ".join(map(str, args.data))
+        + f" --out {args.out} --trace-timeout {args.trace_timeout:g}",
         "costaware": ca.__version__,
     }
     (out / "data.json").write_text(json.dumps(info, indent=2))
@@ -466,6 +468,13 @@ def _parser() -> argparse.ArgumentParser:
     fi.add_argument(
         "--features-cache",
         help="a .json.gz file of features already computed (reused and updated); default none",
+    )
+    fi.add_argument(
+        "--trace-timeout",
+        type=float,
+        default=600.0,
+        help="seconds allowed for one configuration's dry run; a row over it is skipped and "
+        "listed in data.json (default 600)",
     )
     fi.set_defaults(func=_cmd_fit)
 
