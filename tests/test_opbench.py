@@ -153,8 +153,13 @@ def test_cpu_run_writes_ok_rows(tmp_path: Path) -> None:
         assert keys <= set(r) and r["schema"] == 1 and r["kind"] == "op"
         assert r["device"] == "cpu" and r["device_name"] == "CPU"
         assert r["env"]["torch"] == torch.__version__ and r["env"]["cudnn_benchmark"] is False
-        assert r["times"]["total_s"] > 0 and r["times"]["reps"] == 10
-        assert r["times"]["warmup"] == 3 and r["times"]["wall_s"] > 0
+        # a case whose warm-up rep is slow (a loaded machine) is timed with 3 reps
+        assert r["times"]["total_s"] > 0
+        assert r["times"]["reps"] == (3 if r["times"]["capped"] else 10)
+        # the warm-up stops early (after 2) once a rep is slow
+        warm = r["times"]["warmup"]
+        assert warm == 3 or (r["times"]["capped"] and warm == 2)
+        assert r["times"]["wall_s"] > 0
     assert load_op_rows(out) == rows
     assert load_op_rows([out, out]) == rows + rows
     assert not (out.parent / (out.name + ".inflight")).exists()

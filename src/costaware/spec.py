@@ -315,8 +315,9 @@ def _fingerprint(obj: Any, depth: int = 0) -> str | None:
         cells = [c.cell_contents for c in (obj.__closure__ or ())]
         # the module-level names the code reads: `lambda: mlp(width)` with a global `width`
         # builds a different model for every value of `width`
-        # (for the factory itself; the helpers it calls are taken by their code alone)
-        scope = obj.__globals__ if depth <= 1 else {}
+        # (for the factory itself; the library functions it calls, and a partial's function,
+        # are taken by their code and arguments alone)
+        scope = obj.__globals__ if depth == 0 else {}
         used = {n: scope[n] for n in sorted(_global_names(code)) if n in scope}
         extra = [
             _fingerprint(o, depth + 1) for o in (cells, obj.__defaults__, obj.__kwdefaults__, used)
