@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from costaware.collect import done_ids, read_rows
+from costaware.profile import nvml_driver
 
 __all__ = [
     "OPS",
@@ -908,14 +909,7 @@ def _environment(dev: torch.device, cudnn_benchmark: bool) -> dict[str, Any]:
         env["cuda"] = torch.version.cuda
         env["cudnn"] = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
         env["cudnn_tf32"] = bool(torch.backends.cudnn.allow_tf32)
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            driver = pynvml.nvmlSystemGetDriverVersion()
-            env["driver"] = driver.decode() if isinstance(driver, bytes) else driver
-        except Exception:  # NVML is optional
-            env["driver"] = None
+        env["driver"] = nvml_driver()
     else:
         env["cpu"] = platform.processor() or platform.machine()
         env["cpu_count"] = os.cpu_count()

@@ -91,15 +91,20 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         env["gpu_memory"] = torch.cuda.get_device_properties(idx).total_memory
         env["cuda"] = torch.version.cuda
         env["cudnn"] = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            driver = pynvml.nvmlSystemGetDriverVersion()
-            env["driver"] = driver.decode() if isinstance(driver, bytes) else driver
-        except Exception:  # NVML is optional
-            env["driver"] = None
+        env["driver"] = nvml_driver()
     return env
+
+
+def nvml_driver() -> str | None:
+    """The NVIDIA driver version as NVML reports it, or None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        return driver.decode() if isinstance(driver, bytes) else str(driver)
+    except Exception:  # NVML is optional
+        return None
 
 
 class _NvmlSampler:
