@@ -65,12 +65,16 @@ def test_refit_converges_on_this_machine(tmp_path: Path) -> None:
         errors.append(_record(store, refit.model(), i, _spec(w, bs)))
     first, last = sum(errors[:3]) / 3, sum(errors[-4:]) / 4
     assert len(refit.history) >= 3
+    # a refitted model keeps the traces already made: a seen architecture is not traced again
+    assert refit.model().predict(_spec(4, 8), "cpu").basis["trace_source"] == "cached"
     assert last < first / 3, (first, last)  # measured, not a magic number: the error drops
     # another worker sharing the directory picks the refitted model up
     other = OnlineRefit(store, base=ca.CostModel(), every=1000, study="s")
     assert other.model().is_fitted
+    # (the same model; rel 1e-3 because one side may rescale a cached trace of another
+    # batch size where the other traced this one)
     assert other.model().predict(_spec(8, 16), "cpu").iteration_time == pytest.approx(
-        refit.model().predict(_spec(8, 16), "cpu").iteration_time, rel=1e-6
+        refit.model().predict(_spec(8, 16), "cpu").iteration_time, rel=1e-3
     )
 
 

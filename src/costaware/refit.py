@@ -99,6 +99,7 @@ class OnlineRefit:
             log.warning("costaware: could not load refitted model %s: %s", version, e)
             return
         with self._lock:
+            model.__dict__["_trace_cache"] = self._model._cache()  # keep the traces seen
             self._model = model
             self._loaded_version = version
             self._fitted_on = max(self._fitted_on, int(model.training_.get("rows", 0)))
@@ -154,6 +155,8 @@ class OnlineRefit:
         if self.directory is not None:
             version = self._save(model)
         with self._lock:
+            # traces depend on the spec alone: the new model keeps the architectures seen
+            model.__dict__["_trace_cache"] = self._model._cache()
             self._model = model
             self._fitted_on = len(observations)
             if version is not None:
