@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from costaware.collect import done_ids, read_rows
+from costaware.collect import CollectSummary, _fmt_s, _inflight_path, done_ids, read_rows
 from costaware.profile import nvml_driver
 
 __all__ = [
@@ -785,16 +785,9 @@ def _time_prepared(
 
 # ------------------------------------------------------------------------------- running
 @dataclass
-class OpBenchSummary:
-    """What one :func:`bench` call did."""
+class OpBenchSummary(CollectSummary):
+    """What one :func:`bench` call did (a collect summary, counting cases)."""
 
-    out_path: str
-    measured: int = 0
-    skipped: int = 0
-    remaining: int = 0
-    stopped_early: bool = False
-    seconds: float = 0.0
-    statuses: dict[str, int] = field(default_factory=dict)
     fatal: str | None = None
 
     @property
@@ -811,11 +804,6 @@ class OpBenchSummary:
             f"{counts}); skipped {self.skipped} already recorded; {self.remaining} left{stop}"
             f"{fatal} -> {self.out_path}"
         )
-
-
-def _fmt_s(seconds: float) -> str:
-    s = int(max(0.0, seconds))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 class _Bar:
@@ -982,10 +970,6 @@ def _cuda_healthy(dev: torch.device) -> str | None:
     except Exception as e:
         return f"{type(e).__name__}: {e}"[:300]
     return None
-
-
-def _inflight_path(out: Path) -> Path:
-    return out.with_name(out.name + ".inflight")
 
 
 def _recover_crash(
