@@ -99,10 +99,15 @@ class OnlineRefit:
             log.warning("costaware: could not load refitted model %s: %s", version, e)
             return
         with self._lock:
-            model.__dict__["_trace_cache"] = self._model._cache()  # keep the traces seen
-            self._model = model
+            self._adopt(model)
             self._loaded_version = version
             self._fitted_on = max(self._fitted_on, int(model.training_.get("rows", 0)))
+
+    def _adopt(self, model: CostModel) -> None:
+        """Use ``model`` from now on (under the lock), keeping the traces already made:
+        a trace depends on the spec alone, not on the model that asked for it."""
+        model.__dict__["_trace_cache"] = self._model._cache()
+        self._model = model
 
     # -- refitting ------------------------------------------------------------------------
     def pending(self) -> int:
@@ -155,9 +160,7 @@ class OnlineRefit:
         if self.directory is not None:
             version = self._save(model)
         with self._lock:
-            # traces depend on the spec alone: the new model keeps the architectures seen
-            model.__dict__["_trace_cache"] = self._model._cache()
-            self._model = model
+            self._adopt(model)
             self._fitted_on = len(observations)
             if version is not None:
                 self._loaded_version = version
