@@ -238,3 +238,57 @@ def test_events_are_consistent(cnn_spec: ca.TrainingSpec) -> None:
             assert k in live
             live.remove(k)
     assert np.all(sizes != 0)
+
+
+def _attention_spec(**kw: object) -> ca.TrainingSpec:
+    from costaware import zoo
+
+    return ca.TrainingSpec(
+        model=lambda: zoo.gpt(vocab=64, seq_len=256, dim=64, depth=2, heads=4, **kw),  # type: ignore[arg-type]
+        batch=ca.TokenBatch(seq_len=256, vocab=64),
+        batch_size=8,
+    )
+
+
+def test_fused_attention_drops_the_score_matrix() -> None:
+    """With dropout on, this CPU traces SDPA as math (B*H*L*L scores); a GPU does not."""
+    spec = _attention_spec(dropout=0.1)
+    native = ca.dry_run(spec)
+    fused = ca.dry_run(spec, attention="fused")
+    assert native.op_counts["_safe_softmax"] > 0
+    assert fused.op_counts["_safe_softmax"] == 0
+    assert fused.op_counts["_scaled_dot_product_flash_attention_for_cpu"] == 2
+    scores = 8 * 4 * 256 * 256 * 4  # one layer's fp32 scores
+    assert fused.peak_live < native.peak_live - 2 * scores
+    assert any("fused flash kernel" in n for n in fused.notes)
+    assert not any("fused flash kernel" in n for n in native.notes)
+    with pytest.raises(ValueError, match="attention"):
+        ca.dry_run(spec, attention="flash")
+
+
+def test_fused_attention_covers_multihead_attention() -> None:
+    from costaware import zoo
+
+    spec = ca.TrainingSpec(
+        model=lambda: zoo.bert(vocab=64, seq_len=128, dim=64, depth=1, heads=4, dropout=0.1),
+        batch=ca.TokenBatch(seq_len=128, vocab=64),
+        batch_size=4,
+    )
+    native = ca.dry_run(spec)
+    fused = ca.dry_run(spec, attention="fused")
+    assert native.op_counts["_safe_softmax"] > 0
+    assert fused.op_counts["_safe_softmax"] == 0
+    assert fused.peak_live < native.peak_live
+
+
+def test_predictions_trace_attention_by_device_kind() -> None:
+    model = ca.CostModel()
+    spec = _attention_spec(dropout=0.1)
+    gpu = model.predict(spec, device="H100")
+    cpu = model.predict(spec, device="CPU")
+    assert "fused flash kernel" in gpu.explain()
+    assert "fused flash kernel" not in cpu.explain()
+    assert gpu.basis["live_peak"] < cpu.basis["live_peak"]
+    # each kind keeps its own cached trace
+    assert model.predict(spec, device="H100").basis["trace_source"] == "cached"
+    assert model.predict(spec, device="CPU").basis["live_peak"] == cpu.basis["live_peak"]

@@ -222,6 +222,11 @@ def _arch_key(spec: TrainingSpec) -> str:
     return spec._key_with("module:" + body)
 
 
+def _attention_mode(device: Device) -> str:
+    """The dry run's SDPA mode for a target device: fused kernels on CUDA, native on CPU."""
+    return "fused" if device.kind == "cuda" else "native"
+
+
 def features_for(
     trace: Trace,
     spec: TrainingSpec,
@@ -373,16 +378,18 @@ class CostModel:
 
     # -- features -------------------------------------------------------------------------
     def trace(
-        self, spec: TrainingSpec, *, exact: bool = False
+        self, spec: TrainingSpec, *, exact: bool = False, attention: str = "native"
     ) -> tuple[Trace, dict[str, float], str]:
         """The spec's trace (cached per architecture), its graph features, and its source.
 
         The first spec of an architecture is traced; another batch size of the same
         architecture is rescaled from the cached trace (linear in the batch size, exact
         once two batch sizes have been traced). ``exact=True`` always traces.
+        ``attention`` is the dry run's SDPA mode (:func:`~costaware.trace.dry_run`):
+        "fused" for a CUDA target, "native" for a CPU; the cache keeps them apart.
         """
         cache = self._cache()
-        key = _arch_key(spec)
+        key = _arch_key(spec) + f"|attention={attention}"
         entry = cache.get(key)
         if entry is not None:
             for t in entry.traces:
@@ -392,7 +399,7 @@ class CostModel:
                 other = entry.traces[1] if len(entry.traces) > 1 else None
                 src = "rescaled (two traces)" if other is not None else "rescaled (one trace)"
                 return rescale(entry.traces[0], spec.batch_size, other), entry.graph_feats, src
-        t = dry_run(spec, timeout=self.trace_timeout)
+        t = dry_run(spec, timeout=self.trace_timeout, attention=attention)
         if entry is None:
             graph_feats = nsm_features(t)
             g2v = self.__dict__.get("graph2vec_")
@@ -409,7 +416,7 @@ class CostModel:
     def features(self, spec: TrainingSpec, device: str | Device = "auto") -> dict[str, float]:
         """The feature dict the learned model sees for ``spec`` on ``device``."""
         dev = get_device(device)
-        trace, graph_feats, _ = self.trace(spec)
+        trace, graph_feats, _ = self.trace(spec, attention=_attention_mode(dev))
         est = _analytic.estimate(trace, spec, dev)
         return features_for(trace, spec, dev, est, graph_feats)
 
@@ -431,7 +438,7 @@ class CostModel:
         if not isinstance(spec, TrainingSpec):
             raise CostawareError(f"predict expects a TrainingSpec, but got {type(spec).__name__}.")
         dev = get_device(device)
-        trace, graph_feats, source = self.trace(spec, exact=exact)
+        trace, graph_feats, source = self.trace(spec, exact=exact, attention=_attention_mode(dev))
         est = _analytic.estimate(trace, spec, dev)
         notes = list(trace.notes) + list(est.notes)
         basis: dict[str, Any] = {

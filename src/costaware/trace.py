@@ -24,9 +24,11 @@ simulation and the learned residual.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
+import inspect
 import itertools
 import signal
 import threading
@@ -41,6 +43,7 @@ import networkx as nx
 import numpy as np
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -48,7 +51,12 @@ from costaware.errors import SpecError, TraceError, TraceTimeout, UntraceableMod
 from costaware.flops import VIEW, count_flops, op_class
 from costaware.spec import TrainingSpec, default_loss
 
-__all__ = ["CATEGORIES", "Trace", "build_model", "dry_run"]
+__all__ = ["ATTENTION_MODES", "CATEGORIES", "Trace", "build_model", "dry_run"]
+
+#: How the dry run traces ``F.scaled_dot_product_attention``: "native" as this CPU build
+#: runs it (the math path, B*H*L*L scores, whenever dropout_p > 0), "fused" as one
+#: flash-attention kernel, as a CUDA GPU runs it (no score matrix, no dropout mask).
+ATTENTION_MODES = ("native", "fused")
 
 #: Categories of live memory in :attr:`Trace.peak_breakdown`.
 CATEGORIES = (
@@ -398,15 +406,98 @@ _UNTRACEABLE_HINT = (
 )
 
 
+class _FusedAttention(TorchFunctionMode):
+    """Routes ``F.scaled_dot_product_attention`` to the fused flash kernel.
+
+    On a CUDA GPU SDPA runs as flash or memory-efficient attention even with dropout: the
+    B*H*L*L score matrix is never materialised and the dropout mask is regenerated from
+    the RNG state in the backward. This CPU build takes the math path whenever
+    ``dropout_p > 0`` (its flash kernel refuses dropout), which would put the scores, the
+    softmax and the mask into the trace. Memory-wise the fused kernel with dropout is
+    the fused kernel without it, so the call becomes
+    ``_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, ...)``. Inputs the fused
+    op does not take (GQA, differing head dims, a mask together with ``is_causal``) run
+    natively, and are counted in ``fallbacks``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fused = 0
+        self.fallbacks: Counter[str] = Counter()
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            out = self._fused(*args, **kwargs)
+            if out is not None:
+                self.fused += 1
+                return out
+        elif func is torch.nn.functional.multi_head_attention_forward:
+            # its inner SDPA call never reaches this mode (a mode is off inside its own
+            # handler), but without dropout this build's SDPA takes the flash path itself
+            bound = _MHA_SIGNATURE.bind(*args, **kwargs)
+            if bound.arguments.get("dropout_p", 0.0) > 0 and not bound.arguments.get(
+                "need_weights", True
+            ):
+                bound.arguments["dropout_p"] = 0.0
+                self.fused += 1
+            return func(*bound.args, **bound.kwargs)
+        return func(*args, **kwargs)
+
+    def _fused(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor | None:
+        why = None
+        if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+            why = "not 4-D"
+        elif not (q.dtype == k.dtype == v.dtype) or q.dtype not in _FUSED_DTYPES:
+            why = f"dtype {q.dtype}"
+        elif enable_gqa or q.shape[1] != k.shape[1] or k.shape[1] != v.shape[1]:
+            why = "grouped-query heads"
+        elif not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
+            why = "differing head dims"
+        elif attn_mask is not None and is_causal:
+            why = "mask with is_causal"
+        elif attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(
+                attn_mask.logical_not(), float("-inf")
+            )
+        if why is None:
+            try:
+                out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale
+                )[0]
+                return out  # type: ignore[no-any-return]
+            except (RuntimeError, TypeError, ValueError) as e:
+                why = f"{type(e).__name__}: {str(e)[:80]}"
+        self.fallbacks[why] += 1
+        return None
+
+
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_MHA_SIGNATURE = inspect.signature(torch.nn.functional.multi_head_attention_forward)
+
+
 # --------------------------------------------------------------------------------------
 # the dry run
 # --------------------------------------------------------------------------------------
-def _trace(spec: TrainingSpec, model: nn.Module, how: str) -> Trace:
+def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "native") -> Trace:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     t0 = time.perf_counter()
     fm = FakeTensorMode(allow_non_fake_inputs=True)
     rec = _Recorder()
+    fused = _FusedAttention() if attention == "fused" else contextlib.nullcontext()
     loss_fn = spec.loss or default_loss
     batch_spec = spec.batch_spec
     bs = spec.batch_size
@@ -424,7 +515,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str) -> Trace:
     with fm:
         _to_fake(model)
         model.train()
-        with rec:
+        with rec, fused:
             rec.label(list(model.parameters()), "parameters")
             rec.label(list(model.buffers()), "buffers")
             try:
@@ -514,6 +605,14 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str) -> Trace:
         )
     if rec.unsupported:
         notes.append(f"FLOPs not counted for ops whose formula failed: {dict(rec.unsupported)}")
+    if isinstance(fused, _FusedAttention) and (fused.fused or fused.fallbacks):
+        note = (
+            f"attention traced as a fused flash kernel, as a CUDA GPU runs it "
+            f"({fused.fused} SDPA calls per step; no score matrix or dropout mask)"
+        )
+        if fused.fallbacks:
+            note += f"; {sum(fused.fallbacks.values())} ran natively ({dict(fused.fallbacks)})"
+        notes.append(note)
     return Trace(
         batch_size=bs,
         graph=g,
@@ -678,8 +777,14 @@ def _node_phase(name: str, phase: str) -> int:
     return 3 if name in _STATE_INIT_OPS else 2
 
 
-def dry_run(spec: TrainingSpec, *, timeout: float | None = 60.0) -> Trace:
+def dry_run(
+    spec: TrainingSpec, *, timeout: float | None = 60.0, attention: str = "native"
+) -> Trace:
     """Run two training steps of ``spec`` on fake tensors and return what they did.
+
+    ``attention`` is "native" (SDPA as this CPU runs it: the math path when dropout is on)
+    or "fused" (SDPA as one flash kernel, as a CUDA GPU runs it); predictions for a CUDA
+    device trace with "fused", for a CPU with "native".
 
     Raises:
         UntraceableModelError: the model cannot run on fake tensors.
@@ -693,19 +798,22 @@ def dry_run(spec: TrainingSpec, *, timeout: float | None = 60.0) -> Trace:
         UnsupportedOperatorException,
     )
 
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"attention must be one of {ATTENTION_MODES}, but got {attention!r}.")
+
     def run() -> Trace:
         model, how = build_model(spec)
         layers = _layer_counts(model)
         with torch.enable_grad():
             try:
-                trace = _trace(spec, model, how)
+                trace = _trace(spec, model, how, attention)
             except (SpecError, TraceError):
                 raise
             except RuntimeError as e:
                 # meta-built modules can keep plain tensor attributes on meta; retry real
                 if how == "meta" and "meta" in str(e) and _param_bytes(model) < 2 * 1024**3:
                     model = spec.model()  # type: ignore[operator]
-                    trace = _trace(spec, model, "cpu")
+                    trace = _trace(spec, model, "cpu", attention)
                 else:
                     raise
         trace.layer_counts = layers
