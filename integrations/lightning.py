@@ -120,7 +120,7 @@ from costaware.budget import Budget
 from costaware.devices import Device, cpu_device, detect_device, get_device
 from costaware.errors import CostAwareWarning, first_line
 from costaware.model import CostModel, Prediction
-from costaware.profile import mmap_threshold, reset_rss_peak, rss_peak_bytes
+from costaware.profile import RssPeak, mmap_threshold
 from costaware.spec import TrainingSpec
 
 if TYPE_CHECKING:
@@ -293,8 +293,8 @@ class _CostAwareCallbackBase:
         self._kind = "cpu"
         self._torch_device: torch.device | None = None
         self._training = False
-        self._rss_baseline: int | None = None
-        self._rss_exact = False
+        self._rss: RssPeak | None = None
+        self._module_nbytes = 0
         self._nvml_peak: int | None = None
         self._raised: BaseException | None = None
         self._first_epoch: int | None = None
@@ -582,10 +582,10 @@ class _CostAwareCallbackBase:
             self._sample_device_memory()
         elif self._kind == "cpu":
             _malloc_trim()
-            self._rss_exact = reset_rss_peak()
+            self._rss = RssPeak().start()
             # the parameters and buffers were allocated before this point; the prediction
-            # counts them, so the baseline leaves them out
-            self._rss_baseline = rss_peak_bytes() - _module_bytes(pl_module, "cpu")
+            # counts them, so they are added to the growth
+            self._module_nbytes = _module_bytes(pl_module, "cpu")
 
     def _start_epoch(self, trainer: Any) -> None:
         if not self._training:
@@ -644,17 +644,11 @@ class _CostAwareCallbackBase:
                 else "torch.cuda.max_memory_reserved/allocated before training started "
                 "(peak stats not reset: since the process started or the last reset)"
             )
-        elif self._kind == "cpu" and self._rss_baseline is not None:
-            peak = max(0, rss_peak_bytes() - self._rss_baseline)
+        elif self._kind == "cpu" and self._rss is not None:
+            peak = self._rss.growth() + self._module_nbytes
             out["peak_memory"] = out["peak_allocated"] = peak
-            how = (
-                "VmHWM reset via /proc/self/clear_refs"
-                if self._rss_exact
-                else "ru_maxrss, not resettable: an upper bound"
-            )
             out["memory_method"] = (
-                f"peak RSS growth since on_train_start + parameter/buffer bytes ({how}), "
-                "glibc mmap threshold 64 KiB"
+                f"since on_train_start, + parameter/buffer bytes: {self._rss.method}"
             )
         else:
             out["memory_method"] = (

@@ -161,10 +161,10 @@ def test_every_entry_is_sane(name: str) -> None:
     assert dev.sm_count > 0
     for key in ("fp32", "tf32", "bf16", "fp16"):
         assert dev.flops[key] > 0
-    # Tensor-core figures are never below the CUDA-core fp32 figure.
-    assert dev.flops["fp16"] >= dev.flops["fp32"]
-    assert dev.flops["bf16"] >= dev.flops["fp32"]
     assert dev.flops["tf32"] >= dev.flops["fp32"]
+    if dev.kind == "cuda":  # tensor-core figures are never below the CUDA-core fp32 figure
+        assert dev.flops["fp16"] >= dev.flops["fp32"]
+        assert dev.flops["bf16"] >= dev.flops["fp32"]
     if dev.kind == "cuda":
         assert dev.compute_capability
         assert dev.usable_memory_bytes < dev.memory_bytes
@@ -546,3 +546,23 @@ def test_detect_uses_first_visible_index(monkeypatch: pytest.MonkeyPatch) -> Non
     _install(monkeypatch, fake)
     assert detect_device() is CATALOG["L4"]
     assert "handle:3" in fake.calls
+
+
+@pytest.mark.parametrize(
+    ("flags", "bf16_native", "fp16_native"),
+    [
+        ("fpu sse avx2", False, False),  # e.g. an EPYC without AVX-512: PyTorch converts
+        ("avx2 avx512f avx512_bf16", True, False),
+        ("avx2 amx_bf16 amx_fp16 amx_tile", True, True),
+    ],
+)
+def test_cpu_half_precision_peak_follows_the_cpu_flags(
+    monkeypatch: pytest.MonkeyPatch, flags: str, bf16_native: bool, fp16_native: bool
+) -> None:
+    from costaware import devices
+
+    monkeypatch.setattr(devices, "_cpu_flags", lambda: frozenset(flags.split()))
+    dev = devices.cpu_device()
+    fp32 = dev.flops["fp32"]
+    assert dev.flops["bf16"] == (fp32 if bf16_native else fp32 / devices._CPU_HALF_SLOWDOWN)
+    assert dev.flops["fp16"] == (fp32 if fp16_native else fp32 / devices._CPU_HALF_SLOWDOWN)

@@ -128,7 +128,7 @@ def test_one_row_per_epoch_into_sqlite(name: str, db: str) -> None:
         assert a["epoch_time"] > 0 and a["iteration_time"] > 0 and a["peak_memory"] > 0
         assert a["iteration_time"] < a["epoch_time"]
         assert a["steps"] == 5 and a["device_kind"] == "cpu" and a["nvml_peak"] is None
-        assert "RSS" in a["memory_method"] and "64 KiB" in a["memory_method"]
+        assert "RssFile" in a["memory_method"] and "64 KiB" in a["memory_method"]
         assert r["meta"]["framework"] == name
     # the parameters (and AdamW's two states and the gradients) are in the CPU peak
     param_bytes = sum(p.numel() * 4 for p in _net().parameters())

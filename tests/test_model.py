@@ -286,3 +286,60 @@ def test_each_device_kind_gets_its_own_bound(tmp_path: Path, cnn_spec: ca.Traini
     for which in ("memory", "time"):
         for kind in ("cuda", "cpu"):
             assert loaded._q(which, kind) == pytest.approx(model._q(which, kind))
+
+
+def test_small_sample_refit_learns_one_factor_per_precision(
+    tmp_path: Path, cnn_spec: ca.TrainingSpec
+) -> None:
+    """A handful of trials: fp32 runs 2x its estimate, bf16 (no bf16 arithmetic) 10x.
+
+    One pooled factor would put fp32 at the median of both and widen the bound by the
+    outlier; per precision, fp32 gets its own factor and a tight bound, bf16 (measured
+    twice) its own, and fp16 (never measured) keeps the analytic estimate and bound.
+    """
+    base = ca.CostModel()
+
+    def spec(width: int, precision: str, bs: int = 8) -> ca.TrainingSpec:
+        return dataclasses.replace(
+            cnn_spec,
+            model=functools.partial(tiny_cnn, width=width),
+            precision=precision,
+            batch_size=bs,
+        )
+
+    rows = []
+    for width, precision, factor in [
+        (4, "fp32", 2.0),
+        (6, "fp32", 2.1),
+        (8, "fp32", 1.9),
+        (10, "fp32", 2.0),
+        (4, "bf16", 10.0),
+        (8, "bf16", 11.0),
+    ]:
+        s = spec(width, precision)
+        feats = base.features(s, "CPU")
+        rows.append(
+            Observation(
+                features=feats,
+                device="CPU",
+                iteration_time=feats["analytic_time_ms"] / 1e3 * factor,
+            )
+        )
+    model = ca.CostModel().fit(rows)
+    assert model.training_["rows"] == 6
+    for m in (model, (model.save(tmp_path), ca.CostModel.load(tmp_path))[1]):
+        fp32, analytic32 = m.predict(spec(12, "fp32"), "CPU"), base.predict(spec(12, "fp32"), "CPU")
+        assert fp32.iteration_time == pytest.approx(2.0 * analytic32.iteration_time, rel=0.03)
+        # the bound follows the fp32 spread (±5%), not the bf16 rows
+        assert fp32.iteration_time_upper <= 1.15 * fp32.iteration_time
+        bf16 = m.predict(spec(12, "bf16"), "CPU")
+        analytic16 = base.predict(spec(12, "bf16"), "CPU")
+        assert bf16.iteration_time == pytest.approx(10.5 * analytic16.iteration_time, rel=0.03)
+        fp16, analytic_fp16 = (
+            m.predict(spec(12, "fp16"), "CPU"),
+            base.predict(spec(12, "fp16"), "CPU"),
+        )
+        assert fp16.iteration_time == pytest.approx(analytic_fp16.iteration_time, rel=1e-6)
+        assert fp16.iteration_time_upper == pytest.approx(
+            analytic_fp16.iteration_time_upper, rel=1e-6
+        )

@@ -13,6 +13,12 @@ measured figure or a documented assumption:
 - Roofline: per kernel, ``max(flops / (peak * COMPUTE_EFFICIENCY), bytes / (bandwidth *
   MEMORY_EFFICIENCY)) + LAUNCH_OVERHEAD``. fp32 convolutions use the TF32 peak (cuDNN's
   default ``allow_tf32=True``), fp32 matmuls the fp32 peak (PyTorch's default).
+- CPU constants: a least-squares fit of the measured step time on the roofline's
+  compute part, memory part, kernel count and a constant, over the 304 fp32 CPU
+  configurations of ``data/cpu`` (a shared 2-core EPYC container, 1 torch thread):
+  compute ran at 0.22 of the assumed peak, memory at 0.19 of the assumed bandwidth,
+  45 µs per kernel (eager dispatch + autograd) and 2 ms per step. That is one machine:
+  the online refit learns the user's.
 """
 
 from __future__ import annotations
@@ -40,14 +46,15 @@ __all__ = [
 MiB = 2**20
 WORKSPACE_BYTES = 80 * MiB
 CUDNN_BENCHMARK_FACTOR = (1.8, 3.5)
-COMPUTE_EFFICIENCY = 0.6
-MEMORY_EFFICIENCY = 0.75
+#: achieved share of the device's peak FLOP/s and bandwidth, per device kind (see above)
+COMPUTE_EFFICIENCY = {"cuda": 0.6, "cpu": 0.22}
+MEMORY_EFFICIENCY = {"cuda": 0.75, "cpu": 0.19}
 LAUNCH_OVERHEAD_S = {
     "cuda": 5e-6,
-    "cpu": 3e-5,
-}  # CPU: eager dispatch + autograd per op, measured ~30-80 µs here
+    "cpu": 4.5e-5,
+}  # CPU: eager dispatch + autograd per op (fitted on data/cpu, see above)
 #: fixed per-step cost outside kernels (Python, optimizer bookkeeping, loader hand-off)
-STEP_OVERHEAD_S = {"cuda": 2e-3, "cpu": 1e-3}
+STEP_OVERHEAD_S = {"cuda": 2e-3, "cpu": 2e-3}
 
 
 @dataclass(frozen=True)
@@ -84,8 +91,8 @@ def roofline_time(
     """Seconds per micro-batch step: (total, compute-bound part, memory-bound part, overhead)."""
     kind = device.kind
     kernel = (trace.node_class != VIEW) & (trace.node_phase != 3)
-    t_compute = trace.node_flops / (_node_peaks(trace, device) * COMPUTE_EFFICIENCY)
-    t_memory = trace.node_bytes / (device.bandwidth * MEMORY_EFFICIENCY)
+    t_compute = trace.node_flops / (_node_peaks(trace, device) * COMPUTE_EFFICIENCY[kind])
+    t_memory = trace.node_bytes / (device.bandwidth * MEMORY_EFFICIENCY[kind])
     bound = np.maximum(t_compute, t_memory)
     per_node = np.where(kernel, bound + LAUNCH_OVERHEAD_S[kind], 0.0)
     micro = min(spec.grad_accumulation, 2)

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -45,7 +45,7 @@ from costaware.features import (
     nsm_features,
     trace_features,
 )
-from costaware.spec import TrainingSpec
+from costaware.spec import PRECISIONS, TrainingSpec
 from costaware.trace import Trace, build_model, dry_run, rescale
 
 __all__ = ["CostModel", "Observation", "Prediction", "features_for"]
@@ -271,6 +271,55 @@ class _Constant:
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         return np.full(len(x), self.value)
+
+
+#: the small-sample correction learns one factor per precision: bf16 on a CPU without
+#: bf16 arithmetic ran several times slower than fp32, so one pooled factor fits neither
+_GROUP_FEATURES = {p: f"precision_is_{p}" for p in PRECISIONS}
+
+
+@dataclass(frozen=True)
+class _GroupConstant:
+    """One log factor per precision, from a handful of measurements (see ``fit``).
+
+    A row of a precision with no measurement predicts NaN: the caller keeps its
+    baseline (the shipped model or the analytic estimate) and that baseline's bound.
+    """
+
+    by_group: dict[str, float]
+    columns: dict[str, int]  # group -> index of its indicator feature
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        out = np.full(len(x), np.nan)
+        for g, v in self.by_group.items():
+            col = self.columns.get(g)
+            if col is not None:
+                out[x[:, col] == 1.0] = v
+        return out
+
+
+def _row_groups(x: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    """Each row's precision (``""`` where the features do not say)."""
+    groups = np.full(len(x), "", dtype=object)
+    for g, feat in _GROUP_FEATURES.items():
+        if feat in names:
+            groups[x[:, list(names).index(feat)] == 1.0] = g
+    return groups
+
+
+def _small_sample_factors(
+    vals: np.ndarray, groups: np.ndarray
+) -> tuple[dict[str, float], np.ndarray]:
+    """Per-group median log factor, and the leave-one-out residuals of the rows whose
+    group keeps a measurement without them (a lone row would be predicted by the
+    baseline, whose own bound covers it, so it calibrates nothing here)."""
+    factors = {str(g): float(np.median(vals[groups == g])) for g in np.unique(groups) if g}
+    loo = []
+    for i, v in enumerate(vals):
+        rest = np.delete(vals, i)[np.delete(groups, i) == groups[i]]
+        if groups[i] and len(rest):
+            loo.append(v - float(np.median(rest)))
+    return factors, np.asarray(loo)
 
 
 def _conformal_quantile(residuals: np.ndarray, coverage: float) -> tuple[float, float]:
@@ -564,13 +613,19 @@ class CostModel:
             it = est.iteration_time
             it_hi = it / (1 - 0.59)  # the roofline ran -59%..+47% on an H200
         x = self._vector(feats)
-        if hasattr(self, "memory_model_"):
-            r = float(self.memory_model_.predict(x)[0])
+        if (r := self._residual("memory", x)) is not None:
             peak, peak_hi = peak * math.exp(r), peak * math.exp(r + self._q("memory", kind))
-        if hasattr(self, "time_model_"):
-            r = float(self.time_model_.predict(x)[0])
+        if (r := self._residual("time", x)) is not None:
             it, it_hi = it * math.exp(r), it * math.exp(r + self._q("time", kind))
         return peak, peak_hi, it, it_hi
+
+    def _residual(self, which: str, x: np.ndarray) -> float | None:
+        """The learned log correction of ``which`` for one feature row (None: keep the baseline)."""
+        m = self.__dict__.get(f"{which}_model_")
+        if m is None:
+            return None
+        r = float(m.predict(x)[0])
+        return None if math.isnan(r) else r
 
     def _baseline(self, feats: Mapping[str, float]) -> tuple[float, float]:
         """The (memory, time) baseline this model's residuals are learned against."""
@@ -583,10 +638,10 @@ class CostModel:
         """This model's (memory, time) point prediction, from the features alone."""
         mem, secs = self._baseline(feats)
         x = self._vector(feats)
-        if hasattr(self, "memory_model_"):
-            mem *= math.exp(float(self.memory_model_.predict(x)[0]))
-        if hasattr(self, "time_model_"):
-            secs *= math.exp(float(self.time_model_.predict(x)[0]))
+        if (r := self._residual("memory", x)) is not None:
+            mem *= math.exp(r)
+        if (r := self._residual("time", x)) is not None:
+            secs *= math.exp(r)
         return mem, secs
 
     # -- fitting --------------------------------------------------------------------------
@@ -606,7 +661,9 @@ class CostModel:
         predictions instead of the analytic estimate: that is how the online refit
         adapts a shipped model to the user's hardware. With fewer than
         ``SMALL_SAMPLE`` measurements of a target, its correction is one constant factor
-        (the median ratio), since a tree ensemble on a handful of rows would overfit.
+        per precision (the median ratio), since a tree ensemble on a handful of rows would
+        overfit; a precision measured once or never keeps the baseline's prediction and
+        bound.
         """
         obs = [o if isinstance(o, Observation) else Observation.from_dict(o) for o in observations]
         if not obs:
@@ -651,10 +708,13 @@ class CostModel:
             if ok.sum() < 2:
                 continue
             if ok.sum() < SMALL_SAMPLE:
-                # one factor: the median ratio; its bound from the leave-one-out residuals
-                vals = y[ok]
-                loo = np.asarray([v - np.median(np.delete(vals, i)) for i, v in enumerate(vals)])
-                setattr(self, f"{which}_model_", _Constant(float(np.median(vals))))
+                # one factor per precision (the median ratio); its bound from the
+                # leave-one-out residuals. A precision not measured yet keeps the baseline.
+                factors, loo = _small_sample_factors(y[ok], _row_groups(x_all[ok], names))
+                if not len(loo):  # no precision measured twice: nothing to calibrate on
+                    continue
+                columns = {g: names.index(f) for g, f in _GROUP_FEATURES.items() if f in names}
+                setattr(self, f"{which}_model_", _GroupConstant(factors, columns))
                 q, level = _conformal_quantile(loo, self.coverage)
                 setattr(self, f"{which}_q_", q)
                 setattr(self, f"{which}_coverage_", level)
@@ -746,7 +806,13 @@ class CostModel:
         for which in ("memory", "time"):
             m = self.__dict__.get(f"{which}_model_")
             level = self.__dict__.get(f"{which}_coverage_", self.coverage)
-            if isinstance(m, _Constant):
+            if isinstance(m, _GroupConstant):
+                files[which] = {
+                    "by_precision": dict(m.by_group),
+                    "conformal_quantile": getattr(self, f"{which}_q_"),
+                    "coverage": level,
+                }
+            elif isinstance(m, _Constant):
                 files[which] = {
                     "constant": m.value,
                     "conformal_quantile": getattr(self, f"{which}_q_"),
@@ -803,7 +869,13 @@ class CostModel:
         self.training_ = manifest.get("training", {})
         for which, info in manifest["models"].items():
             m: Any
-            if "constant" in info:
+            if "by_precision" in info:
+                names = self.feature_names_
+                m = _GroupConstant(
+                    {str(g): float(v) for g, v in info["by_precision"].items()},
+                    {g: names.index(f) for g, f in _GROUP_FEATURES.items() if f in names},
+                )
+            elif "constant" in info:
                 m = _Constant(float(info["constant"]))
             else:
                 m = CatBoostRegressor()

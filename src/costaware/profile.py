@@ -17,9 +17,10 @@ that :func:`costaware.dry_run` traces (forward, loss, backward, optimizer step,
 - An out-of-memory error is a result: ``status="oom"`` with the memory reached.
 - On the CPU, time is measured the same way; memory is the growth of the process's peak
   resident set (``VmHWM``, reset through ``/proc/self/clear_refs`` where Linux allows,
-  otherwise ``ru_maxrss``) while glibc is told to serve every allocation above 64 KiB
-  with ``mmap``, so freed tensors leave the resident set at once. That measures the
-  same live-tensor peak the dry run predicts, plus the allocator's small-object slack.
+  otherwise ``ru_maxrss``), less the file-backed pages (library code) paged in meanwhile,
+  while glibc is told to serve every allocation above 64 KiB with ``mmap``, so freed
+  tensors leave the resident set at once. That measures the same live-tensor peak the dry
+  run predicts, plus the allocator's small-object slack (see :class:`RssPeak`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from costaware.spec import TrainingSpec, default_loss
 
 __all__ = [
     "Measurement",
+    "RssPeak",
     "environment",
     "measure",
     "mmap_threshold",
@@ -158,6 +160,62 @@ def rss_peak_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def _status_bytes(field: str) -> int | None:
+    """One ``kB`` field of ``/proc/self/status`` in bytes (None where Linux does not give it)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class RssPeak:
+    """Peak growth of the process's *anonymous* resident set since :meth:`start`.
+
+    ``VmHWM`` counts every resident page, file-backed ones included: the library code that
+    the first training steps page in (about 17-30 MiB of ``RssFile`` in a fresh process
+    here) would otherwise be charged to the model. File-backed pages are hardly ever
+    dropped while a process runs, so the growth of ``RssFile`` between :meth:`start` and
+    :meth:`growth` is taken off the peak growth. Where ``RssFile`` is not reported (not
+    Linux), the plain resident-set growth is returned: an upper bound.
+    """
+
+    def __init__(self) -> None:
+        self.exact = False
+        self._hwm = 0
+        self._file: int | None = None
+
+    def start(self) -> RssPeak:
+        self.exact = reset_rss_peak()
+        self._hwm = rss_peak_bytes()
+        self._file = _status_bytes("RssFile")
+        return self
+
+    def reset_peak(self) -> None:
+        """Forget the peak reached so far (the baseline stays): later peaks only."""
+        reset_rss_peak()
+
+    def growth(self) -> int:
+        grown = rss_peak_bytes() - self._hwm
+        file_now = _status_bytes("RssFile")
+        if self._file is not None and file_now is not None:
+            grown -= max(0, file_now - self._file)
+        return max(0, grown)
+
+    @property
+    def method(self) -> str:
+        hwm = (
+            "VmHWM reset via /proc/self/clear_refs"
+            if self.exact
+            else "ru_maxrss, not resettable: an upper bound"
+        )
+        file = ", less the growth of file-backed pages (RssFile)" if self._file is not None else ""
+        return f"peak resident-set growth ({hwm}){file}, glibc mmap threshold 64 KiB"
+
+
 def reset_rss_peak() -> bool:
     """Reset the process's peak resident set to its current size (Linux); False if not possible."""
     try:
@@ -263,17 +321,13 @@ def measure(
     else:
         sampler = contextlib.nullcontext()
         mem_ctx = mmap_threshold(64 * 1024)
+    rss = RssPeak()
     try:
         with sampler, mem_ctx:
             if not is_cuda:
                 _warm_up_process()
-                exact = reset_rss_peak()
-                base = rss_peak_bytes()
-                result.memory_method = (
-                    "peak RSS growth (VmHWM reset via /proc/self/clear_refs), glibc mmap threshold 64 KiB"
-                    if exact
-                    else "peak RSS growth (ru_maxrss, not resettable: an upper bound), glibc mmap threshold 64 KiB"
-                )
+                rss.start()
+                result.memory_method = rss.method
             model, opt = _build(spec, dev)
             for i in range(warmup + steps):
                 t0 = time.perf_counter()
@@ -291,11 +345,11 @@ def measure(
                 opt.zero_grad(set_to_none=True)
                 _sync(dev)
                 if i == warmup - 1 and not is_cuda:
-                    reset_rss_peak()  # later peaks: steady state, not one-time set-up
+                    rss.reset_peak()  # later peaks: steady state, not one-time set-up
                 if i >= warmup:
                     times.append((time.perf_counter() - t0) / spec.grad_accumulation)
             if not is_cuda:
-                result.max_allocated = result.max_reserved = rss_peak_bytes() - base
+                result.max_allocated = result.max_reserved = rss.growth()
     except torch.cuda.OutOfMemoryError as e:
         result.status = "oom"
         result.error = str(e).splitlines()[0][:500]
