@@ -246,11 +246,19 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     console = _stderr_console(args.quiet)
     from rich.progress import Progress
 
+    feature_model = ca.CostModel(trace_timeout=args.trace_timeout)
+    op_rows = [r for r in rows if r.get("kind") == "op"]
+    if op_rows:  # per-op GPU timings: the op-level time model, whose sums are features
+        from costaware.optime import OpTimeModel
+
+        op_model = OpTimeModel(random_state=args.seed, thread_count=args.threads).fit(op_rows)
+        feature_model.op_model_ = model.op_model_ = op_model
+
     with Progress(console=console, transient=True, disable=console is None) as progress:
         task = progress.add_task("tracing configurations", total=len(rows))
         obs, skipped = observations(
             rows,
-            model=ca.CostModel(trace_timeout=args.trace_timeout),
+            model=feature_model,
             cache=args.features_cache,
             on_row=lambda i, r: progress.update(task, completed=i, description=str(r.get("id"))),
         )
@@ -456,7 +464,9 @@ def _parser() -> argparse.ArgumentParser:
         help="fit a CostModel on collected .jsonl.gz files and save it",
         description=(
             "Rebuild every measured configuration, trace it, compute its features and fit the "
-            "memory and time residual models. Example: costaware fit data/cpu/*.jsonl.gz --out model/"
+            "memory and time residual models. Per-op GPU timings (kind 'op', from "
+            "costaware.opbench) among the files first fit the op-level time model, whose sums "
+            "over each trace become features. Example: costaware fit data/cpu/*.jsonl.gz --out model/"
         ),
     )
     fi.add_argument("data", nargs="+", metavar="DATA", help="one or more .jsonl.gz files")

@@ -30,6 +30,7 @@ import contextlib
 import datetime as _dt
 import gc
 import gzip
+import hashlib
 import json
 import os
 import platform
@@ -521,6 +522,24 @@ def _cache_key(row: dict[str, Any]) -> str:
     return f"{row.get('id')}|{row.get('device_name')}|{row.get('finished_at')}"
 
 
+def features_version(model: Any) -> str:
+    """The version a features cache is valid for: the feature version, and the op model's.
+
+    The op-level time features depend on the op model (its data and settings), so a cache
+    computed with another op model, or none, is not reused.
+    """
+    from costaware.features import FEATURE_VERSION
+
+    op_model = model.op_model() if hasattr(model, "op_model") else None
+    if op_model is None:
+        return FEATURE_VERSION
+    info = op_model.info_
+    tag = hashlib.sha256(
+        json.dumps([info.get("data_sha256"), op_model._params()], sort_keys=True).encode()
+    ).hexdigest()[:12]
+    return f"{FEATURE_VERSION}+optime:{tag}"
+
+
 def observations(
     rows: Sequence[dict[str, Any]],
     *,
@@ -542,17 +561,17 @@ def observations(
     features, for progress. ``cache`` is a ``.json.gz`` file of features already computed
     (keyed by row id, device and finish time, per feature version); it is updated.
     """
-    from costaware.features import FEATURE_VERSION
     from costaware.model import CostModel, Observation
 
     # a generous dry-run limit: this is offline, and a busy machine slows tracing down
     cm = model if model is not None else CostModel(trace_timeout=600.0)
     cache_path = Path(cache) if cache is not None else None
     feats_cache: dict[str, Any] = {}
+    version = features_version(cm)
     if cache_path is not None and cache_path.is_file():
         with contextlib.suppress(OSError, ValueError, EOFError):
             stored = json.loads(gzip.decompress(cache_path.read_bytes()))
-            if stored.get("feature_version") == FEATURE_VERSION:
+            if stored.get("feature_version") == version:
                 feats_cache = stored.get("features", {})
     out: list[Any] = []
     skipped: list[str] = []
@@ -561,7 +580,7 @@ def observations(
     def save() -> None:
         if cache_path is not None and dirty:
             cache_path.parent.mkdir(parents=True, exist_ok=True)
-            payload = {"feature_version": FEATURE_VERSION, "features": feats_cache}
+            payload = {"feature_version": version, "features": feats_cache}
             tmp = cache_path.with_name(cache_path.name + ".tmp")
             tmp.write_bytes(gzip.compress(json.dumps(payload).encode(), mtime=0))
             os.replace(tmp, cache_path)

@@ -45,6 +45,7 @@ from costaware.features import (
     nsm_features,
     trace_features,
 )
+from costaware.optime import OpTimeModel, node_table
 from costaware.spec import PRECISIONS, TrainingSpec
 from costaware.trace import Trace, build_model, dry_run, rescale
 
@@ -123,6 +124,11 @@ class Prediction:
             f"(forward {b.get('flops_forward', 0) / 1e9:.1f})",
             f"    roofline time            {fmt_seconds(b.get('analytic_time'))}",
         ]
+        if b.get("op_sum_time") is not None:
+            lines.append(
+                f"    op-level time (sum)      {fmt_seconds(b.get('op_sum_time'))} "
+                "(per-kernel times learned from GPU microbenchmarks)"
+            )
         if self.kind == "learned":
             lines.append(
                 f"    learned correction       memory x{b.get('memory_factor', 1):.3f}, "
@@ -233,8 +239,14 @@ def features_for(
     device: Device,
     est: _analytic.AnalyticEstimate,
     graph_feats: Mapping[str, float],
+    op_model: OpTimeModel | None = None,
 ) -> dict[str, float]:
-    """The full feature dict for one (trace, spec, device), as the learned model sees it."""
+    """The full feature dict for one (trace, spec, device), as the learned model sees it.
+
+    With ``op_model`` (:class:`~costaware.optime.OpTimeModel`), the op-level time sums
+    (``optime_*``) are added: learned per-kernel GPU times summed over the trace. They are
+    NaN for a CPU and absent without an op model.
+    """
     feats: dict[str, float] = {}
     feats.update(hyperparameter_features(spec))
     feats.update(trace_features(trace))
@@ -254,6 +266,12 @@ def features_for(
             "memory_over_capacity": est.reserved / device.memory_bytes,
         }
     )
+    if op_model is not None:
+        feats.update(
+            op_model.step_features(
+                node_table(trace), device, spec.grad_accumulation, est.iteration_time
+            )
+        )
     return feats
 
 
@@ -371,6 +389,7 @@ class CostModel:
     time_q_: float
     graph2vec_: Any
     base_: CostModel | None
+    op_model_: OpTimeModel
 
     def __init__(
         self,
@@ -467,7 +486,15 @@ class CostModel:
         dev = get_device(device)
         trace, graph_feats, _ = self.trace(spec, attention=_attention_mode(dev))
         est = _analytic.estimate(trace, spec, dev)
-        return features_for(trace, spec, dev, est, graph_feats)
+        return features_for(trace, spec, dev, est, graph_feats, self.op_model())
+
+    def op_model(self) -> OpTimeModel | None:
+        """The op-level time model whose sums are features (this model's or its base's)."""
+        m: OpTimeModel | None = self.__dict__.get("op_model_")
+        base: CostModel | None = self.__dict__.get("base_")
+        if m is None and base is not None:
+            return base.op_model()
+        return m
 
     # -- prediction -----------------------------------------------------------------------
     def predict(
@@ -512,8 +539,10 @@ class CostModel:
                 f"(trained on {', '.join(self.training_.get('devices', []))}): using the analytic estimate"
             )
         if learned_here:
-            feats = features_for(trace, spec, dev, est, graph_feats)
+            feats = features_for(trace, spec, dev, est, graph_feats, self.op_model())
             peak, peak_hi, it, it_hi = self._learned(feats, est, dev.kind)
+            if "optime_ms" in feats and feats["optime_ms"] == feats["optime_ms"]:
+                basis["op_sum_time"] = feats["optime_ms"] / 1e3
             basis["memory_factor"] = peak / max(est.reserved, 1)
             basis["time_factor"] = it / max(est.iteration_time, 1e-12)
             kind = "learned"
@@ -836,6 +865,9 @@ class CostModel:
         base = self.__dict__.get("base_")
         if base is not None:
             base.save(out / "base")
+        op_model: OpTimeModel | None = self.__dict__.get("op_model_")
+        if op_model is not None:
+            files["op_time"] = op_model.save(out / "optime.cbm")
         manifest = {
             "format_version": FORMAT_VERSION,
             "feature_version": FEATURE_VERSION,
@@ -869,6 +901,9 @@ class CostModel:
         self.training_ = manifest.get("training", {})
         for which, info in manifest["models"].items():
             m: Any
+            if which == "op_time":
+                self.op_model_ = OpTimeModel.load(root, info)
+                continue
             if "by_precision" in info:
                 names = self.feature_names_
                 m = _GroupConstant(

@@ -1,0 +1,146 @@
+"""The op-level time model: fitted on op timings, summed over a real dry-run trace."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import costaware as ca
+from costaware.devices import get_device
+from costaware.model import Observation
+from costaware.optime import OPTIME_FEATURES, OpTimeModel, node_table, op_rows_digest, op_samples
+from tests.conftest import tiny_cnn
+
+
+def _op_rows(n: int = 240, seed: int = 0) -> list[dict[str, Any]]:
+    """Synthetic opbench rows: a roofline-like time plus the harness floor."""
+    rng = random.Random(seed)
+    rows: list[dict[str, Any]] = []
+    for i in range(n):
+        op = ("linear", "conv2d", "add", "relu", "sgd", "adam")[i % 6]
+        size = 10 ** rng.uniform(3, 8)
+        flops = size * (200 if op in ("linear", "conv2d") else 1)
+        nbytes = size * 4
+
+        def t(f: float, b: float) -> float:
+            return max(f / 4e14, b / 2.5e12) + 5e-6
+
+        times: dict[str, float]
+        if op in ("sgd", "adam"):
+            fl, by = {"step": flops}, {"step": nbytes * 3}
+            times = {"total_s": t(flops, nbytes * 3) + 8e-5}
+            direction = "step"
+        else:
+            fl, by = {"fwd": flops, "bwd": 2 * flops}, {"fwd": nbytes, "bwd": 2 * nbytes}
+            times = {"fwd_s": t(flops, nbytes) + 2e-5, "bwd_s": t(2 * flops, 2 * nbytes) + 8e-5}
+            direction = "fwd+bwd"
+        rows.append(
+            {
+                "kind": "op",
+                "id": f"{op}-{i}",
+                "op": op,
+                "params": {"size": size},
+                "dtype": "fp32" if i % 2 else "bf16",
+                "direction": direction,
+                "flops": fl,
+                "bytes": by,
+                "times": times,
+                "status": "ok",
+                "device": "cuda",
+                "device_name": "NVIDIA H100 80GB HBM3",
+            }
+        )
+    rows.append({**rows[0], "id": "bad", "status": "error", "times": None})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def op_model() -> OpTimeModel:
+    return OpTimeModel(iterations=150, depth=4).fit(_op_rows())
+
+
+def _spec(width: int = 8, bs: int = 16) -> ca.TrainingSpec:
+    return ca.TrainingSpec(
+        model=functools.partial(tiny_cnn, width=width),
+        batch=ca.ImageBatch((3, 32, 32), classes=10),
+        batch_size=bs,
+        optimizer="sgd",
+    )
+
+
+def test_op_samples_split_directions_and_skip_errors() -> None:
+    rows = _op_rows(12)
+    x, y = op_samples(rows)
+    # 8 fwd+bwd rows give two samples each, 4 optimizer rows one; the error row none
+    assert x.shape == (20, 6) and len(y) == 20
+    assert op_rows_digest(rows) == op_rows_digest(list(reversed(rows)))
+
+
+def test_op_model_learns_size_and_sums_over_a_trace(op_model: OpTimeModel) -> None:
+    assert op_model.info_["device"] == "H100-SXM" and op_model.info_["rows"] == 241
+    h100 = get_device("H100")
+    small = ca.dry_run(_spec(bs=4))
+    big = ca.dry_run(_spec(width=64, bs=256))
+    table = node_table(small)
+    assert table and sum(t[-1] for t in table) <= small.graph.number_of_nodes()
+    f_small = op_model.step_features(table, h100)
+    f_big = op_model.step_features(node_table(big), h100)
+    assert set(f_small) == set(OPTIME_FEATURES)
+    assert 0 < f_small["optime_ms"] < f_big["optime_ms"]
+    assert f_small["optime_ms"] == pytest.approx(
+        f_small["optime_fwd_ms"] + f_small["optime_bwd_ms"] + f_small["optime_opt_ms"] + 2.0,
+        rel=1e-6,
+    )
+    assert f_small["log_optime"] == pytest.approx(math.log(f_small["optime_ms"] / 1e3))
+    # another GPU is scaled by the roofline ratio; a CPU has no op data
+    slower = op_model.step_features(node_table(big), get_device("T4"))
+    assert slower["optime_ms"] > f_big["optime_ms"]
+    cpu = op_model.step_features(table, get_device("CPU"))
+    assert all(math.isnan(v) for v in cpu.values())
+
+
+def test_features_carry_the_op_sum_for_cuda_and_nan_for_cpu(op_model: OpTimeModel) -> None:
+    model = ca.CostModel()
+    assert "optime_ms" not in model.features(_spec(), "H100")
+    model.op_model_ = op_model
+    gpu = model.features(_spec(), "H100")
+    cpu = model.features(_spec(), "CPU")
+    assert gpu["optime_ms"] > 0 and math.isnan(cpu["optime_ms"])
+
+
+def test_save_load_round_trip_keeps_the_op_model(op_model: OpTimeModel, tmp_path: Path) -> None:
+    model = ca.CostModel(iterations=30, depth=3)
+    model.op_model_ = op_model
+    obs = []
+    for fam, widths in (("a", (4, 8)), ("b", (12, 16)), ("c", (20, 24))):
+        for w in widths:
+            for bs in (4, 16, 64):
+                f = model.features(_spec(w, bs), "H100")
+                obs.append(
+                    Observation(
+                        features=f,
+                        device="H100-SXM",
+                        peak_memory=f["analytic_reserved_mib"] * 2**20 * 1.2,
+                        iteration_time=f["optime_ms"] / 1e3 * (1.1 + 0.01 * w),
+                        family=fam,
+                    )
+                )
+    model.fit(obs)
+    model.save(tmp_path)
+    assert {"manifest.json", "optime.cbm"} <= {p.name for p in tmp_path.iterdir()}
+    assert not [p for p in tmp_path.rglob("*") if p.suffix in (".pkl", ".pickle", ".joblib")]
+    entry = json.loads((tmp_path / "manifest.json").read_text())["models"]["op_time"]
+    assert entry["file"] == "optime.cbm" and entry["rows"] == 241
+    assert len(entry["data_sha256"]) == 64
+    loaded = ca.CostModel.load(tmp_path)
+    assert loaded.op_model() is not None
+    a, b = model.predict(_spec(10, 8), "H100"), loaded.predict(_spec(10, 8), "H100")
+    assert b.iteration_time == pytest.approx(a.iteration_time, rel=1e-6)
+    assert b.basis["op_sum_time"] == pytest.approx(a.basis["op_sum_time"], rel=1e-6)
+    assert "op-level time" in b.explain()
