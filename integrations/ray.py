@@ -84,6 +84,7 @@ from costaware.devices import Device, get_device
 from costaware.errors import CostAwareWarning, first_line
 from costaware.gate import Gate
 from costaware.model import CostModel
+from costaware.profile import RssPeak
 from costaware.spec import TrainingSpec
 
 __all__ = [
@@ -670,8 +671,9 @@ class EpochMeter:
     Peaks are running peaks over the epochs measured so far.
 
     Args:
-        device: ``"cuda"`` (``torch.cuda.max_memory_reserved``), ``"cpu"`` (resident set
-            growth), or ``"auto"`` (CUDA when available).
+        device: ``"cuda"`` (``torch.cuda.max_memory_reserved``), ``"cpu"`` (growth of the
+            anonymous resident set, see :class:`costaware.profile.RssPeak`), or ``"auto"``
+            (CUDA when available).
     """
 
     def __init__(self, device: str = "auto") -> None:
@@ -684,14 +686,11 @@ class EpochMeter:
         self.device = device
         self.epoch_time: float | None = None
         self._t0 = 0.0
+        self._rss: RssPeak | None = None
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-            self._base = 0
         else:
-            from costaware.profile import reset_rss_peak, rss_peak_bytes
-
-            reset_rss_peak()
-            self._base = rss_peak_bytes()
+            self._rss = RssPeak().start()
 
     def peak_memory(self) -> int:
         """Peak memory since the meter was created, in bytes."""
@@ -699,9 +698,7 @@ class EpochMeter:
             import torch
 
             return int(torch.cuda.max_memory_reserved())
-        from costaware.profile import rss_peak_bytes
-
-        return max(0, rss_peak_bytes() - self._base)
+        return 0 if self._rss is None else self._rss.growth()
 
     def __enter__(self) -> EpochMeter:
         if self.device == "cuda":

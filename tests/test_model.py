@@ -343,3 +343,29 @@ def test_small_sample_refit_learns_one_factor_per_precision(
         assert fp16.iteration_time_upper == pytest.approx(
             analytic_fp16.iteration_time_upper, rel=1e-6
         )
+
+
+def test_small_sample_memory_refit_learns_a_fixed_offset(cnn_spec: ca.TrainingSpec) -> None:
+    """Five trials that each carry 3 MiB of framework state besides their tensors: a line
+    learns the offset, so a larger model is not charged 3 MiB times its size."""
+    base = ca.CostModel()
+
+    def spec(width: int) -> ca.TrainingSpec:
+        return dataclasses.replace(cnn_spec, model=functools.partial(tiny_cnn, width=width))
+
+    rows = []
+    for width in (2, 4, 6, 8, 10):
+        feats = base.features(spec(width), "CPU")
+        rows.append(
+            Observation(
+                features=feats,
+                device="CPU",
+                peak_memory=feats["analytic_reserved_mib"] * MiB + 3 * MiB,
+            )
+        )
+    model = ca.CostModel().fit(rows)
+    big = spec(32)
+    analytic = base.predict(big, "CPU").peak_memory
+    learned = model.predict(big, "CPU")
+    assert learned.peak_memory == pytest.approx(analytic + 3 * MiB, rel=0.02)
+    assert learned.peak_memory_upper <= 1.1 * learned.peak_memory

@@ -238,6 +238,26 @@ def test_observations_join_and_aggregate(store: ObservationStore) -> None:
     assert store.count_observations(study="nobody") == len(store.observations(study="nobody")) == 0
 
 
+def test_observations_learn_the_time_an_epoch_really_took_per_step(
+    store: ObservationStore,
+) -> None:
+    """With the steps per epoch predicted, the time target is the epoch's time per step
+    (loading and hooks between steps included) when that is longer than the median step."""
+    pred = {"peak_memory": 1.0e9, "spec": {"steps_per_epoch": 10}}
+    _predict(store, 0, prediction=pred)
+    _measure(store, 0, epoch=0, iteration_time=0.1, epoch_time=1.4)
+    _measure(store, 0, epoch=1, iteration_time=0.1, epoch_time=1.2)
+    _measure(store, 0, "stopped", epoch=2, iteration_time=0.1, epoch_time=0.3)  # partial epoch
+    _predict(store, 1, prediction=pred)  # an epoch shorter than its steps: keep the step
+    _measure(store, 1, epoch=0, iteration_time=0.2, epoch_time=1.0)
+    _predict(store, 2)  # no steps per epoch predicted: the median step
+    _measure(store, 2, epoch=0, iteration_time=0.3, epoch_time=9.0)
+    t0, t1, t2 = store.observations(study="s")
+    assert t0.iteration_time == pytest.approx(0.13) and t0.meta["step_time"] == pytest.approx(0.1)
+    assert t1.iteration_time == pytest.approx(0.2)
+    assert t2.iteration_time == pytest.approx(0.3)
+
+
 def test_observations_without_study_or_trial(store: ObservationStore) -> None:
     _predict(store, 1, study=None)
     _measure(store, 1, study=None, peak_memory=10)

@@ -316,6 +316,50 @@ class _GroupConstant:
         return out
 
 
+@dataclass(frozen=True)
+class _Affine:
+    """``measured = intercept + slope * baseline`` (bytes), from a handful of measurements.
+
+    A fixed offset is what a few small trials show most: on a CPU the process grows by a
+    few MiB of framework state besides the tensors, and as one factor that offset would
+    double the prediction of a 3 MiB model and every larger one after it.
+    """
+
+    intercept: float
+    slope: float
+
+    def correction(self, baseline: float) -> float:
+        """The log factor from ``baseline`` to the prediction."""
+        b = max(baseline, 1.0)
+        return math.log(max(self.intercept + self.slope * b, 1.0) / b)
+
+
+def _fit_affine(base: np.ndarray, actual: np.ndarray) -> _Affine:
+    """Theil-Sen line through (baseline, measured): median pairwise slope, then the median
+    intercept; a negative intercept (no offset to learn) falls back to the median ratio."""
+    slopes = [
+        (actual[j] - actual[i]) / (base[j] - base[i])
+        for i in range(len(base))
+        for j in range(i + 1, len(base))
+        if abs(base[j] - base[i]) > 0.05 * max(base[i], base[j])
+    ]
+    if slopes:
+        slope = float(np.clip(np.median(slopes), 0.25, 4.0))
+        intercept = float(np.median(actual - slope * base))
+        if intercept >= 0:
+            return _Affine(intercept, slope)
+    return _Affine(0.0, float(np.median(actual / np.maximum(base, 1.0))))
+
+
+def _small_sample_affine(base: np.ndarray, actual: np.ndarray) -> tuple[_Affine, np.ndarray]:
+    """The line through every row, and each row's leave-one-out log residual."""
+    loo = []
+    for i in range(len(base)):
+        rest = _fit_affine(np.delete(base, i), np.delete(actual, i))
+        loo.append(math.log(actual[i] / base[i]) - rest.correction(base[i]))
+    return _fit_affine(base, actual), np.asarray(loo)
+
+
 def _row_groups(x: np.ndarray, names: Sequence[str]) -> np.ndarray:
     """Each row's precision (``""`` where the features do not say)."""
     groups = np.full(len(x), "", dtype=object)
@@ -378,6 +422,9 @@ class CostModel:
         thread_count: CatBoost threads.
         trace_timeout: seconds allowed for one dry run.
         cache_size: architectures whose traces are kept for warm predictions.
+        time_baseline: what the time residual is learned over: "roofline" (the analytic
+            roofline time) or "optime" (the op-level sum of :mod:`costaware.optime`, where
+            the features have one; the roofline elsewhere).
     """
 
     # learned state, set by fit / load
@@ -403,6 +450,7 @@ class CostModel:
         thread_count: int = 2,
         trace_timeout: float = 60.0,
         cache_size: int = 64,
+        time_baseline: str = "roofline",
     ) -> None:
         self.iterations = iterations
         self.depth = depth
@@ -413,6 +461,7 @@ class CostModel:
         self.thread_count = thread_count
         self.trace_timeout = trace_timeout
         self.cache_size = cache_size
+        self.time_baseline = time_baseline
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -639,20 +688,23 @@ class CostModel:
             peak, peak_hi, it, it_hi = base._learned(feats, est, kind)
         else:
             peak, peak_hi = float(est.reserved), float(est.reserved_upper)
-            it = est.iteration_time
+            it = self._baseline(feats)[1]
             it_hi = it / (1 - 0.59)  # the roofline ran -59%..+47% on an H200
         x = self._vector(feats)
-        if (r := self._residual("memory", x)) is not None:
+        if (r := self._residual("memory", x, peak)) is not None:
             peak, peak_hi = peak * math.exp(r), peak * math.exp(r + self._q("memory", kind))
-        if (r := self._residual("time", x)) is not None:
+        if (r := self._residual("time", x, it)) is not None:
             it, it_hi = it * math.exp(r), it * math.exp(r + self._q("time", kind))
         return peak, peak_hi, it, it_hi
 
-    def _residual(self, which: str, x: np.ndarray) -> float | None:
-        """The learned log correction of ``which`` for one feature row (None: keep the baseline)."""
+    def _residual(self, which: str, x: np.ndarray, baseline: float) -> float | None:
+        """The learned log correction of ``which`` for one feature row whose baseline
+        prediction is ``baseline`` (None: keep the baseline)."""
         m = self.__dict__.get(f"{which}_model_")
         if m is None:
             return None
+        if isinstance(m, _Affine):
+            return m.correction(baseline)
         r = float(m.predict(x)[0])
         return None if math.isnan(r) else r
 
@@ -660,16 +712,20 @@ class CostModel:
         """The (memory, time) baseline this model's residuals are learned against."""
         base: CostModel | None = self.__dict__.get("base_")
         if base is None:
-            return feats["analytic_reserved_mib"] * MiB, feats["analytic_time_ms"] / 1e3
+            secs = feats["analytic_time_ms"] / 1e3
+            op_sum = feats.get("optime_ms", math.nan)
+            if self.__dict__.get("time_baseline", "roofline") == "optime" and op_sum > 0:
+                secs = op_sum / 1e3  # the op-level sum where there is one (a GPU), else roofline
+            return feats["analytic_reserved_mib"] * MiB, secs
         return base._point(feats)
 
     def _point(self, feats: Mapping[str, float]) -> tuple[float, float]:
         """This model's (memory, time) point prediction, from the features alone."""
         mem, secs = self._baseline(feats)
         x = self._vector(feats)
-        if (r := self._residual("memory", x)) is not None:
+        if (r := self._residual("memory", x, mem)) is not None:
             mem *= math.exp(r)
-        if (r := self._residual("time", x)) is not None:
+        if (r := self._residual("time", x, secs)) is not None:
             secs *= math.exp(r)
         return mem, secs
 
@@ -689,10 +745,10 @@ class CostModel:
         With ``base`` (a fitted model), the residual is learned over the base model's
         predictions instead of the analytic estimate: that is how the online refit
         adapts a shipped model to the user's hardware. With fewer than
-        ``SMALL_SAMPLE`` measurements of a target, its correction is one constant factor
-        per precision (the median ratio), since a tree ensemble on a handful of rows would
-        overfit; a precision measured once or never keeps the baseline's prediction and
-        bound.
+        ``SMALL_SAMPLE`` measurements of a target, a tree ensemble would overfit: memory
+        gets a line over the baseline (a fixed offset and a factor, Theil-Sen), time one
+        factor per precision (the median ratio; a precision measured once or never keeps
+        the baseline's prediction and bound).
         """
         obs = [o if isinstance(o, Observation) else Observation.from_dict(o) for o in observations]
         if not obs:
@@ -737,13 +793,20 @@ class CostModel:
             if ok.sum() < 2:
                 continue
             if ok.sum() < SMALL_SAMPLE:
-                # one factor per precision (the median ratio); its bound from the
-                # leave-one-out residuals. A precision not measured yet keeps the baseline.
-                factors, loo = _small_sample_factors(y[ok], _row_groups(x_all[ok], names))
+                # memory: a line (fixed offset + factor) over the baseline; time: one factor
+                # per precision (the median ratio), a precision not measured yet keeping the
+                # baseline. Either way the bound comes from leave-one-out residuals.
+                small: Any
+                if which == "memory":
+                    bases = np.asarray([self._baseline(o.features)[0] for o in obs])[ok]
+                    small, loo = _small_sample_affine(bases, bases * np.exp(y[ok]))
+                else:
+                    factors, loo = _small_sample_factors(y[ok], _row_groups(x_all[ok], names))
+                    cols = {g: names.index(f) for g, f in _GROUP_FEATURES.items() if f in names}
+                    small = _GroupConstant(factors, cols)
                 if not len(loo):  # no precision measured twice: nothing to calibrate on
                     continue
-                columns = {g: names.index(f) for g, f in _GROUP_FEATURES.items() if f in names}
-                setattr(self, f"{which}_model_", _GroupConstant(factors, columns))
+                setattr(self, f"{which}_model_", small)
                 q, level = _conformal_quantile(loo, self.coverage)
                 setattr(self, f"{which}_q_", q)
                 setattr(self, f"{which}_coverage_", level)
@@ -821,6 +884,7 @@ class CostModel:
             "thread_count": self.thread_count,
             "trace_timeout": self.trace_timeout,
             "cache_size": self.cache_size,
+            "time_baseline": self.time_baseline,
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -835,7 +899,13 @@ class CostModel:
         for which in ("memory", "time"):
             m = self.__dict__.get(f"{which}_model_")
             level = self.__dict__.get(f"{which}_coverage_", self.coverage)
-            if isinstance(m, _GroupConstant):
+            if isinstance(m, _Affine):
+                files[which] = {
+                    "affine": {"intercept": m.intercept, "slope": m.slope},
+                    "conformal_quantile": getattr(self, f"{which}_q_"),
+                    "coverage": level,
+                }
+            elif isinstance(m, _GroupConstant):
                 files[which] = {
                     "by_precision": dict(m.by_group),
                     "conformal_quantile": getattr(self, f"{which}_q_"),
@@ -904,7 +974,9 @@ class CostModel:
             if which == "op_time":
                 self.op_model_ = OpTimeModel.load(root, info)
                 continue
-            if "by_precision" in info:
+            if "affine" in info:
+                m = _Affine(float(info["affine"]["intercept"]), float(info["affine"]["slope"]))
+            elif "by_precision" in info:
                 names = self.feature_names_
                 m = _GroupConstant(
                     {str(g): float(v) for g, v in info["by_precision"].items()},

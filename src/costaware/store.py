@@ -361,7 +361,11 @@ class ObservationStore:
           or ``stopped``, else ``"error"``;
         - ``peak_memory`` / ``peak_allocated``: the maximum over ``ok``/``stopped``
           records, None for an OOM (the true peak did not fit);
-        - ``iteration_time``: the median over ``ok``/``stopped`` records;
+        - ``iteration_time``: the time per step that an epoch really took, the median
+          epoch time of the ``ok`` records over the predicted steps per epoch (data
+          loading and the hooks between steps included: what an epoch-time budget sees),
+          when that is longer than the median step; else the median step over
+          ``ok``/``stopped`` records (``meta["step_time"]`` keeps the median step);
         - ``meta``: ``study``, ``trial``, ``epoch_time`` (the median), ``epochs`` (how
           many ``ok``/``stopped`` records), ``prediction`` (the prediction record).
 
@@ -394,12 +398,18 @@ class ObservationStore:
             device = pred.device or next((r.device for r in records if r.device), None)
             nan = float("nan")
             features = {k: nan if v is None else float(v) for k, v in pred.features.items()}
+            step = _median(good, "iteration_time")
+            per_step = _epoch_step_time(
+                [r.actual or {} for r in records if r.status == "ok"], pred.prediction
+            )
             out.append(
                 Observation(
                     features=features,
                     device=device or "unknown",
                     peak_memory=None if status == "oom" else _max(good, "peak_memory"),
-                    iteration_time=_median(good, "iteration_time"),
+                    iteration_time=step
+                    if per_step is None or (step or 0) >= per_step
+                    else per_step,
                     status=status,
                     family=None if family is None else str(family),
                     peak_allocated=None if status == "oom" else _max(good, "peak_allocated"),
@@ -407,6 +417,7 @@ class ObservationStore:
                         "study": key[0],
                         "trial": key[1],
                         "epoch_time": _median(good, "epoch_time"),
+                        "step_time": step,
                         "epochs": len(good),
                         "prediction": pred.prediction,
                     },
@@ -821,3 +832,13 @@ def _max(records: list[dict[str, Any]], key: str) -> float | None:
 def _median(records: list[dict[str, Any]], key: str) -> float | None:
     values = _numbers(records, key)
     return float(statistics.median(values)) if values else None
+
+
+def _epoch_step_time(records: list[dict[str, Any]], prediction: Any) -> float | None:
+    """Median whole-epoch time over the predicted steps per epoch (None if unknown)."""
+    epoch = _median(records, "epoch_time")
+    spec = prediction.get("spec") if isinstance(prediction, dict) else None
+    steps = spec.get("steps_per_epoch") if isinstance(spec, dict) else None
+    if epoch is None or epoch <= 0 or not isinstance(steps, int | float) or steps < 1:
+        return None
+    return float(epoch) / float(steps)
