@@ -369,3 +369,29 @@ def test_small_sample_memory_refit_learns_a_fixed_offset(cnn_spec: ca.TrainingSp
     learned = model.predict(big, "CPU")
     assert learned.peak_memory == pytest.approx(analytic + 3 * MiB, rel=0.02)
     assert learned.peak_memory_upper <= 1.1 * learned.peak_memory
+
+
+def test_refit_on_cpu_trials_ignores_a_base_learned_on_gpus(
+    fitted: tuple[ca.CostModel, Path], cnn_spec: ca.TrainingSpec
+) -> None:
+    """The shipped model is learned on GPUs; the online refit of a CPU study starts from
+    the analytic estimate, not from GPU corrections applied to CPU features."""
+    gpu_model, _ = fitted
+    analytic = ca.CostModel()
+    rows = []
+    for width in (4, 6, 8, 10, 12):
+        s = dataclasses.replace(cnn_spec, model=functools.partial(tiny_cnn, width=width))
+        feats = analytic.features(s, "CPU")
+        rows.append(
+            Observation(
+                features=feats,
+                device="CPU",
+                iteration_time=feats["analytic_time_ms"] / 1e3 * 1.5,
+            )
+        )
+    online = ca.CostModel().fit(rows, base=gpu_model)
+    assert online.base_ is None
+    spec = dataclasses.replace(cnn_spec, model=functools.partial(tiny_cnn, width=20))
+    assert online.predict(spec, "CPU").iteration_time == pytest.approx(
+        1.5 * analytic.predict(spec, "CPU").iteration_time, rel=0.02
+    )

@@ -275,6 +275,11 @@ def features_for(
     return feats
 
 
+def _device_kind(name: str) -> str:
+    """``"cuda"`` or ``"cpu"`` for a device name (a GPU missing from the catalog is cuda)."""
+    return get_device(name).kind if _known(name) else "cuda"
+
+
 def _known(name: str) -> bool:
     from costaware.devices import known_devices
 
@@ -642,8 +647,7 @@ class CostModel:
             return False
         kind = get_device(device).kind
         seen = self.training_.get("devices", [])
-        kinds = {get_device(d).kind if _known(d) else "cuda" for d in seen}
-        return kind in kinds
+        return kind in {_device_kind(d) for d in seen}
 
     def achieved_coverage(self, kind: str | None = None) -> float | None:
         """The coverage the memory bound guarantees (the time bound's if memory has none).
@@ -761,6 +765,12 @@ class CostModel:
                     )
         if base is not None and not base.is_fitted:
             base = None  # an unfitted base is the analytic estimate, the default baseline
+        if base is not None:
+            seen = {_device_kind(d) for d in base.training_.get("devices", [])}
+            if not {_device_kind(o.device) for o in obs} <= seen:
+                # its corrections were learned on another device kind (a GPU model under
+                # CPU trials): they would be applied where they mean nothing
+                base = None
         self.base_ = base
         if base is not None and base.__dict__.get("graph2vec_") is not None:
             self.graph2vec_ = base.graph2vec_
@@ -775,7 +785,7 @@ class CostModel:
         n_cal = max(1, round(len(uniq) * self.calibration_fraction)) if len(uniq) > 1 else 0
         cal_groups = set(rng.choice(uniq, size=n_cal, replace=False).tolist()) if n_cal else set()
         is_cal = np.asarray([g in cal_groups for g in groups])
-        kinds = np.asarray([get_device(o.device).kind if _known(o.device) else "cuda" for o in obs])
+        kinds = np.asarray([_device_kind(o.device) for o in obs])
 
         def target(o: Observation, which: str) -> float | None:
             mem, secs = self._baseline(o.features)
