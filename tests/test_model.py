@@ -395,3 +395,20 @@ def test_refit_on_cpu_trials_ignores_a_base_learned_on_gpus(
     assert online.predict(spec, "CPU").iteration_time == pytest.approx(
         1.5 * analytic.predict(spec, "CPU").iteration_time, rel=0.02
     )
+
+
+def test_upper_bounds_never_fall_below_the_point(cnn_spec: ca.TrainingSpec) -> None:
+    """Calibration rows that were all over-predicted give a negative conformal quantile;
+    the bound is then the point prediction, not below it."""
+    base = ca.CostModel()
+    rows = []
+    for width, factor in [(4, 2.0), (6, 1.0), (8, 1.0), (10, 1.0)]:
+        s = dataclasses.replace(cnn_spec, model=functools.partial(tiny_cnn, width=width))
+        feats = base.features(s, "CPU")
+        it = feats["analytic_time_ms"] / 1e3 * factor
+        rows.append(Observation(features=feats, device="CPU", iteration_time=it))
+    model = ca.CostModel().fit(rows)
+    pred = model.predict(dataclasses.replace(cnn_spec, dataset_size=640), "CPU")
+    assert pred.iteration_time_upper >= pred.iteration_time
+    assert pred.epoch_time is not None and pred.epoch_time_upper is not None
+    assert pred.epoch_time_upper >= pred.epoch_time

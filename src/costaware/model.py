@@ -617,7 +617,7 @@ class CostModel:
             basis["features_used"] = 0
         steps = spec.steps_per_epoch
         epoch = it * steps if steps is not None else None
-        epoch_hi = it_hi * steps if steps is not None else None
+        epoch_hi = max(it_hi, it) * steps if steps is not None else None
         summary = spec.summary()
         summary["steps_per_epoch"] = steps
         return Prediction(
@@ -672,11 +672,14 @@ class CostModel:
 
         A model fitted on GPU and CPU rows calibrates each kind on its own rows (CPU
         resident-set noise must not widen GPU bounds); the pooled quantile otherwise.
+        Never below 0: when every calibration row was over-predicted the quantile is
+        negative, and an upper bound below its own point prediction would admit trials
+        that the point prediction already puts over the budget.
         """
         per_kind: dict[str, tuple[float, float]] = self.__dict__.get(f"{which}_q_kind_", {})
         if kind is not None and kind in per_kind:
-            return float(per_kind[kind][0])
-        return float(getattr(self, f"{which}_q_"))
+            return max(0.0, float(per_kind[kind][0]))
+        return max(0.0, float(getattr(self, f"{which}_q_")))
 
     def _learned(
         self, feats: Mapping[str, float], est: _analytic.AnalyticEstimate, kind: str | None = None
