@@ -257,7 +257,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     with Progress(console=console, transient=True, disable=console is None) as progress:
         task = progress.add_task("tracing configurations", total=len(rows))
         obs, skipped = observations(
-            rows,
+            [r for r in rows if r.get("kind") != "op"],
             model=feature_model,
             cache=args.features_cache,
             on_row=lambda i, r: progress.update(task, completed=i, description=str(r.get("id"))),

@@ -14,6 +14,10 @@ trained on one version refuses features of another.
 - **Analytic**: the dry-run live peak and its breakdown, the simulated allocator reserved
   peak, the roofline time on the target device.
 - **Device**: memory, bandwidth, peak FLOP/s per precision, SMs.
+- **Op-level time** (version 2): ``optime_*``, the per-kernel GPU times of
+  :mod:`costaware.optime` summed over the trace (added by ``model.features_for`` when the
+  model has an op model; NaN on a CPU). Version 2 also traces attention as a fused kernel
+  for CUDA targets.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "1"
+FEATURE_VERSION = "2"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}

@@ -427,9 +427,11 @@ class CostModel:
         thread_count: CatBoost threads.
         trace_timeout: seconds allowed for one dry run.
         cache_size: architectures whose traces are kept for warm predictions.
-        time_baseline: what the time residual is learned over: "roofline" (the analytic
-            roofline time) or "optime" (the op-level sum of :mod:`costaware.optime`, where
-            the features have one; the roofline elsewhere).
+        time_baseline: what the time residual is learned over: "optime" (the op-level
+            sum of :mod:`costaware.optime` where the features have one, i.e. on a GPU with
+            an op model; the roofline elsewhere) or "roofline" (always the roofline). On the
+            H100 data the op-level sum was the better baseline on held-out families
+            (docs/accuracy.md).
     """
 
     # learned state, set by fit / load
@@ -455,7 +457,7 @@ class CostModel:
         thread_count: int = 2,
         trace_timeout: float = 60.0,
         cache_size: int = 64,
-        time_baseline: str = "roofline",
+        time_baseline: str = "optime",
     ) -> None:
         self.iterations = iterations
         self.depth = depth
