@@ -249,10 +249,17 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     feature_model = ca.CostModel(trace_timeout=args.trace_timeout)
     op_rows = [r for r in rows if r.get("kind") == "op"]
     if op_rows:  # per-op GPU timings: the op-level time model, whose sums are features
-        from costaware.optime import OpTimeModel
+        from costaware.optime import MIN_OP_SAMPLES, OpTimeModel, op_samples
 
-        op_model = OpTimeModel(random_state=args.seed, thread_count=args.threads).fit(op_rows)
-        feature_model.op_model_ = model.op_model_ = op_model
+        if len(op_samples(op_rows)[1]) >= MIN_OP_SAMPLES:
+            op_model = OpTimeModel(random_state=args.seed, thread_count=args.threads)
+            feature_model.op_model_ = model.op_model_ = op_model.fit(op_rows)
+        else:
+            print(
+                f"{len(op_rows)} per-op rows hold fewer than {MIN_OP_SAMPLES} usable timings: "
+                "no op-level time model",
+                file=sys.stderr,
+            )
 
     with Progress(console=console, transient=True, disable=console is None) as progress:
         task = progress.add_task("tracing configurations", total=len(rows))
@@ -275,6 +282,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     info = {
         "files": per_file,
         "rows_read": len(rows),
+        "op_rows": len(op_rows),
+        "op_model": model.__dict__.get("op_model_") is not None,
         "observations": len(obs),
         "skipped": skipped,
         "devices": model.training_.get("devices"),

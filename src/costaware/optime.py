@@ -32,6 +32,7 @@ from costaware.flops import VIEW
 from costaware.trace import Trace
 
 __all__ = [
+    "MIN_OP_SAMPLES",
     "OPTIME_FEATURES",
     "NodeTable",
     "OpTimeModel",
@@ -106,6 +107,8 @@ _DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
 #: overhead instead. Optimizer steps keep theirs: their Python bookkeeping is real.
 HARNESS_FLOOR_S = {0: 18e-6, 1: 75e-6, 2: 0.0}
 MIN_KERNEL_S = 1e-6
+#: the fewest usable kernel timings the op model is fitted on
+MIN_OP_SAMPLES = 10
 #: the names step_features returns (NaN where there is no op model or no GPU)
 OPTIME_FEATURES = (
     "optime_ms",
@@ -284,8 +287,10 @@ class OpTimeModel:
 
         ops = [r for r in rows if r.get("kind") == "op"]
         x, y = op_samples(ops)
-        if len(y) < 10:
-            raise ValueError(f"the op model needs at least 10 op timings, but got {len(y)}.")
+        if len(y) < MIN_OP_SAMPLES:
+            raise ValueError(
+                f"the op model needs at least {MIN_OP_SAMPLES} op timings, but got {len(y)}."
+            )
         if device is None:
             from costaware.collect import catalog_device
 
