@@ -88,12 +88,11 @@ def _predict(model: Any, feats: dict[str, float]) -> tuple[float, float, float, 
     mem, secs = model._baseline(feats)  # the roofline or the op-level sum (time_baseline)
     x = np.asarray([[feats.get(n, np.nan) for n in model.feature_names_]], dtype=np.float64)
     mem_hi, secs_hi = mem, secs / (1 - 0.59)
-    if hasattr(model, "memory_model_"):
-        r = float(model.memory_model_.predict(x)[0])
-        mem, mem_hi = mem * math.exp(r), mem * math.exp(r + model.memory_q_)
-    if hasattr(model, "time_model_"):
-        r = float(model.time_model_.predict(x)[0])
-        secs, secs_hi = secs * math.exp(r), secs * math.exp(r + model.time_q_)
+    # the model's own corrections and bounds (trees, a line, or one factor per precision)
+    if (r := model._residual("memory", x, mem)) is not None:
+        mem, mem_hi = mem * math.exp(r), mem * math.exp(r + model._q("memory", None))
+    if (r := model._residual("time", x, secs)) is not None:
+        secs, secs_hi = secs * math.exp(r), secs * math.exp(r + model._q("time", None))
     return mem, mem_hi, secs, secs_hi
 
 

@@ -111,7 +111,8 @@ def _observations(model: ca.CostModel, widths: list[int], family: str) -> list[O
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[ca.CostModel, Path]:
-    model = ca.CostModel(iterations=200, depth=4)
+    # trees for memory too (the default is a line): this fixture tests .cbm persistence
+    model = ca.CostModel(iterations=200, depth=4, memory_model="trees")
     obs = _observations(model, [4, 8, 12], "a") + _observations(model, [16, 20, 24], "b")
     obs += _observations(model, [28, 32], "c")
     model.fit(obs)
@@ -412,3 +413,28 @@ def test_upper_bounds_never_fall_below_the_point(cnn_spec: ca.TrainingSpec) -> N
     assert pred.iteration_time_upper >= pred.iteration_time
     assert pred.epoch_time is not None and pred.epoch_time_upper is not None
     assert pred.epoch_time_upper >= pred.epoch_time
+
+
+def test_memory_line_learns_offset_and_factor_and_saves_without_trees(
+    tmp_path: Path,
+) -> None:
+    """The default memory model: measured = offset + factor x simulated peak, on many rows."""
+    model = ca.CostModel(iterations=50, depth=2)
+    obs = _observations(model, [4, 8, 12], "a") + _observations(model, [16, 20], "b")
+    obs += _observations(model, [28, 32], "c")
+    for o in obs:
+        o.peak_memory = 64 * MiB + 1.1 * o.features["analytic_reserved_mib"] * MiB
+    model.fit(obs)
+    (tmp_path / "memory.cbm").write_bytes(b"a tree model of an earlier fit")
+    model.save(tmp_path)  # over an earlier model: its memory.cbm must go
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "time.cbm"]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    line = manifest["models"]["memory"]["affine"]
+    assert line["intercept"] == pytest.approx(64 * MiB, rel=0.01)
+    assert line["slope"] == pytest.approx(1.1, rel=0.01)
+    loaded = ca.CostModel.load(tmp_path)
+    feats = obs[0].features
+    est = 64 * MiB + 1.1 * feats["analytic_reserved_mib"] * MiB
+    assert loaded._point(feats)[0] == pytest.approx(est, rel=0.01)
+    with pytest.raises(ValueError, match="memory_model"):
+        ca.CostModel(memory_model="forest")
