@@ -438,11 +438,13 @@ class CostModel:
             an op model; the roofline elsewhere) or "roofline" (always the roofline). On the
             H100 data the op-level sum was the better baseline on held-out families
             (docs/accuracy.md).
-        memory_model: how the memory residual is learned: "line" (measured = offset +
-            factor x baseline, Theil-Sen; trees when the rows mix GPUs and CPUs) or
-            "trees" (CatBoost on every feature). On held-out H100 families the trees were
-            worse than the simulated peak alone (MRE 17.8% against 11.4%) and the line was
-            not (11.6%): the allocator simulation already carries what transfers.
+        memory_model: how the memory residual is learned from GPU rows: "line" (measured
+            = offset + factor x baseline, Theil-Sen) or "trees" (CatBoost on every
+            feature). On held-out H100 families the trees were worse than the simulated
+            peak alone (MRE 17.8% against 11.4%) and the line was not (11.6%): the
+            allocator simulation already carries what transfers. CPU rows (and a mix) get
+            trees, which did better there (33% against 49% on held-out CPU families: the
+            live-tensor peak misses more of a CPU process's growth).
     """
 
     # learned state, set by fit / load
@@ -852,11 +854,11 @@ class CostModel:
                 cal[idx[:k]] = True
                 train = ok & ~cal
             model: Any
-            one_kind = len(set(kinds[ok].tolist())) == 1
+            on_gpus = set(kinds[ok].tolist()) == {"cuda"}
             if (
                 which == "memory"
                 and self.__dict__.get("memory_model", "trees") == "line"
-                and one_kind
+                and on_gpus
             ):
                 bases = np.asarray([self._baseline(o.features)[0] for o in obs])
                 model = _fit_affine(bases[train], bases[train] * np.exp(y[train]))
