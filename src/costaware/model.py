@@ -53,10 +53,8 @@ __all__ = ["CostModel", "Observation", "Prediction", "features_for"]
 
 MiB = 2**20
 MANIFEST = "manifest.json"
-#: below this many measurements of a target, fit learns a line (memory) or one factor per
-#: precision (time), not trees: in the HPO benchmark, trees refitted on 8-24 CPU trials
-#: over-predicted feasible trials by 1.5-2x and rejected them
-SMALL_SAMPLE = 30
+#: below this many measurements of a target, fit learns one constant factor, not trees
+SMALL_SAMPLE = 8
 #: A device kind (GPU, CPU) gets its own upper bound once its calibration rows number this
 #: many; with fewer, its rows share the pooled bound.
 MIN_KIND_CALIBRATION = 20
