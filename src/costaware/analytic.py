@@ -73,16 +73,22 @@ class AnalyticEstimate:
     notes: tuple[str, ...] = field(default=())
 
 
-def _node_peaks(trace: Trace, device: Device) -> np.ndarray:
-    """Peak FLOP/s for each graph node, by its dtype and class."""
+def node_seconds(
+    flops: np.ndarray, nbytes: np.ndarray, dtype: np.ndarray, cls: np.ndarray, device: Device
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-node (compute-bound, memory-bound) roofline seconds on ``device``, launch not
+    included. ``dtype`` and ``cls`` are the trace's codes (see :class:`~costaware.trace.Trace`);
+    the peak is the dtype's, TF32 for fp32 convolutions."""
     fp32 = device.peak_flops("fp32")
     tf32 = device.peak_flops("fp32", allow_tf32=True)
     by_dtype = np.array(
         [fp32, device.peak_flops("bf16"), device.peak_flops("fp16"), fp32 / 2, fp32],
         dtype=np.float64,
     )
-    peaks = by_dtype[np.clip(trace.node_dtype, 0, 4)]
-    return np.where((trace.node_class == CONV) & (trace.node_dtype == 0), tf32, peaks)
+    peaks = np.where((cls == CONV) & (dtype == 0), tf32, by_dtype[np.clip(dtype, 0, 4)])
+    t_compute = flops / (peaks * COMPUTE_EFFICIENCY[device.kind])
+    t_memory = nbytes / (device.bandwidth * MEMORY_EFFICIENCY[device.kind])
+    return t_compute, t_memory
 
 
 def roofline_time(
@@ -91,8 +97,9 @@ def roofline_time(
     """Seconds per micro-batch step: (total, compute-bound part, memory-bound part, overhead)."""
     kind = device.kind
     kernel = (trace.node_class != VIEW) & (trace.node_phase != 3)
-    t_compute = trace.node_flops / (_node_peaks(trace, device) * COMPUTE_EFFICIENCY[kind])
-    t_memory = trace.node_bytes / (device.bandwidth * MEMORY_EFFICIENCY[kind])
+    t_compute, t_memory = node_seconds(
+        trace.node_flops, trace.node_bytes, trace.node_dtype, trace.node_class, device
+    )
     bound = np.maximum(t_compute, t_memory)
     per_node = np.where(kernel, bound + LAUNCH_OVERHEAD_S[kind], 0.0)
     micro = min(spec.grad_accumulation, 2)

@@ -371,12 +371,16 @@ def _small_sample_affine(base: np.ndarray, actual: np.ndarray) -> tuple[_Affine,
     return _fit_affine(base, actual), np.asarray(loo)
 
 
-def _row_groups(x: np.ndarray, names: Sequence[str]) -> np.ndarray:
+def _group_columns(names: Sequence[str]) -> dict[str, int]:
+    """Precision -> index of its indicator among the feature ``names``."""
+    return {g: list(names).index(f) for g, f in _GROUP_FEATURES.items() if f in names}
+
+
+def _row_groups(x: np.ndarray, columns: Mapping[str, int]) -> np.ndarray:
     """Each row's precision (``""`` where the features do not say)."""
     groups = np.full(len(x), "", dtype=object)
-    for g, feat in _GROUP_FEATURES.items():
-        if feat in names:
-            groups[x[:, list(names).index(feat)] == 1.0] = g
+    for g, col in columns.items():
+        groups[x[:, col] == 1.0] = g
     return groups
 
 
@@ -809,8 +813,11 @@ class CostModel:
         is_cal = np.asarray([g in cal_groups for g in groups])
         kinds = np.asarray([_device_kind(o.device) for o in obs])
 
-        def target(o: Observation, which: str) -> float | None:
-            mem, secs = self._baseline(o.features)
+        # every row's (memory, time) baseline, once: with a base model each is a prediction
+        baselines = np.asarray([self._baseline(o.features) for o in obs], dtype=np.float64)
+
+        def target(i: int, o: Observation, which: str) -> float | None:
+            mem, secs = baselines[i]
             if which == "memory":
                 if o.peak_memory is None or o.peak_memory <= 0 or o.status not in ("ok", None):
                     return None
@@ -820,7 +827,9 @@ class CostModel:
             return math.log(o.iteration_time / secs)
 
         for which in ("memory", "time"):
-            y = np.asarray([np.nan if (v := target(o, which)) is None else v for o in obs])
+            y = np.asarray(
+                [np.nan if (v := target(i, o, which)) is None else v for i, o in enumerate(obs)]
+            )
             ok = ~np.isnan(y)
             if ok.sum() < 2:
                 continue
@@ -830,11 +839,11 @@ class CostModel:
                 # baseline. Either way the bound comes from leave-one-out residuals.
                 small: Any
                 if which == "memory":
-                    bases = np.asarray([self._baseline(o.features)[0] for o in obs])[ok]
+                    bases = baselines[ok, 0]
                     small, loo = _small_sample_affine(bases, bases * np.exp(y[ok]))
                 else:
-                    factors, loo = _small_sample_factors(y[ok], _row_groups(x_all[ok], names))
-                    cols = {g: names.index(f) for g, f in _GROUP_FEATURES.items() if f in names}
+                    cols = _group_columns(names)
+                    factors, loo = _small_sample_factors(y[ok], _row_groups(x_all[ok], cols))
                     small = _GroupConstant(factors, cols)
                 if not len(loo):  # no precision measured twice: nothing to calibrate on
                     continue
@@ -860,7 +869,7 @@ class CostModel:
                 and self.__dict__.get("memory_model", "trees") == "line"
                 and on_gpus
             ):
-                bases = np.asarray([self._baseline(o.features)[0] for o in obs])
+                bases = baselines[:, 0]
                 model = _fit_affine(bases[train], bases[train] * np.exp(y[train]))
                 fitted = np.asarray([model.correction(b) for b in bases[cal]])
             elif float(np.ptp(y[train])) < 1e-12:  # CatBoost refuses constant targets
@@ -943,38 +952,28 @@ class CostModel:
         for which in ("memory", "time"):
             m = self.__dict__.get(f"{which}_model_")
             level = self.__dict__.get(f"{which}_coverage_", self.coverage)
-            if not hasattr(m, "save_model"):  # no trees: a stale .cbm must not linger
-                (out / f"{which}.cbm").unlink(missing_ok=True)
+            if m is None:
+                continue
+            entry: dict[str, Any]
             if isinstance(m, _Affine):
-                files[which] = {
-                    "affine": {"intercept": m.intercept, "slope": m.slope},
-                    "conformal_quantile": getattr(self, f"{which}_q_"),
-                    "coverage": level,
-                }
+                entry = {"affine": {"intercept": m.intercept, "slope": m.slope}}
             elif isinstance(m, _GroupConstant):
-                files[which] = {
-                    "by_precision": dict(m.by_group),
-                    "conformal_quantile": getattr(self, f"{which}_q_"),
-                    "coverage": level,
-                }
+                entry = {"by_precision": dict(m.by_group)}
             elif isinstance(m, _Constant):
-                files[which] = {
-                    "constant": m.value,
-                    "conformal_quantile": getattr(self, f"{which}_q_"),
-                    "coverage": level,
-                }
-            elif m is not None:
+                entry = {"constant": m.value}
+            else:
                 m.save_model(str(out / f"{which}.cbm"), format="cbm")
-                files[which] = {
-                    "file": f"{which}.cbm",
-                    "conformal_quantile": getattr(self, f"{which}_q_"),
-                    "coverage": level,
+                entry = {"file": f"{which}.cbm"}
+            if "file" not in entry:  # no trees: a stale .cbm of an earlier fit must not linger
+                (out / f"{which}.cbm").unlink(missing_ok=True)
+            entry["conformal_quantile"] = getattr(self, f"{which}_q_")
+            entry["coverage"] = level
+            per_kind = self.__dict__.get(f"{which}_q_kind_")
+            if per_kind:
+                entry["conformal_quantile_by_kind"] = {
+                    k: {"quantile": q, "coverage": c} for k, (q, c) in per_kind.items()
                 }
-                per_kind = self.__dict__.get(f"{which}_q_kind_")
-                if per_kind:
-                    files[which]["conformal_quantile_by_kind"] = {
-                        k: {"quantile": q, "coverage": c} for k, (q, c) in per_kind.items()
-                    }
+            files[which] = entry
         g2v = self.__dict__.get("graph2vec_")
         if g2v is not None:
             g2v.save(out / "graph2vec")
@@ -1023,10 +1022,9 @@ class CostModel:
             if "affine" in info:
                 m = _Affine(float(info["affine"]["intercept"]), float(info["affine"]["slope"]))
             elif "by_precision" in info:
-                names = self.feature_names_
                 m = _GroupConstant(
                     {str(g): float(v) for g, v in info["by_precision"].items()},
-                    {g: names.index(f) for g, f in _GROUP_FEATURES.items() if f in names},
+                    _group_columns(self.feature_names_),
                 )
             elif "constant" in info:
                 m = _Constant(float(info["constant"]))

@@ -237,21 +237,9 @@ def _arrays(table: NodeTable) -> _Arrays:
 
 def _roofline_nodes(a: _Arrays, device: Any) -> np.ndarray:
     """Per-row roofline seconds on ``device`` (costaware.analytic's formula, no launch)."""
-    from costaware.analytic import COMPUTE_EFFICIENCY, MEMORY_EFFICIENCY
-    from costaware.flops import CONV
+    from costaware.analytic import node_seconds
 
-    fp32 = device.peak_flops("fp32")
-    by_dtype = np.array(
-        [fp32, device.peak_flops("bf16"), device.peak_flops("fp16"), fp32 / 2, fp32]
-    )
-    peaks = by_dtype[np.clip(a.dtype, 0, 4)]
-    peaks = np.where(
-        (a.cls == CONV) & (a.dtype == 0), device.peak_flops("fp32", allow_tf32=True), peaks
-    )
-    out: np.ndarray = np.maximum(
-        a.flops / (peaks * COMPUTE_EFFICIENCY["cuda"]),
-        a.nbytes / (device.bandwidth * MEMORY_EFFICIENCY["cuda"]),
-    )
+    out: np.ndarray = np.maximum(*node_seconds(a.flops, a.nbytes, a.dtype, a.cls, device))
     return out
 
 

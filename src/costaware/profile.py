@@ -150,13 +150,9 @@ class _NvmlSampler:
 
 def rss_peak_bytes() -> int:
     """The process's peak resident set in bytes (VmHWM, else ru_maxrss)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    hwm = _status_bytes("VmHWM")
+    if hwm is not None:
+        return hwm
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
