@@ -505,8 +505,6 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
     opt_cls = spec.optimizer_class
     opt_kwargs = dict(spec.optimizer_kwargs)
     try:
-        import inspect
-
         if "foreach" in inspect.signature(opt_cls).parameters and "fused" not in opt_kwargs:
             opt_kwargs.setdefault("foreach", True)  # CUDA's default multi-tensor path
     except (TypeError, ValueError):
