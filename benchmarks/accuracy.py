@@ -85,7 +85,7 @@ def _observations(
 
 def _predict(model: Any, feats: dict[str, float]) -> tuple[float, float, float, float]:
     """Point and upper predictions (memory, memory upper, time, time upper) from features."""
-    mem, secs = model._baseline(feats)  # the roofline or the op-level sum (time_baseline)
+    mem, secs = model._baseline(feats, None)  # the roofline or the op-level sum (time_baseline)
     x = np.asarray([[feats.get(n, np.nan) for n in model.feature_names_]], dtype=np.float64)
     mem_hi, secs_hi = mem, secs / (1 - 0.59)
     # the model's own corrections and bounds (trees, a line, or one factor per precision)

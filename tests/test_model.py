@@ -277,16 +277,28 @@ def test_each_device_kind_gets_its_own_bound(tmp_path: Path, cnn_spec: ca.Traini
                 )
             )
     model.fit(obs)
+    assert sorted(model._by_kind()) == ["cpu", "cuda"]
     q_gpu, q_cpu = model._q("memory", "cuda"), model._q("memory", "cpu")
     assert q_cpu > q_gpu + 0.2  # the CPU bound is wide, the GPU one is not dragged along
-    assert q_gpu < model.memory_q_ <= q_cpu  # the pooled quantile sits between
     gpu = model.predict(cnn_spec, device="H100")
     assert gpu.peak_memory_upper / gpu.peak_memory == pytest.approx(math.exp(q_gpu), rel=1e-6)
+    # the GPU part is exactly what the GPU rows alone give: the CPU rows do not leak in
+    alone = ca.CostModel(iterations=100, depth=4, calibration_fraction=0.4)
+    alone.fit([o for o in obs if o.device != "CPU"])
+    solo = alone.predict(cnn_spec, device="H100")
+    assert gpu.peak_memory == pytest.approx(solo.peak_memory, rel=1e-4)
+    assert gpu.iteration_time == pytest.approx(solo.iteration_time, rel=1e-4)
+    cpu = model.predict(cnn_spec, device="cpu")
+    assert cpu.kind == "learned" and model.covers("cpu") and model.covers("H100")
     assert model.achieved_coverage("cuda") is not None
     loaded = ca.CostModel.load(model.save(tmp_path / "m"))
+    assert json.loads((tmp_path / "m" / "manifest.json").read_text())["kinds"] == ["cpu", "cuda"]
     for which in ("memory", "time"):
         for kind in ("cuda", "cpu"):
             assert loaded._q(which, kind) == pytest.approx(model._q(which, kind))
+    again = loaded.predict(cnn_spec, device="cpu")
+    assert again.peak_memory_upper == pytest.approx(cpu.peak_memory_upper, rel=1e-3)
+    assert again.iteration_time == pytest.approx(cpu.iteration_time, rel=1e-3)
 
 
 def test_small_sample_refit_learns_one_factor_per_precision(
@@ -435,6 +447,6 @@ def test_memory_line_learns_offset_and_factor_and_saves_without_trees(
     loaded = ca.CostModel.load(tmp_path)
     feats = obs[0].features
     est = 64 * MiB + 1.1 * feats["analytic_reserved_mib"] * MiB
-    assert loaded._point(feats)[0] == pytest.approx(est, rel=0.01)
+    assert loaded._point(feats, "cuda")[0] == pytest.approx(est, rel=0.01)
     with pytest.raises(ValueError, match="memory_model"):
         ca.CostModel(memory_model="forest")

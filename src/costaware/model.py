@@ -55,9 +55,6 @@ MiB = 2**20
 MANIFEST = "manifest.json"
 #: below this many measurements of a target, fit learns one constant factor, not trees
 SMALL_SAMPLE = 8
-#: A device kind (GPU, CPU) gets its own upper bound once its calibration rows number this
-#: many; with fewer, its rows share the pooled bound.
-MIN_KIND_CALIBRATION = 20
 FORMAT_VERSION = 1
 
 
@@ -296,29 +293,87 @@ class _Constant:
         return np.full(len(x), self.value)
 
 
-#: the small-sample correction learns one factor per precision: bf16 on a CPU without
+#: the small-sample time correction learns one factor per precision: bf16 on a CPU without
 #: bf16 arithmetic ran several times slower than fp32, so one pooled factor fits neither
 _GROUP_FEATURES = {p: f"precision_is_{p}" for p in PRECISIONS}
+#: the shared log-log slope is clipped to this: a handful of rows can suggest anything
+_MAX_LOG_SLOPE = 0.5
+#: row pairs (same precision, baselines apart) a slope needs; with fewer it is 0
+_MIN_SLOPE_PAIRS = 3
 
 
 @dataclass(frozen=True)
-class _GroupConstant:
-    """One log factor per precision, from a handful of measurements (see ``fit``).
+class _PrecisionLine:
+    """``log(measured / baseline) = a[precision] + slope * log(baseline)``.
 
-    A row of a precision with no measurement predicts NaN: the caller keeps its
-    baseline (the shipped model or the analytic estimate) and that baseline's bound.
+    One intercept per precision and one slope shared by all, from a few dozen
+    measurements (see ``fit``). The slope follows how the measured/estimated ratio drifts
+    with size: a small model's step is mostly fixed costs that the estimate under-counts,
+    a large one's mostly kernels. With slope 0 it is one factor per precision. A row of a
+    precision with no measurement predicts NaN: the caller keeps its baseline (the
+    shipped model or the analytic estimate) and that baseline's bound.
     """
 
     by_group: dict[str, float]
     columns: dict[str, int]  # group -> index of its indicator feature
+    slope: float = 0.0
 
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        out = np.full(len(x), np.nan)
+    def correction(self, x: np.ndarray, baseline: float) -> float:
+        """The log factor from ``baseline`` to the prediction of feature row ``x`` (NaN:
+        its precision was never measured)."""
         for g, v in self.by_group.items():
             col = self.columns.get(g)
-            if col is not None:
-                out[x[:, col] == 1.0] = v
-        return out
+            if col is not None and x[0, col] == 1.0:
+                return v + self.slope * math.log(max(baseline, 1e-12))
+        return math.nan
+
+
+def _fit_precision_line(
+    y: np.ndarray, log_base: np.ndarray, groups: np.ndarray, fit_slope: bool = True
+) -> tuple[dict[str, float], float]:
+    """Theil-Sen within precisions: the median slope of same-precision row pairs whose
+    baselines differ by over 10% (0 without ``fit_slope`` or with too few pairs), then
+    each precision's median intercept."""
+    slopes: list[float] = []
+    for g in np.unique(groups) if fit_slope else ():
+        idx = np.nonzero(groups == g)[0] if g else np.zeros(0, dtype=int)
+        i, j = np.triu_indices(len(idx), k=1)
+        du = log_base[idx[j]] - log_base[idx[i]]
+        apart = np.abs(du) > 0.1
+        slopes += ((y[idx[j]] - y[idx[i]])[apart] / du[apart]).tolist()
+    slope = 0.0
+    if len(slopes) >= _MIN_SLOPE_PAIRS:
+        slope = float(np.clip(np.median(slopes), -_MAX_LOG_SLOPE, _MAX_LOG_SLOPE))
+    rest = y - slope * log_base
+    return {str(g): float(np.median(rest[groups == g])) for g in np.unique(groups) if g}, slope
+
+
+def _small_sample_line(
+    y: np.ndarray, log_base: np.ndarray, groups: np.ndarray
+) -> tuple[dict[str, float], float, np.ndarray]:
+    """The per-precision line through every row, and the leave-one-out residuals of the
+    rows whose precision keeps a measurement without them (a lone row would be predicted
+    by the baseline, whose own bound covers it, so it calibrates nothing here).
+
+    The slope is kept only when it predicts left-out rows better than one factor per
+    precision does: over a narrow range of sizes, timing noise is all a slope would learn.
+    """
+    best: tuple[float, dict[str, float], float, np.ndarray] | None = None
+    for fit_slope in (False, True):
+        loo = []
+        for i in range(len(y)):
+            keep = np.arange(len(y)) != i
+            if not groups[i] or not np.any(groups[keep] == groups[i]):
+                continue
+            fit_g, fit_s = _fit_precision_line(y[keep], log_base[keep], groups[keep], fit_slope)
+            loo.append(y[i] - fit_g[str(groups[i])] - fit_s * log_base[i])
+        res = np.asarray(loo)
+        err = float(np.mean(np.abs(res))) if len(res) else 0.0
+        if best is None or err < best[0]:
+            by_group, slope = _fit_precision_line(y, log_base, groups, fit_slope)
+            best = (err, by_group, slope, res)
+    assert best is not None
+    return best[1], best[2], best[3]
 
 
 @dataclass(frozen=True)
@@ -384,21 +439,6 @@ def _row_groups(x: np.ndarray, columns: Mapping[str, int]) -> np.ndarray:
     return groups
 
 
-def _small_sample_factors(
-    vals: np.ndarray, groups: np.ndarray
-) -> tuple[dict[str, float], np.ndarray]:
-    """Per-group median log factor, and the leave-one-out residuals of the rows whose
-    group keeps a measurement without them (a lone row would be predicted by the
-    baseline, whose own bound covers it, so it calibrates nothing here)."""
-    factors = {str(g): float(np.median(vals[groups == g])) for g in np.unique(groups) if g}
-    loo = []
-    for i, v in enumerate(vals):
-        rest = np.delete(vals, i)[np.delete(groups, i) == groups[i]]
-        if groups[i] and len(rest):
-            loo.append(v - float(np.median(rest)))
-    return factors, np.asarray(loo)
-
-
 def _conformal_quantile(residuals: np.ndarray, coverage: float) -> tuple[float, float]:
     """Split-conformal quantile and the coverage it guarantees.
 
@@ -446,7 +486,7 @@ class CostModel:
             = offset + factor x baseline, Theil-Sen) or "trees" (CatBoost on every
             feature). On held-out H100 families the trees were worse than the simulated
             peak alone (MRE 17.8% against 11.4%) and the line was not (11.6%): the
-            allocator simulation already carries what transfers. CPU rows (and a mix) get
+            allocator simulation already carries what transfers. CPU rows get
             trees, which did better there (33% against 49% on held-out CPU families: the
             live-tensor peak misses more of a CPU process's growth).
     """
@@ -507,7 +547,14 @@ class CostModel:
     # -- state helpers --------------------------------------------------------------------
     @property
     def is_fitted(self) -> bool:
-        return hasattr(self, "memory_model_") or hasattr(self, "time_model_")
+        return (
+            hasattr(self, "memory_model_") or hasattr(self, "time_model_") or bool(self._by_kind())
+        )
+
+    def _by_kind(self) -> dict[str, CostModel]:
+        """The per-device-kind models of a model fitted on several kinds (else empty)."""
+        subs: dict[str, CostModel] = self.__dict__.get("kinds_", {})
+        return subs
 
     def __getstate__(self) -> dict[str, Any]:
         # the trace cache holds a lock: a pickled (or copied) model starts with a fresh one
@@ -678,10 +725,14 @@ class CostModel:
         The nominal ``coverage`` when there were enough calibration rows, lower otherwise.
         With ``kind`` ("cuda" or "cpu"), the level of that kind's own bound when it has one.
         """
+        if subs := self._by_kind():
+            levels = [
+                c
+                for k, sub in subs.items()
+                if kind in (None, k) and (c := sub.achieved_coverage(k)) is not None
+            ]
+            return min(levels) if levels else None
         for which in ("memory", "time"):
-            per_kind = self.__dict__.get(f"{which}_q_kind_", {})
-            if kind in per_kind:
-                return float(per_kind[kind][1])
             level = self.__dict__.get(f"{which}_coverage_")
             if level is not None:
                 return float(level)
@@ -693,15 +744,13 @@ class CostModel:
     def _q(self, which: str, kind: str | None) -> float:
         """The conformal quantile of ``which``'s log residual for a device of ``kind``.
 
-        A model fitted on GPU and CPU rows calibrates each kind on its own rows (CPU
-        resident-set noise must not widen GPU bounds); the pooled quantile otherwise.
-        Never below 0: when every calibration row was over-predicted the quantile is
+        A model fitted on GPU and CPU rows holds one model per kind, each calibrated on
+        its own rows (CPU resident-set noise must not widen GPU bounds). Never below 0: when every calibration row was over-predicted the quantile is
         negative, and an upper bound below its own point prediction would admit trials
         that the point prediction already puts over the budget.
         """
-        per_kind: dict[str, tuple[float, float]] = self.__dict__.get(f"{which}_q_kind_", {})
-        if kind is not None and kind in per_kind:
-            return max(0.0, float(per_kind[kind][0]))
+        if (subs := self._by_kind()) and kind in subs:
+            return subs[kind]._q(which, kind)
         return max(0.0, float(getattr(self, f"{which}_q_")))
 
     def _learned(
@@ -713,12 +762,14 @@ class CostModel:
         this model was refitted on top of another one. A target without a learned model
         falls back to the baseline and its bound.
         """
+        if (subs := self._by_kind()) and kind in subs:
+            return subs[kind]._learned(feats, est, kind)
         base: CostModel | None = self.__dict__.get("base_")
         if base is not None:
             peak, peak_hi, it, it_hi = base._learned(feats, est, kind)
         else:
             peak, peak_hi = float(est.reserved), float(est.reserved_upper)
-            it = self._baseline(feats)[1]
+            it = self._baseline(feats, kind)[1]
             it_hi = it / (1 - 0.59)  # the roofline ran -59%..+47% on an H200
         x = self._vector(feats)
         if (r := self._residual("memory", x, peak)) is not None:
@@ -735,11 +786,12 @@ class CostModel:
             return None
         if isinstance(m, _Affine):
             return m.correction(baseline)
-        r = float(m.predict(x)[0])
+        r = m.correction(x, baseline) if isinstance(m, _PrecisionLine) else float(m.predict(x)[0])
         return None if math.isnan(r) else r
 
-    def _baseline(self, feats: Mapping[str, float]) -> tuple[float, float]:
-        """The (memory, time) baseline this model's residuals are learned against."""
+    def _baseline(self, feats: Mapping[str, float], kind: str | None) -> tuple[float, float]:
+        """The (memory, time) baseline this model's residuals are learned against, for a
+        device of ``kind``."""
         base: CostModel | None = self.__dict__.get("base_")
         if base is None:
             secs = feats["analytic_time_ms"] / 1e3
@@ -747,11 +799,14 @@ class CostModel:
             if self.__dict__.get("time_baseline", "roofline") == "optime" and op_sum > 0:
                 secs = op_sum / 1e3  # the op-level sum where there is one (a GPU), else roofline
             return feats["analytic_reserved_mib"] * MiB, secs
-        return base._point(feats)
+        return base._point(feats, kind)
 
-    def _point(self, feats: Mapping[str, float]) -> tuple[float, float]:
-        """This model's (memory, time) point prediction, from the features alone."""
-        mem, secs = self._baseline(feats)
+    def _point(self, feats: Mapping[str, float], kind: str | None) -> tuple[float, float]:
+        """This model's (memory, time) point prediction on a device of ``kind``, from the
+        features alone."""
+        if (subs := self._by_kind()) and kind in subs:
+            return subs[kind]._point(feats, kind)
+        mem, secs = self._baseline(feats, kind)
         x = self._vector(feats)
         if (r := self._residual("memory", x, mem)) is not None:
             mem *= math.exp(r)
@@ -789,6 +844,10 @@ class CostModel:
                     raise ValueError(
                         f"observation features lack {name!r}; build them with CostModel.features(spec, device)."
                     )
+        self.__dict__.pop("kinds_", None)
+        present = sorted({_device_kind(o.device) for o in obs})
+        if len(present) > 1:
+            return self._fit_by_kind(obs, base, present)
         if base is not None and not base.is_fitted:
             base = None  # an unfitted base is the analytic estimate, the default baseline
         if base is not None:
@@ -814,7 +873,9 @@ class CostModel:
         kinds = np.asarray([_device_kind(o.device) for o in obs])
 
         # every row's (memory, time) baseline, once: with a base model each is a prediction
-        baselines = np.asarray([self._baseline(o.features) for o in obs], dtype=np.float64)
+        baselines = np.asarray(
+            [self._baseline(o.features, k) for o, k in zip(obs, kinds)], dtype=np.float64
+        )
 
         def target(i: int, o: Observation, which: str) -> float | None:
             mem, secs = baselines[i]
@@ -843,8 +904,11 @@ class CostModel:
                     small, loo = _small_sample_affine(bases, bases * np.exp(y[ok]))
                 else:
                     cols = _group_columns(names)
-                    factors, loo = _small_sample_factors(y[ok], _row_groups(x_all[ok], cols))
-                    small = _GroupConstant(factors, cols)
+                    log_base = np.log(np.maximum(baselines[ok, 1], 1e-12))
+                    factors, slope, loo = _small_sample_line(
+                        y[ok], log_base, _row_groups(x_all[ok], cols)
+                    )
+                    small = _PrecisionLine(factors, cols, slope)
                 if not len(loo):  # no precision measured twice: nothing to calibrate on
                     continue
                 setattr(self, f"{which}_model_", small)
@@ -881,15 +945,6 @@ class CostModel:
                 fitted = model.predict(x_all[cal])
             resid = y[cal] - fitted
             q, level = _conformal_quantile(resid, self.coverage)
-            per_kind: dict[str, tuple[float, float]] = {}
-            if len(set(kinds[cal].tolist())) > 1:  # each kind calibrated on its own rows
-                for k in sorted(set(kinds[cal].tolist())):
-                    rk = resid[kinds[cal] == k]
-                    if len(rk) >= MIN_KIND_CALIBRATION:
-                        per_kind[k] = _conformal_quantile(rk, self.coverage)
-            self.__dict__.pop(f"{which}_q_kind_", None)
-            if per_kind:
-                setattr(self, f"{which}_q_kind_", per_kind)
             setattr(self, f"{which}_model_", model)
             setattr(self, f"{which}_q_", q)
             setattr(self, f"{which}_coverage_", level)
@@ -908,6 +963,48 @@ class CostModel:
             "calibration": {w: getattr(self, f"{w}_cal_rows_", 0) for w in ("memory", "time")},
             "base": None if base is None else base.training_,
         }
+        return self
+
+    def _fit_by_kind(
+        self, obs: list[Observation], base: CostModel | None, kinds: list[str]
+    ) -> CostModel:
+        """One model per device kind (GPU, CPU), each fitted on its own rows only.
+
+        A GPU's allocator and kernels and a CPU process's resident set share no residual:
+        pooled, the CPU rows would pull the GPU memory model off its line and widen its
+        bounds. A kind with too few measurements to fit is left to the analytic estimate.
+        """
+        subs: dict[str, CostModel] = {}
+        skipped: dict[str, str] = {}
+        for kind in kinds:
+            rows = [o for o in obs if _device_kind(o.device) == kind]
+            sub = CostModel(**self._params())
+            try:
+                subs[kind] = sub.fit(rows, base=base)
+            except ValueError as e:
+                skipped[kind] = str(e)
+        if not subs:
+            raise ValueError(f"no device kind could be fitted: {skipped}")
+        self.kinds_ = subs
+        self.base_ = None  # each kind's model carries its own base
+        self.feature_names_ = sorted({n for sub in subs.values() for n in sub.feature_names_})
+        trained = {k: sub.training_ for k, sub in subs.items()}
+        self.training_ = {
+            "rows": sum(t["rows"] for t in trained.values()),
+            "devices": sorted({d for t in trained.values() for d in t["devices"]}),
+            "families": sorted({f for t in trained.values() for f in t["families"]}),
+            "date": max(t["date"] for t in trained.values()),
+            "data_hash": hashlib.sha1(
+                " ".join(t["data_hash"] for t in trained.values()).encode()
+            ).hexdigest()[:16],
+            "calibration": {k: t["calibration"] for k, t in trained.items()},
+            "base": None if base is None else base.training_,
+            "by_kind": {
+                k: {"rows": t["rows"], "devices": t["devices"]} for k, t in trained.items()
+            },
+        }
+        if skipped:
+            self.training_["kinds_not_fitted"] = skipped
         return self
 
     def _regressor(self) -> Any:
@@ -953,12 +1050,13 @@ class CostModel:
             m = self.__dict__.get(f"{which}_model_")
             level = self.__dict__.get(f"{which}_coverage_", self.coverage)
             if m is None:
+                (out / f"{which}.cbm").unlink(missing_ok=True)
                 continue
             entry: dict[str, Any]
             if isinstance(m, _Affine):
                 entry = {"affine": {"intercept": m.intercept, "slope": m.slope}}
-            elif isinstance(m, _GroupConstant):
-                entry = {"by_precision": dict(m.by_group)}
+            elif isinstance(m, _PrecisionLine):
+                entry = {"by_precision": dict(m.by_group), "log_slope": m.slope}
             elif isinstance(m, _Constant):
                 entry = {"constant": m.value}
             else:
@@ -968,12 +1066,9 @@ class CostModel:
                 (out / f"{which}.cbm").unlink(missing_ok=True)
             entry["conformal_quantile"] = getattr(self, f"{which}_q_")
             entry["coverage"] = level
-            per_kind = self.__dict__.get(f"{which}_q_kind_")
-            if per_kind:
-                entry["conformal_quantile_by_kind"] = {
-                    k: {"quantile": q, "coverage": c} for k, (q, c) in per_kind.items()
-                }
             files[which] = entry
+        for kind, sub in self._by_kind().items():
+            sub.save(out / kind)
         g2v = self.__dict__.get("graph2vec_")
         if g2v is not None:
             g2v.save(out / "graph2vec")
@@ -991,6 +1086,7 @@ class CostModel:
             "models": files,
             "graph2vec": g2v is not None,
             "base": base is not None,
+            "kinds": sorted(self._by_kind()),
             "training": self.training_,
         }
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
@@ -1022,9 +1118,10 @@ class CostModel:
             if "affine" in info:
                 m = _Affine(float(info["affine"]["intercept"]), float(info["affine"]["slope"]))
             elif "by_precision" in info:
-                m = _GroupConstant(
+                m = _PrecisionLine(
                     {str(g): float(v) for g, v in info["by_precision"].items()},
                     _group_columns(self.feature_names_),
+                    float(info.get("log_slope", 0.0)),
                 )
             elif "constant" in info:
                 m = _Constant(float(info["constant"]))
@@ -1034,14 +1131,10 @@ class CostModel:
             setattr(self, f"{which}_model_", m)
             setattr(self, f"{which}_q_", float(info["conformal_quantile"]))
             setattr(self, f"{which}_coverage_", float(info.get("coverage", self.coverage)))
-            by_kind = info.get("conformal_quantile_by_kind")
-            if by_kind:
-                setattr(
-                    self,
-                    f"{which}_q_kind_",
-                    {k: (float(v["quantile"]), float(v["coverage"])) for k, v in by_kind.items()},
-                )
         self.base_ = cls.load(root / "base") if manifest.get("base") else None
+        kinds = manifest.get("kinds") or []
+        if kinds:
+            self.kinds_ = {str(k): cls.load(root / str(k)) for k in kinds}
         if manifest.get("graph2vec"):
             from costaware.graph2vec import Graph2Vec
 
