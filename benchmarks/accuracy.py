@@ -90,9 +90,11 @@ def _predict(model: Any, feats: dict[str, float]) -> tuple[float, float, float, 
     mem_hi, secs_hi = mem, secs / (1 - 0.59)
     # the model's own corrections and bounds (trees, a line, or one factor per precision)
     if (r := model._residual("memory", x, mem)) is not None:
-        mem, mem_hi = mem * math.exp(r), mem * math.exp(r + model._q("memory", None))
+        mem = mem * math.exp(r)
+        mem_hi = model._upper("memory", mem, None)
     if (r := model._residual("time", x, secs)) is not None:
-        secs, secs_hi = secs * math.exp(r), secs * math.exp(r + model._q("time", None))
+        secs = secs * math.exp(r)
+        secs_hi = model._upper("time", secs, None)
     return mem, mem_hi, secs, secs_hi
 
 

@@ -439,6 +439,35 @@ def _row_groups(x: np.ndarray, columns: Mapping[str, int]) -> np.ndarray:
     return groups
 
 
+#: the shifts ``_shifted_quantile`` tries, as multiples of the median prediction
+_SHIFTS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def _shifted_quantile(
+    predicted: np.ndarray, measured: np.ndarray, coverage: float
+) -> tuple[float, float, float]:
+    """The shift, conformal quantile and coverage level of the narrowest upper bounds
+    ``(predicted + shift) * exp(q) - shift`` over the calibration rows.
+
+    Each candidate shift gets its own split-conformal quantile of
+    ``log((measured + shift) / (predicted + shift))``, so each covers ``coverage`` of
+    new rows; the one whose bounds are the narrowest on average (mean log of bound over
+    prediction) is kept. Choosing among seven on the same rows is a mild selection.
+    """
+    scale = float(np.median(predicted))
+    best: tuple[float, float, float, float] | None = None
+    for k in _SHIFTS:
+        shift = k * scale
+        r = np.log((measured + shift) / (predicted + shift))
+        q, level = _conformal_quantile(r, coverage)
+        upper = (predicted + shift) * math.exp(max(q, 0.0)) - shift
+        width = float(np.mean(np.log(upper / predicted)))
+        if best is None or width < best[0] - 1e-12:
+            best = (width, shift, q, level)
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
 def _conformal_quantile(residuals: np.ndarray, coverage: float) -> tuple[float, float]:
     """Split-conformal quantile and the coverage it guarantees.
 
@@ -773,10 +802,28 @@ class CostModel:
             it_hi = it / (1 - 0.59)  # the roofline ran -59%..+47% on an H200
         x = self._vector(feats)
         if (r := self._residual("memory", x, peak)) is not None:
-            peak, peak_hi = peak * math.exp(r), peak * math.exp(r + self._q("memory", kind))
+            peak = peak * math.exp(r)
+            peak_hi = self._upper("memory", peak, kind)
         if (r := self._residual("time", x, it)) is not None:
-            it, it_hi = it * math.exp(r), it * math.exp(r + self._q("time", kind))
+            it = it * math.exp(r)
+            it_hi = self._upper("time", it, kind)
         return peak, peak_hi, it, it_hi
+
+    def _upper(self, which: str, point: float, kind: str | None) -> float:
+        """The calibrated upper bound of ``which`` over the point prediction ``point``.
+
+        ``(point + shift) * exp(q) - shift``: the conformal quantile ``q`` is of the log
+        residuals of shifted values, ``log((measured + shift) / (predicted + shift))``.
+        With a shift of 0 the bound is a factor. A positive shift (chosen in ``fit`` for
+        the narrowest bounds) widens small predictions in absolute terms and narrows
+        large ones: a 100 MiB model off by 50% and a 40 GiB one off by 2% are the same
+        few hundred MiB of allocator and workspace, and as one factor the small models'
+        spread would set every large model's bound.
+        """
+        if (subs := self._by_kind()) and kind in subs:
+            return subs[kind]._upper(which, point, kind)
+        shift = float(self.__dict__.get(f"{which}_shift_", 0.0))
+        return (point + shift) * math.exp(self._q(which, kind)) - shift
 
     def _residual(self, which: str, x: np.ndarray, baseline: float) -> float | None:
         """The learned log correction of ``which`` for one feature row whose baseline
@@ -887,7 +934,8 @@ class CostModel:
                 return None
             return math.log(o.iteration_time / secs)
 
-        for which in ("memory", "time"):
+        for col, which in enumerate(("memory", "time")):
+            self.__dict__.pop(f"{which}_shift_", None)
             y = np.asarray(
                 [np.nan if (v := target(i, o, which)) is None else v for i, o in enumerate(obs)]
             )
@@ -895,8 +943,8 @@ class CostModel:
             if ok.sum() < 2:
                 continue
             if ok.sum() < SMALL_SAMPLE:
-                # memory: a line (fixed offset + factor) over the baseline; time: one factor
-                # per precision (the median ratio), a precision not measured yet keeping the
+                # memory: a line (fixed offset + factor) over the baseline; time: a line in
+                # log space per precision, a precision not measured yet keeping the
                 # baseline. Either way the bound comes from leave-one-out residuals.
                 small: Any
                 if which == "memory":
@@ -943,8 +991,11 @@ class CostModel:
                 model = self._regressor()
                 model.fit(x_all[train], y[train])
                 fitted = model.predict(x_all[cal])
-            resid = y[cal] - fitted
-            q, level = _conformal_quantile(resid, self.coverage)
+            predicted = baselines[cal, col] * np.exp(fitted)
+            shift, q, level = _shifted_quantile(
+                predicted, baselines[cal, col] * np.exp(y[cal]), self.coverage
+            )
+            setattr(self, f"{which}_shift_", shift)
             setattr(self, f"{which}_model_", model)
             setattr(self, f"{which}_q_", q)
             setattr(self, f"{which}_coverage_", level)
@@ -1065,6 +1116,7 @@ class CostModel:
             if "file" not in entry:  # no trees: a stale .cbm of an earlier fit must not linger
                 (out / f"{which}.cbm").unlink(missing_ok=True)
             entry["conformal_quantile"] = getattr(self, f"{which}_q_")
+            entry["shift"] = float(self.__dict__.get(f"{which}_shift_", 0.0))
             entry["coverage"] = level
             files[which] = entry
         for kind, sub in self._by_kind().items():
@@ -1130,6 +1182,7 @@ class CostModel:
                 m.load_model(str(root / info["file"]), format="cbm")
             setattr(self, f"{which}_model_", m)
             setattr(self, f"{which}_q_", float(info["conformal_quantile"]))
+            setattr(self, f"{which}_shift_", float(info.get("shift", 0.0)))
             setattr(self, f"{which}_coverage_", float(info.get("coverage", self.coverage)))
         self.base_ = cls.load(root / "base") if manifest.get("base") else None
         kinds = manifest.get("kinds") or []
