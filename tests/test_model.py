@@ -450,3 +450,32 @@ def test_memory_line_learns_offset_and_factor_and_saves_without_trees(
     assert loaded._point(feats, "cuda")[0] == pytest.approx(est, rel=0.01)
     with pytest.raises(ValueError, match="memory_model"):
         ca.CostModel(memory_model="forest")
+
+
+def test_bounds_follow_an_additive_error_without_widening_large_predictions() -> None:
+    """Measured = predicted + up to 200 MiB (allocator slack, workspaces): as one factor,
+    a 10 MiB model's spread would put every 10 GiB model's bound at 20x. The shifted
+    quantile keeps the large bounds tight and still covers new rows."""
+    from costaware.model import _shifted_quantile
+
+    rng = np.random.default_rng(0)
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        predicted = np.exp(rng.uniform(math.log(10 * MiB), math.log(10 * 1024 * MiB), n))
+        return predicted, predicted + rng.uniform(0, 200 * MiB, n)
+
+    predicted, measured = draw(200)
+    shift, q, level = _shifted_quantile(predicted, measured, 0.95)
+    assert shift > 0 and level == 0.95
+
+    def upper(p: np.ndarray) -> np.ndarray:
+        return (p + shift) * math.exp(q) - shift
+
+    big = 10 * 1024 * MiB
+    assert upper(np.asarray([big]))[0] < 1.1 * big
+    p_new, m_new = draw(4000)
+    assert np.mean(m_new <= upper(p_new)) >= 0.93  # conformal: about 95% of new rows
+    # with no shift (one factor) the same coverage costs a far wider large-model bound
+    r = np.log(measured / predicted)
+    q0 = float(np.sort(r)[math.ceil(201 * 0.95) - 1])
+    assert math.exp(q0) > 5.0

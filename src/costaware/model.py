@@ -440,32 +440,46 @@ def _row_groups(x: np.ndarray, columns: Mapping[str, int]) -> np.ndarray:
 
 
 #: the shifts ``_shifted_quantile`` tries, as multiples of the median prediction
-_SHIFTS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0)
+_SHIFTS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+#: calibration rows below which the bound is one factor (no shift is chosen)
+_MIN_SHIFT_ROWS = 20
 
 
 def _shifted_quantile(
-    predicted: np.ndarray, measured: np.ndarray, coverage: float
+    predicted: np.ndarray, measured: np.ndarray, coverage: float, seed: int = 0
 ) -> tuple[float, float, float]:
-    """The shift, conformal quantile and coverage level of the narrowest upper bounds
+    """The shift, conformal quantile and coverage level of upper bounds
     ``(predicted + shift) * exp(q) - shift`` over the calibration rows.
 
-    Each candidate shift gets its own split-conformal quantile of
-    ``log((measured + shift) / (predicted + shift))``, so each covers ``coverage`` of
-    new rows; the one whose bounds are the narrowest on average (mean log of bound over
-    prediction) is kept. Choosing among seven on the same rows is a mild selection.
+    The rows are split in two at random. On the first half, each candidate shift gets
+    the split-conformal quantile of ``log((measured + shift) / (predicted + shift))``,
+    and the shift whose bounds are the narrowest on average (mean log of bound over
+    prediction) is chosen; the quantile is then taken on the second half alone, which
+    played no part in the choice, so the bound keeps its coverage. With fewer than
+    ``_MIN_SHIFT_ROWS`` rows there is no choice to make: shift 0, every row.
     """
+    if len(predicted) < _MIN_SHIFT_ROWS:
+        q, level = _conformal_quantile(np.log(measured / predicted), coverage)
+        return 0.0, q, level
+    order = np.random.default_rng(seed).permutation(len(predicted))
+    choose, keep = order[: len(order) // 2], order[len(order) // 2 :]
     scale = float(np.median(predicted))
-    best: tuple[float, float, float, float] | None = None
+    best: tuple[float, float] | None = None
     for k in _SHIFTS:
         shift = k * scale
-        r = np.log((measured + shift) / (predicted + shift))
-        q, level = _conformal_quantile(r, coverage)
-        upper = (predicted + shift) * math.exp(max(q, 0.0)) - shift
-        width = float(np.mean(np.log(upper / predicted)))
+        p, m = predicted[choose], measured[choose]
+        q, _ = _conformal_quantile(np.log((m + shift) / (p + shift)), coverage)
+        upper = (p + shift) * math.exp(max(q, 0.0)) - shift
+        width = float(np.mean(np.log(upper / p)))
         if best is None or width < best[0] - 1e-12:
-            best = (width, shift, q, level)
+            best = (width, shift)
     assert best is not None
-    return best[1], best[2], best[3]
+    shift = best[1]
+    p, m = predicted[keep], measured[keep]
+    q, level = _conformal_quantile(np.log((m + shift) / (p + shift)), coverage)
+    return shift, q, level
 
 
 def _conformal_quantile(residuals: np.ndarray, coverage: float) -> tuple[float, float]:
@@ -993,7 +1007,7 @@ class CostModel:
                 fitted = model.predict(x_all[cal])
             predicted = baselines[cal, col] * np.exp(fitted)
             shift, q, level = _shifted_quantile(
-                predicted, baselines[cal, col] * np.exp(y[cal]), self.coverage
+                predicted, baselines[cal, col] * np.exp(y[cal]), self.coverage, self.random_state
             )
             setattr(self, f"{which}_shift_", shift)
             setattr(self, f"{which}_model_", model)
