@@ -479,3 +479,23 @@ def test_bounds_follow_an_additive_error_without_widening_large_predictions() ->
     r = np.log(measured / predicted)
     q0 = float(np.sort(r)[math.ceil(201 * 0.95) - 1])
     assert math.exp(q0) > 5.0
+
+
+def test_dispatch_baseline_recovers_a_cpu_bound_and_a_gpu_bound_regime() -> None:
+    """Steps of many tiny kernels take their dispatch time, steps of large kernels their
+    kernel time: the fitted baseline recovers both regimes from whole-model timings."""
+    from costaware.analytic import LAUNCH_OVERHEAD_S, STEP_OVERHEAD_S
+    from costaware.model import _Dispatch
+
+    rng = np.random.default_rng(1)
+    kernels = rng.integers(50, 3000, 120).astype(float)
+    kernel_ms = np.exp(rng.uniform(np.log(0.05), np.log(200.0), 120))
+    truth = _Dispatch(gpu=0.8, dispatch_ms=0.012, step_ms=0.3)
+    op_sum = kernel_ms + 1e3 * (STEP_OVERHEAD_S["cuda"] + LAUNCH_OVERHEAD_S["cuda"] * kernels)
+    measured_s = truth._ms(op_sum, kernels) / 1e3 * np.exp(rng.normal(0, 0.03, 120))
+    fitted = _Dispatch.fit(np.column_stack([op_sum, kernels, measured_s]))
+    assert fitted.gpu == pytest.approx(0.8, rel=0.1)
+    assert fitted.dispatch_ms == pytest.approx(0.012, rel=0.15)
+    # 2,000 kernels of next to nothing: the step is their dispatch, not their sum
+    tiny = fitted.seconds(1e3 * STEP_OVERHEAD_S["cuda"] + 5.0, 2000.0)
+    assert tiny == pytest.approx((0.012 * 2000 + 0.3) / 1e3, rel=0.15)
