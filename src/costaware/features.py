@@ -97,7 +97,8 @@ _GROUP_MEMBERS: dict[str, Iterable[str]] = {
     "copy_bwd": ("upsample_nearest2d_backward", "upsample_bilinear2d_backward", "slice_backward",
                  "select_backward", "as_strided_scatter", "slice_scatter", "select_scatter"),
     "rnn": ("_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm", "gru", "mkldnn_rnn_layer",
-            "_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_gru_cell_backward", "mkldnn_rnn_layer_backward"),
+            "_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_gru_cell_backward", "mkldnn_rnn_layer_backward",
+            "rnn", "rnn_backward"),  # the last two: costaware::rnn, a fused (cuDNN) layer
 }  # fmt: skip
 for _group, _members in _GROUP_MEMBERS.items():
     for _m in _members:

@@ -3,7 +3,9 @@
 FLOPs come from PyTorch's own ``torch.utils.flop_counter`` registry (matmul, conv, the
 CUDA attention kernels, in forward and backward), plus formulas it lacks on a CPU trace:
 ``_scaled_dot_product_flash_attention_for_cpu`` and its backward, without which attention
-counts as zero FLOPs on a CPU-only machine. An op without a formula counts 0 FLOPs and is
+counts as zero FLOPs on a CPU-only machine, and the fused recurrent layer
+(``costaware::rnn`` and ``costaware::rnn_backward``, see :mod:`costaware.trace`), costed as
+:mod:`costaware.opbench` costs its LSTM (:func:`rnn_flops`). An op without a formula counts 0 FLOPs and is
 costed by the bytes it moves; an op whose formula fails is counted by the caller, never
 fatal (fvcore's rule).
 """
@@ -21,10 +23,14 @@ __all__ = [
     "CONV",
     "MATMUL",
     "MEMORY",
+    "RNN_GATES",
     "VIEW",
     "count_flops",
     "op_class",
     "register_flop_formula",
+    "rnn_backward_formula",
+    "rnn_flops",
+    "rnn_formula",
 ]
 
 aten = torch.ops.aten
@@ -58,6 +64,67 @@ for _name, _f in (
     if hasattr(aten, _name):
         register_flop_formula(getattr(aten, _name), _f)
 
+#: gates per recurrent cell, by cuDNN mode name (as ``torch._VF`` names the RNN functions)
+RNN_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+# elementwise FLOPs per hidden unit and time step: the LSTM's 10 are opbench's; GRU: three
+# activations, r*hn, +xn, (1-z)*n + z*h; plain RNN: the bias add and the activation
+_RNN_POINTWISE = {"lstm": 10, "gru": 9, "rnn_tanh": 2, "rnn_relu": 2}
+
+
+def rnn_flops(
+    mode: str, seq: int, batch: int, input_size: int, hidden: int, directions: int = 1
+) -> int:
+    """Forward FLOPs of one recurrent layer: ``2*T*B*G*H*(I+H) + c*T*B*H`` per direction.
+
+    ``G`` gates (4 LSTM, 3 GRU, 1 RNN) and ``c`` elementwise FLOPs per unit and step; for an
+    LSTM this is the formula :mod:`costaware.opbench` gives its measured ``lstm`` op.
+    """
+    g = RNN_GATES[mode]
+    per = 2 * seq * batch * g * hidden * (input_size + hidden)
+    return directions * (per + _RNN_POINTWISE[mode] * seq * batch * hidden)
+
+
+def rnn_formula(
+    input: Any,
+    weights: Any,
+    hx: Any,
+    cx: Any,
+    mode: str,
+    bidirectional: bool,
+    *args: Any,
+    out_val: Any = None,
+    **kwargs: Any,
+) -> int:
+    """FLOPs of ``costaware::rnn`` (one layer, time-major input ``(T, B, I)``)."""
+    t, b, i = input.shape
+    return rnn_flops(mode, int(t), int(b), int(i), int(hx.shape[-1]), 2 if bidirectional else 1)
+
+
+def rnn_backward_formula(
+    input: Any,
+    weights: Any,
+    hx: Any,
+    cx: Any,
+    output: Any,
+    reserve: Any,
+    grad_output: Any,
+    grad_hy: Any,
+    grad_cy: Any,
+    mode: str,
+    bidirectional: bool,
+    need_weights: bool,
+    *args: Any,
+    out_val: Any = None,
+    **kwargs: Any,
+) -> int:
+    """FLOPs of ``costaware::rnn_backward``: the data gradient, and the weights' if needed.
+
+    Each costs the forward's FLOPs, which makes the whole backward ``2f`` as opbench's.
+    """
+    f = rnn_formula(input, weights, hx, cx, mode, bidirectional)
+    return 2 * f if need_weights else f
+
+
 #: Ops whose time is bound by arithmetic (matmul, convolution, attention, recurrent cells).
 COMPUTE_OPS = frozenset(
     {
@@ -87,6 +154,8 @@ COMPUTE_OPS = frozenset(
         "gru",
         "mkldnn_rnn_layer",
         "mkldnn_rnn_layer_backward",
+        "rnn",  # costaware::rnn, the fused (cuDNN) recurrent layer of a GPU dry run
+        "rnn_backward",
     }
 )
 
