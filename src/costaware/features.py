@@ -17,7 +17,8 @@ trained on one version refuses features of another.
 - **Op-level time** (version 2): ``optime_*``, the per-kernel GPU times of
   :mod:`costaware.optime` summed over the trace (added by ``model.features_for`` when the
   model has an op model; NaN on a CPU). Version 2 also traces attention as a fused kernel
-  for CUDA targets.
+  for CUDA targets; version 3 traces recurrent layers (nn.LSTM / GRU / RNN) as fused cuDNN
+  kernels for CUDA targets too (``costaware::rnn`` and ``rnn_backward``, group "rnn").
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "2"
+FEATURE_VERSION = "3"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}
