@@ -91,10 +91,10 @@ def _predict(model: Any, feats: dict[str, float]) -> tuple[float, float, float, 
     # the model's own corrections and bounds (trees, a line, or one factor per precision)
     if (r := model._residual("memory", x, mem)) is not None:
         mem = mem * math.exp(r)
-        mem_hi = model._upper("memory", mem, None)
+        mem_hi = model._upper("memory", mem, None, feats)
     if (r := model._residual("time", x, secs)) is not None:
         secs = secs * math.exp(r)
-        secs_hi = model._upper("time", secs, None)
+        secs_hi = model._upper("time", secs, None, feats)
     return mem, mem_hi, secs, secs_hi
 
 
@@ -223,15 +223,20 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
         "",
         "For each family the model is fitted on all the other families of the same device kind "
         f"(CatBoost, {meta['iterations']} trees, split-conformal bounds at 95%) and predicts the "
-        "held-out family from its dry-run features. MRE = mean |predicted - measured| / measured. "
+        "held-out family from its dry-run features. The bounds are the conformal quantile of "
+        "log((measured + shift) / (predicted + shift)), the shift chosen on half of the "
+        "calibration rows and the quantile taken on the other half. "
+        "MRE = mean |predicted - measured| / measured. "
         "`analytic` is the unfitted baseline (simulated allocator peak, roofline time). "
         "Coverage is the share of rows at or below the upper bound (nominal 95%).",
         "",
-        "GPU dry runs trace attention as one fused (flash) kernel, as the GPU runs it. "
+        "GPU dry runs trace attention as one fused (flash) kernel and recurrent layers as "
+        "fused cuDNN kernels, as the GPU runs them. "
         + (
             "The time residual is learned over the op-level sum (`costaware.optime`: per-kernel "
             "times learned from the per-op H100 timings, fitted on op rows only) where there is "
-            "one, i.e. on GPUs; over the roofline on CPUs."
+            "one, i.e. on GPUs, combined as max(kernel sum, kernels x dispatch) + step with "
+            "three constants fitted on each fold's training rows; over the roofline on CPUs."
             if meta.get("time_baseline") == "optime"
             else "The time residual is learned over the roofline time."
         ),

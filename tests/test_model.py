@@ -499,3 +499,45 @@ def test_dispatch_baseline_recovers_a_cpu_bound_and_a_gpu_bound_regime() -> None
     # 2,000 kernels of next to nothing: the step is their dispatch, not their sum
     tiny = fitted.seconds(1e3 * STEP_OVERHEAD_S["cuda"] + 5.0, 2000.0)
     assert tiny == pytest.approx((0.012 * 2000 + 0.3) / 1e3, rel=0.15)
+
+
+def test_models_with_convolutions_get_their_own_bound() -> None:
+    """cuDNN's workspace makes convolutional models' peaks scatter; models without
+    convolutions are predicted tightly. Calibrated together, the MLPs would inherit the
+    CNNs' spread; apart, each group's bound follows its own residuals."""
+    from costaware import zoo
+
+    model = ca.CostModel(iterations=50, depth=2, calibration_fraction=0.5)
+    rng = np.random.default_rng(3)
+    obs = []
+    for fam in range(10):
+        for bs in range(8, 168, 8):
+            cnn = ca.TrainingSpec(
+                model=functools.partial(tiny_cnn, width=4 + 2 * fam),
+                batch=ca.ImageBatch((3, 32, 32), classes=10),
+                batch_size=bs,
+            )
+            mlp = ca.TrainingSpec(
+                model=functools.partial(zoo.mlp, 64, (32 + 16 * fam,), 10),
+                batch=ca.ImageBatch((64,), classes=10),
+                batch_size=bs,
+            )
+            for spec, name, spread in ((cnn, f"cnn{fam}", 1.5), (mlp, f"mlp{fam}", 0.02)):
+                feats = model.features(spec, "H100")
+                factor = 1.0 + rng.uniform(0.0, spread)
+                peak = feats["analytic_reserved_mib"] * MiB * factor
+                obs.append(
+                    Observation(features=feats, device="H100-SXM", peak_memory=peak, family=name)
+                )
+    model.fit(obs)
+    assert set(model.memory_bounds_) == {"conv", "other"}
+    for spec_model, batch in (
+        (functools.partial(tiny_cnn, width=9), ca.ImageBatch((3, 32, 32), classes=10)),
+        (functools.partial(zoo.mlp, 64, (100,), 10), ca.ImageBatch((64,), classes=10)),
+    ):
+        p = model.predict(ca.TrainingSpec(model=spec_model, batch=batch, batch_size=50), "H100")
+        ratio = p.peak_memory_upper / p.peak_memory
+        if "mlp" in str(spec_model):
+            assert ratio < 1.15  # the MLPs' own 2% spread, not the CNNs' 150%
+        else:
+            assert ratio > 1.5

@@ -495,6 +495,26 @@ def _row_groups(x: np.ndarray, columns: Mapping[str, int]) -> np.ndarray:
 _SHIFTS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
 
+#: calibration rows a bound group needs for a bound of its own (else the pooled one)
+_MIN_GROUP_ROWS = 40
+
+
+def _bound_group(feats: Mapping[str, float]) -> str:
+    """The calibration group of a feature row: models with convolutions ("conv") carry
+    cuDNN's workspace choice (errors of up to several GiB on the H100 data), the others
+    do not ("other"); each group gets its own bound when it has the rows for one."""
+    conv = feats.get("layers_conv", 0.0)
+    return "conv" if conv == conv and conv > 0 else "other"
+
+
+def _bound_groups(x: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    """``_bound_group`` of each row of the feature matrix ``x``."""
+    if "layers_conv" not in names:
+        return np.full(len(x), "other")
+    conv = x[:, list(names).index("layers_conv")]
+    return np.where(np.nan_to_num(conv) > 0, "conv", "other")
+
+
 #: calibration rows below which the bound is one factor (no shift is chosen)
 _MIN_SHIFT_ROWS = 20
 
@@ -869,13 +889,19 @@ class CostModel:
         x = self._vector(feats)
         if (r := self._residual("memory", x, peak)) is not None:
             peak = peak * math.exp(r)
-            peak_hi = self._upper("memory", peak, kind)
+            peak_hi = self._upper("memory", peak, kind, feats)
         if (r := self._residual("time", x, it)) is not None:
             it = it * math.exp(r)
-            it_hi = self._upper("time", it, kind)
+            it_hi = self._upper("time", it, kind, feats)
         return peak, peak_hi, it, it_hi
 
-    def _upper(self, which: str, point: float, kind: str | None) -> float:
+    def _upper(
+        self,
+        which: str,
+        point: float,
+        kind: str | None,
+        feats: Mapping[str, float] | None = None,
+    ) -> float:
         """The calibrated upper bound of ``which`` over the point prediction ``point``.
 
         ``(point + shift) * exp(q) - shift``: the conformal quantile ``q`` is of the log
@@ -884,12 +910,17 @@ class CostModel:
         the narrowest bounds) widens small predictions in absolute terms and narrows
         large ones: a 100 MiB model off by 50% and a 40 GiB one off by 2% are the same
         few hundred MiB of allocator and workspace, and as one factor the small models'
-        spread would set every large model's bound.
+        spread would set every large model's bound. Models with and without convolutions
+        are calibrated apart when each has the rows for it (``_bound_group``).
         """
         if (subs := self._by_kind()) and kind in subs:
-            return subs[kind]._upper(which, point, kind)
-        shift = float(self.__dict__.get(f"{which}_shift_", 0.0))
-        return (point + shift) * math.exp(self._q(which, kind)) - shift
+            return subs[kind]._upper(which, point, kind, feats)
+        groups: dict[str, tuple[float, float, float]] = self.__dict__.get(f"{which}_bounds_", {})
+        if feats is not None and (g := groups.get(_bound_group(feats))) is not None:
+            shift, q = g[0], max(0.0, g[1])
+        else:
+            shift, q = float(self.__dict__.get(f"{which}_shift_", 0.0)), self._q(which, kind)
+        return (point + shift) * math.exp(q) - shift
 
     def _residual(self, which: str, x: np.ndarray, baseline: float) -> float | None:
         """The learned log correction of ``which`` for one feature row whose baseline
@@ -1070,10 +1101,22 @@ class CostModel:
                 model.fit(x_all[train], y[train])
                 fitted = model.predict(x_all[cal])
             predicted = baselines[cal, col] * np.exp(fitted)
+            measured = baselines[cal, col] * np.exp(y[cal])
             shift, q, level = _shifted_quantile(
-                predicted, baselines[cal, col] * np.exp(y[cal]), self.coverage, self.random_state
+                predicted, measured, self.coverage, self.random_state
             )
             setattr(self, f"{which}_shift_", shift)
+            groups = _bound_groups(x_all[cal], names)
+            by_group = {
+                g: _shifted_quantile(
+                    predicted[groups == g], measured[groups == g], self.coverage, self.random_state
+                )
+                for g in np.unique(groups).tolist()
+                if np.sum(groups == g) >= _MIN_GROUP_ROWS
+            }
+            self.__dict__.pop(f"{which}_bounds_", None)
+            if len(by_group) > 1:
+                setattr(self, f"{which}_bounds_", by_group)
             setattr(self, f"{which}_model_", model)
             setattr(self, f"{which}_q_", q)
             setattr(self, f"{which}_coverage_", level)
@@ -1195,6 +1238,11 @@ class CostModel:
                 (out / f"{which}.cbm").unlink(missing_ok=True)
             entry["conformal_quantile"] = getattr(self, f"{which}_q_")
             entry["shift"] = float(self.__dict__.get(f"{which}_shift_", 0.0))
+            if bounds := self.__dict__.get(f"{which}_bounds_"):
+                entry["bounds_by_group"] = {
+                    g: {"shift": b[0], "quantile": b[1], "coverage": b[2]}
+                    for g, b in bounds.items()
+                }
             entry["coverage"] = level
             files[which] = entry
         for kind, sub in self._by_kind().items():
@@ -1262,6 +1310,15 @@ class CostModel:
             setattr(self, f"{which}_model_", m)
             setattr(self, f"{which}_q_", float(info["conformal_quantile"]))
             setattr(self, f"{which}_shift_", float(info.get("shift", 0.0)))
+            if bounds := info.get("bounds_by_group"):
+                setattr(
+                    self,
+                    f"{which}_bounds_",
+                    {
+                        str(g): (float(b["shift"]), float(b["quantile"]), float(b["coverage"]))
+                        for g, b in bounds.items()
+                    },
+                )
             setattr(self, f"{which}_coverage_", float(info.get("coverage", self.coverage)))
         self.base_ = cls.load(root / "base") if manifest.get("base") else None
         if manifest.get("dispatch"):
