@@ -465,7 +465,7 @@ def test_bounds_follow_an_additive_error_without_widening_large_predictions() ->
         return predicted, predicted + rng.uniform(0, 200 * MiB, n)
 
     predicted, measured = draw(200)
-    shift, q, level = _shifted_quantile(predicted, measured, 0.95)
+    shift, q, level = _shifted_quantile((predicted, measured), draw(200), 0.95)
     assert shift > 0 and level == 0.95
 
     def upper(p: np.ndarray) -> np.ndarray:

@@ -496,7 +496,7 @@ _SHIFTS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
 
 #: calibration rows a bound group needs for a bound of its own (else the pooled one)
-_MIN_GROUP_ROWS = 40
+_MIN_GROUP_ROWS = 20
 
 
 def _bound_group(feats: Mapping[str, float]) -> str:
@@ -515,42 +515,43 @@ def _bound_groups(x: np.ndarray, names: Sequence[str]) -> np.ndarray:
     return np.where(np.nan_to_num(conv) > 0, "conv", "other")
 
 
-#: calibration rows below which the bound is one factor (no shift is chosen)
+#: training rows below which the bound is one factor (no shift is chosen)
 _MIN_SHIFT_ROWS = 20
 
 
 def _shifted_quantile(
-    predicted: np.ndarray, measured: np.ndarray, coverage: float, seed: int = 0
+    calibration: tuple[np.ndarray, np.ndarray],
+    training: tuple[np.ndarray, np.ndarray],
+    coverage: float,
 ) -> tuple[float, float, float]:
     """The shift, conformal quantile and coverage level of upper bounds
-    ``(predicted + shift) * exp(q) - shift`` over the calibration rows.
+    ``(predicted + shift) * exp(q) - shift``, from (predicted, measured) rows.
 
-    The rows are split in two at random. On the first half, each candidate shift gets
-    the split-conformal quantile of ``log((measured + shift) / (predicted + shift))``,
-    and the shift whose bounds are the narrowest on average (mean log of bound over
-    prediction) is chosen; the quantile is then taken on the second half alone, which
+    The shift is chosen on the training rows (their in-sample predictions): among
+    multiples of their median prediction, the one whose bounds would be narrowest on
+    average (mean log of bound over prediction) at their own ``coverage`` quantile. Only
+    the shape of the error (a factor, an offset, or between) is taken from them. The
+    quantile is then the split-conformal one of
+    ``log((measured + shift) / (predicted + shift))`` over the calibration rows, which
     played no part in the choice, so the bound keeps its coverage. With fewer than
-    ``_MIN_SHIFT_ROWS`` rows there is no choice to make: shift 0, every row.
+    ``_MIN_SHIFT_ROWS`` training rows the shift is 0 (a factor).
     """
-    if len(predicted) < _MIN_SHIFT_ROWS:
-        q, level = _conformal_quantile(np.log(measured / predicted), coverage)
-        return 0.0, q, level
-    order = np.random.default_rng(seed).permutation(len(predicted))
-    choose, keep = order[: len(order) // 2], order[len(order) // 2 :]
-    scale = float(np.median(predicted))
-    best: tuple[float, float] | None = None
-    for k in _SHIFTS:
-        shift = k * scale
-        p, m = predicted[choose], measured[choose]
-        q, _ = _conformal_quantile(np.log((m + shift) / (p + shift)), coverage)
-        upper = (p + shift) * math.exp(max(q, 0.0)) - shift
-        width = float(np.mean(np.log(upper / p)))
-        if best is None or width < best[0] - 1e-12:
-            best = (width, shift)
-    assert best is not None
-    shift = best[1]
-    p, m = predicted[keep], measured[keep]
-    q, level = _conformal_quantile(np.log((m + shift) / (p + shift)), coverage)
+    predicted, measured = training
+    shift = 0.0
+    if len(predicted) >= _MIN_SHIFT_ROWS:
+        scale = float(np.median(predicted))
+        best: tuple[float, float] | None = None
+        for k in _SHIFTS:
+            c = k * scale
+            q, _ = _conformal_quantile(np.log((measured + c) / (predicted + c)), coverage)
+            upper = (predicted + c) * math.exp(max(q, 0.0)) - c
+            width = float(np.mean(np.log(upper / predicted)))
+            if best is None or width < best[0] - 1e-12:
+                best = (width, c)
+        assert best is not None
+        shift = best[1]
+    predicted, measured = calibration
+    q, level = _conformal_quantile(np.log((measured + shift) / (predicted + shift)), coverage)
     return shift, q, level
 
 
@@ -1093,26 +1094,31 @@ class CostModel:
                 bases = baselines[:, 0]
                 model = _fit_affine(bases[train], bases[train] * np.exp(y[train]))
                 fitted = np.asarray([model.correction(b) for b in bases[cal]])
+                fitted_train = np.asarray([model.correction(b) for b in bases[train]])
             elif float(np.ptp(y[train])) < 1e-12:  # CatBoost refuses constant targets
                 model = _Constant(float(y[train][0]))
                 fitted = model.predict(x_all[cal])
+                fitted_train = model.predict(x_all[train])
             else:
                 model = self._regressor()
                 model.fit(x_all[train], y[train])
                 fitted = model.predict(x_all[cal])
-            predicted = baselines[cal, col] * np.exp(fitted)
-            measured = baselines[cal, col] * np.exp(y[cal])
-            shift, q, level = _shifted_quantile(
-                predicted, measured, self.coverage, self.random_state
-            )
+                fitted_train = model.predict(x_all[train])
+            per_row = baselines[:, col]
+            cal_rows = (per_row[cal] * np.exp(fitted), per_row[cal] * np.exp(y[cal]))
+            train_rows = (per_row[train] * np.exp(fitted_train), per_row[train] * np.exp(y[train]))
+            shift, q, level = _shifted_quantile(cal_rows, train_rows, self.coverage)
             setattr(self, f"{which}_shift_", shift)
-            groups = _bound_groups(x_all[cal], names)
+            in_cal = _bound_groups(x_all[cal], names)
+            in_train = _bound_groups(x_all[train], names)
             by_group = {
                 g: _shifted_quantile(
-                    predicted[groups == g], measured[groups == g], self.coverage, self.random_state
+                    (cal_rows[0][in_cal == g], cal_rows[1][in_cal == g]),
+                    (train_rows[0][in_train == g], train_rows[1][in_train == g]),
+                    self.coverage,
                 )
-                for g in np.unique(groups).tolist()
-                if np.sum(groups == g) >= _MIN_GROUP_ROWS
+                for g in np.unique(in_cal).tolist()
+                if np.sum(in_cal == g) >= _MIN_GROUP_ROWS
             }
             self.__dict__.pop(f"{which}_bounds_", None)
             if len(by_group) > 1:
