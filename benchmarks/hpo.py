@@ -286,6 +286,7 @@ class Bench:
     startup: int
     progress: Callable[[str], None] = lambda _: None
     actuals: str = "callback"
+    time_bound: str = "upper"
     checks_s: float = 0.0  # uncharged ground-truth runs (oracle probes, false-rejection checks)
     notes: list[str] = field(default_factory=list)
     models: list[str] = field(default_factory=list)  # the shipped model, as each seed found it
@@ -298,7 +299,11 @@ def run_arm(bench: Bench, arm: str, seed: int) -> dict[str, Any]:
     import costaware as ca
 
     records: list[dict[str, Any]] = []
-    budget = ca.Budget(max_memory=bench.max_memory, max_epoch_time=bench.max_epoch_time)
+    budget = ca.Budget(
+        max_memory=bench.max_memory,
+        max_epoch_time=bench.max_epoch_time,
+        time_bound=bench.time_bound,
+    )
     pruner: Any = None
     store: Any = None
     store_url = None
@@ -1169,6 +1174,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="how the costaware arm records what its trials cost: costaware's Lightning "
         "callback (as shipped), or the benchmark's own address-space peak per trial",
     )
+    parser.add_argument(
+        "--time-bound",
+        choices=("upper", "point"),
+        default="upper",
+        help="what the costaware arm checks the epoch-time budget against: the upper bound "
+        "(the default Budget) or the point prediction (Budget(time_bound='point')); memory "
+        "is always checked at the upper bound",
+    )
     parser.add_argument("--out", default=None, help="write the Markdown report here")
     parser.add_argument("--json", default=None, help="write every figure and trial here")
     parser.add_argument("--workdir", default=None, help="stores and caches (default: temp dir)")
@@ -1256,6 +1269,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.max_epoch_time = max_epoch_time
     budget_text = (
         f"max_memory {args.max_memory} (cap: {fmt_mib(limit)} of address space), {time_note}"
+        + (
+            "; costaware checks the epoch time at its point prediction"
+            if args.time_bound == "point"
+            else ""
+        )
     )
     print(f"baseline {fmt_mib(baseline)}; {budget_text}; OOM check: {oom_check}", flush=True)
     truth = GroundTruth(Path(args.cache) if args.cache else workdir / "ground_truth.json")
@@ -1269,6 +1287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         trials=args.trials,
         startup=args.startup,
         actuals=args.actuals,
+        time_bound=args.time_bound,
     )
     seeds = list(range(args.seeds))
     results: list[dict[str, dict[str, Any]]] = []
