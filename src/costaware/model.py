@@ -306,8 +306,8 @@ _MIN_SLOPE_PAIRS = 3
 class _PrecisionLine:
     """``log(measured / baseline) = a[precision] + slope * log(baseline)``.
 
-    One intercept per precision and one slope shared by all, from a few dozen
-    measurements (see ``fit``). The slope follows how the measured/estimated ratio drifts
+    One intercept per precision and one slope shared by all, from a handful of
+    measurements (fewer than ``SMALL_SAMPLE``, see ``fit``). The slope follows how the measured/estimated ratio drifts
     with size: a small model's step is mostly fixed costs that the estimate under-counts,
     a large one's mostly kernels. With slope 0 it is one factor per precision. A row of a
     precision with no measurement predicts NaN: the caller keeps its baseline (the
@@ -386,7 +386,8 @@ class _Dispatch:
 
     The op-level sum (:mod:`costaware.optime`) adds a fixed launch cost to every kernel.
     But an eager step is two pipelines: the CPU dispatches ops (framework and autograd
-    overhead, about 10 us each) while the GPU runs them. A step of many tiny kernels
+    overhead per op; fitted at about 45 us per traced kernel on the H100 rows) while the
+    GPU runs them. A step of many tiny kernels
     takes its dispatch time, one of large kernels its kernel time; adding both
     over-counted small models about 2x (MLPs, and whatever runs in small batches). The
     three constants are fitted on whole-model timings (the training rows of ``fit``),
