@@ -20,6 +20,7 @@ from costaware.integrations.optuna import (
     CostAwareWarning,
     admit,
 )
+from costaware.store import ObservationStore
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 BUDGET = ca.Budget(max_memory="1.25GiB", max_epoch_time="1h")
@@ -230,3 +231,40 @@ def test_two_processes_share_a_sqlite_study(tmp_path: Path) -> None:
     assert any(t.state == TrialState.PRUNED for t in study.trials) or all(
         t.params["width"] != 8192 for t in study.trials
     )
+
+
+def test_trials_say_whether_the_shipped_model_or_a_refit_predicted(tmp_path: Path) -> None:
+    """``costaware:refit_rows`` is 0 until the online refit has been fitted on the study's
+    measured trials, then the number of trials it was fitted on."""
+    store = ObservationStore(f"sqlite:///{tmp_path / 'obs.db'}")
+    pruner = CostAwarePruner(spec_fn, BUDGET, device="T4", store=store, refit_every=2)
+    study = optuna.create_study(study_name="refit-rows", pruner=pruner)
+    refit = pruner.refit
+    assert refit is not None
+    refit.background = False  # refit inside the pruner call, so the next trial sees it
+
+    def measured_objective(trial: optuna.Trial) -> float:
+        trial.suggest_categorical("width", [64, 128])  # both fit the budget
+        trial.suggest_categorical("batch_size", [16, 256])
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+        feats = pruner._gate.model().features(spec_fn(trial.params), "T4")
+        store.record_measurement(
+            study="refit-rows",
+            trial=trial.number,
+            device="T4",
+            status="ok",
+            actual={
+                "peak_memory": feats["analytic_reserved_mib"] * 2**20 * 1.2,
+                "iteration_time": feats["analytic_time_ms"] / 1e3 * 1.5,
+                "epoch_time": feats["analytic_time_ms"] / 1e3 * 1.5 * 625,
+            },
+        )
+        return 0.0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study.optimize(measured_objective, n_trials=6)
+    rows = [t.user_attrs["costaware:refit_rows"] for t in study.trials]
+    assert rows[0] == 0 and rows[1] == 0
+    assert max(rows) >= 2 and rows == sorted(rows)

@@ -182,6 +182,12 @@ class Gate:
                 "trial_time": pred.trial_time,
                 "device": pred.device,
                 "model": pred.kind,
+                # rows of this study the model in use was refitted on (0: the shipped model)
+                "refit_rows": (
+                    int(model.training_.get("rows", 0))
+                    if model is not None and self.refit is not None and model is not self.refit.base
+                    else 0
+                ),
                 "latency_ms": round(pred.latency_s * 1e3, 2),
             }
             status = "admitted" if admit else "rejected"
