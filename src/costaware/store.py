@@ -37,6 +37,7 @@ import importlib.util
 import math
 import os
 import pathlib
+import sqlite3
 import statistics
 import threading
 import time
@@ -629,7 +630,7 @@ def _sqlite_events(engine: Engine, *, wal: bool) -> None:
         try:
             cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
             if wal:
-                cursor.execute("PRAGMA journal_mode = WAL")
+                _set_wal(cursor)
                 # in WAL mode, NORMAL still commits atomically and survives a crashed
                 # process; only a power cut can drop the last commits. One fsync per
                 # checkpoint instead of one per record.
@@ -644,6 +645,26 @@ def _sqlite_events(engine: Engine, *, wal: bool) -> None:
         # with "database is locked" at once.
         immediate = conn.get_execution_options().get(_WRITE, False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def _set_wal(cursor: Any) -> None:
+    """``PRAGMA journal_mode = WAL``, waiting for processes that open the same new file.
+
+    Switching a database to WAL needs it to itself, and SQLite answers "database is
+    locked" at once instead of calling the busy handler, so several workers opening a
+    fresh store together would fail; this retries, with backoff, up to the busy timeout.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    pause = 0.01
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
 
 
 def _fork_safety(engine: Engine) -> None:
