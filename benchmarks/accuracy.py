@@ -86,16 +86,11 @@ def _observations(
 def _predict(model: Any, feats: dict[str, float]) -> tuple[float, float, float, float]:
     """Point and upper predictions (memory, memory upper, time, time upper) from features."""
     mem, secs = model._baseline(feats, None)  # the roofline or the op-level sum (time_baseline)
-    x = np.asarray([[feats.get(n, np.nan) for n in model.feature_names_]], dtype=np.float64)
-    mem_hi, secs_hi = mem, secs / (1 - 0.59)
     # the model's own corrections and bounds (trees, a line, or one factor per precision)
-    if (r := model._residual("memory", x, mem)) is not None:
-        mem = mem * math.exp(r)
-        mem_hi = model._upper("memory", mem, None, feats)
-    if (r := model._residual("time", x, secs)) is not None:
-        secs = secs * math.exp(r)
-        secs_hi = model._upper("time", secs, None, feats)
-    return mem, mem_hi, secs, secs_hi
+    corrected: tuple[float, float, float, float] = model._corrected(
+        feats, (mem, mem, secs, secs / (1 - 0.59)), None
+    )
+    return corrected
 
 
 def _mre(pred: list[float], actual: list[float]) -> float:

@@ -404,9 +404,8 @@ class _Dispatch:
         return float(ms[0]) / 1e3
 
     def _ms(self, op_sum_ms: np.ndarray, kernels: np.ndarray) -> np.ndarray:
-        from costaware.analytic import LAUNCH_OVERHEAD_S, STEP_OVERHEAD_S
-
-        launch_ms = 1e3 * (STEP_OVERHEAD_S["cuda"] + LAUNCH_OVERHEAD_S["cuda"] * kernels)
+        launch_s = _analytic.STEP_OVERHEAD_S["cuda"] + _analytic.LAUNCH_OVERHEAD_S["cuda"] * kernels
+        launch_ms = 1e3 * launch_s
         kernel_ms = np.maximum(op_sum_ms - launch_ms, 1e-3)
         out: np.ndarray = (
             np.maximum(self.gpu * kernel_ms, self.dispatch_ms * kernels) + self.step_ms
@@ -888,6 +887,17 @@ class CostModel:
             peak, peak_hi = float(est.reserved), float(est.reserved_upper)
             it = self._baseline(feats, kind)[1]
             it_hi = it / (1 - 0.59)  # the roofline ran -59%..+47% on an H200
+        return self._corrected(feats, (peak, peak_hi, it, it_hi), kind)
+
+    def _corrected(
+        self,
+        feats: Mapping[str, float],
+        baseline: tuple[float, float, float, float],
+        kind: str | None,
+    ) -> tuple[float, float, float, float]:
+        """This model's corrections and bounds over ``baseline`` (peak, peak_hi, time,
+        time_hi); a target without a learned model keeps its baseline and bound."""
+        peak, peak_hi, it, it_hi = baseline
         x = self._vector(feats)
         if (r := self._residual("memory", x, peak)) is not None:
             peak = peak * math.exp(r)
