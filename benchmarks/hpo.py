@@ -286,7 +286,7 @@ class Bench:
     startup: int
     progress: Callable[[str], None] = lambda _: None
     actuals: str = "callback"
-    time_bound: str = "upper"
+    time_bound: str = "point"
     checks_s: float = 0.0  # uncharged ground-truth runs (oracle probes, false-rejection checks)
     notes: list[str] = field(default_factory=list)
     models: list[str] = field(default_factory=list)  # the shipped model, as each seed found it
@@ -1069,8 +1069,9 @@ the run described here.
   the end, so the baselines' time waste here is a lower bound.
 - **Arms**: `baseline` (plain TPE, OOM and over-time trials end as FAIL through
   `catch=`), `baseline-pruned` (they end as PRUNED), `costaware` (`CostAwarePruner(spec_fn,
-  budget, device="cpu", store=ObservationStore(...))` with the default model, upper-bound
-  safety and `refit_every=5`; `CostAwareCallback(store, budget=budget, enforce=True)` in
+  budget, device="cpu", store=ObservationStore(...))` with the default model and `Budget`
+  (memory checked at its upper bound, epoch time at the prediction unless the run says
+  otherwise) and `refit_every=5` (the first refits after 2 and 4 measured trials); `CostAwareCallback(store, budget=budget, enforce=True)` in
   every trial process; a trial the costaware arm admitted that still OOMs ends as FAIL),
   `oracle` (prunes every configuration that the ground truth says is infeasible).
 - **Compute** is the wall time of each trial process (start to exit) plus, for the
@@ -1177,10 +1178,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--time-bound",
         choices=("upper", "point"),
-        default="upper",
-        help="what the costaware arm checks the epoch-time budget against: the upper bound "
-        "(the default Budget) or the point prediction (Budget(time_bound='point')); memory "
-        "is always checked at the upper bound",
+        default="point",
+        help="what the costaware arm checks the epoch-time budget against: the point "
+        "prediction (the default Budget) or the upper bound (Budget(time_bound='upper')); "
+        "memory is always checked at the upper bound",
     )
     parser.add_argument("--out", default=None, help="write the Markdown report here")
     parser.add_argument("--json", default=None, help="write every figure and trial here")
@@ -1270,8 +1271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     budget_text = (
         f"max_memory {args.max_memory} (cap: {fmt_mib(limit)} of address space), {time_note}"
         + (
-            "; costaware checks the epoch time at its point prediction"
-            if args.time_bound == "point"
+            "; costaware checks the epoch time at its upper bound"
+            if args.time_bound == "upper"
             else ""
         )
     )

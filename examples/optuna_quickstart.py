@@ -257,7 +257,8 @@ def report(
     )
     if rejections:
         console.print(
-            "[bold]Rejected before they ran[/bold] (the budget check uses the upper bounds):"
+            "[bold]Rejected before they ran[/bold] (the budget check uses the memory upper "
+            "bound and the predicted epoch time):"
         )
         for line in rejections:
             console.print(line, markup=False, highlight=False)

@@ -188,7 +188,10 @@ def main() -> None:
         "the budget."
     )
     if searcher.rejections:
-        print("Rejected before they ran (the check uses the predicted upper bounds):")
+        print(
+            "Rejected before they ran (the check uses the predicted memory upper bound and "
+            "the predicted epoch time):"
+        )
         for rej in searcher.rejections:
             c = rej["config"]
             print(

@@ -103,11 +103,17 @@ def test_relative_memory_needs_the_device() -> None:
 
 def test_time_budgets() -> None:
     pred = _pred(epoch=100.0, epochs=3)  # upper bound 150 s per epoch, 450 s per trial
-    assert ca.Budget(max_epoch_time="200s").decide(pred).admit
-    d = ca.Budget(max_epoch_time="2min").decide(pred)
+    assert ca.Budget(max_epoch_time="200s", time_bound="upper").decide(pred).admit
+    d = ca.Budget(max_epoch_time="2min", time_bound="upper").decide(pred)
     assert [r.kind for r in d.reasons] == ["epoch_time"] and "exceeds 2.0 min" in str(d)
-    assert not ca.Budget(max_trial_time="7min").decide(pred).admit
-    assert ca.Budget(max_trial_time="7min", time_bound="point").decide(pred).admit
+    assert "(upper bound)" in str(d)
+    assert not ca.Budget(max_trial_time="7min", time_bound="upper").decide(pred).admit
+    # times are checked at the point prediction by default, memory at its upper bound
+    assert ca.Budget(max_epoch_time="2min").decide(pred).admit
+    assert ca.Budget(max_trial_time="7min").decide(pred).admit
+    d = ca.Budget(max_epoch_time="90s").decide(pred)
+    assert not d.admit and "(prediction)" in str(d)
+    assert ca.Budget().time_bound == "point" and ca.Budget().bound == "upper"
     total = ca.Budget(max_total_time="1h").decide(pred, spent_time=3400)
     assert [r.kind for r in total.reasons] == ["total_time"]
     no_epoch = ca.Budget(max_epoch_time="1s").decide(_pred(epoch=None))
@@ -120,6 +126,9 @@ def test_cost_budget_and_several_reasons() -> None:
     assert {r.kind for r in d.reasons} == {"memory", "epoch_time", "cost"}
     assert not d and d.to_dict()["admit"] is False
     cost = next(r for r in d.reasons if r.kind == "cost")
+    assert cost.predicted == pytest.approx(0.8 + 300 / 3600 * 3.6)  # 3 epochs at the point
+    upper = replace(budget, time_bound="upper").decide(_pred(epoch=100.0), spent_cost=0.8)
+    cost = next(r for r in upper.reasons if r.kind == "cost")
     assert cost.predicted == pytest.approx(0.8 + 450 / 3600 * 3.6)
 
 

@@ -191,8 +191,13 @@ def test_conformal_quantile() -> None:
     r = np.arange(1, 100, dtype=float)  # 99 residuals
     assert _conformal_quantile(r, 0.95) == (95.0, 0.95)  # the ceil(100 * 0.95) = 95th smallest
     small = np.array([0.1, 0.2, 0.3])
-    # too few rows for 95%: the maximum, which guarantees only 3/4
-    assert _conformal_quantile(small, 0.95) == (0.3, 0.75)
+    # too few rows for 95%: the guarantee is only 3/4, and the quantile is the Student-t
+    # prediction bound mean + t(0.95, 2) * sd * sqrt(1 + 1/3) = 0.2 + 2.92 * 0.1 * 1.155
+    q, level = _conformal_quantile(small, 0.95)
+    assert level == 0.75 and q == pytest.approx(0.2 + 2.919986 * 0.1 * math.sqrt(4 / 3))
+    # ... or the largest residual, where an outlier puts it above the t bound
+    assert _conformal_quantile(np.array([0.0] * 10 + [5.0]), 0.95)[0] == 5.0
+    assert _conformal_quantile(np.array([0.4]), 0.95) == (0.4, 0.5)  # one row: no spread
     assert math.isnan(_conformal_quantile(np.array([]), 0.95)[0])
 
 
@@ -343,8 +348,9 @@ def test_small_sample_refit_learns_one_factor_per_precision(
     for m in (model, (model.save(tmp_path), ca.CostModel.load(tmp_path))[1]):
         fp32, analytic32 = m.predict(spec(12, "fp32"), "CPU"), base.predict(spec(12, "fp32"), "CPU")
         assert fp32.iteration_time == pytest.approx(2.0 * analytic32.iteration_time, rel=0.03)
-        # the bound follows the fp32 spread (±5%), not the bf16 rows
-        assert fp32.iteration_time_upper <= 1.15 * fp32.iteration_time
+        # the bound follows the residuals' spread within each precision (±5%, widened for
+        # having only 6 of them), not the 5x between fp32 and bf16
+        assert fp32.iteration_time < fp32.iteration_time_upper <= 1.25 * fp32.iteration_time
         bf16 = m.predict(spec(12, "bf16"), "CPU")
         analytic16 = base.predict(spec(12, "bf16"), "CPU")
         assert bf16.iteration_time == pytest.approx(10.5 * analytic16.iteration_time, rel=0.03)
@@ -541,3 +547,52 @@ def test_models_with_convolutions_get_their_own_bound() -> None:
             assert ratio < 1.15  # the MLPs' own 2% spread, not the CNNs' 150%
         else:
             assert ratio > 1.5
+
+
+def test_refit_on_few_trials_moves_the_base_bound(
+    tmp_path: Path, cnn_spec: ca.TrainingSpec
+) -> None:
+    """A refit with fewer than 8 leave-one-out residuals cannot calibrate a bound: it keeps
+    the base model's bound, moved by the same correction as the point. With more, the
+    bound is its own, from those residuals."""
+    base = ca.CostModel.default()
+
+    def spec(width: int, bs: int) -> ca.TrainingSpec:
+        return dataclasses.replace(
+            cnn_spec, model=functools.partial(tiny_cnn, width=width), batch_size=bs
+        )
+
+    specs = [spec(w, bs) for w in (4, 6, 8, 10, 12) for bs in (8, 16)]
+    rows = []
+    for i, s in enumerate(specs):
+        p = base.predict(s, "CPU")
+        wobble = 1.0 + 0.04 * ((i % 3) - 1)  # measured = 2x the point, within 4%
+        rows.append(
+            Observation(
+                features=base.features(s, "CPU"),
+                device="CPU",
+                iteration_time=p.iteration_time * 2.0 * wobble,
+                peak_memory=int(p.peak_memory * 1.5 * wobble),
+            )
+        )
+    target = spec(16, 8)
+    before = base.predict(target, "CPU")
+    few = ca.CostModel(**base._params()).fit(rows[:4], base=base)
+    for m in (few, ca.CostModel.load(few.save(tmp_path / "few"))):
+        after = m.predict(target, "CPU")
+        assert after.iteration_time == pytest.approx(2.0 * before.iteration_time, rel=0.05)
+        assert after.iteration_time_upper / after.iteration_time == pytest.approx(
+            before.iteration_time_upper / before.iteration_time, rel=1e-6
+        )
+        assert after.peak_memory_upper / after.peak_memory == pytest.approx(
+            before.peak_memory_upper / before.peak_memory, rel=1e-6
+        )
+        assert after.coverage == before.coverage
+    many = ca.CostModel(**base._params()).fit(rows, base=base)
+    own = many.predict(target, "CPU")
+    # ten residuals within a few percent: a bound of its own, far narrower than the base's
+    assert own.iteration_time < own.iteration_time_upper < 1.3 * own.iteration_time
+    assert (own.iteration_time_upper / own.iteration_time) < (
+        before.iteration_time_upper / before.iteration_time
+    )
+    assert own.coverage is not None and own.coverage < 0.95  # 10 rows guarantee 10/11

@@ -97,3 +97,16 @@ def test_refit_runs_in_the_background_and_tolerates_a_broken_store(tmp_path: Pat
     assert broken.maybe_refit() is False and "down" in (broken.last_error or "")
     with pytest.raises(ValueError, match="every must be a positive integer"):
         OnlineRefit(store, every=0)
+
+
+def test_first_refits_come_early(tmp_path: Path) -> None:
+    """After 2 and 4 measured trials, then every ``every``: the schedule a study sees."""
+    store = ObservationStore(tmp_path / "obs.db")
+    refit = OnlineRefit(store, base=ca.CostModel(), every=5, background=False, study="s")
+    configs = [(w, bs) for w in (4, 8, 12) for bs in (8, 16, 32)]
+    for i, (w, bs) in enumerate(configs):
+        refit.maybe_refit()
+        _record(store, refit.model(), i, _spec(w, bs))
+    refit.maybe_refit()
+    assert [h["rows"] for h in refit.history] == [2, 4, 8]
+    assert refit.due_after() == 5 and refit.pending() == 1

@@ -139,8 +139,16 @@ class Budget:
             total time adds what the study has already spent.
         price_per_hour, max_cost: a price per GPU-hour and a cap on the study's cost.
         safety_margin: a fraction added to every predicted figure before comparing.
-        bound: ``"upper"`` (the calibrated upper bound, default) or ``"point"``.
-        time_bound: the same for times; default: as ``bound``.
+        bound: which memory figure is checked: ``"upper"`` (the calibrated upper bound,
+            default) or ``"point"`` (the prediction).
+        time_bound: which time figure is checked (epoch, trial and total time, cost):
+            ``"point"`` (default) or ``"upper"``. The defaults differ on purpose. An OOM
+            crashes the trial the moment it happens and cannot be caught early, so memory
+            is checked at its upper bound. An epoch that runs long is measured while it
+            runs (the Lightning callback with ``enforce=True`` stops it after that epoch),
+            and a 95% time bound rejects many trials that would have fitted: a trial
+            predicted at 60% of the budget is rejected whenever the bound is 1.7x.
+            ``time_bound="upper"`` never admits a trial whose time is a coin flip.
     """
 
     max_memory: int | float | str | None = None
@@ -151,7 +159,7 @@ class Budget:
     max_cost: float | None = None
     safety_margin: float = 0.0
     bound: str = "upper"
-    time_bound: str | None = None
+    time_bound: str = "point"
 
     def __post_init__(self) -> None:
         # _memory_fraction validates percentages and "auto"; anything else must be a size
@@ -173,7 +181,7 @@ class Budget:
             )
         for name in ("bound", "time_bound"):
             v = getattr(self, name)
-            if v is not None and v not in ("upper", "point"):
+            if v not in ("upper", "point"):
                 raise BudgetError(f"{name} must be 'upper' or 'point', but got {name}={v!r}.")
 
     def _memory_fraction(self) -> float | None:
@@ -223,7 +231,7 @@ class Budget:
         dev = get_device(device if device is not None else prediction.device)
         grow = 1.0 + self.safety_margin
         upper_mem = self.bound == "upper"
-        upper_time = (self.time_bound or self.bound) == "upper"
+        upper_time = self.time_bound == "upper"
         label_mem = "upper bound" if upper_mem else "prediction"
         label_time = "upper bound" if upper_time else "prediction"
         reasons: list[Reason] = []

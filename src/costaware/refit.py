@@ -40,7 +40,10 @@ class OnlineRefit:
     Args:
         store: where the measurements are (an ``ObservationStore``).
         base: the model to correct (default ``CostModel.default()``).
-        every: refit after this many newly measured trials.
+        every: refit after this many newly measured trials. The first refits come
+            sooner, after 2 and 4 measured trials (then ``every``): a handful of the
+            study's own measurements corrects the shipped model most, and a refit on so
+            few rows is a line, fitted in milliseconds.
         directory: where refitted models are saved and read; default: beside a SQLite
             store (``<file>.costaware-models/``), or none (in-process only) for servers,
             unless given. Workers that share it share refits.
@@ -114,12 +117,17 @@ class OnlineRefit:
         """Trials measured since the model in use was fitted."""
         return int(self.store.count_observations(study=self.study)) - self._fitted_on
 
+    def due_after(self) -> int:
+        """How many newly measured trials the next refit waits for: 2 with none fitted
+        yet, then as many as were fitted on (2, 4, 8, ...) until that reaches ``every``."""
+        return min(self.every, max(2, self._fitted_on))
+
     def maybe_refit(self) -> bool:
         """Start a refit if ``every`` new trials were measured; True if one started."""
         if self._thread is not None and self._thread.is_alive():
             return False
         try:
-            if self.pending() < self.every:
+            if self.pending() < self.due_after():
                 return False
         except Exception as e:  # an unreachable store must not stop the study
             self.last_error = f"cannot count observations: {e}"
