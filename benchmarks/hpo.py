@@ -792,7 +792,7 @@ def targets(summary: dict[str, dict[str, Any]], seeds: int) -> list[tuple[str, s
         return c is not None and all(o is None or abs(c) <= abs(o) for o in others)
 
     text = "; ".join(
-        f"{arm}: waste +{g[arm][0]:.1f} s, best@equal {'-' if g[arm][1] is None else f'{-g[arm][1]:+.3f}'}"
+        f"{arm}: waste {g[arm][0]:+.1f} s, best@equal {'-' if g[arm][1] is None else f'{-g[arm][1]:+.3f}'}"
         for arm in g
         if g[arm][0] is not None
     )

@@ -5,9 +5,10 @@ data set, on the CPU. Part of the search space does not fit the budget: some
 configurations need more memory than allowed, others take longer per epoch. costaware's
 pruner judges every trial before it is built, the Lightning callback records what each
 admitted trial really cost (and stops one that breaks the budget anyway), and the cost
-model refits on those measurements every few trials. The shipped CPU estimate was fitted
-on one 2-core machine (and is wide: its upper bound is 2.4x the estimate), so on yours it
-is off at first; the refit pulls it in and tightens the bound.
+model refits on those measurements every few trials. The shipped CPU model was fitted on
+one 2-core machine and calibrated on architecture families it never saw (so its time
+bound is about 3x its prediction); on yours it is off at first, and the refit pulls it in
+and, once it has a few trials to calibrate on, tightens the bound.
 
 Run: ``python examples/optuna_quickstart.py`` (``--help`` for options). About 2 minutes.
 """
