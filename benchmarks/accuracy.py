@@ -219,8 +219,8 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
         "For each family the model is fitted on all the other families of the same device kind "
         f"(CatBoost, {meta['iterations']} trees, split-conformal bounds at 95%) and predicts the "
         "held-out family from its dry-run features. The bounds are the conformal quantile of "
-        "log((measured + shift) / (predicted + shift)), the shift chosen on half of the "
-        "calibration rows and the quantile taken on the other half. "
+        "log((measured + shift) / (predicted + shift)), the shift chosen on the training "
+        "rows (their in-sample predictions) and the quantile taken on the calibration rows. "
         "MRE = mean |predicted - measured| / measured. "
         "`analytic` is the unfitted baseline (simulated allocator peak, roofline time). "
         "Coverage is the share of rows at or below the upper bound (nominal 95%).",

@@ -844,8 +844,9 @@ def _trials_section(rep: Report, figs: _Figures) -> str:
         ]
         parts.append(
             f"<h3>Rejected before running ({len(rejected):,})</h3>"
-            '<p class="muted">Predicted figures: the point prediction / the upper bound the '
-            "budget check used.</p>"
+            '<p class="muted">Predicted figures: the point prediction / the upper bound. '
+            "A default Budget checks memory at its upper bound and times at the point "
+            "prediction; each reason names the figure it compared.</p>"
             '<div class="scroll">'
             + _table(
                 [
@@ -959,7 +960,7 @@ def _accuracy_section(rep: Report, figs: _Figures) -> str:
         '<section id="accuracy"><h2>Predictions vs reality</h2><p class="lead">Each point is '
         "a trial that ran: its predicted figure (x) against what was measured (y). Points on "
         "the dashed line were predicted exactly; above it, the prediction was too low. The "
-        "horizontal bar reaches the upper bound the budget check used.</p>"
+        "horizontal bar reaches the upper bound.</p>"
     ]
     rows = []
     for key, label in (("memory", "peak memory"), ("time", "epoch time")):

@@ -123,7 +123,8 @@ class OnlineRefit:
         return min(self.every, max(2, self._fitted_on))
 
     def maybe_refit(self) -> bool:
-        """Start a refit if ``every`` new trials were measured; True if one started."""
+        """Start a refit if enough new trials were measured (:meth:`due_after`); True if
+        one started."""
         if self._thread is not None and self._thread.is_alive():
             return False
         try:
