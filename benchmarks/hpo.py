@@ -1071,7 +1071,7 @@ the run described here.
   `catch=`), `baseline-pruned` (they end as PRUNED), `costaware` (`CostAwarePruner(spec_fn,
   budget, device="cpu", store=ObservationStore(...))` with the default model and `Budget`
   (memory checked at its upper bound, epoch time at the prediction unless the run says
-  otherwise) and `refit_every=5` (the first refits after 2 and 4 measured trials); `CostAwareCallback(store, budget=budget, enforce=True)` in
+  otherwise) and `refit_every=5` (the first refits after 2, 4 and 8 measured trials); `CostAwareCallback(store, budget=budget, enforce=True)` in
   every trial process; a trial the costaware arm admitted that still OOMs ends as FAIL),
   `oracle` (prunes every configuration that the ground truth says is infeasible).
 - **Compute** is the wall time of each trial process (start to exit) plus, for the

@@ -100,7 +100,7 @@ def test_refit_runs_in_the_background_and_tolerates_a_broken_store(tmp_path: Pat
 
 
 def test_first_refits_come_early(tmp_path: Path) -> None:
-    """After 2 and 4 measured trials, then every ``every``: the schedule a study sees."""
+    """After 2, 4 and 8 measured trials, then every ``every``: the schedule a study sees."""
     store = ObservationStore(tmp_path / "obs.db")
     refit = OnlineRefit(store, base=ca.CostModel(), every=5, background=False, study="s")
     configs = [(w, bs) for w in (4, 8, 12) for bs in (8, 16, 32)]

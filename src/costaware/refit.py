@@ -41,7 +41,8 @@ class OnlineRefit:
         store: where the measurements are (an ``ObservationStore``).
         base: the model to correct (default ``CostModel.default()``).
         every: refit after this many newly measured trials. The first refits come
-            sooner, after 2 and 4 measured trials (then ``every``): a handful of the
+            sooner: after 2, 4 and 8 measured trials, the gap doubling until it reaches
+            ``every`` (with the default 5: 2, 4, 8, 13, 18, ...). A handful of the
             study's own measurements corrects the shipped model most, and a refit on so
             few rows is a line, fitted in milliseconds.
         directory: where refitted models are saved and read; default: beside a SQLite
