@@ -85,10 +85,12 @@ def _observations(
 
 def _predict(model: Any, feats: dict[str, float]) -> tuple[float, float, float, float]:
     """Point and upper predictions (memory, memory upper, time, time upper) from features."""
+    from costaware.analytic import time_upper
+
     mem, secs = model._baseline(feats, None)  # the roofline or the op-level sum (time_baseline)
     # the model's own corrections and bounds (trees, a line, or one factor per precision)
     corrected: tuple[float, float, float, float] = model._corrected(
-        feats, (mem, mem, secs, secs / (1 - 0.59)), None
+        feats, (mem, mem, secs, time_upper(secs)), None
     )
     return corrected
 

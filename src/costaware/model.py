@@ -816,8 +816,7 @@ class CostModel:
                 )
         else:
             peak, peak_hi, it = est.reserved, est.reserved_upper, est.iteration_time
-            # the roofline ran -59%..+47% against measured step times on an H200
-            it_hi = it / (1 - 0.59)
+            it_hi = _analytic.time_upper(it)
             kind, coverage = "analytic", None
             basis["features_used"] = 0
         steps = spec.steps_per_epoch
@@ -905,7 +904,7 @@ class CostModel:
         else:
             peak, peak_hi = float(est.reserved), float(est.reserved_upper)
             it = self._baseline(feats, kind)[1]
-            it_hi = it / (1 - 0.59)  # the roofline ran -59%..+47% on an H200
+            it_hi = _analytic.time_upper(it)
         return self._corrected(feats, (peak, peak_hi, it, it_hi), kind)
 
     def _corrected(
