@@ -14,7 +14,15 @@ import torch
 
 from costaware import zoo
 from costaware.cli import main
-from costaware.collect import append_row, collect, done_ids, read_rows
+from costaware.collect import (
+    MAX_RESERVED_BEFORE,
+    append_row,
+    collect,
+    done_ids,
+    observations,
+    read_rows,
+    reserved_before,
+)
 from costaware.corpus import Config, corpus, full_corpus, recommended_shards, shard_estimates
 
 
@@ -281,3 +289,54 @@ def test_cli_fit_builds_a_loadable_model(tmp_path: Path) -> None:
     pred = model.predict(spec, device="cpu")
     assert pred.kind == "learned"
     assert pred.peak_memory > 0
+
+
+def test_reserved_before_from_the_row_or_nvml() -> None:
+    assert reserved_before({"reserved_before": 5 << 20, "max_reserved": 1 << 30}) == 5 << 20
+    # older rows: the reserved peak less the process's NVML growth (memory held at the start)
+    assert reserved_before({"max_reserved": 900 << 20, "nvml_peak_used": 80 << 20}) == 820 << 20
+    # a process's first row: NVML's growth includes the CUDA context, so nothing was held
+    assert reserved_before({"max_reserved": 900 << 20, "nvml_peak_used": 1600 << 20}) == 0
+    assert reserved_before({"max_reserved": 900 << 20}) is None
+    assert reserved_before({}) is None
+
+
+def test_observations_leave_out_gpu_peaks_measured_over_held_memory(tmp_path: Path) -> None:
+    def row(name: str, **measured: int) -> dict[str, object]:
+        cfg = _tiny(name)
+        return {
+            "schema": 1,
+            "id": name,
+            "family": "mlp",
+            "status": "ok",
+            "device": "cuda",
+            "device_name": "NVIDIA H100 80GB HBM3",
+            "config": cfg.to_dict(),
+            "measurement": {"status": "ok", "iteration_time": 0.002, **measured},
+            "finished_at": "2026-01-01T00:00:00+00:00",
+        }
+
+    mib = 1 << 20
+    rows = [
+        row("fresh", max_reserved=100 * mib, max_allocated=90 * mib, reserved_before=0),
+        row("held", max_reserved=900 * mib, max_allocated=90 * mib, reserved_before=820 * mib),
+        row("nvml", max_reserved=900 * mib, max_allocated=90 * mib, nvml_peak_used=60 * mib),
+        row("first", max_reserved=100 * mib, max_allocated=90 * mib, nvml_peak_used=700 * mib),
+        row(
+            "reused",
+            max_reserved=300 * mib,
+            max_allocated=250 * mib,
+            reserved_before=MAX_RESERVED_BEFORE,
+        ),
+    ]
+    obs, skipped = observations(rows)
+    assert not skipped
+    by_id = {o.meta["id"]: o for o in obs}
+    assert by_id["fresh"].peak_memory == 100 * mib and by_id["first"].peak_memory == 100 * mib
+    assert by_id["reused"].peak_memory == 300 * mib  # at the limit: kept
+    for name, held in (("held", 820), ("nvml", 840)):
+        o = by_id[name]
+        assert o.peak_memory is None and o.peak_allocated is None
+        assert o.iteration_time == 0.002  # still a time row
+        assert o.meta["memory_left_out"] == f"{held} MiB reserved before it began"
+        assert o.meta["measured_peak"] == 900 * mib

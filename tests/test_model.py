@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import costaware as ca
-from costaware.model import Observation
+from costaware.model import Observation, benchmark_search_peak
 from tests.conftest import tiny_cnn
 
 MiB = 2**20
@@ -77,6 +78,46 @@ def test_expandable_segments_reserve_less(cnn_spec: ca.TrainingSpec) -> None:
         dataclasses.replace(spec, allocator="expandable_segments"), device="H100"
     )
     assert expandable.peak_memory <= default.peak_memory
+
+
+def test_benchmark_mode_predicts_the_steps_need_and_says_so(cnn_spec: ca.TrainingSpec) -> None:
+    # cuDNN's benchmark search takes a workspace sized to the free memory: not a need
+    model = ca.CostModel()
+    off = model.predict(cnn_spec, device="H100")
+    on = model.predict(dataclasses.replace(cnn_spec, cudnn_benchmark=True), device="H100")
+    assert on.peak_memory == off.peak_memory
+    assert on.peak_memory_upper == off.peak_memory_upper
+    assert any("cudnn.benchmark" in n and "free memory" in n for n in on.notes)
+    assert not any("cudnn.benchmark" in n for n in off.notes)
+    # no convolution, nothing to search: no note
+    mlp = ca.TrainingSpec(
+        model=lambda: torch.nn.Linear(8, 2),
+        batch=ca.ImageBatch((8,), classes=2),
+        batch_size=4,
+        cudnn_benchmark=True,
+    )
+    assert not any("cudnn.benchmark" in n for n in model.predict(mlp, device="H100").notes)
+
+
+def test_fit_leaves_benchmark_search_peaks_out_of_memory() -> None:
+    model = ca.CostModel(iterations=20)
+    obs = _observations(model, [4, 8], "a") + _observations(model, [12, 16], "b")
+    searched, unmeasured = [], []
+    for o in _observations(model, [20, 24], "c"):  # conv nets under benchmark mode
+        feats = {**o.features, "cudnn_benchmark": 1.0}
+        searched.append(dataclasses.replace(o, features=feats, peak_memory=o.peak_memory * 9))
+        unmeasured.append(dataclasses.replace(o, features=feats, peak_memory=None))
+    assert all(benchmark_search_peak(o.features) for o in searched)
+    assert not any(benchmark_search_peak(o.features) for o in obs)
+    assert not benchmark_search_peak({**searched[0].features, "device_is_cpu": 1.0})
+    mixed = ca.CostModel(iterations=20).fit(obs + searched)
+    without = ca.CostModel(iterations=20).fit(obs + unmeasured)
+    # the 9x peaks count as no peak at all: same memory point and bound; times still count
+    for row in (obs[3].features, searched[0].features):
+        base = mixed._baseline(row, None)
+        guess = (base[0], base[0], base[1], base[1])
+        assert mixed._corrected(row, guess, None) == without._corrected(row, guess, None)
+    assert mixed._point(obs[3].features, None)[0] < obs[3].peak_memory * 2
 
 
 def test_predict_rejects_non_specs() -> None:

@@ -59,3 +59,47 @@ def test_rss_peak_leaves_out_file_backed_pages(tmp_path: Path) -> None:
 def test_rss_peak_never_negative() -> None:
     rss = RssPeak().start()
     assert rss.growth() >= 0
+
+
+def _small_spec(**kw: object) -> object:
+    import torch
+
+    import costaware as ca
+
+    return ca.TrainingSpec(
+        model=lambda: torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.LazyLinear(4)
+        ),
+        batch=ca.ImageBatch((3, 16, 16), classes=4),
+        batch_size=4,
+        **kw,
+    )
+
+
+def test_cpu_measurement_has_no_cuda_only_fields() -> None:
+    from costaware.profile import measure
+
+    m = measure(_small_spec(), "cpu", warmup=1, steps=10)  # type: ignore[arg-type]
+    assert m.status == "ok", m.error
+    assert m.reserved_before is None
+    assert m.steady_max_reserved is None and m.steady_max_allocated is None
+    d = m.to_dict()
+    assert {"reserved_before", "steady_max_reserved", "steady_max_allocated"} <= set(d)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_measurement_separates_the_warm_up_and_starts_clean() -> None:
+    import torch
+
+    from costaware.profile import measure
+
+    keep = torch.ones(64 * MiB // 4, device="cuda")  # an earlier configuration's leftovers
+    del keep
+    m = measure(_small_spec(cudnn_benchmark=True), "cuda", warmup=2, steps=10)  # type: ignore[arg-type]
+    assert m.status == "ok", m.error
+    assert m.reserved_before is not None and m.reserved_before < 32 * MiB
+    assert m.steady_max_reserved is not None and m.max_reserved is not None
+    assert 0 < m.steady_max_reserved <= m.max_reserved
+    assert m.steady_max_allocated is not None and m.max_allocated is not None
+    assert 0 < m.steady_max_allocated <= m.max_allocated

@@ -52,6 +52,7 @@ from costaware.corpus import KINDS, Config, corpus, recommended_shards, shard_es
 from costaware.profile import Measurement, measure
 
 __all__ = [
+    "MAX_RESERVED_BEFORE",
     "SCHEMA_VERSION",
     "CollectSummary",
     "append_row",
@@ -61,6 +62,7 @@ __all__ = [
     "main",
     "observations",
     "read_rows",
+    "reserved_before",
 ]
 
 #: Version of the row layout (see data/README.md).
@@ -517,6 +519,31 @@ def catalog_device(row: dict[str, Any]) -> str:
 #: CPU peaks below this are resident-set noise (thread stacks, malloc slack), not a peak.
 MIN_CPU_PEAK = 1 << 20
 
+#: reserved memory a process may already hold when a GPU measurement begins and its peak
+#: still be the configuration's own. Collectors measure one configuration after another in
+#: one process; a cuBLAS workspace kept from an earlier one is reused (64-162 MiB on the
+#: H100 data), but a workspace left inside a large segment pins the whole segment, and
+#: ``empty_cache`` cannot return it (one H100 shard held 816-820 MiB this way: every small
+#: model "peaked" at 824-940 MiB).
+MAX_RESERVED_BEFORE = 256 << 20
+
+
+def reserved_before(measurement: dict[str, Any]) -> int | None:
+    """Reserved bytes the process held when a GPU measurement began, or None if unknown.
+
+    Rows from ``costaware.profile.measure`` since the ``reserved_before`` field record it.
+    Older rows give a lower bound: the reserved peak minus the NVML-measured growth of the
+    process's device memory over the run (NVML's baseline is taken at the start, so memory
+    held then is in the reserved peak but not in the growth; CUDA's lazily loaded kernels
+    add to the growth, which is why it is a lower bound).
+    """
+    if measurement.get("reserved_before") is not None:
+        return int(measurement["reserved_before"])
+    peak, growth = measurement.get("max_reserved"), measurement.get("nvml_peak_used")
+    if not peak or growth is None:
+        return None
+    return max(0, int(peak) - int(growth))
+
 
 def _cache_key(row: dict[str, Any]) -> str:
     return f"{row.get('id')}|{row.get('device_name')}|{row.get('finished_at')}"
@@ -553,7 +580,9 @@ def observations(
     Rows with status "ok" or "oom" become observations (an OOM carries no peak); "error"
     and "crash" rows, rows whose config cannot be rebuilt or traced, and GPUs missing from
     the catalog are skipped. A CPU peak below ``min_cpu_peak`` is dropped (kept as a time
-    row): the resident-set growth of a tiny model is noise. Returns ``(observations,
+    row): the resident-set growth of a tiny model is noise. So is a GPU peak measured while
+    the process already held more than ``MAX_RESERVED_BEFORE`` reserved
+    (:func:`reserved_before`); ``meta["memory_left_out"]`` says so. Returns ``(observations,
     reasons for each skipped row)``.
 
     ``model`` defaults to an unfitted ``CostModel()``; this imports costaware.model, so it
@@ -613,8 +642,14 @@ def observations(
         m = row.get("measurement", {})
         ok = status == "ok"
         peak = m.get("max_reserved") if ok else None
+        meta: dict[str, Any] = {"id": rid, "source_device": row.get("device_name")}
         if peak is not None and (peak <= 0 or (dev == "CPU" and peak < min_cpu_peak)):
             peak = None
+        held = reserved_before(m) if peak is not None and dev != "CPU" else None
+        if held is not None and held > MAX_RESERVED_BEFORE:
+            meta["memory_left_out"] = f"{held / 2**20:,.0f} MiB reserved before it began"
+            meta["measured_peak"] = float(peak)  # as recorded, for reports that show it
+            peak = None  # the peak is partly an earlier configuration's: a time row only
         secs = m.get("iteration_time") if ok else None
         alloc = m.get("max_allocated") if peak is not None else None
         out.append(
@@ -626,7 +661,7 @@ def observations(
                 status=str(status),
                 family=str(row.get("family") or row["config"].get("family")),
                 peak_allocated=float(alloc) if alloc else None,
-                meta={"id": rid, "source_device": row.get("device_name")},
+                meta=meta,
             )
         )
     save()

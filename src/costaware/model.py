@@ -49,7 +49,7 @@ from costaware.optime import OpTimeModel, node_table
 from costaware.spec import PRECISIONS, TrainingSpec
 from costaware.trace import Trace, build_model, dry_run, rescale
 
-__all__ = ["CostModel", "Observation", "Prediction", "features_for"]
+__all__ = ["CostModel", "Observation", "Prediction", "benchmark_search_peak", "features_for"]
 
 MiB = 2**20
 MANIFEST = "manifest.json"
@@ -507,6 +507,16 @@ def _bound_group(feats: Mapping[str, float]) -> str:
     do not ("other"); each group gets its own bound when it has the rows for one."""
     conv = feats.get("layers_conv", 0.0)
     return "conv" if conv == conv and conv > 0 else "other"
+
+
+def benchmark_search_peak(feats: Mapping[str, float]) -> bool:
+    """Whether a measured peak of this feature row holds cuDNN's benchmark-mode search: a
+    conv net on a GPU with ``cudnn_benchmark`` on. The search's workspace is sized to the
+    free memory (see :mod:`costaware.analytic`), so that peak measures the card, not what
+    the step needs: it is not a memory target (times still are)."""
+    conv, bench = feats.get("layers_conv", 0.0), feats.get("cudnn_benchmark", 0.0)
+    gpu = feats.get("device_is_cpu", 0.0) != 1.0
+    return bool(gpu and bench == bench and bench > 0 and conv == conv and conv > 0)
 
 
 def _bound_groups(x: np.ndarray, names: Sequence[str]) -> np.ndarray:
@@ -1017,7 +1027,9 @@ class CostModel:
 
         Each observation carries the features its spec had (:meth:`features`) and the
         measured reserved peak and/or iteration time. Rows without a measurement of a
-        target (an OOM has no peak) are left out of that target's model.
+        target (an OOM has no peak) are left out of that target's model, and so are the
+        peaks of conv nets measured with cuDNN's benchmark mode on
+        (:func:`benchmark_search_peak`: the search's workspace is sized to the free memory).
 
         With ``base`` (a fitted model), the residual is learned over the base model's
         predictions instead of the analytic estimate: that is how the online refit
@@ -1084,6 +1096,8 @@ class CostModel:
             mem, secs = baselines[i]
             if which == "memory":
                 if o.peak_memory is None or o.peak_memory <= 0 or o.status not in ("ok", None):
+                    return None
+                if benchmark_search_peak(o.features):
                     return None
                 return math.log(o.peak_memory / mem)
             if o.iteration_time is None or o.iteration_time <= 0:

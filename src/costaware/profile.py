@@ -10,7 +10,11 @@ that :func:`costaware.dry_run` traces (forward, loss, backward, optimizer step,
 - CUDA memory: ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` over the
   whole run, warm-up included (cuDNN's benchmark search and the optimizer state appear
   in the first steps, and an OOM does not wait for the timed ones), after a peak reset
-  made once CUDA is initialised and before the model is built.
+  made once CUDA is initialised and before the model is built; and the same two peaks
+  over the timed steps alone (``steady_max_*``: no benchmark search, no first-step
+  allocations). Before the reset, cuBLAS's workspaces are freed and the cache emptied, so
+  that an earlier configuration measured in the same process leaves nothing reserved;
+  what is still reserved then is recorded (``reserved_before``).
 - NVML: a sampling thread (every 2 ms) records the device's peak used memory; the
   context overhead is that peak minus the caching allocator's reserved peak minus what
   was used before the run.
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import platform
 import resource
@@ -64,6 +69,9 @@ class Measurement:
     step_times: list[float] = field(default_factory=list)
     max_allocated: int | None = None
     max_reserved: int | None = None
+    steady_max_allocated: int | None = None
+    steady_max_reserved: int | None = None
+    reserved_before: int | None = None
     nvml_peak_used: int | None = None
     context_overhead: int | None = None
     memory_method: str = ""
@@ -306,13 +314,22 @@ def measure(
     model: torch.nn.Module | None = None
     opt: torch.optim.Optimizer | None = None
     times: list[float] = []
+    first_peaks: tuple[int, int] | None = None
     if is_cuda:
         torch.backends.cudnn.benchmark = spec.cudnn_benchmark
         torch.cuda.init()  # type: ignore[no-untyped-call]
+        gc.collect()
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:  # a workspace can pin a whole cached segment
+            clear_workspaces()
         torch.cuda.empty_cache()
+        result.reserved_before = int(torch.cuda.memory_reserved(dev))
         torch.cuda.reset_peak_memory_stats(dev)
         sampler: Any = _NvmlSampler(dev.index or 0)
-        result.memory_method = "torch.cuda.max_memory_reserved over all steps, after a peak reset"
+        result.memory_method = (
+            "torch.cuda.max_memory_reserved over all steps, after a peak reset "
+            "(steady_max_*: over the timed steps alone)"
+        )
         mem_ctx: Any = contextlib.nullcontext()
     else:
         sampler = contextlib.nullcontext()
@@ -342,6 +359,12 @@ def measure(
                 _sync(dev)
                 if i == warmup - 1 and not is_cuda:
                     rss.reset_peak()  # later peaks: steady state, not one-time set-up
+                if i == warmup - 1 and is_cuda:  # the warm-up's peaks, then the timed steps'
+                    first_peaks = (
+                        int(torch.cuda.max_memory_allocated(dev)),
+                        int(torch.cuda.max_memory_reserved(dev)),
+                    )
+                    torch.cuda.reset_peak_memory_stats(dev)
                 if i >= warmup:
                     times.append((time.perf_counter() - t0) / spec.grad_accumulation)
             if not is_cuda:
@@ -355,8 +378,12 @@ def measure(
     finally:
         del model, opt
     if is_cuda:
-        result.max_allocated = int(torch.cuda.max_memory_allocated(dev))
-        result.max_reserved = int(torch.cuda.max_memory_reserved(dev))
+        allocated = int(torch.cuda.max_memory_allocated(dev))
+        reserved = int(torch.cuda.max_memory_reserved(dev))
+        if first_peaks is not None and times:
+            result.steady_max_allocated, result.steady_max_reserved = allocated, reserved
+        result.max_allocated = max(allocated, first_peaks[0] if first_peaks else 0)
+        result.max_reserved = max(reserved, first_peaks[1] if first_peaks else 0)
         if sampler.peak is not None and sampler.baseline is not None:
             result.nvml_peak_used = sampler.peak - sampler.baseline
             result.context_overhead = max(0, result.nvml_peak_used - result.max_reserved)

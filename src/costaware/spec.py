@@ -356,8 +356,9 @@ class TrainingSpec:
             Lightning's ``"bf16-mixed"`` / ``"16-mixed"`` spellings are accepted.
         loss: ``callable(model, batch) -> scalar tensor``; default :func:`default_loss`.
         dataset_size: samples per epoch, for the epoch time.
-        cudnn_benchmark: whether ``torch.backends.cudnn.benchmark`` is on (it can multiply
-            a conv net's peak by 1.8-3.5x).
+        cudnn_benchmark: whether ``torch.backends.cudnn.benchmark`` is on (its algorithm
+            search takes a workspace sized to the free memory; the prediction is what the
+            step needs).
         allocator: ``"default"`` or ``"expandable_segments"`` (``PYTORCH_CUDA_ALLOC_CONF``).
         grad_accumulation: micro-batches per optimizer step.
         epochs: planned epochs, for the trial time and a feature.
