@@ -629,9 +629,9 @@ class CostModel:
             (docs/accuracy.md).
         memory_model: how the memory residual is learned from GPU rows: "line" (measured
             = offset + factor x baseline, Theil-Sen) or "trees" (CatBoost on every
-            feature). On held-out H100 families the trees were worse than the simulated
-            peak alone (MRE 17.8% against 11.4%) and the line was not (11.6%): the
-            allocator simulation already carries what transfers. CPU rows get
+            feature). On held-out H100 families the trees were no better than the
+            simulated peak alone (MRE 5.5% against 5.2%, the line 5.3%): the allocator
+            simulation already carries what transfers. CPU rows get
             trees, which did better there (33% against 49% on held-out CPU families: the
             live-tensor peak misses more of a CPU process's growth).
     """
