@@ -551,10 +551,11 @@ def test_dispatch_baseline_recovers_a_cpu_bound_and_a_gpu_bound_regime() -> None
 def test_models_with_convolutions_get_their_own_bound() -> None:
     """cuDNN's workspace makes convolutional models' peaks scatter; models without
     convolutions are predicted tightly. Calibrated together, the MLPs would inherit the
-    CNNs' spread; apart, each group's bound follows its own residuals."""
+    CNNs' spread; apart, each group's bound follows its own residuals. (Trees: the GPU
+    memory line is calibrated across families with one bound, see below.)"""
     from costaware import zoo
 
-    model = ca.CostModel(iterations=50, depth=2, calibration_fraction=0.5)
+    model = ca.CostModel(iterations=50, depth=2, calibration_fraction=0.5, memory_model="trees")
     rng = np.random.default_rng(3)
     obs = []
     for fam in range(10):
@@ -637,3 +638,22 @@ def test_refit_on_few_trials_moves_the_base_bound(
         before.iteration_time_upper / before.iteration_time
     )
     assert own.coverage is not None and own.coverage < 0.95  # 10 rows guarantee 10/11
+
+
+def test_gpu_memory_line_is_calibrated_across_families() -> None:
+    # each family's simulator error is shared by its rows: a bound calibrated on a couple
+    # of held-out families could miss a whole family; cross-conformal residuals see them all
+    model = ca.CostModel(iterations=20)
+    obs: list[Observation] = []
+    factors = {"a": 1.0, "b": 1.04, "c": 0.97, "d": 1.08, "e": 0.94, "f": 1.25}
+    for i, (fam, factor) in enumerate(factors.items()):
+        for o in _observations(model, [4 + 4 * i, 6 + 4 * i], fam):
+            base = o.features["analytic_reserved_mib"] * MiB
+            obs.append(dataclasses.replace(o, peak_memory=base * factor))
+    fitted = ca.CostModel(iterations=20).fit(obs)
+    assert fitted.memory_cal_rows_ == len(obs)  # every row calibrates, none is held back
+    assert not fitted.__dict__.get("memory_bounds_")  # one bound for all rows
+    for o in obs:
+        base = fitted._baseline(o.features, None)
+        _, upper, _, _ = fitted._corrected(o.features, (base[0], base[0], base[1], base[1]), None)
+        assert o.peak_memory is not None and o.peak_memory <= upper * (1 + 1e-9), o.family

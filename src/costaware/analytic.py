@@ -13,9 +13,9 @@ measured figure or a documented assumption:
   ``cudaMemGetInfo``'s free bytes) and halves the allocation on OOM
   (``generate_and_filter_plans`` in ``aten/src/ATen/native/cudnn/Conv_v8.cpp``). So the
   peak it reaches grows with the card, not with what the step needs: on an 80 GB H100,
-  fp32 conv nets reached 0.9-10.9x the estimate (a U-Net at batch 2: 17.1 GiB against
-  1.6 GiB), bf16/fp16 ones 0.9-1.2x (41 runs, ``data/gpu``). The estimate is the step's
-  need, as with benchmark mode off, and says so in a note.
+  fp32 conv nets peaked at 0.97-10.9x the predicted need (median 2.5x, 22 runs; a U-Net
+  at batch 2: 17.1 GiB), bf16/fp16 ones at 0.93-1.25x (13 runs; ``docs/accuracy.md``).
+  The estimate is the step's need, as with benchmark mode off, and says so in a note.
 - Roofline: per kernel, ``max(flops / (peak * COMPUTE_EFFICIENCY), bytes / (bandwidth *
   MEMORY_EFFICIENCY)) + LAUNCH_OVERHEAD``. fp32 convolutions use the TF32 peak (cuDNN's
   default ``allow_tf32=True``), fp32 matmuls the fp32 peak (PyTorch's default).
