@@ -235,7 +235,9 @@ def test_cli_collect_lists_a_shard(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 # ----------------------------------------------------------------------------- fit
-def test_cli_fit_builds_a_loadable_model(tmp_path: Path) -> None:
+def test_cli_fit_builds_a_loadable_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import costaware as ca
 
     data = tmp_path / "rows.jsonl.gz"
@@ -275,6 +277,11 @@ def test_cli_fit_builds_a_loadable_model(tmp_path: Path) -> None:
     args = ["fit", str(data), "--out", str(out), "--iterations", "20", "--quiet"]
     assert main([*args, "--features-cache", str(cache)]) == 0
     assert cache.is_file()
+    assert "[fit]" not in capsys.readouterr().err  # --quiet: no progress lines
+    # without --quiet and without a terminal (a log, CI): plain progress lines instead
+    assert main([*args[:-1], "--out", str(tmp_path / "again")]) == 0
+    err = capsys.readouterr().err
+    assert "[fit] dry-running configuration 1 of 13" in err and "[fit] fitting" in err
     model = ca.CostModel.load(out)
     assert model.training_["rows"] == 12
     assert model.training_["devices"] == ["CPU"]

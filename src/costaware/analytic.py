@@ -14,7 +14,7 @@ measured figure or a documented assumption:
   (``generate_and_filter_plans`` in ``aten/src/ATen/native/cudnn/Conv_v8.cpp``). So the
   peak it reaches grows with the card, not with what the step needs: on an 80 GB H100,
   fp32 conv nets peaked at 0.97-10.9x the predicted need (median 2.5x, 22 runs; a U-Net
-  at batch 2: 17.1 GiB), bf16/fp16 ones at 0.93-1.25x (13 runs; ``docs/accuracy.md``).
+  at batch 2: 17.1 GiB), bf16/fp16 ones at 0.93-1.26x (13 runs; ``docs/accuracy.md``).
   The estimate is the step's need, as with benchmark mode off, and says so in a note.
 - Roofline: per kernel, ``max(flops / (peak * COMPUTE_EFFICIENCY), bytes / (bandwidth *
   MEMORY_EFFICIENCY)) + LAUNCH_OVERHEAD``. fp32 convolutions use the TF32 peak (cuDNN's

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -261,20 +262,26 @@ def _cmd_fit(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
 
+    configs = [r for r in rows if r.get("kind") != "op"]
+    log = _LogLines(args.quiet or console is not None, len(configs))
     with Progress(console=console, transient=True, disable=console is None) as progress:
         task = progress.add_task("tracing configurations", total=len(rows))
+
+        def on_row(i: int, r: dict[str, Any]) -> None:
+            progress.update(task, completed=i, description=str(r.get("id")))
+            log.traced(i, str(r.get("id")))
+
         obs, skipped = observations(
-            [r for r in rows if r.get("kind") != "op"],
-            model=feature_model,
-            cache=args.features_cache,
-            on_row=lambda i, r: progress.update(task, completed=i, description=str(r.get("id"))),
+            configs, model=feature_model, cache=args.features_cache, on_row=on_row
         )
     if not obs:
         raise CliError(f"none of the {len(rows)} rows is usable: {'; '.join(skipped[:3])}")
+    fitting = f"fitting the memory and time models on {len(obs)} observations"
     if console is not None:
-        with console.status(f"fitting the memory and time models on {len(obs)} observations"):
+        with console.status(fitting):
             model.fit(obs)
     else:
+        log.line(fitting)
         model.fit(obs)
     model.training_["data_files"] = per_file
     model.training_["skipped_rows"] = len(skipped)
@@ -300,6 +307,28 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         f"saved to {out}"
     )
     return 0
+
+
+class _LogLines:
+    """Progress as plain stderr lines, for ``fit`` where no progress bar shows (a log file,
+    CI): a line per ``every`` configurations dry-run (cached ones need none), with the
+    elapsed time. Silent when ``quiet`` (or when a progress bar shows instead)."""
+
+    def __init__(self, quiet: bool, total: int, every: int = 25) -> None:
+        self.quiet, self.total, self.every = quiet, total, every
+        self.count, self.t0 = 0, time.perf_counter()
+
+    def line(self, text: str) -> None:
+        if not self.quiet:
+            print(f"[fit] {text}", file=sys.stderr, flush=True)
+
+    def traced(self, index: int, name: str) -> None:
+        self.count += 1
+        if self.count == 1 or self.count % self.every == 0:
+            self.line(
+                f"dry-running configuration {index + 1} of {self.total} ({name}); "
+                f"{self.count} traced, {time.perf_counter() - self.t0:.0f}s"
+            )
 
 
 def _stderr_console(quiet: bool) -> Any:
