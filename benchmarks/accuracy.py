@@ -228,10 +228,9 @@ def _evaluate(
 
 
 def _precision(feats: dict[str, float]) -> str:
-    for p in ("bf16", "fp16", "fp32"):
-        if feats.get(f"precision_is_{p}") == 1.0:
-            return p
-    return "?"
+    from costaware.spec import PRECISIONS
+
+    return next((p for p in PRECISIONS if feats.get(f"precision_is_{p}") == 1.0), "?")
 
 
 def _search_summary(recs: list[dict[str, Any]]) -> dict[str, Any]:

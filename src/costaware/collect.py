@@ -645,7 +645,7 @@ def observations(
         meta: dict[str, Any] = {"id": rid, "source_device": row.get("device_name")}
         if peak is not None and (peak <= 0 or (dev == "CPU" and peak < min_cpu_peak)):
             peak = None
-        held = reserved_before(m) if peak is not None and dev != "CPU" else None
+        held = reserved_before(m) if dev != "CPU" else None
         if peak is not None and held is not None and held > MAX_RESERVED_BEFORE:
             meta["memory_left_out"] = f"{held / 2**20:,.0f} MiB reserved before it began"
             meta["measured_peak"] = float(peak)  # as recorded, for reports that show it

@@ -517,9 +517,9 @@ def benchmark_search_peak(feats: Mapping[str, float]) -> bool:
     conv net on a GPU with ``cudnn_benchmark`` on. The search's workspace is sized to the
     free memory (see :mod:`costaware.analytic`), so that peak measures the card, not what
     the step needs: it is not a memory target (times still are)."""
-    conv, bench = feats.get("layers_conv", 0.0), feats.get("cudnn_benchmark", 0.0)
+    bench = feats.get("cudnn_benchmark", 0.0)
     gpu = feats.get("device_is_cpu", 0.0) != 1.0
-    return bool(gpu and bench == bench and bench > 0 and conv == conv and conv > 0)
+    return gpu and bench == bench and bench > 0 and _bound_group(feats) == "conv"
 
 
 def _bound_groups(x: np.ndarray, names: Sequence[str]) -> np.ndarray:
