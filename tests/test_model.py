@@ -529,23 +529,38 @@ def test_bounds_follow_an_additive_error_without_widening_large_predictions() ->
 
 
 def test_dispatch_baseline_recovers_a_cpu_bound_and_a_gpu_bound_regime() -> None:
-    """Steps of many tiny kernels take their dispatch time, steps of large kernels their
-    kernel time: the fitted baseline recovers both regimes from whole-model timings."""
-    from costaware.analytic import LAUNCH_OVERHEAD_S, STEP_OVERHEAD_S
+    """Steps of many tiny kernels take the CPU's issue time, steps of large kernels their
+    kernel time: the fitted baseline recovers both regimes, and the CPU's cost per op of
+    each phase, from whole-model timings."""
     from costaware.model import _Dispatch
 
     rng = np.random.default_rng(1)
-    kernels = rng.integers(50, 3000, 120).astype(float)
-    kernel_ms = np.exp(rng.uniform(np.log(0.05), np.log(200.0), 120))
-    truth = _Dispatch(gpu=0.8, dispatch_ms=0.012, step_ms=0.3)
-    op_sum = kernel_ms + 1e3 * (STEP_OVERHEAD_S["cuda"] + LAUNCH_OVERHEAD_S["cuda"] * kernels)
-    measured_s = truth._ms(op_sum, kernels) / 1e3 * np.exp(rng.normal(0, 0.03, 120))
-    fitted = _Dispatch.fit(np.column_stack([op_sum, kernels, measured_s]))
-    assert fitted.gpu == pytest.approx(0.8, rel=0.1)
-    assert fitted.dispatch_ms == pytest.approx(0.012, rel=0.15)
-    # 2,000 kernels of next to nothing: the step is their dispatch, not their sum
-    tiny = fitted.seconds(1e3 * STEP_OVERHEAD_S["cuda"] + 5.0, 2000.0)
-    assert tiny == pytest.approx((0.012 * 2000 + 0.3) / 1e3, rel=0.15)
+    n = 200
+    fwd = rng.integers(20, 1500, n).astype(float)
+    bwd = fwd * rng.uniform(1.2, 2.5, n)
+    opt = rng.integers(3, 12, n).astype(float)
+    kernel_ms = np.exp(rng.uniform(np.log(0.05), np.log(200.0), n))
+    rows = np.column_stack([kernel_ms, fwd, bwd, opt])
+    truth = _Dispatch(gpu=0.9, fwd_ms=0.05, bwd_ms=0.012, opt_ms=0.06, step_ms=0.3)
+    measured_s = truth._ms(rows) / 1e3 * np.exp(rng.normal(0, 0.03, n))
+    fitted = _Dispatch.fit(rows, measured_s)
+    assert fitted.gpu == pytest.approx(0.9, rel=0.1)
+    assert fitted.fwd_ms == pytest.approx(0.05, rel=0.2)
+    assert fitted.bwd_ms == pytest.approx(0.012, rel=0.3)
+    # 800 forward and 1,600 backward ops of next to nothing: the step is their issue time
+    tiny = {
+        "optime_kernel_ms": 0.5,
+        "kernels_fwd": 800.0,
+        "kernels_bwd": 1600.0,
+        "kernels_opt": 5.0,
+    }
+    expected = (0.05 * 800 + 0.012 * 1600 + 0.06 * 5 + 0.3) / 1e3
+    assert fitted.seconds(tiny) == pytest.approx(expected, rel=0.1)
+    # large kernels: the step is the GPU's
+    big = {**tiny, "optime_kernel_ms": 500.0}
+    assert fitted.seconds(big) == pytest.approx(0.9 * 0.5, rel=0.1)
+    # features from before the split (no kernels_* counts): no answer, the op sum is used
+    assert fitted.seconds({"optime_kernel_ms": 5.0}) is None
 
 
 def test_models_with_convolutions_get_their_own_bound() -> None:

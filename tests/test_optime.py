@@ -144,3 +144,25 @@ def test_save_load_round_trip_keeps_the_op_model(op_model: OpTimeModel, tmp_path
     assert b.iteration_time == pytest.approx(a.iteration_time, rel=1e-6)
     assert b.basis["op_sum_time"] == pytest.approx(a.basis["op_sum_time"], rel=1e-6)
     assert "op-level time" in b.explain()
+
+
+def test_backward_matmuls_are_costed_as_the_forward_kernels_they_are(
+    op_model: OpTimeModel,
+) -> None:
+    """Opbench's backward of a linear is one ``backward()`` of two ``mm`` kernels plus the
+    autograd engine; a traced backward ``mm`` is one kernel, costed by the forward model.
+    A backward-only group (a conv's ``convolution_backward``) keeps the backward model."""
+    h100 = get_device("H100")
+    # (op, phase, dtype, class, flops, bytes, count): one matmul-class node, fwd then bwd
+    mm = ("mm", 0, 0, 0, 2e9, 6e6, 1)
+    fwd = op_model.step_features([mm], h100)
+    bwd = op_model.step_features([(*mm[:1], 1, *mm[2:])], h100)
+    assert bwd["optime_bwd_ms"] == pytest.approx(fwd["optime_fwd_ms"], rel=1e-9)
+    assert fwd["kernels_fwd"] == 1 and bwd["kernels_bwd"] == 1 and bwd["kernels_fwd"] == 0
+    conv = ("convolution_backward", 1, 0, 0, 2e9, 6e6, 1)
+    as_bwd = op_model.step_features([conv], h100)["optime_bwd_ms"]
+    as_fwd = op_model.step_features([("convolution", 0, 0, 0, 2e9, 6e6, 1)], h100)
+    assert as_bwd != pytest.approx(as_fwd["optime_fwd_ms"], rel=1e-3)
+    # the kernel time is the op sum less the launches and the step overhead
+    f = op_model.step_features([mm, (*mm[:1], 1, *mm[2:])], h100)
+    assert f["optime_kernel_ms"] == pytest.approx(f["optime_ms"] - 2.0 - 2 * 5e-3, rel=1e-6)

@@ -20,7 +20,10 @@ trained on one version refuses features of another.
   for CUDA targets; version 3 traces recurrent layers (nn.LSTM / GRU / RNN) as fused cuDNN
   kernels for CUDA targets too (``costaware::rnn`` and ``rnn_backward``, group "rnn").
   Version 4: the analytic reserved peak of a conv net under cuDNN's benchmark mode is
-  what the step needs (it was 1.8x that; see :mod:`costaware.analytic`).
+  what the step needs (it was 1.8x that; see :mod:`costaware.analytic`). Version 5: the
+  op-level sum costs a backward ``mm`` (or add, mul) as the forward kernel it is, and adds
+  the kernel time alone and the kernel nodes per phase (``optime_kernel_ms``,
+  ``kernels_fwd``, ``kernels_bwd``, ``kernels_opt``; see :mod:`costaware.optime`).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "4"
+FEATURE_VERSION = "5"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}

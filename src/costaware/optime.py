@@ -18,6 +18,7 @@ The model is saved as a CatBoost ``.cbm`` file (no pickle).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -118,7 +119,19 @@ OPTIME_FEATURES = (
     "optime_fallback_frac",
     "log_optime",
     "optime_over_analytic",
+    "optime_kernel_ms",
+    "kernels_fwd",
+    "kernels_bwd",
+    "kernels_opt",
 )
+#: Groups whose backward nodes are the forward group's kernels. Autograd runs a linear's or
+#: a matmul's backward as two ``mm`` nodes, an add's or a mul's as elementwise kernels (and
+#: ops without op data fall back to "add"). Opbench's backward time of those ops is the
+#: whole ``backward()``: both kernels and the autograd engine's overhead, timed as one
+#: sample. Costing every backward ``mm`` as such a sample counted the harness about twice
+#: per linear layer (a transformer's backward came out 2x its forward's kernel time), so
+#: these nodes are costed by the forward model of their group: the same kernel.
+FORWARD_KERNEL_GROUPS = ("matmul", "add", "mul")
 
 
 def _x(group: Any, phase: Any, dtype: Any, flops: Any, nbytes: Any) -> np.ndarray:
@@ -329,8 +342,11 @@ class OpTimeModel:
 
         Sums predicted kernel times plus the analytic launch overhead per kernel, forward
         and backward per micro-batch and the optimizer step once per ``grad_accumulation``
-        micro-batches, as :func:`costaware.analytic.roofline_time` does. Another CUDA device
-        than the op data's is scaled by the ratio of the roofline sums; a CPU gets NaN.
+        micro-batches, as :func:`costaware.analytic.roofline_time` does. Backward nodes of
+        :data:`FORWARD_KERNEL_GROUPS` are costed as the forward kernels they are. Another
+        CUDA device than the op data's is scaled by the ratio of the roofline sums; a CPU
+        gets NaN. Besides the sums: the kernel time alone (``optime_kernel_ms``) and the
+        kernel nodes of each phase (``kernels_fwd``, ``kernels_bwd``, ``kernels_opt``).
         """
         if device.kind != "cuda":
             return nan_features()
@@ -338,7 +354,9 @@ class OpTimeModel:
         from costaware.devices import get_device
 
         a = _arrays(table)
-        per = self.predict_kernels(a) * a.count
+        same = np.isin(a.group, [_GROUP_INDEX[g] for g in FORWARD_KERNEL_GROUPS])
+        as_kernels = dataclasses.replace(a, phase=np.where((a.phase == 1) & same, 0, a.phase))
+        per = self.predict_kernels(as_kernels) * a.count
         launch = LAUNCH_OVERHEAD_S["cuda"] * a.count
         if device.name != self.info_["device"]:
             ref = get_device(self.info_["device"])
@@ -351,6 +369,7 @@ class OpTimeModel:
         total = fwd + bwd + opt + STEP_OVERHEAD_S["cuda"] / grad_accumulation
         fb = a.phase <= 1
         fall = float(per[fb & a.fallback].sum()) / max(float(per[fb].sum()), 1e-12)
+        kernel = float(per[fb].sum()) / micro + float(per[a.phase == 2].sum()) / grad_accumulation
         return {
             "optime_ms": total * 1e3,
             "optime_fwd_ms": fwd * 1e3,
@@ -359,6 +378,13 @@ class OpTimeModel:
             "optime_fallback_frac": fall,
             "log_optime": math.log(total),
             "optime_over_analytic": total / analytic_s if analytic_s else math.nan,
+            # the GPU's own share (no launch or step overhead) and the ops the CPU issues,
+            # per micro-batch: what model._Dispatch splits a step into
+            "optime_kernel_ms": kernel * 1e3,
+            "kernels_fwd": float(a.count[a.phase == 0].sum()) / micro,
+            "kernels_bwd": float(a.count[a.phase == 1].sum()) / micro,
+            # the optimizer's nodes, each (a.count has its step as one sample)
+            "kernels_opt": float(sum(t[6] for t in table if t[1] == 2)) / grad_accumulation,
         }
 
     # -- persistence ------------------------------------------------------------------------
