@@ -393,10 +393,11 @@ class _Dispatch:
     The CPU's cost per op differs by phase: a forward op goes through Python and the
     module call, a backward op only through the autograd engine in C++, and an optimizer
     node is a ``_foreach`` op over every parameter. One cost per kernel for all three
-    (the model before this one) over-predicted backward-heavy steps such as DenseNet's by
-    40%. The five constants are fitted on whole-model timings (the training rows of
-    ``fit``), minimising the mean absolute log error; ``kernel_ms`` and the three counts are
-    the ``optime_kernel_ms`` and ``kernels_*`` features of :mod:`costaware.optime`.
+    (the model before this one) over-predicted backward-heavy steps: DenseNet's held-out
+    time error was 42%, 19% with this split. The five constants are fitted on whole-model
+    timings (the training rows of ``fit``), minimising the mean absolute log error; the
+    kernel time and the three counts are the :data:`INPUTS` features of
+    :mod:`costaware.optime`.
     """
 
     gpu: float
