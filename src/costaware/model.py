@@ -414,12 +414,16 @@ class _Dispatch:
         "kernels_opt",
     )
 
+    @classmethod
+    def row(cls, feats: Mapping[str, float]) -> list[float] | None:
+        """The :data:`INPUTS` of ``feats``; None when one is missing (or not finite)."""
+        row = [feats.get(n, math.nan) for n in cls.INPUTS]
+        return row if all(math.isfinite(v) for v in row) else None
+
     def seconds(self, feats: Mapping[str, float]) -> float | None:
         """The step time for ``feats``; None when a feature it needs is missing."""
-        row = [feats.get(n, math.nan) for n in self.INPUTS]
-        if not all(math.isfinite(v) for v in row):
-            return None
-        return float(self._ms(np.asarray([row]))[0]) / 1e3
+        row = self.row(feats)
+        return None if row is None else float(self._ms(np.asarray([row]))[0]) / 1e3
 
     def _ms(self, rows: np.ndarray) -> np.ndarray:
         issue = rows[:, 1:4] @ np.asarray([self.fwd_ms, self.bwd_ms, self.opt_ms]) + self.step_ms
@@ -1086,12 +1090,12 @@ class CostModel:
             self.graph2vec_ = base.graph2vec_
         self.__dict__.pop("dispatch_", None)
         if base is None and self.__dict__.get("time_baseline", "roofline") == "optime":
+            rows = [(_Dispatch.row(o.features), o.iteration_time) for o in obs]
             timed = [
-                ([o.features.get(n, math.nan) for n in _Dispatch.INPUTS], o.iteration_time)
-                for o in obs
-                if o.iteration_time and o.features.get("optime_ms", math.nan) > 0
+                (row, secs)
+                for (row, secs), o in zip(rows, obs)
+                if row is not None and secs and o.features.get("optime_ms", math.nan) > 0
             ]
-            timed = [(row, secs) for row, secs in timed if all(map(math.isfinite, row))]
             if len(timed) >= _MIN_DISPATCH_ROWS:
                 self.dispatch_ = _Dispatch.fit(
                     np.asarray([row for row, _ in timed], dtype=np.float64),

@@ -133,6 +133,7 @@ OPTIME_FEATURES = (
 #: median 1.53x and 1.74x their measured steps, and 0.95x and 1.07x with these nodes
 #: costed by the forward model of their group: the same kernel.
 FORWARD_KERNEL_GROUPS = ("matmul", "add", "mul")
+_FORWARD_KERNEL_INDEX = [_GROUP_INDEX[g] for g in FORWARD_KERNEL_GROUPS]
 
 
 def _x(group: Any, phase: Any, dtype: Any, flops: Any, nbytes: Any) -> np.ndarray:
@@ -355,7 +356,7 @@ class OpTimeModel:
         from costaware.devices import get_device
 
         a = _arrays(table)
-        same = np.isin(a.group, [_GROUP_INDEX[g] for g in FORWARD_KERNEL_GROUPS])
+        same = np.isin(a.group, _FORWARD_KERNEL_INDEX)
         as_kernels = dataclasses.replace(a, phase=np.where((a.phase == 1) & same, 0, a.phase))
         per = self.predict_kernels(as_kernels) * a.count
         launch = LAUNCH_OVERHEAD_S["cuda"] * a.count
