@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import functools
 import resource
 import time
@@ -238,6 +239,63 @@ def test_events_are_consistent(cnn_spec: ca.TrainingSpec) -> None:
             assert k in live
             live.remove(k)
     assert np.all(sizes != 0)
+
+
+def _conv_stack() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1),  # 3x3: a transient in its backward
+        nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1, groups=32),  # depthwise: none
+        nn.Conv2d(32, 64, 1),  # 1x1: none
+        nn.Conv2d(64, 64, 3, padding=1, groups=2),  # grouped, not depthwise: one
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, 10),
+    )
+
+
+def test_conv_backward_transients_are_input_plus_output_gradient() -> None:
+    from costaware.allocator import simulate
+
+    spec = ca.TrainingSpec(
+        model=_conv_stack, batch=ca.ImageBatch((3, 32, 32), classes=10), batch_size=8
+    )
+    tr = ca.dry_run(spec)
+    first = 8 * 3 * 32 * 32 * 4 + 8 * 32 * 32 * 32 * 4  # input + output gradient, fp32
+    grouped = 2 * 8 * 64 * 32 * 32 * 4
+    # backward runs last layer first; step 2 repeats step 1's transients
+    assert tr.transients[:, 1].tolist() == [grouped, first, grouped, first]
+    steps = [i for i, name in tr.marks if name == "step"]
+    assert tr.transients[1, 0] < steps[1] <= tr.transients[2, 0]
+    # they are GPU-only: the live timeline and the events do not hold them
+    events = tr.allocator_events()
+    assert len(events) == len(tr.events) + 2 * len(tr.transients)
+    assert np.array_equal(events[events[:, 0] <= tr.events[:, 0].max()], tr.events)
+    assert tr.peak_live == int(tr.timeline.max())
+    with_blocks, without = simulate(events), simulate(tr.events)
+    assert with_blocks.peak_allocated > without.peak_allocated
+    assert with_blocks.peak_reserved >= without.peak_reserved
+    # each is allocated and freed again right before the event it was recorded at
+    pos = int(tr.transients[0, 0])  # no transient precedes the first one
+    assert events[pos, 1] == grouped and events[pos + 1, 1] == -1
+    assert events[pos, 0] == events[pos + 1, 0]
+    # rescaled with the batch, like the activations they are made of
+    assert rescale(tr, 16).transients[:, 1].tolist() == [2 * b for b in tr.transients[:, 1]]
+    assert np.array_equal(rescale(tr, 16).transients[:, 0], tr.transients[:, 0])
+
+
+def test_gpu_estimate_replays_the_transients_and_the_cpu_one_does_not() -> None:
+    from costaware import analytic
+    from costaware.devices import get_device
+
+    spec = ca.TrainingSpec(
+        model=_conv_stack, batch=ca.ImageBatch((3, 64, 64), classes=10), batch_size=32
+    )
+    tr = ca.dry_run(spec)
+    bare = dataclasses.replace(tr, transients=tr.transients[:0])
+    gpu, cpu = get_device("H100"), get_device("cpu")
+    assert analytic.estimate(tr, spec, gpu).reserved > analytic.estimate(bare, spec, gpu).reserved
+    assert analytic.estimate(tr, spec, cpu).reserved == analytic.estimate(bare, spec, cpu).reserved
 
 
 def _attention_spec(**kw: object) -> ca.TrainingSpec:
