@@ -150,7 +150,10 @@ def test_cpu_run_writes_ok_rows(tmp_path: Path) -> None:
         "env",
     }
     for r in rows:
-        assert keys <= set(r) and r["schema"] == 1 and r["kind"] == "op"
+        assert keys <= set(r) and r["schema"] == 2 and r["kind"] == "op"
+        # held timing, issue times and per-phase peaks are CUDA's; a CPU row has none
+        assert r["times"]["timer"] == "perf_counter" and r["peak_alloc_phase"] is None
+        assert not any(k.endswith("_issue_s") for k in r["times"]) and "held" not in r["times"]
         assert r["device"] == "cpu" and r["device_name"] == "CPU"
         assert r["env"]["torch"] == torch.__version__ and r["env"]["cudnn_benchmark"] is False
         # a case whose warm-up rep is slow (a loaded machine) is timed with 3 reps
@@ -250,6 +253,7 @@ def test_progress_lines(tmp_path: Path) -> None:
 def test_cli_help_and_list_subprocess() -> None:
     r = _cli("--help")
     assert r.returncode == 0 and "--max-minutes" in r.stdout and "--reps" in r.stdout
+    assert "--timer" in r.stdout and "{held,event}" in r.stdout
     r = _cli("--list", "--n", "25", "--seed", "2")
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
@@ -283,3 +287,32 @@ def test_cli_cpu_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert opbench.main([*args, "--quiet"]) == 0
     assert capsys.readouterr() == ("", "")
     assert len(list(read_rows(out))) == 6  # resumed: nothing left
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("hold", [True, False])
+def test_cuda_held_timing_and_phase_peaks(tmp_path: Path, hold: bool) -> None:
+    out = tmp_path / "ops.jsonl.gz"
+    todo = [c for c in cases(0, 400) if c.op in ("linear", "add", "adam")][:6]
+    s = bench(todo, out, "cuda", progress=False, hold=hold)
+    assert s.statuses == {"ok": 6}
+    for r in read_rows(out):
+        t = r["times"]
+        assert r["schema"] == 2 and t["total_s"] > 0
+        phases = (
+            ["step"]
+            if r["direction"] == "step"
+            else ["fwd", "bwd"][: 1 + (r["direction"] == "fwd+bwd")]
+        )
+        # the CPU's issue time of every phase is recorded beside the GPU's
+        assert all(t[f"{ph}_issue_s"] > 0 for ph in phases)
+        if hold:
+            # small cases: the spin outlasts the CPU's issuing, so the GPU ran them back to back
+            assert t["timer"] == "cuda_held" and t["held"] and t["hold_s"] > t["issue_all_s"] > 0
+        else:
+            assert t["timer"] == "cuda_event" and "held" not in t
+        if r["direction"] == "fwd+bwd":
+            peaks = r["peak_alloc_phase"]
+            assert 0 < peaks["fwd"] <= r["peak_alloc"] and 0 < peaks["bwd"] <= r["peak_alloc"]
+        else:
+            assert r["peak_alloc_phase"] is None

@@ -14,7 +14,15 @@ import pytest
 import costaware as ca
 from costaware.devices import get_device
 from costaware.model import Observation
-from costaware.optime import OPTIME_FEATURES, OpTimeModel, node_table, op_rows_digest, op_samples
+from costaware.optime import (
+    HARNESS_FLOOR_S,
+    HELD_TIMER,
+    OPTIME_FEATURES,
+    OpTimeModel,
+    node_table,
+    op_rows_digest,
+    op_samples,
+)
 from tests.conftest import tiny_cnn
 
 
@@ -80,6 +88,24 @@ def test_op_samples_split_directions_and_skip_errors() -> None:
     # 8 fwd+bwd rows give two samples each, 4 optimizer rows one; the error row none
     assert x.shape == (20, 6) and len(y) == 20
     assert op_rows_digest(rows) == op_rows_digest(list(reversed(rows)))
+
+
+def test_op_samples_keep_held_timings_whole_and_prefer_them() -> None:
+    rows = _op_rows(12)
+    _, y = op_samples(rows)
+    linear = rows[0]
+    assert linear["op"] == "linear" and linear["direction"] == "fwd+bwd"
+    # a schema 1 timing loses the harness floor; a held one (the GPU's own time) does not
+    assert math.exp(y[0]) == pytest.approx(linear["times"]["fwd_s"] - HARNESS_FLOOR_S[0])
+    held = {**linear, "times": {**linear["times"], "timer": HELD_TIMER}}
+    _, y_held = op_samples([held])
+    assert math.exp(y_held[0]) == pytest.approx(linear["times"]["fwd_s"])
+    assert math.exp(y_held[1]) == pytest.approx(linear["times"]["bwd_s"])
+    # the same case timed both ways: only the held samples count, wherever they come
+    for both in ([*rows, held], [held, *rows]):
+        _, y_b = op_samples(both)
+        assert len(y_b) == len(y)
+        assert sorted(y_b.tolist()) == sorted([*y[2:].tolist(), *y_held.tolist()])
 
 
 def test_op_model_learns_size_and_sums_over_a_trace(op_model: OpTimeModel) -> None:

@@ -17,6 +17,13 @@ and :mod:`costaware.collect` (for the ``.jsonl.gz`` row format).
   ``time.perf_counter``. A ``fwd+bwd`` case times the forward and the backward of each
   repetition separately. When a warm-up repetition takes over ``slow_rep_s`` (0.5 s), only 3
   repetitions are timed (``times.capped``).
+- Held timing (schema 2, CUDA): the timed repetitions queue up behind a spin kernel
+  (``torch.cuda._sleep``) that outlasts the CPU's issuing of them, so the events time the
+  GPU's own kernels back to back (``times.timer`` "cuda_held"), and the CPU's issue time of
+  each phase is recorded apart (``fwd_issue_s``, ``bwd_issue_s``, ``step_issue_s``). Schema 1
+  rows (``timer`` "cuda_event") time each call from an idle GPU: the CPU's launch latency,
+  tens of microseconds, is inside every sample. A ``fwd+bwd`` case on CUDA also records the
+  peak allocation of one forward and of its backward apart (``peak_alloc_phase``).
 - One row per case, each its own gzip member appended to the file (the format of
   :func:`costaware.collect.append_row`; rows are written as they come and synced every few
   seconds). An OOM or any error is a row (``status`` "oom" / "error"), never a crash; a case
@@ -68,7 +75,7 @@ __all__ = [
 ]
 
 #: Version of the op row layout.
-OP_SCHEMA_VERSION = 1
+OP_SCHEMA_VERSION = 2
 
 #: Every operation and its weight in :func:`cases` (common operations dominate).
 OPS: dict[str, float] = {
@@ -668,7 +675,11 @@ def _build(case: OpCase, dev: torch.device) -> _Prepared:
 
 # ------------------------------------------------------------------------------- timing
 class _Clock:
-    """Timestamps: CUDA events recorded on the stream, or ``perf_counter`` on a CPU."""
+    """Timestamps: CUDA events recorded on the stream, or ``perf_counter`` on a CPU.
+
+    On CUDA every mark also takes a ``perf_counter`` stamp: the CPU's side of the same
+    moment, from which the time the CPU spent issuing each phase is read (``issue``).
+    """
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
@@ -681,20 +692,55 @@ class _Clock:
         if self.cuda:
             while len(self.events) < marks:
                 self.events.append(torch.cuda.Event(enable_timing=True))  # type: ignore[no-untyped-call]
-        elif len(self.stamps) < marks:
+        if len(self.stamps) < marks:
             self.stamps.extend([0.0] * (marks - len(self.stamps)))
 
     def mark(self) -> None:
         if self.cuda:
             self.events[self.k].record()
-        else:
-            self.stamps[self.k] = time.perf_counter()
+        self.stamps[self.k] = time.perf_counter()
         self.k += 1
 
     def seconds(self, a: int, b: int) -> float:
         if self.cuda:
             return float(self.events[a].elapsed_time(self.events[b])) / 1e3
         return self.stamps[b] - self.stamps[a]
+
+    def issue(self, a: int, b: int) -> float:
+        """CPU seconds between marks ``a`` and ``b`` (what issuing the work between took)."""
+        return self.stamps[b] - self.stamps[a]
+
+
+#: the GPU's ``torch.cuda._sleep`` cycles per second, measured once per process
+_SLEEP_RATE: list[float] = []
+
+
+def _sleep_rate() -> float:
+    """Cycles per second of ``torch.cuda._sleep`` on the current GPU (measured once)."""
+    if not _SLEEP_RATE:
+        a, b = (torch.cuda.Event(enable_timing=True) for _ in range(2))  # type: ignore[no-untyped-call]
+        torch.cuda._sleep(1_000_000)  # type: ignore[no-untyped-call]  # warm the kernel
+        cycles = 20_000_000
+        a.record()
+        torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
+        b.record()
+        torch.cuda.synchronize()
+        _SLEEP_RATE.append(cycles / max(float(a.elapsed_time(b)) / 1e3, 1e-6))
+    return _SLEEP_RATE[0]
+
+
+def _hold_gpu(seconds: float) -> tuple[Any, float]:
+    """Enqueue a spin kernel of about ``seconds`` on the current stream, so that the work
+    the CPU issues next queues up behind it and runs back to back, with no launch gaps.
+
+    Returns an event recorded before the spin and the CPU time of that record: after a
+    synchronisation, ``elapsed(event, first mark)`` is how long the GPU spun.
+    """
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start.record()
+    t = time.perf_counter()
+    torch.cuda._sleep(max(1, int(seconds * _sleep_rate())))  # type: ignore[no-untyped-call]
+    return start, t
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -710,6 +756,12 @@ def _sync(cuda: bool) -> None:
         torch.cuda.synchronize()
 
 
+#: how much longer than the CPU's expected issue time a held GPU spins before the reps
+_HOLD_MARGIN = 2.0
+#: spin tries per case: a hold the CPU outran is retried once, twice as long
+_HOLD_TRIES = 2
+
+
 def _time_prepared(
     prep: _Prepared,
     direction: str,
@@ -717,8 +769,18 @@ def _time_prepared(
     warmup: int,
     reps: int,
     slow_rep_s: float,
+    hold: bool = False,
 ) -> dict[str, Any]:
-    """Warm up, then time ``reps`` repetitions (3 when a warm-up one is slow)."""
+    """Warm up, then time ``reps`` repetitions (3 when a warm-up one is slow).
+
+    With ``hold`` (CUDA only), the timed repetitions queue up behind a spin kernel
+    (:func:`_hold_gpu`) long enough to cover the time the CPU takes to issue them, so
+    that the events time the GPU's own work, back to back (``timer="cuda_held"``), and
+    the ``*_issue_s`` times are what the CPU took to issue each phase. Without it, an
+    event pair around an op also times the CPU's launch latency while the GPU waits
+    (``timer="cuda_event"``): tens of microseconds, which drown small kernels. When
+    the CPU outruns the spin twice, the times are the unheld kind and say so.
+    """
     cuda = clock.cuda
     leaves = prep.leaves
     bwd = direction == "fwd+bwd"
@@ -748,11 +810,14 @@ def _time_prepared(
         if marks:
             clock.mark()
 
+    held: dict[str, Any] = {}
     with torch.set_grad_enabled(bwd):
         warm: list[float] = []
+        issue = math.inf  # the CPU's time to issue one repetition (no synchronisation)
         for i in range(max(1, warmup)):
             t0 = time.perf_counter()
             rep(False)
+            issue = min(issue, time.perf_counter() - t0)
             _sync(cuda)
             warm.append(time.perf_counter() - t0)
             if i >= 1 and warm[-1] > slow_rep_s:
@@ -760,27 +825,70 @@ def _time_prepared(
         capped = warm[-1] > slow_rep_s
         n = min(3, reps) if capped else reps
         per = 3 if bwd else 2
-        clock.reset(per * n)
-        for _ in range(n):
-            rep(True)
-        _sync(cuda)
+        hold_s = _HOLD_MARGIN * n * issue + 1e-3
+        for _ in range(_HOLD_TRIES if hold and cuda else 1):
+            clock.reset(per * n)
+            start = _hold_gpu(hold_s) if hold and cuda else None
+            for _ in range(n):
+                rep(True)
+            _sync(cuda)
+            if start is None:
+                break
+            # the GPU ran the reps back to back if it was still spinning when the CPU had
+            # issued the last of them
+            spun = float(start[0].elapsed_time(clock.events[0])) / 1e3
+            cpu = clock.stamps[per * n - 1] - start[1]
+            held = {"held": spun > cpu, "hold_s": spun, "issue_all_s": cpu}
+            if held["held"]:
+                break
+            hold_s = 2 * max(hold_s, cpu)
     times: dict[str, Any] = {}
     phases = ["fwd", "bwd"] if bwd else ["step" if prep.step is not None else "fwd"]
     for j, ph in enumerate(phases):
         xs = [clock.seconds(per * i + j, per * i + j + 1) for i in range(n)]
         times[f"{ph}_s"], times[f"{ph}_p10_s"] = _pct(xs, 0.5), _pct(xs, 0.1)
         times[f"{ph}_p90_s"] = _pct(xs, 0.9)
+        if cuda:
+            cpu_xs = [clock.issue(per * i + j, per * i + j + 1) for i in range(n)]
+            times[f"{ph}_issue_s"] = _pct(cpu_xs, 0.5)
     tot = [clock.seconds(per * i, per * i + per - 1) for i in range(n)]
     times["total_s"], times["total_p10_s"] = _pct(tot, 0.5), _pct(tot, 0.1)
     times["total_p90_s"] = _pct(tot, 0.9)
+    timer = "perf_counter"
+    if cuda:
+        timer = "cuda_held" if held.get("held") else "cuda_event"
     times.update(
         reps=n,
         warmup=len(warm),
         capped=capped,
         warm_first_s=warm[0],
-        timer="cuda_event" if cuda else "perf_counter",
+        timer=timer,
+        **held,
     )
     return times
+
+
+def _phase_peaks(prep: _Prepared, dev: torch.device, base: int) -> dict[str, int]:
+    """Peak allocation (above ``base``) of one forward, and of the backward that follows.
+
+    What one ``fwd+bwd`` repetition holds in each phase, the inputs and the output
+    gradient included: a kernel's workspace shows as the phase's peak above its tensors.
+    """
+    assert prep.fwd is not None
+    for t in prep.leaves:
+        t.grad = None
+    with torch.enable_grad():
+        torch.cuda.reset_peak_memory_stats(dev)
+        out = prep.fwd()
+        fwd = torch.cuda.max_memory_allocated(dev) - base
+        gout = None if out.dim() == 0 else torch.randn_like(out)
+        torch.cuda.reset_peak_memory_stats(dev)
+        out.backward(gout)  # type: ignore[no-untyped-call]
+        bwd = torch.cuda.max_memory_allocated(dev) - base
+    del out, gout
+    for t in prep.leaves:
+        t.grad = None
+    return {"fwd": int(fwd), "bwd": int(bwd)}
 
 
 # ------------------------------------------------------------------------------- running
@@ -919,6 +1027,7 @@ def _base_row(case: OpCase, device: str, device_name: str, env: dict[str, Any]) 
         "status": "ok",
         "times": {},
         "peak_alloc": None,
+        "peak_alloc_phase": None,
         "error": None,
         "device": device,
         "device_name": device_name,
@@ -942,8 +1051,9 @@ def _measure_one(
     reps: int,
     slow_rep_s: float,
     row: dict[str, Any],
+    hold: bool = False,
 ) -> None:
-    """Time ``case`` into ``row`` (status, times, peak, error); never raises an Exception."""
+    """Time ``case`` into ``row`` (status, times, peaks, error); never raises an Exception."""
     cuda = dev.type == "cuda"
     t0 = time.perf_counter()
     try:
@@ -951,10 +1061,14 @@ def _measure_one(
             torch.cuda.reset_peak_memory_stats(dev)
             base = torch.cuda.memory_allocated(dev)
         prep = _build(case, dev)
-        row["times"] = _time_prepared(prep, case.direction, clock, warmup, reps, slow_rep_s)
-        del prep
+        row["times"] = _time_prepared(
+            prep, case.direction, clock, warmup, reps, slow_rep_s, hold=hold
+        )
         if cuda:
             row["peak_alloc"] = int(torch.cuda.max_memory_allocated(dev) - base)
+            if case.direction == "fwd+bwd" and prep.fwd is not None:
+                row["peak_alloc_phase"] = _phase_peaks(prep, dev, base)
+        del prep
     except Exception as e:
         row["status"] = "oom" if _is_oom(e) else "error"
         row["error"] = f"{type(e).__name__}: {e}"[:400]
@@ -1012,6 +1126,7 @@ def bench(
     progress: bool = True,
     stream: TextIO | None = None,
     housekeeping_every: int = 200,
+    hold: bool = True,
 ) -> OpBenchSummary:
     """Time ``todo_cases`` on ``device`` and append one row per case to ``out_path``.
 
@@ -1029,6 +1144,9 @@ def bench(
         stream: where progress goes (default stderr).
         housekeeping_every: run the garbage collector and empty the CUDA cache every this
             many cases (and after every OOM or error); never in between.
+        hold: on CUDA, queue the timed repetitions behind a spin kernel so that the events
+            time the GPU's work alone (``timer="cuda_held"``; see :func:`_time_prepared`);
+            ``False`` times each call with the CPU's launch latency in it, as schema 1 did.
 
     Returns:
         An :class:`OpBenchSummary`; ``fatal`` is set when CUDA stopped working (an illegal
@@ -1067,7 +1185,7 @@ def bench(
                 break
             marker.write_text(json.dumps(case.to_dict(), separators=(",", ":")))
             row = _base_row(case, device, name, env)
-            _measure_one(case, dev, clock, warmup, reps, slow_rep_s, row)
+            _measure_one(case, dev, clock, warmup, reps, slow_rep_s, row, hold=hold)
             row["finished_at"] = _now()
             writer.write(row)
             status = str(row["status"])
@@ -1158,6 +1276,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--cudnn-benchmark", action="store_true", help="cudnn.benchmark on (default off)"
     )
+    p.add_argument(
+        "--timer",
+        choices=("held", "event"),
+        default="held",
+        help=(
+            "CUDA timing: 'held' queues the reps behind a spin kernel so that the events time "
+            "the GPU's own work and the CPU's issue time is recorded apart (default); 'event' "
+            "times each call with its launch latency in it (schema 1's timings)"
+        ),
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default torch's)")
     p.add_argument("--no-resume", action="store_true", help="time ids already in the file again")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -1205,6 +1333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         slow_rep_s=args.slow_rep,
         cudnn_benchmark=args.cudnn_benchmark,
         progress=not args.quiet,
+        hold=args.timer == "held",
     )
     if not args.quiet or summary.fatal:
         print(f"[opbench] {summary}", file=sys.stderr, flush=True)

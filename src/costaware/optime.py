@@ -101,12 +101,16 @@ _GROUP_INDEX = {g: i for i, g in enumerate(GROUPS)}
 #: a node of a group without op data is costed as this memory-bound group, by its bytes
 FALLBACK_GROUP = "add"
 _DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
-#: Every opbench time carries the harness's own cost: a timed Python call around one
-#: kernel (forward) or one ``backward()`` through the autograd engine. Their floors, about
-#: 0.9x the 2nd percentile of the H100 op rows (fwd 19.8 us, bwd 81.6 us), are taken off
-#: so that the model learns the kernel time; a traced node adds the analytic launch
-#: overhead instead. Optimizer steps keep theirs: their Python bookkeeping is real.
+#: Every opbench time of schema 1 (``timer`` "cuda_event") carries the harness's own
+#: cost: a timed Python call around one kernel (forward) or one ``backward()`` through
+#: the autograd engine, issued to an idle GPU. Their floors, about 0.9x the 2nd percentile
+#: of the H100 op rows (fwd 19.8 us, bwd 81.6 us), are taken off so that the model learns
+#: the kernel time; a traced node adds the analytic launch overhead instead. Optimizer
+#: steps keep theirs: their Python bookkeeping is real. Held timings (``timer``
+#: "cuda_held", opbench schema 2) time the GPU's work alone and keep every microsecond.
 HARNESS_FLOOR_S = {0: 18e-6, 1: 75e-6, 2: 0.0}
+#: the opbench timer whose samples are the GPU's own time (no harness floor to take off)
+HELD_TIMER = "cuda_held"
 MIN_KERNEL_S = 1e-6
 #: the fewest usable kernel timings the op model is fitted on
 MIN_OP_SAMPLES = 10
@@ -152,12 +156,21 @@ def _x(group: Any, phase: Any, dtype: Any, flops: Any, nbytes: Any) -> np.ndarra
     )
 
 
+def _held(row: Mapping[str, Any]) -> bool:
+    """Whether an opbench row's times are held timings (the GPU's work alone)."""
+    return bool((row.get("times") or {}).get("timer") == HELD_TIMER)
+
+
 def op_samples(rows: Iterable[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
     """(features, log seconds) of every kernel timing in opbench rows with status "ok".
 
     A ``fwd+bwd`` row gives a forward and a backward sample, an optimizer ``step`` row one
-    optimizer sample. The harness floor is taken off (see :data:`HARNESS_FLOOR_S`).
+    optimizer sample. The harness floor is taken off unheld timings (see
+    :data:`HARNESS_FLOOR_S`). A case timed both ways (a schema 1 file and its held re-run)
+    gives only its held samples.
     """
+    rows = list(rows)
+    held = {r.get("id") for r in rows if _held(r)}
     g: list[int] = []
     ph: list[int] = []
     dt: list[int] = []
@@ -166,6 +179,9 @@ def op_samples(rows: Iterable[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarra
     y: list[float] = []
     for r in rows:
         if r.get("kind") != "op" or r.get("status") != "ok" or r.get("op") not in OPBENCH_GROUPS:
+            continue
+        is_held = _held(r)
+        if r.get("id") in held and not is_held:
             continue
         times = r.get("times") or {}
         fwd_group, bwd_group = OPBENCH_GROUPS[r["op"]]
@@ -187,7 +203,8 @@ def op_samples(rows: Iterable[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarra
             dt.append(dcode)
             fl.append(float(f))
             by.append(float(b))
-            y.append(math.log(max(float(t) - HARNESS_FLOOR_S[phase], MIN_KERNEL_S)))
+            floor = 0.0 if is_held else HARNESS_FLOOR_S[phase]
+            y.append(math.log(max(float(t) - floor, MIN_KERNEL_S)))
     return _x(g, ph, dt, fl, by), np.asarray(y, dtype=np.float64)
 
 
