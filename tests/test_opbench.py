@@ -289,6 +289,7 @@ def test_cli_cpu_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert len(list(read_rows(out))) == 6  # resumed: nothing left
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("hold", [True, False])
 def test_cuda_held_timing_and_phase_peaks(tmp_path: Path, hold: bool) -> None:

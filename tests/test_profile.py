@@ -83,8 +83,10 @@ def test_cpu_measurement_has_no_cuda_only_fields() -> None:
     assert m.status == "ok", m.error
     assert m.reserved_before is None
     assert m.steady_max_reserved is None and m.steady_max_allocated is None
+    assert m.issue_time is None and m.iteration_time is not None  # a CPU step is its issue
     d = m.to_dict()
     assert {"reserved_before", "steady_max_reserved", "steady_max_allocated"} <= set(d)
+    assert "issue_time" in d
 
 
 @pytest.mark.gpu
@@ -103,3 +105,6 @@ def test_cuda_measurement_separates_the_warm_up_and_starts_clean() -> None:
     assert 0 < m.steady_max_reserved <= m.max_reserved
     assert m.steady_max_allocated is not None and m.max_allocated is not None
     assert 0 < m.steady_max_allocated <= m.max_allocated
+    # the CPU's issuing of a step ends before the synchronisation that ends the step
+    assert m.issue_time is not None and m.iteration_time is not None
+    assert 0 < m.issue_time <= max(m.step_times)

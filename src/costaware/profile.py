@@ -67,6 +67,9 @@ class Measurement:
     iteration_time_p10: float | None = None
     iteration_time_p90: float | None = None
     step_times: list[float] = field(default_factory=list)
+    #: CUDA: median CPU seconds to issue one (micro-batch) step, up to the synchronisation
+    #: at its end; near ``iteration_time`` when the CPU bounds the step (or waits on it)
+    issue_time: float | None = None
     max_allocated: int | None = None
     max_reserved: int | None = None
     steady_max_allocated: int | None = None
@@ -314,6 +317,7 @@ def measure(
     model: torch.nn.Module | None = None
     opt: torch.optim.Optimizer | None = None
     times: list[float] = []
+    issues: list[float] = []
     first_peaks: tuple[int, int] | None = None
     if is_cuda:
         torch.backends.cudnn.benchmark = spec.cudnn_benchmark
@@ -356,6 +360,7 @@ def measure(
                     del loss, batch
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+                issued = time.perf_counter()
                 _sync(dev)
                 if i == warmup - 1 and not is_cuda:
                     rss.reset_peak()  # later peaks: steady state, not one-time set-up
@@ -367,6 +372,7 @@ def measure(
                     torch.cuda.reset_peak_memory_stats(dev)
                 if i >= warmup:
                     times.append((time.perf_counter() - t0) / spec.grad_accumulation)
+                    issues.append((issued - t0) / spec.grad_accumulation)
             if not is_cuda:
                 result.max_allocated = result.max_reserved = rss.growth()
     except torch.cuda.OutOfMemoryError as e:
@@ -394,5 +400,7 @@ def measure(
         result.iteration_time = statistics.median(times)
         result.iteration_time_p10 = times_sorted[max(0, int(0.1 * len(times)) - 1)]
         result.iteration_time_p90 = times_sorted[min(len(times) - 1, int(0.9 * len(times)))]
+        if is_cuda:
+            result.issue_time = statistics.median(issues)
     result.wall_s = time.perf_counter() - t_start
     return result
