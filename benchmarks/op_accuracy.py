@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from costaware.opbench import load_op_rows
-from costaware.optime import HELD_TIMER, OpTimeModel, op_samples
+from costaware.optime import OpTimeModel, op_samples, preferred_op_rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,9 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("no op rows: pass opbench .jsonl.gz files")
     if args.folds < 2:
         p.error("--folds must be at least 2")
-    rows = [r for r in load_op_rows(paths) if r.get("kind") == "op"]
-    held = {r["id"] for r in rows if (r.get("times") or {}).get("timer") == HELD_TIMER}
-    rows = [r for r in rows if r["id"] not in held or r["times"]["timer"] == HELD_TIMER]
+    # a held re-run supersedes its case's schema 1 row (op_samples sees one row at a time)
+    rows = preferred_op_rows(r for r in load_op_rows(paths) if r.get("kind") == "op")
     ids = sorted({str(r["id"]) for r in rows})
     rng = np.random.default_rng(args.seed)
     fold_of = dict(zip(ids, (rng.permutation(len(ids)) % args.folds).tolist()))

@@ -704,7 +704,7 @@ class _Clock:
     def seconds(self, a: int, b: int) -> float:
         if self.cuda:
             return float(self.events[a].elapsed_time(self.events[b])) / 1e3
-        return self.stamps[b] - self.stamps[a]
+        return self.issue(a, b)  # on a CPU, the work is done as it is issued
 
     def issue(self, a: int, b: int) -> float:
         """CPU seconds between marks ``a`` and ``b`` (what issuing the work between took)."""
@@ -825,10 +825,11 @@ def _time_prepared(
         capped = warm[-1] > slow_rep_s
         n = min(3, reps) if capped else reps
         per = 3 if bwd else 2
+        holding = hold and cuda
         hold_s = _HOLD_MARGIN * n * issue + 1e-3
-        for _ in range(_HOLD_TRIES if hold and cuda else 1):
+        for _ in range(_HOLD_TRIES if holding else 1):
             clock.reset(per * n)
-            start = _hold_gpu(hold_s) if hold and cuda else None
+            start = _hold_gpu(hold_s) if holding else None
             for _ in range(n):
                 rep(True)
             _sync(cuda)

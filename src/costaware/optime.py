@@ -39,6 +39,8 @@ __all__ = [
     "OpTimeModel",
     "node_table",
     "op_rows_digest",
+    "op_samples",
+    "preferred_op_rows",
 ]
 
 #: (op name, phase code, dtype code, op class, flops, bytes, count) per distinct kernel node
@@ -161,6 +163,14 @@ def _held(row: Mapping[str, Any]) -> bool:
     return bool((row.get("times") or {}).get("timer") == HELD_TIMER)
 
 
+def preferred_op_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``rows`` in order, less the unheld row of every case that also has a held one (a
+    schema 1 file and its held re-run): the held timing supersedes it."""
+    rows = list(rows)
+    held = {r.get("id") for r in rows if _held(r)}
+    return [r for r in rows if r.get("id") not in held or _held(r)]
+
+
 def op_samples(rows: Iterable[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
     """(features, log seconds) of every kernel timing in opbench rows with status "ok".
 
@@ -169,19 +179,14 @@ def op_samples(rows: Iterable[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarra
     :data:`HARNESS_FLOOR_S`). A case timed both ways (a schema 1 file and its held re-run)
     gives only its held samples.
     """
-    rows = list(rows)
-    held = {r.get("id") for r in rows if _held(r)}
     g: list[int] = []
     ph: list[int] = []
     dt: list[int] = []
     fl: list[float] = []
     by: list[float] = []
     y: list[float] = []
-    for r in rows:
+    for r in preferred_op_rows(rows):
         if r.get("kind") != "op" or r.get("status") != "ok" or r.get("op") not in OPBENCH_GROUPS:
-            continue
-        is_held = _held(r)
-        if r.get("id") in held and not is_held:
             continue
         times = r.get("times") or {}
         fwd_group, bwd_group = OPBENCH_GROUPS[r["op"]]
@@ -203,7 +208,7 @@ def op_samples(rows: Iterable[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarra
             dt.append(dcode)
             fl.append(float(f))
             by.append(float(b))
-            floor = 0.0 if is_held else HARNESS_FLOOR_S[phase]
+            floor = 0.0 if _held(r) else HARNESS_FLOOR_S[phase]
             y.append(math.log(max(float(t) - floor, MIN_KERNEL_S)))
     return _x(g, ph, dt, fl, by), np.asarray(y, dtype=np.float64)
 
