@@ -291,8 +291,9 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
             "The time residual is learned over the op-level sum (`costaware.optime`: per-kernel "
             "times learned from the per-op H100 timings, fitted on op rows only) where there is "
             "one, i.e. on GPUs: the step is max(g x kernel time, CPU issue time), the issue "
-            "time a cost per forward, backward and optimizer op plus a constant, the five "
-            "constants fitted on each fold's training rows; over the roofline on CPUs."
+            "time a cost per forward, backward and optimizer op and per parameter tensor plus a "
+            "constant, the six constants fitted on each fold's training rows; over the "
+            "roofline on CPUs."
             if meta.get("time_baseline") == "optime"
             else "The time residual is learned over the roofline time."
         ),

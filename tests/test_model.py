@@ -539,23 +539,30 @@ def test_dispatch_baseline_recovers_a_cpu_bound_and_a_gpu_bound_regime() -> None
     fwd = rng.integers(20, 1500, n).astype(float)
     bwd = fwd * rng.uniform(1.2, 2.5, n)
     opt = rng.integers(3, 12, n).astype(float)
+    tensors = rng.integers(4, 700, n).astype(float)  # parameter tensors, apart from ops
     kernel_ms = np.exp(rng.uniform(np.log(0.05), np.log(200.0), n))
-    rows = np.column_stack([kernel_ms, fwd, bwd, opt])
-    truth = _Dispatch(gpu=0.9, fwd_ms=0.05, bwd_ms=0.012, opt_ms=0.06, step_ms=0.3)
+    rows = np.column_stack([kernel_ms, fwd, bwd, opt, tensors])
+    truth = _Dispatch(gpu=0.9, fwd_ms=0.05, bwd_ms=0.012, opt_ms=0.06, step_ms=0.3, tensor_ms=0.01)
     measured_s = truth._ms(rows) / 1e3 * np.exp(rng.normal(0, 0.03, n))
     fitted = _Dispatch.fit(rows, measured_s)
     assert fitted.gpu == pytest.approx(0.9, rel=0.1)
     assert fitted.fwd_ms == pytest.approx(0.05, rel=0.2)
     assert fitted.bwd_ms == pytest.approx(0.012, rel=0.3)
+    assert fitted.tensor_ms == pytest.approx(0.01, rel=0.3)
     # 800 forward and 1,600 backward ops of next to nothing: the step is their issue time
     tiny = {
         "optime_kernel_ms": 0.5,
         "kernels_fwd": 800.0,
         "kernels_bwd": 1600.0,
         "kernels_opt": 5.0,
+        "param_tensors": 300.0,
     }
-    expected = (0.05 * 800 + 0.012 * 1600 + 0.06 * 5 + 0.3) / 1e3
+    expected = (0.05 * 800 + 0.012 * 1600 + 0.06 * 5 + 0.01 * 300 + 0.3) / 1e3
     assert fitted.seconds(tiny) == pytest.approx(expected, rel=0.1)
+    # the per-tensor share is per optimizer step: four micro-batches pay it a quarter each
+    accumulated = {**tiny, "grad_accumulation": 4.0}
+    saved = fitted.seconds(tiny) - fitted.seconds(accumulated)  # type: ignore[operator]
+    assert saved == pytest.approx(fitted.tensor_ms * 300 * 0.75 / 1e3, rel=1e-9)
     # large kernels: the step is the GPU's
     big = {**tiny, "optime_kernel_ms": 500.0}
     assert fitted.seconds(big) == pytest.approx(0.9 * 0.5, rel=0.1)

@@ -44,6 +44,35 @@ def test_trace_records_graph_timeline_and_breakdown(cnn_spec: ca.TrainingSpec) -
     assert tr.build == "meta"
 
 
+class _PartlyTrained(nn.Module):
+    """Two linears the loss reaches, one frozen, one the forward never calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 32)
+        self.b = nn.Linear(32, 10)
+        self.frozen = nn.Linear(16, 16)
+        self.frozen.requires_grad_(False)
+        self.unused = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(self.frozen(x))))  # type: ignore[no-any-return]
+
+
+def test_param_tensors_counts_what_the_optimizer_steps(cnn_spec: ca.TrainingSpec) -> None:
+    """``param_tensors`` is the parameter tensors that got a gradient (the CPU's share of
+    a step per tensor): not the frozen ones, not the unused ones."""
+    tr = ca.dry_run(cnn_spec)
+    assert tr.param_tensors == len(list(tiny_cnn(width=8).parameters()))
+    spec = ca.TrainingSpec(
+        model=_PartlyTrained, batch=ca.ImageBatch((16,), classes=10), batch_size=8
+    )
+    part = ca.dry_run(spec)
+    assert part.param_tensors == 4  # a and b: weight and bias each
+    assert part.summary()["param_tensors"] == 4
+    assert ca.CostModel().features(spec, "cpu")["param_tensors"] == 4.0
+
+
 def test_optimizer_state_depends_on_optimizer(cnn_spec: ca.TrainingSpec) -> None:
     import dataclasses
 

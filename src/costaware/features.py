@@ -24,6 +24,10 @@ trained on one version refuses features of another.
   op-level sum costs a backward ``mm`` (or add, mul) as the forward kernel it is, and adds
   the kernel time alone and the kernel nodes per phase (``optime_kernel_ms``,
   ``kernels_fwd``, ``kernels_bwd``, ``kernels_opt``; see :mod:`costaware.optime`).
+  Version 6: on a GPU the allocator replay holds cuDNN's conv-backward block
+  (:attr:`~costaware.trace.Trace.transients`). Version 7: ``param_tensors``, the parameter
+  tensors the optimizer steps (the CPU's per-tensor share of a step: see
+  ``costaware.model._Dispatch``).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "6"
+FEATURE_VERSION = "7"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}
@@ -182,6 +186,7 @@ def trace_features(trace: Trace) -> dict[str, float]:
     feats = {
         "live_peak_mib": trace.peak_live / mib,
         "params_m": trace.param_count / 1e6,
+        "param_tensors": float(trace.param_tensors),
         "param_mib": trace.param_bytes / mib,
         "gradient_mib": trace.gradient_bytes / mib,
         "optimizer_state_mib": trace.optimizer_state_bytes / mib,

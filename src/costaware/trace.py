@@ -156,6 +156,9 @@ class Trace:
     #: ``(event index, nbytes)``: a block that a CUDA step allocates and frees again just
     #: before that event, outside any storage the trace sees (see :func:`_conv_transient`)
     transients: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
+    #: parameter tensors the optimizer steps (those that got a gradient): each costs the
+    #: CPU an autograd gradient accumulation and a share of every ``_foreach`` op
+    param_tensors: int = 0
 
     @property
     def flops(self) -> float:
@@ -180,6 +183,7 @@ class Trace:
             "peak_breakdown": dict(self.peak_breakdown),
             "flops": self.flops,
             "param_count": self.param_count,
+            "param_tensors": self.param_tensors,
             "graph_nodes": self.graph.number_of_nodes(),
             "graph_edges": self.graph.number_of_edges(),
             "build": self.build,
@@ -975,6 +979,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
             del grads
             rec.mark("optimizer")
             params = list({id(p): p for p in model.parameters() if p.grad is not None}.values())
+            param_tensors = len(params)
             if _flat_optimizer_ok(spec, opt_kwargs, params):
                 state_bytes = _flat_optimizer_step(rec, opt_cls, opt_kwargs, params)
             else:
@@ -1081,6 +1086,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
         + f":{len(ev_key)}",
         notes=notes,
         transients=np.asarray(transients, dtype=np.int64).reshape(-1, 2),
+        param_tensors=param_tensors,
     )
 
 
