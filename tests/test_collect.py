@@ -347,3 +347,59 @@ def test_observations_leave_out_gpu_peaks_measured_over_held_memory(tmp_path: Pa
         assert o.iteration_time == 0.002  # still a time row
         assert o.meta["memory_left_out"] == f"{held} MiB reserved before it began"
         assert o.meta["measured_peak"] == 900 * mib
+
+
+# ------------------------------------------------------------- data/gpu_window.sh
+WINDOW = Path(__file__).resolve().parents[1] / "data" / "gpu_window.sh"
+
+
+def _window(root: Path, *args: str, out: str = "out") -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHON": sys.executable,
+        "OUT": str(root / out),
+        "COSTAWARE_DEVICE": "cpu",
+    }
+    return subprocess.run(
+        ["bash", str(WINDOW), *args], cwd=root, env=env, capture_output=True, text=True
+    )
+
+
+def test_gpu_window_checks_its_arguments_before_touching_a_device(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "src" / "costaware").mkdir(parents=True)
+    r = _window(tmp_path, "--help")
+    assert r.returncode == 0 and "ops-held" in r.stdout and "corpus SEED SHARD" in r.stdout
+    for args, why in (
+        ((), "no step given"),
+        (("bogus",), "unknown step 'bogus'"),
+        (("corpus", "1"), "corpus needs SEED and SHARD"),
+        (("corpus", "x", "0"), "whole numbers, not 'x'"),
+        (("ops-held", "soon"), "MINUTES must be a number, not 'soon'"),
+    ):
+        r = _window(tmp_path, *args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert why in r.stderr and "SEED SHARD" in r.stderr and not r.stdout
+    r = _window(tmp_path / "data", "check")  # not the repository root
+    assert r.returncode == 2 and "run it from the repository root" in r.stderr
+
+
+@pytest.mark.slow
+def test_gpu_window_names_by_device_and_resumes_the_committed_file(tmp_path: Path) -> None:
+    (tmp_path / "src").symlink_to(Path(__file__).resolve().parents[1] / "src")
+    committed = tmp_path / "data" / "gpu"
+    committed.mkdir(parents=True)
+    name = "cpu-ops-held-seed0.jsonl.gz"
+    first = _window(tmp_path, "ops-held", "0.001", out="first")
+    assert first.returncode == 0, first.stderr
+    rows = list(read_rows(tmp_path / "first" / name))
+    assert rows and f"{len(rows)} rows" in first.stdout
+    # the file comes back, is committed, and the next window appends to it
+    (tmp_path / "first" / name).rename(committed / name)
+    second = _window(tmp_path, "ops-held", "0.001", out="second")
+    assert second.returncode == 0, second.stderr
+    assert f"resuming data/gpu/{name}" in second.stdout
+    again = list(read_rows(tmp_path / "second" / name))
+    assert len(again) > len(rows)
+    assert [r["id"] for r in again[: len(rows)]] == [r["id"] for r in rows]
+    assert len({r["id"] for r in again}) == len(again)  # nothing timed twice

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# One step of ground-truth collection on a lent GPU machine, torch-only, run from the
+# repository root. Each step fits in one 10-minute device command and writes under $OUT
+# (./gpu-out when $OUT is unset); copy what comes back to data/gpu/ and commit it.
+#
+#   bash data/gpu_window.sh check                  GPU tests (if pytest is installed) and the environment
+#   bash data/gpu_window.sh ops-held [MINUTES]     re-time the op cases of seed 0 held (opbench schema 2)
+#   bash data/gpu_window.sh corpus SEED SHARD [MINUTES]   measure one shard of the whole-model corpus
+#
+# Files are named after the GPU (h100-..., h200-...: memory transfers across GPUs of one
+# generation, time does not) and each step first copies the committed file of the same
+# name from data/gpu/ into $OUT, so an interrupted shard resumes where it stopped.
+# Order for a fresh 30-minute window: check, ops-held, then corpus 1 0, corpus 1 1, ...
+# (seed 0's five shards are all measured on the H100; on an H200 start at corpus 0 0).
+#
+# For a test on a machine without a GPU: COSTAWARE_DEVICE=cpu (and COSTAWARE_CORPUS=cpu,
+# COSTAWARE_LIMIT=N) run the same steps on the CPU.
+set -euo pipefail
+
+usage() {
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+}
+
+die() {
+    echo "gpu_window: $*" >&2
+    echo >&2
+    usage >&2
+    exit 2
+}
+
+[[ -d src/costaware && -d data ]] || die "run it from the repository root"
+step="${1:-}"
+case "$step" in
+    -h | --help) usage; exit 0 ;;
+    check | ops-held | corpus) shift ;;
+    "") die "no step given" ;;
+    *) die "unknown step '$step'" ;;
+esac
+
+is_number() { [[ "$1" =~ ^[0-9]+([.][0-9]+)?$ ]]; }
+case "$step" in
+    ops-held)
+        minutes="${1:-8}"
+        is_number "$minutes" || die "MINUTES must be a number, not '$minutes'"
+        ;;
+    corpus)
+        [[ $# -ge 2 ]] || die "corpus needs SEED and SHARD"
+        seed="$1" shard="$2" minutes="${3:-8.5}"
+        for v in "$seed" "$shard"; do
+            [[ "$v" =~ ^[0-9]+$ ]] || die "SEED and SHARD must be whole numbers, not '$v'"
+        done
+        is_number "$minutes" || die "MINUTES must be a number, not '$minutes'"
+        ;;
+esac
+
+PY="${PYTHON:-python}"
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
+device="${COSTAWARE_DEVICE:-cuda}"
+out="${OUT:-gpu-out}"
+mkdir -p "$out"
+
+# h100 / h200 / another GPU's short name; "cpu" when testing on the CPU
+tag="$("$PY" - "$device" <<'EOF'
+import re, sys
+import torch
+if sys.argv[1] == "cpu":
+    print("cpu")
+elif not torch.cuda.is_available():
+    sys.exit("gpu_window: no CUDA GPU here (set COSTAWARE_DEVICE=cpu to test on the CPU)")
+else:
+    name = torch.cuda.get_device_name(0)
+    m = re.search(r"\b([A-Z]+\d+[A-Z]*)\b", name.replace("NVIDIA", ""))
+    print((m.group(1) if m else re.sub(r"\W+", "-", name)).lower())
+EOF
+)"
+
+resume() {  # copy the committed file into $OUT so that the run appends to it
+    local name="$1"
+    if [[ -f "data/gpu/$name" && ! -f "$out/$name" ]]; then
+        cp "data/gpu/$name" "$out/$name"
+        echo "gpu_window: resuming data/gpu/$name"
+    fi
+}
+
+summary() {  # rows per status in the file that comes back
+    "$PY" - "$1" <<'EOF'
+import collections, sys
+from costaware.collect import read_rows
+rows = list(read_rows(sys.argv[1]))
+counts = collections.Counter(str(r.get("status")) for r in rows)
+print(f"gpu_window: {sys.argv[1]}: {len(rows)} rows ({dict(sorted(counts.items()))})")
+EOF
+}
+
+case "$step" in
+    check)
+        nvidia-smi 2>/dev/null | tee "$out/nvidia-smi.txt" || echo "gpu_window: no nvidia-smi"
+        "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'cudnn', torch.backends.cudnn.version())" | tee "$out/env.txt"
+        if "$PY" -c "import pytest" 2>/dev/null; then
+            "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_opbench.py tests/test_profile.py \
+                2>&1 | tee "$out/gpu-tests.txt"
+        else
+            echo "gpu_window: pytest is not installed here: the GPU tests were skipped" \
+                | tee "$out/gpu-tests.txt"
+        fi
+        ;;
+    ops-held)
+        name="$tag-ops-held-seed0.jsonl.gz"
+        resume "$name"
+        "$PY" -m costaware.opbench --device "$device" --seed 0 --n 40000 \
+            --out "$out/$name" --max-minutes "$minutes"
+        summary "$out/$name"
+        ;;
+    corpus)
+        if [[ "$seed" == 0 ]]; then name="$tag-shard$shard.jsonl.gz"
+        else name="$tag-seed$seed-shard$shard.jsonl.gz"; fi
+        resume "$name"
+        extra=()
+        [[ -n "${COSTAWARE_LIMIT:-}" ]] && extra+=(--limit "$COSTAWARE_LIMIT")
+        "$PY" -m costaware.collect --corpus "${COSTAWARE_CORPUS:-gpu}" --seed "$seed" \
+            --shard "$shard" --device "$device" --timeout 90 --max-minutes "$minutes" \
+            --out "$out/$name" "${extra[@]}"
+        summary "$out/$name"
+        ;;
+esac
