@@ -29,7 +29,10 @@ from costaware.integrations.lightning import (
 from costaware.store import ObservationStore, StoreError
 
 NAMESPACES = {"lightning": (L, CostAwareCallback), "pytorch_lightning": (PL, PLCostAwareCallback)}
-IN, HIDDEN = 32, 64
+# a hidden layer of 256 KiB: its gradient and AdamW states are over glibc's 64 KiB mmap
+# threshold, so each one is fresh resident memory that the CPU peak must show (tensors
+# under it can land in heap pages already resident, and the growth can be 0)
+IN, HIDDEN = 32, 2048
 
 
 def _net() -> torch.nn.Module:
