@@ -541,14 +541,34 @@ def test_dispatch_baseline_recovers_a_cpu_bound_and_a_gpu_bound_regime() -> None
     opt = rng.integers(3, 12, n).astype(float)
     tensors = rng.integers(4, 700, n).astype(float)  # parameter tensors, apart from ops
     kernel_ms = np.exp(rng.uniform(np.log(0.05), np.log(200.0), n))
-    rows = np.column_stack([kernel_ms, fwd, bwd, opt, tensors])
-    truth = _Dispatch(gpu=0.9, fwd_ms=0.05, bwd_ms=0.012, opt_ms=0.06, step_ms=0.3, tensor_ms=0.01)
+    amp = (rng.random(n) < 0.5).astype(float)  # half the steps under autocast
+    rows = np.column_stack([kernel_ms, fwd, bwd, opt, tensors, amp])
+    truth = _Dispatch(
+        gpu=0.9,
+        fwd_ms=0.05,
+        bwd_ms=0.012,
+        opt_ms=0.06,
+        step_ms=0.3,
+        tensor_ms=0.01,
+        amp_kernel=1.25,
+        amp_issue=1.1,
+    )
     measured_s = truth._ms(rows) / 1e3 * np.exp(rng.normal(0, 0.03, n))
     fitted = _Dispatch.fit(rows, measured_s)
     assert fitted.gpu == pytest.approx(0.9, rel=0.1)
     assert fitted.fwd_ms == pytest.approx(0.05, rel=0.2)
     assert fitted.bwd_ms == pytest.approx(0.012, rel=0.3)
     assert fitted.tensor_ms == pytest.approx(0.01, rel=0.3)
+    assert fitted.amp_kernel == pytest.approx(1.25, rel=0.05)
+    assert fitted.amp_issue == pytest.approx(1.1, rel=0.05)
+    # the same steps, none under autocast: no factor to learn, none applied
+    fp32 = rows.copy()
+    fp32[:, 5] = 0.0
+    plain = _Dispatch.fit(fp32, truth._ms(fp32) / 1e3)
+    assert (plain.amp_kernel, plain.amp_issue) == (1.0, 1.0)
+    # a manifest from before the autocast factors loads with neither
+    old = {k: v for k, v in dataclasses.asdict(fitted).items() if not k.startswith("amp_")}
+    assert _Dispatch(**old).amp_kernel == 1.0
     # 800 forward and 1,600 backward ops of next to nothing: the step is their issue time
     tiny = {
         "optime_kernel_ms": 0.5,
@@ -563,9 +583,11 @@ def test_dispatch_baseline_recovers_a_cpu_bound_and_a_gpu_bound_regime() -> None
     accumulated = {**tiny, "grad_accumulation": 4.0}
     saved = fitted.seconds(tiny) - fitted.seconds(accumulated)  # type: ignore[operator]
     assert saved == pytest.approx(fitted.tensor_ms * 300 * 0.75 / 1e3, rel=1e-9)
-    # large kernels: the step is the GPU's
+    # large kernels: the step is the GPU's, longer under autocast by its factor
     big = {**tiny, "optime_kernel_ms": 500.0}
     assert fitted.seconds(big) == pytest.approx(0.9 * 0.5, rel=0.1)
+    bf16 = fitted.seconds({**big, "precision_is_bf16": 1.0})
+    assert bf16 == pytest.approx(fitted.seconds(big) * fitted.amp_kernel, rel=1e-9)  # type: ignore[operator]
     # features from before the split (no kernels_* counts): no answer, the op sum is used
     assert fitted.seconds({"optime_kernel_ms": 5.0}) is None
 
