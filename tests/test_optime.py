@@ -86,8 +86,39 @@ def test_op_samples_split_directions_and_skip_errors() -> None:
     rows = _op_rows(12)
     x, y = op_samples(rows)
     # 8 fwd+bwd rows give two samples each, 4 optimizer rows one; the error row none
-    assert x.shape == (20, 6) and len(y) == 20
+    assert x.shape == (20, 7) and len(y) == 20
+    assert (x[:, 6] == 0.0).all()  # no case runs its kernels in sequence
     assert op_rows_digest(rows) == op_rows_digest(list(reversed(rows)))
+
+
+def test_a_recurrent_layer_is_timed_by_its_steps_not_only_its_flops() -> None:
+    """The same FLOPs over a longer sequence take longer: T small GEMMs run one by one."""
+    rng = random.Random(1)
+    rows = _op_rows(60)
+    for i in range(120):
+        t = rng.choice([4, 16, 64, 256])
+        work = 10 ** rng.uniform(7, 9)  # FLOPs per layer, whatever T is
+        rows.append(
+            {
+                **rows[0],
+                "id": f"lstm-{i}",
+                "op": "lstm",
+                "params": {"T": t, "B": 8, "I": 64, "H": 64},
+                "flops": {"fwd": work, "bwd": 2 * work},
+                "bytes": {"fwd": work / 50, "bwd": work / 25},
+                "times": {"fwd_s": 2e-5 + t * 8e-6, "bwd_s": 8e-5 + t * 16e-6},
+            }
+        )
+    x, _ = op_samples(rows[-1:])  # its forward and backward samples
+    assert x[:, 6].tolist() == pytest.approx([math.log10(rows[-1]["params"]["T"])] * 2)
+    model = OpTimeModel(iterations=150, depth=4).fit(rows)
+    # one table row per layer kernel: (op, phase, dtype, class, flops, bytes, steps, count)
+    short = [("rnn", 0, 0, 1, 1e8, 2e6, 4, 1)]
+    long = [("rnn", 0, 0, 1, 1e8, 2e6, 256, 1)]
+    h100 = get_device("H100")
+    t_short = model.step_features(short, h100)["optime_kernel_ms"]
+    t_long = model.step_features(long, h100)["optime_kernel_ms"]
+    assert t_long > 10 * t_short
 
 
 def test_op_samples_keep_held_timings_whole_and_prefer_them() -> None:
@@ -179,15 +210,15 @@ def test_backward_matmuls_are_costed_as_the_forward_kernels_they_are(
     autograd engine; a traced backward ``mm`` is one kernel, costed by the forward model.
     A backward-only group (a conv's ``convolution_backward``) keeps the backward model."""
     h100 = get_device("H100")
-    # (op, phase, dtype, class, flops, bytes, count): one matmul-class node, fwd then bwd
-    mm = ("mm", 0, 0, 0, 2e9, 6e6, 1)
+    # (op, phase, dtype, class, flops, bytes, steps, count): a matmul node, fwd then bwd
+    mm = ("mm", 0, 0, 0, 2e9, 6e6, 1, 1)
     fwd = op_model.step_features([mm], h100)
     bwd = op_model.step_features([(*mm[:1], 1, *mm[2:])], h100)
     assert bwd["optime_bwd_ms"] == pytest.approx(fwd["optime_fwd_ms"], rel=1e-9)
     assert fwd["kernels_fwd"] == 1 and bwd["kernels_bwd"] == 1 and bwd["kernels_fwd"] == 0
-    conv = ("convolution_backward", 1, 0, 0, 2e9, 6e6, 1)
+    conv = ("convolution_backward", 1, 0, 0, 2e9, 6e6, 1, 1)
     as_bwd = op_model.step_features([conv], h100)["optime_bwd_ms"]
-    as_fwd = op_model.step_features([("convolution", 0, 0, 0, 2e9, 6e6, 1)], h100)
+    as_fwd = op_model.step_features([("convolution", 0, 0, 0, 2e9, 6e6, 1, 1)], h100)
     assert as_bwd != pytest.approx(as_fwd["optime_fwd_ms"], rel=1e-3)
     # the kernel time is the op sum less the launches and the step overhead
     f = op_model.step_features([mm, (*mm[:1], 1, *mm[2:])], h100)

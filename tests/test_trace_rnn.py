@@ -21,6 +21,7 @@ import costaware as ca
 from costaware import zoo
 from costaware.features import op_group
 from costaware.flops import MATMUL, op_class, rnn_flops
+from costaware.optime import node_table
 from costaware.trace import Trace, _FusedRNN
 
 VOCAB, EMBED, HIDDEN, SEQ, BATCH = 50, 8, 16, 24, 4
@@ -101,6 +102,14 @@ def test_fused_trace_has_one_kernel_per_layer(kind: str, layers: int, precision:
     fwd = sum(float(n["flops"]) for n in _rnn_nodes(fused) if n["phase"] == "forward")
     bwd = sum(float(n["flops"]) for n in _rnn_nodes(fused) if n["phase"] == "backward")
     assert fwd == rnn and bwd == 2 * rnn
+    # each layer's kernels run SEQ time steps in sequence, every other kernel one, and
+    # the op model's node table carries that apart from the FLOPs
+    rnn_ids = [i for i in fused.graph.nodes if op_group(str(fused.graph.nodes[i]["op"])) == "rnn"]
+    assert {int(fused.node_serial[i]) for i in rnn_ids} == {SEQ}
+    assert int(fused.node_serial.sum()) == len(fused.node_serial) + (SEQ - 1) * len(rnn_ids)
+    table = node_table(fused)
+    assert {t[6] for t in table if t[0] in ("rnn", "rnn_backward")} == {SEQ}
+    assert {t[6] for t in table if t[0] not in ("rnn", "rnn_backward")} == {1}
     if kind == "gru":  # the unrolled cells' matmuls count the same work, within 10%
         assert fused.flops_forward == pytest.approx(native.flops_forward, rel=0.10)
     else:  # oneDNN's LSTM layer has no FLOP formula natively: only the head counts

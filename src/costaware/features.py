@@ -27,7 +27,8 @@ trained on one version refuses features of another.
   Version 6: on a GPU the allocator replay holds cuDNN's conv-backward block
   (:attr:`~costaware.trace.Trace.transients`). Version 7: ``param_tensors``, the parameter
   tensors the optimizer steps (the CPU's per-tensor share of a step: see
-  ``costaware.model._Dispatch``).
+  ``costaware.model._Dispatch``). Version 8: the op-level sum costs a fused recurrent
+  layer by its time steps too (:attr:`~costaware.trace.Trace.node_serial`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "7"
+FEATURE_VERSION = "8"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}

@@ -405,8 +405,8 @@ class _Dispatch:
     DenseNet 19% -> 15%). Without the two autocast factors the mixed-precision steps
     were under-predicted (mean log error -0.065 held out by family) and the fp32 ones
     over-predicted (+0.081): one set of constants split the difference. Fitted on the
-    575 H100 rows, an autocast step's kernel time is 1.20x its op-level sum and its issue
-    time 1.20x (autocast's dispatch on every op, and casts the op sum under-counts); held
+    575 H100 rows, an autocast step's kernel time is 1.2x its op-level sum and its issue
+    time 1.1x (autocast's dispatch on every op, and casts the op sum under-counts); held
     out by family, the error of this step model alone fell from 19.0% to 17.5%, and the
     model's (with its learned correction) from 18.2% to 17.6%. The eight constants are
     fitted on whole-model timings (the training rows of ``fit``), minimising the mean

@@ -159,6 +159,10 @@ class Trace:
     #: parameter tensors the optimizer steps (those that got a gradient): each costs the
     #: CPU an autograd gradient accumulation and a share of every ``_foreach`` op
     param_tensors: int = 0
+    #: per graph node: the time steps one kernel runs in sequence (a fused recurrent
+    #: layer's T, forward or backward; 1 for every other op). A step of T small GEMMs
+    #: takes about T times one of them, whatever the FLOPs: the op model needs T
+    node_serial: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def flops(self) -> float:
@@ -237,7 +241,7 @@ class _Recorder(TorchDispatchMode):
         self.key_category: dict[int, str] = {}
         self.phase_marks: list[tuple[int, str]] = []
         self._writer: dict[int, int] = {}
-        self.nodes: list[tuple[str, str, int, int, int, float, float]] = []
+        self.nodes: list[tuple[str, str, int, int, int, float, float, int]] = []
         self.edges: list[tuple[int, int]] = []
         self.flops: dict[str, float] = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
         self.bytes_moved = 0.0
@@ -328,9 +332,11 @@ class _Recorder(TorchDispatchMode):
                 idx = len(self.nodes)
                 dtype = outs[0].dtype if outs else (ins[0].dtype if ins else torch.float32)
                 cls = VIEW if is_view else op_class(name)
-                self.nodes.append(
-                    (name, self.phase, cls, _DTYPE_CODES.get(dtype, 4), len(outs), flops, nbytes)
-                )
+                serial = 1
+                if func.namespace == "costaware" and name in ("rnn", "rnn_backward"):
+                    serial = int(args[0].shape[0])  # the time-major input (T, B, I)
+                dcode = _DTYPE_CODES.get(dtype, 4)
+                self.nodes.append((name, self.phase, cls, dcode, len(outs), flops, nbytes, serial))
                 for t in ins:
                     st = t.untyped_storage()
                     k = self._keys.get(id(st))
@@ -1021,7 +1027,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
 
     g = nx.DiGraph()
     op_counts: Counter[str] = Counter()
-    for i, (name, phase, cls, dcode, nout, fl, nb) in enumerate(rec.nodes):
+    for i, (name, phase, cls, dcode, nout, fl, nb, _) in enumerate(rec.nodes):
         g.add_node(
             i, op=name, phase=phase, op_class=cls, dtype=dcode, outputs=nout, flops=fl, bytes=nb
         )
@@ -1077,6 +1083,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
         node_class=np.asarray([n[2] for n in rec.nodes], dtype=np.int8),
         node_dtype=np.asarray([n[3] for n in rec.nodes], dtype=np.int8),
         node_phase=np.asarray([_node_phase(n[0], n[1]) for n in rec.nodes], dtype=np.int8),
+        node_serial=np.asarray([n[7] for n in rec.nodes], dtype=np.int64),
         event_category=event_category,
         event_scales=np.asarray([scales(k) for k in ev_key], dtype=bool),
         marks=marks,
