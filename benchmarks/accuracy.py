@@ -292,8 +292,8 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
             "times learned from the per-op H100 timings, fitted on op rows only) where there is "
             "one, i.e. on GPUs: the step is max(g x kernel time, CPU issue time), the issue "
             "time a cost per forward, backward and optimizer op and per parameter tensor plus a "
-            "constant, the six constants fitted on each fold's training rows; over the "
-            "roofline on CPUs."
+            "constant, each of the two times a factor under autocast, the eight constants "
+            "fitted on each fold's training rows; over the roofline on CPUs."
             if meta.get("time_baseline") == "optime"
             else "The time residual is learned over the roofline time."
         ),
