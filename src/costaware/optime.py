@@ -6,9 +6,10 @@ steps) over many random shapes on a GPU. :class:`OpTimeModel` learns ``log secon
 one kernel from what a dry run knows about a graph node: its operator group (the NSM
 groups of :mod:`costaware.features`), its phase (forward, backward, optimizer), dtype,
 FLOPs, bytes, arithmetic intensity and the time steps it runs in sequence (a fused
-recurrent layer's T; see :attr:`costaware.trace.Trace.node_serial`). :meth:`OpTimeModel.step_features` sums the
-predictions over a trace's kernel nodes, the way :func:`costaware.analytic.roofline_time`
-sums roofline times, and returns them as features of the whole-model cost model.
+recurrent layer's T; see :attr:`costaware.trace.Trace.node_serial`).
+:meth:`OpTimeModel.step_features` sums the predictions over a trace's kernel nodes, the
+way :func:`costaware.analytic.roofline_time` sums roofline times, and returns them as
+features of the whole-model cost model.
 
 A node whose group has no op data is costed by the elementwise (memory-bound) model from
 its bytes. The op data comes from one GPU; another CUDA device is scaled by the ratio of
@@ -271,7 +272,7 @@ def _arrays(table: NodeTable) -> _Arrays:
         name = op_group(t[0])
         fallback.append(name not in _GROUP_INDEX)
         groups.append(_GROUP_INDEX.get(name, _GROUP_INDEX[FALLBACK_GROUP]))
-    rows = [(*t[1:4], t[4], t[5], t[6], t[7]) for t in fb]
+    rows = [t[1:] for t in fb]  # phase, dtype, class, flops, bytes, serial steps, count
     if opt:  # the optimizer step is one sample: what opbench timed is a whole step
         w = np.asarray([t[5] * t[7] for t in opt])
         dcode = opt[int(np.argmax(w))][2]
