@@ -463,10 +463,11 @@ class _Dispatch:
         from scipy.optimize import minimize
 
         measured_ms = measured_s * 1e3
+        any_amp = bool((rows[:, 5] > 0).any())  # else no autocast factor to learn
 
         def make(x: np.ndarray) -> _Dispatch:
             gpu, fwd, bwd, opt, step, tensor, amp_kernel, amp_issue = np.exp(x).tolist()
-            if not (rows[:, 5] > 0).any():  # no autocast step measured: nothing to learn
+            if not any_amp:
                 amp_kernel = amp_issue = 1.0
             return cls(gpu, fwd, bwd, opt, step, tensor, amp_kernel, amp_issue)
 

@@ -59,7 +59,6 @@ def node_table(trace: Trace) -> NodeTable:
     """
     ops = [trace.graph.nodes[i]["op"] for i in range(trace.graph.number_of_nodes())]
     kernel = (trace.node_class != VIEW) & (trace.node_phase != 3)
-    serial = trace.node_serial if len(trace.node_serial) else np.ones(len(ops), dtype=np.int64)
     counts: dict[tuple[str, int, int, int, float, float, int], int] = {}
     for i in np.nonzero(kernel)[0].tolist():
         key = (
@@ -69,7 +68,7 @@ def node_table(trace: Trace) -> NodeTable:
             int(trace.node_class[i]),
             float(trace.node_flops[i]),
             float(trace.node_bytes[i]),
-            int(serial[i]),
+            int(trace.node_serial[i]),
         )
         counts[key] = counts.get(key, 0) + 1
     return [(*k, n) for k, n in counts.items()]

@@ -134,13 +134,17 @@ class Trace:
     input_bytes: int
     op_counts: Counter[str]
     #: per graph node (one step): FLOPs, bytes moved, op class (see costaware.flops),
-    #: dtype code (0 fp32, 1 bf16, 2 fp16, 3 fp64, 4 other) and phase (0 forward,
-    #: 1 backward, 2 optimizer, 3 optimizer-state initialisation, step 1 only)
+    #: dtype code (0 fp32, 1 bf16, 2 fp16, 3 fp64, 4 other), phase (0 forward,
+    #: 1 backward, 2 optimizer, 3 optimizer-state initialisation, step 1 only) and the
+    #: time steps the kernel runs in sequence (a fused recurrent layer's T, forward or
+    #: backward; 1 for every other op: a step of T small GEMMs takes about T times one
+    #: of them, whatever the FLOPs, so the op model needs T)
     node_flops: np.ndarray
     node_bytes: np.ndarray
     node_class: np.ndarray
     node_dtype: np.ndarray
     node_phase: np.ndarray
+    node_serial: np.ndarray
     #: per event: the storage's category code (index into CATEGORIES)
     event_category: np.ndarray
     #: per event: whether the storage grows with the batch (inputs, activations and
@@ -159,10 +163,6 @@ class Trace:
     #: parameter tensors the optimizer steps (those that got a gradient): each costs the
     #: CPU an autograd gradient accumulation and a share of every ``_foreach`` op
     param_tensors: int = 0
-    #: per graph node: the time steps one kernel runs in sequence (a fused recurrent
-    #: layer's T, forward or backward; 1 for every other op). A step of T small GEMMs
-    #: takes about T times one of them, whatever the FLOPs: the op model needs T
-    node_serial: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def flops(self) -> float:
