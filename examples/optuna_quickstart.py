@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import math
 import statistics
 import tempfile
 import time
@@ -224,7 +225,9 @@ def report(
         )
     rejections: list[str] = []
     stops: list[str] = []
-    errors: dict[str, list[float]] = {"shipped": [], "refitted": []}
+    # (trial, measured epoch s, predicted epoch s, measured peak, predicted peak), as the
+    # study predicted them: by the shipped model, or the refit one once there was one
+    scored: list[tuple[optuna.trial.FrozenTrial, float, float, float | None, float | None]] = []
     for t in study.trials:
         a, p = t.user_attrs, t.params
         actual = by_trial.get(str(t.number), [])
@@ -240,8 +243,7 @@ def report(
         else:
             outcome = f"[green]acc {t.value:.3f}[/green]" if t.value is not None else t.state.name
         if m_epoch and pred_epoch:
-            which = "refitted" if a.get("costaware:refit_rows") else "shipped"
-            errors[which].append(abs(pred_epoch - m_epoch) / m_epoch)
+            scored.append((t, m_epoch, pred_epoch, m_peak, a.get("costaware:peak_memory")))
         table.add_row(
             str(t.number),
             f"{p['width']:>3} {p['hidden']:>4} {p['batch_size']:>3}",
@@ -267,21 +269,44 @@ def report(
         console.print("[bold]Stopped while running[/bold]:")
         for line in stops:
             console.print(line, markup=False, highlight=False)
-    for kind, label in (
-        ("shipped", "the shipped model, before any refit"),
-        ("refitted", "the model after online refits"),
-    ):
-        if errors[kind]:
-            mean = sum(errors[kind]) / len(errors[kind])
-            console.print(
-                f"epoch-time error of {label}: {mean:.0%} mean over {len(errors[kind])} trials"
-            )
+    if scored:
+        _print_errors(console, scored)
     refit = pruner.refit
     if refit is not None and refit.history:
         rows = ", ".join(str(h["rows"]) for h in refit.history)
         console.print(f"online refits: {len(refit.history)}, on {rows} measured trials")
     if done:
         console.print(f"best: acc {study.best_value:.3f} with {study.best_trial.params}")
+
+
+def _print_errors(
+    console: Console,
+    scored: list[tuple[optuna.trial.FrozenTrial, float, float, float | None, float | None]],
+) -> None:
+    """Mean prediction error over the measured trials: as the study predicted them, and as
+    the shipped model alone predicts the same trials (so the two are compared like for like)."""
+    shipped = ca.CostModel.default()
+    rel: dict[str, list[float]] = {"time": [], "time0": [], "mem": [], "mem0": []}
+    for t, m_epoch, pred_epoch, m_peak, pred_peak in scored:
+        p0 = shipped.predict(spec_fn(t.params), device="cpu")
+        rel["time"].append(abs(pred_epoch - m_epoch) / m_epoch)
+        rel["time0"].append(abs((p0.epoch_time or math.nan) - m_epoch) / m_epoch)
+        if m_peak and pred_peak:
+            rel["mem"].append(abs(pred_peak - m_peak) / m_peak)
+            rel["mem0"].append(abs(p0.peak_memory - m_peak) / m_peak)
+    console.print(
+        f"prediction error over the {len(scored)} measured trials (mean; as the study "
+        "predicted them, with the online refits / by the shipped model alone):"
+    )
+    console.print(
+        f"  epoch time  {statistics.fmean(rel['time']):.0%} / {statistics.fmean(rel['time0']):.0%}"
+    )
+    if rel["mem"]:
+        console.print(
+            f"  peak memory {statistics.fmean(rel['mem']):.0%} / {statistics.fmean(rel['mem0']):.0%}"
+            f" (over {len(rel['mem'])} trials with a measured peak; CPU resident-set growth is"
+            " noisy at a few MiB)"
+        )
 
 
 def _fmt_s(s: float | None) -> str:

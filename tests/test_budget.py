@@ -101,6 +101,23 @@ def test_relative_memory_needs_the_device() -> None:
     )
 
 
+def test_reasons_read_apart_from_their_limit() -> None:
+    """A figure just over its limit is written with the decimals that tell the two apart."""
+    d = ca.Budget(max_epoch_time="3s").decide(_pred(epoch=3.04))
+    assert "predicted epoch time 3.04 s (prediction) exceeds 3.00 s" in str(d)
+    small = _pred(peak=100 * 2**20, upper=160.4 * 2**20)
+    d = ca.Budget(max_memory="160MiB").decide(small, device="cpu")
+    assert "160.4 MiB (upper bound) exceeds the 160.0 MiB budget" in str(d)
+    # with a CUDA context, the sum is what the limit is compared with
+    d = ca.Budget(max_memory="1.156GiB").decide(small, device="A10")
+    assert "(upper bound) + 1.00 GiB CUDA context = 1.157 GiB exceeds the 1.156 GiB" in str(d)
+    # apart already: the usual format
+    d = ca.Budget(max_epoch_time="3s").decide(_pred(epoch=5.0))
+    assert "predicted epoch time 5.0 s (prediction) exceeds 3.0 s" in str(d)
+    (r,) = ca.Budget(max_memory="1GiB").check_measured(peak_memory=1.0004 * GiB)
+    assert "measured peak memory 1.0004 GiB exceeds the 1.0000 GiB budget" in r.message
+
+
 def test_time_budgets() -> None:
     pred = _pred(epoch=100.0, epochs=3)  # upper bound 150 s per epoch, 450 s per trial
     assert ca.Budget(max_epoch_time="200s", time_bound="upper").decide(pred).admit

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["fmt_bytes", "fmt_seconds"]
+__all__ = ["fmt_apart", "fmt_bytes", "fmt_seconds"]
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -32,3 +32,26 @@ def fmt_seconds(s: float | None) -> str:
     if s < 7200:
         return f"{s / 60:.1f} min"
     return f"{s / 3600:.2f} h"
+
+
+_UNITS = {
+    "B": 1.0, "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30,
+    "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0,
+}  # fmt: skip
+
+
+def fmt_apart(value: float, limit: float, *, seconds: bool) -> tuple[str, str]:
+    """``value`` and ``limit`` written as :func:`fmt_seconds` (``seconds``) or
+    :func:`fmt_bytes` does, with more decimals, in the limit's unit, when those would read the
+    same: "3.04 s exceeds 3.00 s", not "3.0 s exceeds 3.0 s"."""
+    fmt = fmt_seconds if seconds else fmt_bytes
+    a, b = fmt(value), fmt(limit)
+    if a != b or value == limit:
+        return a, b
+    unit = b.rsplit(" ", 1)[-1]
+    scale = _UNITS[unit]
+    for digits in range(1, 7):
+        a, b = f"{value / scale:.{digits}f} {unit}", f"{limit / scale:.{digits}f} {unit}"
+        if a != b:
+            break
+    return a, b

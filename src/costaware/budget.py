@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from costaware._format import fmt_bytes, fmt_seconds
+from costaware._format import fmt_apart, fmt_bytes, fmt_seconds
 from costaware.devices import Device, get_device
 from costaware.errors import CostawareError
 
@@ -80,6 +80,20 @@ def parse_duration(value: int | float | str) -> float:
     if seconds <= 0:
         raise BudgetError(f"a duration must be positive, but got {value!r}.")
     return seconds
+
+
+def _memory_message(what: str, label: str, peak: float, context: float, limit: float) -> str:
+    """``<what> <peak><label> [+ <context> CUDA context = <need>] exceeds the <limit>
+    budget``, the figure compared with the limit written so that the two read apart."""
+    need = peak + context
+    if context:
+        n, lim = fmt_apart(need, limit, seconds=False)
+        return (
+            f"{what} {fmt_bytes(peak)}{label} + {fmt_bytes(context)} CUDA context = {n} "
+            f"exceeds the {lim} budget"
+        )
+    n, lim = fmt_apart(peak, limit, seconds=False)
+    return f"{what} {n}{label} exceeds the {lim} budget"
 
 
 @dataclass(frozen=True)
@@ -248,13 +262,14 @@ class Budget:
             checked["limits"].append("memory")
             checked["memory"] = {"predicted": need, "limit": limit}
             if need > limit:
-                context = dev.context_overhead_bytes
-                what = f"predicted peak memory {fmt_bytes(peak)} ({label_mem})"
-                if context:
-                    what += f" + {fmt_bytes(context)} CUDA context = {fmt_bytes(need)}"
-                reasons.append(
-                    Reason("memory", need, limit, f"{what} exceeds the {fmt_bytes(limit)} budget")
+                msg = _memory_message(
+                    "predicted peak memory",
+                    f" ({label_mem})",
+                    peak,
+                    dev.context_overhead_bytes,
+                    limit,
                 )
+                reasons.append(Reason("memory", need, limit, msg))
         epoch = prediction.epoch_time_upper if upper_time else prediction.epoch_time
         if epoch is not None:
             epoch *= grow
@@ -277,14 +292,9 @@ class Budget:
                 continue
             checked[kind] = {"predicted": value, "limit": cap}
             if value > cap:
-                reasons.append(
-                    Reason(
-                        kind,
-                        value,
-                        cap,
-                        f"predicted {words} {fmt_seconds(value)} ({label_time}) exceeds {fmt_seconds(cap)}",
-                    )
-                )
+                v, c = fmt_apart(value, cap, seconds=True)
+                msg = f"predicted {words} {v} ({label_time}) exceeds {c}"
+                reasons.append(Reason(kind, value, cap, msg))
         if self.max_total_time is not None and trial is not None:
             cap = parse_duration(self.max_total_time)
             checked["limits"].append("total_time")
@@ -331,15 +341,14 @@ class Budget:
         if epoch_time is not None and self.max_epoch_time is not None:
             cap = parse_duration(self.max_epoch_time)
             if epoch_time > cap:
-                msg = f"measured epoch time {fmt_seconds(epoch_time)} exceeds the {fmt_seconds(cap)} budget"
+                v, c = fmt_apart(epoch_time, cap, seconds=True)
+                msg = f"measured epoch time {v} exceeds the {c} budget"
                 reasons.append(Reason("epoch_time", epoch_time, cap, msg))
         if trial_time is not None and self.max_trial_time is not None:
             cap = parse_duration(self.max_trial_time)
             if trial_time > cap:
-                msg = (
-                    f"measured training time so far {fmt_seconds(trial_time)} exceeds the "
-                    f"{fmt_seconds(cap)} trial budget"
-                )
+                v, c = fmt_apart(trial_time, cap, seconds=True)
+                msg = f"measured training time so far {v} exceeds the {c} trial budget"
                 reasons.append(Reason("trial_time", trial_time, cap, msg))
         if peak_memory is not None and self.max_memory is not None:
             limit = self.max_memory_bytes(device)
@@ -349,10 +358,6 @@ class Budget:
             )
             need = peak_memory + context
             if need > limit:
-                what = f"measured peak memory {fmt_bytes(peak_memory)}"
-                if context:
-                    what += f" + {fmt_bytes(context)} CUDA context = {fmt_bytes(need)}"
-                reasons.append(
-                    Reason("memory", need, limit, f"{what} exceeds the {fmt_bytes(limit)} budget")
-                )
+                msg = _memory_message("measured peak memory", "", peak_memory, context, limit)
+                reasons.append(Reason("memory", need, limit, msg))
         return tuple(reasons)
