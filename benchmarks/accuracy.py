@@ -61,6 +61,68 @@ def _load(files: Sequence[Path], kind: str | None = None) -> list[dict[str, Any]
     return list(seen.values())
 
 
+def _repeats(files: Sequence[Path]) -> dict[str, dict[str, Any]]:
+    """How far two measurements of one configuration on one device lie apart, by device kind.
+
+    Different seeds of a corpus can draw the same configuration (ids are content hashes);
+    ``_load`` keeps the latest row, so the model learns from one measurement. The pairs give
+    the measurements' own noise: a prediction scored against one noisy measurement cannot be
+    expected to do much better. For each configuration measured ok more than once, the first
+    and the last measurement are compared: |a / b - 1| of the step time, and of the peak
+    where both count as memory targets (CPU peaks under ``MIN_CPU_PEAK`` do not).
+    """
+    from costaware.collect import MIN_CPU_PEAK, read_rows
+
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for f in files:
+        for r in read_rows(f):
+            if r.get("kind") == "op" or r.get("status") != "ok":
+                continue
+            groups.setdefault((str(r.get("id")), str(r.get("device_name"))), []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for (_, device), rs in groups.items():
+        if len(rs) < 2:
+            continue
+        kind = "cpu" if device == "CPU" else "gpu"
+        a, b = rs[0]["measurement"], rs[-1]["measurement"]
+        d = out.setdefault(kind, {"n": 0, "time": [], "mem": []})
+        d["n"] += 1
+        if a.get("iteration_time") and b.get("iteration_time"):
+            d["time"].append(abs(a["iteration_time"] / b["iteration_time"] - 1))
+        low = MIN_CPU_PEAK if kind == "cpu" else 1
+        if min(a.get("max_reserved") or 0, b.get("max_reserved") or 0) >= low:
+            d["mem"].append(abs(a["max_reserved"] / b["max_reserved"] - 1))
+    return out
+
+
+def _repeat_lines(rep: dict[str, Any] | None) -> list[str]:
+    if not rep:
+        return []
+
+    def spread(xs: list[float]) -> str:
+        if not xs:
+            return "no pairs"
+        return (
+            f"median {_pct(float(np.median(xs)))}, mean {_pct(float(np.mean(xs)))}, "
+            f"90th percentile {_pct(float(np.quantile(xs, 0.9)))} over {len(xs)} "
+            + ("pair" if len(xs) == 1 else "pairs")
+        )
+
+    def floor(xs: list[float]) -> str:
+        return _pct(float(np.mean(xs)) / math.sqrt(2)) if xs else "n/a"
+
+    return [
+        "",
+        f"**Repeat measurements.** {rep['n']} configurations were measured twice (another "
+        "seed drew the same configuration; the figures above use the latest measurement). "
+        "The two measurements of one configuration lie apart by |a / b - 1|: "
+        f"step time {spread(rep['time'])}; peak memory {spread(rep['mem'])}. That is the "
+        "measurements' own noise: with independent noise of this size, even a prediction of "
+        "each configuration's true mean would be off by about 1/sqrt(2) of it against one "
+        f"measurement (a mean {floor(rep['time'])} for time, {floor(rep['mem'])} for memory).",
+    ]
+
+
 def _observations(
     rows: list[dict[str, Any]], use_cache: bool, trace_timeout: float, op_rows: list[dict[str, Any]]
 ) -> tuple[list[Any], list[str]]:
@@ -344,6 +406,7 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
             misses = res["overall"][f"cap:{name}"]["misses"]
             if misses:
                 lines += ["", f"Admitted but OOM at {_cap_label(name, cap)}: " + "; ".join(misses)]
+        lines += _repeat_lines(meta.get("repeats", {}).get(kind))
         lines += _left_out_lines(res)
         lines.append("")
     return "\n".join(lines)
@@ -445,6 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "iterations": args.iterations,
         "time_baseline": args.time_baseline,
         "trace_timeout": args.trace_timeout,
+        "repeats": _repeats(files),
     }
     md = _markdown(results, meta)
     if skipped:

@@ -1,0 +1,61 @@
+"""benchmarks/accuracy.py: the repeat-measurement figures (the data's own noise)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from costaware.collect import append_row
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import accuracy  # noqa: E402
+
+
+def _row(cid: str, device: str, secs: float, peak: int, status: str = "ok") -> dict[str, Any]:
+    return {
+        "schema": 1,
+        "id": cid,
+        "family": cid.split("-")[0],
+        "status": status,
+        "device_name": device,
+        "measurement": {"iteration_time": secs, "max_reserved": peak},
+    }
+
+
+def test_repeats_compare_first_and_last_measurement_per_device(tmp_path: Path) -> None:
+    mib = 2**20
+    a, b = tmp_path / "seed0.jsonl.gz", tmp_path / "seed1.jsonl.gz"
+    append_row(a, _row("mlp-1", "CPU", 0.10, 10 * mib))
+    append_row(a, _row("mlp-2", "CPU", 0.20, mib // 2))  # a CPU peak too small to count
+    append_row(a, _row("vgg-1", "NVIDIA H100 80GB HBM3", 0.05, 900 * mib))
+    append_row(a, _row("vit-1", "CPU", 0.30, 30 * mib))
+    append_row(b, _row("mlp-1", "CPU", 0.125, 8 * mib))
+    append_row(b, _row("mlp-2", "CPU", 0.10, mib // 2))
+    append_row(b, _row("vgg-1", "NVIDIA H100 80GB HBM3", 0.04, 1000 * mib))
+    append_row(b, _row("vit-1", "CPU", 0.9, 90 * mib, status="error"))  # not a measurement
+    append_row(b, _row("vgg-1", "CPU", 1.0, 50 * mib))  # another device: no pair
+
+    rep = accuracy._repeats([a, b])
+
+    assert rep["cpu"]["n"] == 2
+    assert sorted(rep["cpu"]["time"]) == pytest.approx([0.2, 1.0])  # 0.1/0.125, 0.2/0.1
+    assert rep["cpu"]["mem"] == pytest.approx([0.25])  # 10/8; mlp-2's peaks are under 1 MiB
+    assert rep["gpu"]["n"] == 1
+    assert rep["gpu"]["time"] == pytest.approx([0.25])
+    assert rep["gpu"]["mem"] == pytest.approx([0.1])
+
+    text = "\n".join(accuracy._repeat_lines(rep["cpu"]))
+    assert "2 configurations were measured twice" in text
+    assert "over 2 pairs" in text and "over 1 pair." in text
+    assert accuracy._repeat_lines(None) == []
+
+
+def test_no_repeats_no_paragraph(tmp_path: Path) -> None:
+    a = tmp_path / "seed0.jsonl.gz"
+    append_row(a, _row("mlp-1", "CPU", 0.10, 10 * 2**20))
+    assert accuracy._repeats([a]) == {}
