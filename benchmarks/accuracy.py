@@ -113,9 +113,10 @@ def _repeat_lines(rep: dict[str, Any] | None) -> list[str]:
 
     return [
         "",
-        f"**Repeat measurements.** {rep['n']} configurations were measured twice (another "
-        "seed drew the same configuration; the figures above use the latest measurement). "
-        "The two measurements of one configuration lie apart by |a / b - 1|: "
+        f"**Repeat measurements.** {rep['n']} configurations were measured more than once "
+        "(another seed drew the same configuration; the figures above use the latest "
+        "measurement). The first and the last measurement of one configuration lie apart "
+        "by |a / b - 1|: "
         f"step time {spread(rep['time'])}; peak memory {spread(rep['mem'])}. That is the "
         "measurements' own noise: with independent noise of this size, even a prediction of "
         "each configuration's true mean would be off by about 1/sqrt(2) of it against one "
