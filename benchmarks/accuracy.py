@@ -48,20 +48,34 @@ MiB = 1024**2
 GiB = 1024**3
 
 
-def _load(files: Sequence[Path], kind: str | None = None) -> list[dict[str, Any]]:
-    """Model rows (``kind`` None), or the per-op timing rows (``kind="op"``)."""
+def _read(files: Sequence[Path]) -> list[dict[str, Any]]:
+    """Every row of ``files``, in order (model and per-op rows, repeats included)."""
     from costaware.collect import read_rows
 
+    return [r for f in files for r in read_rows(f)]
+
+
+def _key(r: dict[str, Any]) -> tuple[str, str]:
+    """A row's configuration and device: one measurement of it counts."""
+    return str(r.get("id")), str(r.get("device_name"))
+
+
+def _kind(device: str) -> str:
+    """The device kind a row or observation is evaluated with: "cpu" or "gpu"."""
+    return "cpu" if device == "CPU" else "gpu"
+
+
+def _load(raw: Sequence[dict[str, Any]], kind: str | None = None) -> list[dict[str, Any]]:
+    """Model rows (``kind`` None), or the per-op timing rows (``kind="op"``), the latest
+    row of each configuration and device."""
     seen: dict[tuple[str, str], dict[str, Any]] = {}
-    for f in files:
-        for r in read_rows(f):
-            if (r.get("kind") == "op") != (kind == "op"):
-                continue
-            seen[(str(r.get("id")), str(r.get("device_name")))] = r
+    for r in raw:
+        if (r.get("kind") == "op") == (kind == "op"):
+            seen[_key(r)] = r
     return list(seen.values())
 
 
-def _repeats(files: Sequence[Path]) -> dict[str, dict[str, Any]]:
+def _repeats(raw: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """How far two measurements of one configuration on one device lie apart, by device kind.
 
     Different seeds of a corpus can draw the same configuration (ids are content hashes);
@@ -71,19 +85,17 @@ def _repeats(files: Sequence[Path]) -> dict[str, dict[str, Any]]:
     and the last measurement are compared: |a / b - 1| of the step time, and of the peak
     where both count as memory targets (CPU peaks under ``MIN_CPU_PEAK`` do not).
     """
-    from costaware.collect import MIN_CPU_PEAK, read_rows
+    from costaware.collect import MIN_CPU_PEAK
 
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for f in files:
-        for r in read_rows(f):
-            if r.get("kind") == "op" or r.get("status") != "ok":
-                continue
-            groups.setdefault((str(r.get("id")), str(r.get("device_name"))), []).append(r)
+    for r in raw:
+        if r.get("kind") != "op" and r.get("status") == "ok":
+            groups.setdefault(_key(r), []).append(r)
     out: dict[str, dict[str, Any]] = {}
     for (_, device), rs in groups.items():
         if len(rs) < 2:
             continue
-        kind = "cpu" if device == "CPU" else "gpu"
+        kind = _kind(device)
         a, b = rs[0]["measurement"], rs[-1]["measurement"]
         d = out.setdefault(kind, {"n": 0, "time": [], "mem": []})
         d["n"] += 1
@@ -490,13 +502,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not files:
         print("no data files: run `costaware collect` first (see data/README.md)", file=sys.stderr)
         return 2
-    rows = _load(files)
-    op_rows = _load(files, kind="op")
+    raw = _read(files)
+    rows = _load(raw)
+    op_rows = _load(raw, kind="op")
     print(f"{len(rows)} rows from {len(files)} file(s); computing features", file=sys.stderr)
     obs, skipped = _observations(rows, not args.no_cache, args.trace_timeout, op_rows)
     by_kind: dict[str, list[Any]] = {}
     for o in obs:
-        by_kind.setdefault("cpu" if o.device == "CPU" else "gpu", []).append(o)
+        by_kind.setdefault(_kind(o.device), []).append(o)
     devices = sorted({str(r.get("device_name")) for r in rows})
     results = {
         k: _evaluate(v, k, args.iterations, args.threads, args.time_baseline)
@@ -509,7 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "iterations": args.iterations,
         "time_baseline": args.time_baseline,
         "trace_timeout": args.trace_timeout,
-        "repeats": _repeats(files),
+        "repeats": _repeats(raw),
     }
     md = _markdown(results, meta)
     if skipped:

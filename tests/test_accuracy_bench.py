@@ -40,7 +40,7 @@ def test_repeats_compare_first_and_last_measurement_per_device(tmp_path: Path) -
     append_row(b, _row("vit-1", "CPU", 0.9, 90 * mib, status="error"))  # not a measurement
     append_row(b, _row("vgg-1", "CPU", 1.0, 50 * mib))  # another device: no pair
 
-    rep = accuracy._repeats([a, b])
+    rep = accuracy._repeats(accuracy._read([a, b]))
 
     assert rep["cpu"]["n"] == 2
     assert sorted(rep["cpu"]["time"]) == pytest.approx([0.2, 1.0])  # 0.1/0.125, 0.2/0.1
@@ -58,4 +58,4 @@ def test_repeats_compare_first_and_last_measurement_per_device(tmp_path: Path) -
 def test_no_repeats_no_paragraph(tmp_path: Path) -> None:
     a = tmp_path / "seed0.jsonl.gz"
     append_row(a, _row("mlp-1", "CPU", 0.10, 10 * 2**20))
-    assert accuracy._repeats([a]) == {}
+    assert accuracy._repeats(accuracy._read([a])) == {}
