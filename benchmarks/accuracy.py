@@ -352,10 +352,13 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
         ),
         "",
         "For each family the model is fitted on all the other families of the same device kind "
-        f"(CatBoost, {meta['iterations']} trees, split-conformal bounds at 95%) and predicts the "
+        f"(CatBoost, {meta['iterations']} trees, upper bounds at 95%) and predicts the "
         "held-out family from its dry-run features. The bounds are the conformal quantile of "
-        "log((measured + shift) / (predicted + shift)), the shift chosen on the training "
-        "rows (their in-sample predictions) and the quantile taken on the calibration rows. "
+        "log((measured + shift) / (predicted + shift)) over cross-conformal residuals: "
+        "within the training families, each row's residual comes from trees fitted without "
+        "its fold of families (5 folds), and the trees themselves from every training row; "
+        "the shift is chosen on their in-sample predictions (the GPU memory line: residuals "
+        "from a line fitted without the row's family, and no shift). "
         "MRE = mean |predicted - measured| / measured. "
         "`analytic` is the unfitted baseline (simulated allocator peak, roofline time). "
         "Coverage is the share of rows at or below the upper bound (nominal 95%).",

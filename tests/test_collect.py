@@ -349,6 +349,28 @@ def test_observations_leave_out_gpu_peaks_measured_over_held_memory(tmp_path: Pa
         assert o.meta["measured_peak"] == 900 * mib
 
 
+def test_observation_features_do_not_depend_on_the_rows_before(tmp_path: Path) -> None:
+    # training features come from each row's own dry run, never a rescale of another
+    # batch size of the same architecture traced earlier in the process
+    def row(name: str, batch_size: int) -> dict[str, object]:
+        cfg = _tiny(name, batch_size=batch_size)
+        return {
+            "schema": 1,
+            "id": name,
+            "family": "mlp",
+            "status": "ok",
+            "device": "cpu",
+            "device_name": "CPU",
+            "config": cfg.to_dict(),
+            "measurement": {"status": "ok", "iteration_time": 0.002, "max_reserved": 8 << 20},
+            "finished_at": "2026-01-01T00:00:00+00:00",
+        }
+
+    alone, _ = observations([row("b", 48)])
+    after, _ = observations([row("a", 4), row("b", 48)])
+    assert after[1].features == alone[0].features
+
+
 # ------------------------------------------------------------- data/gpu_window.sh
 WINDOW = Path(__file__).resolve().parents[1] / "data" / "gpu_window.sh"
 

@@ -632,7 +632,7 @@ def test_models_with_convolutions_get_their_own_bound() -> None:
         if "mlp" in str(spec_model):
             assert ratio < 1.15  # the MLPs' own 2% spread, not the CNNs' 150%
         else:
-            assert ratio > 1.5
+            assert ratio > 1.3  # peaks 1-2.5x the simulation, the point near the middle
 
 
 def test_refit_on_few_trials_moves_the_base_bound(
@@ -715,3 +715,28 @@ def test_gpu_memory_line_is_calibrated_across_families() -> None:
     ]
     line = ca.CostModel(iterations=20).fit(spread)
     assert line.memory_shift_ == 0.0 and line.memory_cal_rows_ == len(spread)
+
+
+def test_trees_are_calibrated_across_families() -> None:
+    # one family's step is 1.6x what the others' is: only residuals from trees that never
+    # saw it show that error. Cross-conformal, every family's rows are held out once, and
+    # the bound is as wide as that family needs; a split calibrates on one family here,
+    # and a bound from a typical family would not cover the next family like a
+    model = ca.CostModel(iterations=30, depth=3)
+    factors = {"a": 1.6, "b": 1.03, "c": 0.98, "d": 1.02, "e": 0.97, "f": 1.0}
+    obs: list[Observation] = []
+    for i, (fam, factor) in enumerate(factors.items()):
+        for o in _observations(model, [4 + 4 * i, 6 + 4 * i], fam):
+            assert o.iteration_time is not None
+            obs.append(dataclasses.replace(o, iteration_time=o.iteration_time * factor))
+    cross = ca.CostModel(iterations=30, depth=3).fit(obs)
+    split = ca.CostModel(iterations=30, depth=3, calibration="split").fit(obs)
+    assert cross.time_cal_rows_ == len(obs)  # every row calibrates
+    assert split.time_cal_rows_ < len(obs) // 2
+    spec = obs[0].meta["spec"]
+    p_cross, p_split = cross.predict(spec, "H100"), split.predict(spec, "H100")
+    # (with random_state 0 the split holds out family f, one of the typical ones)
+    assert p_split.iteration_time_upper < 1.2 * p_split.iteration_time
+    assert p_cross.iteration_time_upper > 1.4 * p_cross.iteration_time
+    with pytest.raises(ValueError, match="calibration must be"):
+        ca.CostModel(calibration="loo")

@@ -13,6 +13,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -134,6 +135,30 @@ def test_native_mode_keeps_the_cpu_kernels(kind: str) -> None:
         assert native.op_counts["mkldnn_rnn_layer"] == 2
     else:
         assert native.graph.number_of_nodes() > 1000
+
+
+def test_native_lstm_trace_does_not_depend_on_the_fake_tensor_cache() -> None:
+    # torch's meta kernel for mkldnn_rnn_layer_backward returns one bias gradient twice;
+    # FakeTensorMode's process-wide cache rebuilds the outputs apart on a hit. The trace
+    # must be the same cold or warm, and as the real step runs: two bias gradients, and no
+    # copy before autograd accumulates them
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    spec = _spec(functools.partial(zoo.rnn, "lstm", VOCAB, EMBED, HIDDEN, 2), "fp32")
+    FakeTensorMode.cache_clear()
+    cold = ca.dry_run(spec)
+    warm = ca.dry_run(spec)
+    assert cold.op_signature == warm.op_signature
+    assert np.array_equal(cold.events, warm.events)
+    assert cold.op_counts["mkldnn_rnn_layer_backward"] == 2
+    assert "new_empty_strided" not in cold.op_counts and "copy_" not in cold.op_counts
+
+    model = nn.LSTM(EMBED, HIDDEN, num_layers=2)
+    out, _ = model(torch.randn(SEQ, BATCH, EMBED))
+    out.sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None for g in grads)
+    assert len({g.untyped_storage().data_ptr() for g in grads if g is not None}) == len(grads)
 
 
 def test_the_layer_flops_are_opbenchs_lstm_formula() -> None:

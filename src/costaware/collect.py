@@ -631,7 +631,7 @@ def observations(
                 if on_row is not None:
                     on_row(i, row)
                 spec = Config.from_dict(row["config"]).to_spec()
-                feats = cm.features(spec, dev)
+                feats = cm.features(spec, dev, exact=True)  # never a rescale
                 feats_cache[key] = feats
                 dirty += 1
                 if dirty % 50 == 0:  # an interrupted run keeps what it traced

@@ -553,8 +553,19 @@ _SHIFTS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 #: calibration rows a bound group needs for a bound of its own (else the pooled one)
 _MIN_GROUP_ROWS = 20
 
-#: families a GPU memory line needs for cross-conformal bounds (else one held-out split)
+#: families a GPU memory line or the trees need for cross-conformal bounds (else one
+#: held-out split)
 _MIN_CV_FAMILIES = 5
+
+#: folds of families the trees' cross-conformal residuals come from (each fold's trees
+#: are fitted without it; the line fits once per family, which costs nothing)
+_CV_FOLDS = 5
+
+
+def _family_folds(families: np.ndarray, k: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """``families`` shuffled and dealt into ``k`` folds (fewer when there are fewer)."""
+    shuffled = rng.permutation(families)
+    return [shuffled[i::k] for i in range(min(k, len(shuffled)))]
 
 
 def _bound_group(feats: Mapping[str, float]) -> str:
@@ -673,8 +684,9 @@ class CostModel:
 
     Args:
         iterations, depth, learning_rate: CatBoost settings of both regressors.
-        coverage: nominal coverage of the upper bounds (split-conformal).
-        calibration_fraction: share of rows (of families, when known) held out to calibrate.
+        coverage: nominal coverage of the upper bounds (conformal).
+        calibration_fraction: share of rows (of families, when known) held out to calibrate
+            where a bound is split-conformal.
         random_state: seed of CatBoost and of the calibration split.
         thread_count: CatBoost threads.
         trace_timeout: seconds allowed for one dry run.
@@ -691,6 +703,12 @@ class CostModel:
             simulation already carries what transfers. CPU rows get
             trees, which did better there (33% against 49% on held-out CPU families: the
             live-tensor peak misses more of a CPU process's growth).
+        calibration: how the trees' upper bounds are calibrated: "cross" (cross-conformal
+            by family: residuals from trees fitted without the row's fold of families,
+            ``_CV_FOLDS`` folds, and the trees fitted on every row; needs
+            ``_MIN_CV_FAMILIES`` families, else a split) or "split" (one held-out split of
+            ``calibration_fraction`` of the families, kept out of the trees). "cross" fits
+            the trees ``_CV_FOLDS`` + 1 times.
     """
 
     # learned state, set by fit / load
@@ -718,9 +736,12 @@ class CostModel:
         cache_size: int = 64,
         time_baseline: str = "optime",
         memory_model: str = "line",
+        calibration: str = "cross",
     ) -> None:
         if memory_model not in ("line", "trees"):
             raise ValueError(f"memory_model must be 'line' or 'trees', but got {memory_model=}.")
+        if calibration not in ("cross", "split"):
+            raise ValueError(f"calibration must be 'cross' or 'split', but got {calibration=}.")
         self.iterations = iterations
         self.depth = depth
         self.learning_rate = learning_rate
@@ -732,6 +753,7 @@ class CostModel:
         self.cache_size = cache_size
         self.time_baseline = time_baseline
         self.memory_model = memory_model
+        self.calibration = calibration
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -795,22 +817,36 @@ class CostModel:
                 return rescale(entry.traces[0], spec.batch_size, other), entry.graph_feats, src
         t = dry_run(spec, timeout=self.trace_timeout, attention=attention)
         if entry is None:
-            graph_feats = nsm_features(t)
-            g2v = self.__dict__.get("graph2vec_")
-            if g2v is not None:
-                vec = g2v.transform([t.graph])[0]
-                graph_feats.update({f"g2v_{i}": float(v) for i, v in enumerate(vec)})
-                graph_feats["g2v_oov"] = float(g2v.oov_fraction(t.graph))
-            entry = _ArchEntry(traces=[t], graph_feats=graph_feats)
-        elif len(entry.traces) < 2 and t.op_signature == entry.traces[0].op_signature:
+            entry = _ArchEntry(traces=[t], graph_feats=self._graph_features(t))
+        elif t.op_signature != entry.traces[0].op_signature:
+            # this batch size runs another op sequence: its own graph, and not cached as
+            # the architecture's (a rescale from it would mix the two)
+            return t, self._graph_features(t), "traced"
+        elif len(entry.traces) < 2:
             entry.traces.append(t)
         cache.put(key, entry)
         return t, entry.graph_feats, "traced"
 
-    def features(self, spec: TrainingSpec, device: str | Device = "auto") -> dict[str, float]:
-        """The feature dict the learned model sees for ``spec`` on ``device``."""
+    def _graph_features(self, t: Trace) -> dict[str, float]:
+        graph_feats = nsm_features(t)
+        g2v = self.__dict__.get("graph2vec_")
+        if g2v is not None:
+            vec = g2v.transform([t.graph])[0]
+            graph_feats.update({f"g2v_{i}": float(v) for i, v in enumerate(vec)})
+            graph_feats["g2v_oov"] = float(g2v.oov_fraction(t.graph))
+        return graph_feats
+
+    def features(
+        self, spec: TrainingSpec, device: str | Device = "auto", *, exact: bool = False
+    ) -> dict[str, float]:
+        """The feature dict the learned model sees for ``spec`` on ``device``.
+
+        ``exact=True`` dry-runs ``spec`` itself rather than rescaling a cached trace of the
+        same architecture, so the features do not depend on which specs came before
+        (training data is featurized this way).
+        """
         dev = get_device(device)
-        trace, graph_feats, _ = self.trace(spec, attention=_attention_mode(dev))
+        trace, graph_feats, _ = self.trace(spec, exact=exact, attention=_attention_mode(dev))
         est = _analytic.estimate(trace, spec, dev)
         return features_for(trace, spec, dev, est, graph_feats, self.op_model())
 
@@ -1243,13 +1279,25 @@ class CostModel:
                     model = _fit_affine(bases[train], bases[train] * np.exp(y[train]))
                     fitted = np.asarray([model.correction(b) for b in bases[cal]])
                 fitted_train = np.asarray([model.correction(b) for b in bases[train]])
-            elif float(np.ptp(y[train])) < 1e-12:  # CatBoost refuses constant targets
-                model = _Constant(float(y[train][0]))
-                fitted = model.predict(x_all[cal])
+            elif (
+                self.__dict__.get("calibration", "cross") == "cross"
+                and len(fams := np.unique(groups[ok])) >= _MIN_CV_FAMILIES
+            ):
+                # cross-conformal by family: each row's residual comes from trees fitted
+                # without its fold of families, and the trees themselves from every row.
+                # One held-out split calibrated on three families of 16 (on the CPU rows
+                # its memory bound covered 89.8% of held-out families' peaks: which three
+                # set it) and kept those three out of the trees
+                cal, train = ok.copy(), ok.copy()
+                oof = np.zeros(len(obs))
+                for fold in _family_folds(fams, _CV_FOLDS, rng):
+                    out = ok & np.isin(groups, fold)
+                    oof[out] = self._trees(x_all[ok & ~out], y[ok & ~out]).predict(x_all[out])
+                model = self._trees(x_all[ok], y[ok])
+                fitted = oof[cal]
                 fitted_train = model.predict(x_all[train])
             else:
-                model = self._regressor()
-                model.fit(x_all[train], y[train])
+                model = self._trees(x_all[train], y[train])
                 fitted = model.predict(x_all[cal])
                 fitted_train = model.predict(x_all[train])
             per_row = baselines[:, col]
@@ -1338,6 +1386,14 @@ class CostModel:
             self.training_["kinds_not_fitted"] = skipped
         return self
 
+    def _trees(self, x: np.ndarray, y: np.ndarray) -> Any:
+        """A CatBoost regressor fitted on ``(x, y)`` (a constant where ``y`` is one)."""
+        if float(np.ptp(y)) < 1e-12:  # CatBoost refuses constant targets
+            return _Constant(float(y[0]))
+        model = self._regressor()
+        model.fit(x, y)
+        return model
+
     def _regressor(self) -> Any:
         from catboost import CatBoostRegressor
 
@@ -1366,6 +1422,7 @@ class CostModel:
             "cache_size": self.cache_size,
             "time_baseline": self.time_baseline,
             "memory_model": self.__dict__.get("memory_model", "trees"),
+            "calibration": self.__dict__.get("calibration", "cross"),
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:

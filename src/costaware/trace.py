@@ -223,6 +223,33 @@ def _conv_transient(args: tuple[Any, ...]) -> int:
     )
 
 
+def _fresh_outputs(func: Any, out: Any) -> Any:
+    """Give each output of ``func`` its own storage where its schema promises one.
+
+    Some fake (meta) kernels return one tensor twice where the real kernel returns two:
+    ``mkldnn_rnn_layer_backward``'s meta returns its bias gradient as both ``grad_b_ih``
+    and ``grad_b_hh``. Autograd then sees a gradient it does not own, and copies it
+    before accumulating (a ``new_empty_strided`` + ``copy_`` the real step does not run),
+    but only when the op missed FakeTensorMode's process-wide cache, which rebuilds each
+    output separately on a hit. So the trace depended on what the process had traced
+    before. An output whose schema return carries no alias annotation is fresh in the real
+    kernel, and gets a fresh storage here too.
+    """
+    if not isinstance(out, tuple) or len(out) < 2 or func.is_view:
+        return out
+    returns = func._schema.returns
+    seen: set[int] = set()
+    fixed: list[Any] = []
+    for i, t in enumerate(out):
+        if isinstance(t, torch.Tensor) and i < len(returns) and returns[i].alias_info is None:
+            sid = id(t.untyped_storage())
+            if sid in seen:
+                t = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+            seen.add(sid)
+        fixed.append(t)
+    return tuple(fixed)
+
+
 class _Recorder(TorchDispatchMode):
     """Records ops and storage lifetimes. Sits inside FakeTensorMode (sees ops first)."""
 
@@ -297,7 +324,7 @@ class _Recorder(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = _fresh_outputs(func, func(*args, **kwargs))
         if self.paused:
             return out
         name = func._overloadpacket.__name__
