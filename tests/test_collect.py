@@ -349,7 +349,7 @@ def test_observations_leave_out_gpu_peaks_measured_over_held_memory(tmp_path: Pa
         assert o.meta["measured_peak"] == 900 * mib
 
 
-def test_observation_features_do_not_depend_on_the_rows_before(tmp_path: Path) -> None:
+def test_observation_features_do_not_depend_on_the_rows_before() -> None:
     # training features come from each row's own dry run, never a rescale of another
     # batch size of the same architecture traced earlier in the process
     def row(name: str, batch_size: int) -> dict[str, object]:

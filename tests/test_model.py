@@ -720,8 +720,8 @@ def test_gpu_memory_line_is_calibrated_across_families() -> None:
 def test_trees_are_calibrated_across_families() -> None:
     # one family's step is 1.6x what the others' is: only residuals from trees that never
     # saw it show that error. Cross-conformal, every family's rows are held out once, and
-    # the bound is as wide as that family needs; a split calibrates on one family here,
-    # and a bound from a typical family would not cover the next family like a
+    # the bound is as wide as that family needs. A split calibrates on one family here
+    # (with random_state 0, f: a typical one), and its bound would miss a family like a
     model = ca.CostModel(iterations=30, depth=3)
     factors = {"a": 1.6, "b": 1.03, "c": 0.98, "d": 1.02, "e": 0.97, "f": 1.0}
     obs: list[Observation] = []
@@ -735,7 +735,6 @@ def test_trees_are_calibrated_across_families() -> None:
     assert split.time_cal_rows_ < len(obs) // 2
     spec = obs[0].meta["spec"]
     p_cross, p_split = cross.predict(spec, "H100"), split.predict(spec, "H100")
-    # (with random_state 0 the split holds out family f, one of the typical ones)
     assert p_split.iteration_time_upper < 1.2 * p_split.iteration_time
     assert p_cross.iteration_time_upper > 1.4 * p_cross.iteration_time
     with pytest.raises(ValueError, match="calibration must be"):
