@@ -5,20 +5,23 @@
 #
 #   bash data/gpu_window.sh check                  GPU tests (if pytest is installed) and the environment
 #   bash data/gpu_window.sh ops-held [MINUTES]     re-time the op cases of seed 0 held (opbench schema 2)
-#   bash data/gpu_window.sh corpus SEED SHARD [MINUTES]   measure one shard of the whole-model corpus
+#   bash data/gpu_window.sh corpus SEED SHARD [MINUTES]   measure one shard of the whole-model corpus,
+#                                                  or shards in turn (SHARD as FIRST-LAST) until MINUTES
 #
 # Files are named after the GPU (h100-..., h200-...: memory transfers across GPUs of one
 # generation, time does not) and each step first copies the committed file of the same
 # name from data/gpu/ into $OUT, so an interrupted shard resumes where it stopped.
-# Order for a fresh 30-minute window: check, ops-held, then corpus 1 0, corpus 1 1, ...
-# (seed 0's five shards are all measured on the H100; on an H200 start at corpus 0 0).
+# Order for a fresh 30-minute window: check, ops-held, then corpus 1 0-4, as often as the
+# window allows (a shard takes 4-5 minutes on an H100, so one command measures about two;
+# shards already complete are skipped in seconds). Seed 0's five shards are all measured
+# on the H100; on an H200 start at corpus 0 0-4.
 #
 # For a test on a machine without a GPU: COSTAWARE_DEVICE=cpu (and COSTAWARE_CORPUS=cpu,
-# COSTAWARE_LIMIT=N) run the same steps on the CPU.
+# COSTAWARE_LIMIT=N, COSTAWARE_SHARDS=N) run the same steps on the CPU.
 set -euo pipefail
 
 usage() {
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
 }
 
 die() {
@@ -46,9 +49,11 @@ case "$step" in
     corpus)
         [[ $# -ge 2 ]] || die "corpus needs SEED and SHARD"
         seed="$1" shard="$2" minutes="${3:-8.5}"
-        for v in "$seed" "$shard"; do
-            [[ "$v" =~ ^[0-9]+$ ]] || die "SEED and SHARD must be whole numbers, not '$v'"
-        done
+        [[ "$seed" =~ ^[0-9]+$ ]] || die "SEED and SHARD must be whole numbers, not '$seed'"
+        [[ "$shard" =~ ^[0-9]+(-[0-9]+)?$ ]] \
+            || die "SHARD must be a whole number or FIRST-LAST, not '$shard'"
+        first="${shard%-*}" last="${shard#*-}"
+        ((10#$first <= 10#$last)) || die "SHARD FIRST-LAST must not run backwards, not '$shard'"
         is_number "$minutes" || die "MINUTES must be a number, not '$minutes'"
         ;;
 esac
@@ -113,14 +118,25 @@ case "$step" in
         summary "$out/$name"
         ;;
     corpus)
-        if [[ "$seed" == 0 ]]; then name="$tag-shard$shard.jsonl.gz"
-        else name="$tag-seed$seed-shard$shard.jsonl.gz"; fi
-        resume "$name"
         extra=()
         [[ -n "${COSTAWARE_LIMIT:-}" ]] && extra+=(--limit "$COSTAWARE_LIMIT")
-        "$PY" -m costaware.collect --corpus "${COSTAWARE_CORPUS:-gpu}" --seed "$seed" \
-            --shard "$shard" --device "$device" --timeout 90 --max-minutes "$minutes" \
-            --out "$out/$name" "${extra[@]}"
-        summary "$out/$name"
+        [[ -n "${COSTAWARE_SHARDS:-}" ]] && extra+=(--shards "$COSTAWARE_SHARDS")
+        started=$SECONDS
+        for ((s = 10#$first; s <= 10#$last; s++)); do
+            # the minutes left for this shard; under half a minute, the rest waits
+            left="$(awk -v m="$minutes" -v t=$((SECONDS - started)) 'BEGIN { printf "%.3f", m - t / 60 }')"
+            if awk -v l="$left" 'BEGIN { exit !(l < 0.5) }'; then
+                echo "gpu_window: under half a minute of the $minutes left;" \
+                    "shards $s-$last wait for the next command"
+                break
+            fi
+            if [[ "$seed" == 0 ]]; then name="$tag-shard$s.jsonl.gz"
+            else name="$tag-seed$seed-shard$s.jsonl.gz"; fi
+            resume "$name"
+            "$PY" -m costaware.collect --corpus "${COSTAWARE_CORPUS:-gpu}" --seed "$seed" \
+                --shard "$s" --device "$device" --timeout 90 --max-minutes "$left" \
+                --out "$out/$name" "${extra[@]}"
+            summary "$out/$name"
+        done
         ;;
 esac

@@ -375,15 +375,18 @@ def test_observation_features_do_not_depend_on_the_rows_before() -> None:
 WINDOW = Path(__file__).resolve().parents[1] / "data" / "gpu_window.sh"
 
 
-def _window(root: Path, *args: str, out: str = "out") -> subprocess.CompletedProcess[str]:
-    env = {
+def _window(
+    root: Path, *args: str, out: str = "out", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    full = {
         "PATH": "/usr/bin:/bin",
         "PYTHON": sys.executable,
         "OUT": str(root / out),
         "COSTAWARE_DEVICE": "cpu",
+        **(env or {}),
     }
     return subprocess.run(
-        ["bash", str(WINDOW), *args], cwd=root, env=env, capture_output=True, text=True
+        ["bash", str(WINDOW), *args], cwd=root, env=full, capture_output=True, text=True
     )
 
 
@@ -397,6 +400,8 @@ def test_gpu_window_checks_its_arguments_before_touching_a_device(tmp_path: Path
         (("bogus",), "unknown step 'bogus'"),
         (("corpus", "1"), "corpus needs SEED and SHARD"),
         (("corpus", "x", "0"), "whole numbers, not 'x'"),
+        (("corpus", "1", "a-2"), "a whole number or FIRST-LAST, not 'a-2'"),
+        (("corpus", "1", "3-1"), "must not run backwards, not '3-1'"),
         (("ops-held", "soon"), "MINUTES must be a number, not 'soon'"),
     ):
         r = _window(tmp_path, *args)
@@ -425,3 +430,20 @@ def test_gpu_window_names_by_device_and_resumes_the_committed_file(tmp_path: Pat
     assert len(again) > len(rows)
     assert [r["id"] for r in again[: len(rows)]] == [r["id"] for r in rows]
     assert len({r["id"] for r in again}) == len(again)  # nothing timed twice
+
+
+@pytest.mark.slow
+def test_gpu_window_measures_shards_in_turn_until_its_minutes_are_spent(tmp_path: Path) -> None:
+    (tmp_path / "src").symlink_to(Path(__file__).resolve().parents[1] / "src")
+    (tmp_path / "data" / "gpu").mkdir(parents=True)
+    small = {"COSTAWARE_CORPUS": "cpu", "COSTAWARE_SHARDS": "4", "COSTAWARE_LIMIT": "1"}
+    r = _window(tmp_path, "corpus", "1", "0-1", "3", env=small)
+    assert r.returncode == 0, r.stderr
+    for shard in (0, 1):
+        rows = list(read_rows(tmp_path / "out" / f"cpu-seed1-shard{shard}.jsonl.gz"))
+        assert len(rows) == 1 and f"cpu-seed1-shard{shard}.jsonl.gz: 1 rows" in r.stdout
+    # under half a minute left: no shard is started, and the message says which wait
+    r = _window(tmp_path, "corpus", "1", "2-3", "0.2", out="later", env=small)
+    assert r.returncode == 0, r.stderr
+    assert "shards 2-3 wait for the next command" in r.stdout
+    assert not (tmp_path / "later").exists() or not any((tmp_path / "later").iterdir())

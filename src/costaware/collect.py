@@ -713,7 +713,11 @@ def run(args: argparse.Namespace) -> int:
         shards = (
             args.shards if args.shards is not None else recommended_shards(args.corpus, args.seed)
         )
-        configs = corpus(args.corpus, shard=args.shard, shards=shards, seed=args.seed)
+        try:
+            configs = corpus(args.corpus, shard=args.shard, shards=shards, seed=args.seed)
+        except ValueError as e:  # a shard out of range, a bad count
+            print(f"costaware collect: error: {e}", file=sys.stderr)
+            return 2
         est = shard_estimates(args.corpus, shards, args.seed)[args.shard]
         if not args.quiet:
             print(
