@@ -24,6 +24,7 @@ from costaware.collect import (
     reserved_before,
 )
 from costaware.corpus import Config, corpus, full_corpus, recommended_shards, shard_estimates
+from costaware.model import Observation
 
 
 def _tiny(name: str, batch_size: int = 8, **kw: object) -> Config:
@@ -447,3 +448,43 @@ def test_gpu_window_measures_shards_in_turn_until_its_minutes_are_spent(tmp_path
     assert r.returncode == 0, r.stderr
     assert "shards 2-3 wait for the next command" in r.stdout
     assert not (tmp_path / "later").exists() or not any((tmp_path / "later").iterdir())
+
+
+def test_features_cache_keeps_each_versions_features(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run whose features version differs (another op model, or none as in a CPU-only
+    # run) must not discard what another version computed: that cost 8 minutes of dry
+    # runs here when a CPU-only benchmark overwrote the full corpus's cache
+    import costaware.collect as collect_mod
+
+    rows = [
+        {
+            "schema": 1,
+            "id": name,
+            "family": "mlp",
+            "status": "ok",
+            "device": "cpu",
+            "device_name": "CPU",
+            "config": _tiny(name).to_dict(),
+            "measurement": {"status": "ok", "iteration_time": 0.002, "max_reserved": 8 << 20},
+            "finished_at": "2026-01-01T00:00:00+00:00",
+        }
+        for name in ("a", "b")
+    ]
+    cache = tmp_path / "feats.json.gz"
+
+    def run(version: str) -> tuple[list[str], list[Observation]]:
+        monkeypatch.setattr(collect_mod, "features_version", lambda model: version)
+        traced: list[str] = []
+        obs, _ = observations(rows, cache=cache, on_row=lambda i, r: traced.append(r["id"]))
+        return traced, obs
+
+    traced, first = run("v1")
+    assert traced == ["a", "b"]
+    assert run("v2")[0] == ["a", "b"]  # another version: its own dry runs
+    traced, again = run("v1")
+    assert traced == [] and [o.features for o in again] == [o.features for o in first]
+    for v in ("v3", "v4", "v5"):  # beyond four, the section written longest ago goes:
+        run(v)  # v1's (the last v1 run only read its section)
+    assert run("v2")[0] == [] and run("v1")[0] == ["a", "b"]

@@ -545,6 +545,10 @@ def reserved_before(measurement: dict[str, Any]) -> int | None:
     return max(0, int(peak) - int(growth))
 
 
+#: features versions a features cache keeps, the most recently written first
+_CACHE_VERSIONS = 4
+
+
 def _cache_key(row: dict[str, Any]) -> str:
     return f"{row.get('id')}|{row.get('device_name')}|{row.get('finished_at')}"
 
@@ -588,20 +592,27 @@ def observations(
     ``model`` defaults to an unfitted ``CostModel()``; this imports costaware.model, so it
     is not for the bare-GPU path. ``on_row(i, row)`` is called before each row that needs
     features, for progress. ``cache`` is a ``.json.gz`` file of features already computed
-    (keyed by row id, device and finish time, per feature version); it is updated.
+    (keyed by row id, device and finish time, per features version: the feature version
+    and the op model); it is updated, and keeps the sections of up to ``_CACHE_VERSIONS``
+    versions, so that a run with another op model, or none, does not discard them.
     """
     from costaware.model import CostModel, Observation
 
     # a generous dry-run limit: this is offline, and a busy machine slows tracing down
     cm = model if model is not None else CostModel(trace_timeout=600.0)
     cache_path = Path(cache) if cache is not None else None
-    feats_cache: dict[str, Any] = {}
     version = features_version(cm)
+    # one section per features version: a run with another op model (or none, as a
+    # CPU-only run has) keeps the other sections instead of overwriting them
+    sections: dict[str, dict[str, Any]] = {}
     if cache_path is not None and cache_path.is_file():
         with contextlib.suppress(OSError, ValueError, EOFError):
             stored = json.loads(gzip.decompress(cache_path.read_bytes()))
-            if stored.get("feature_version") == version:
-                feats_cache = stored.get("features", {})
+            if "versions" in stored:
+                sections = dict(stored["versions"])
+            elif "feature_version" in stored:  # the one-version layout written before
+                sections = {str(stored["feature_version"]): stored.get("features", {})}
+    feats_cache: dict[str, Any] = sections.pop(version, {})
     out: list[Any] = []
     skipped: list[str] = []
     dirty = 0
@@ -609,7 +620,8 @@ def observations(
     def save() -> None:
         if cache_path is not None and dirty:
             cache_path.parent.mkdir(parents=True, exist_ok=True)
-            payload = {"feature_version": version, "features": feats_cache}
+            kept = list(sections.items())[: _CACHE_VERSIONS - 1]  # this run's goes first
+            payload = {"versions": {version: feats_cache, **dict(kept)}}
             tmp = cache_path.with_name(cache_path.name + ".tmp")
             tmp.write_bytes(gzip.compress(json.dumps(payload).encode(), mtime=0))
             os.replace(tmp, cache_path)
