@@ -350,25 +350,26 @@ def test_observations_leave_out_gpu_peaks_measured_over_held_memory(tmp_path: Pa
         assert o.meta["measured_peak"] == 900 * mib
 
 
+def _cpu_row(name: str, batch_size: int = 8) -> dict[str, object]:
+    """A measured CPU row of a tiny MLP configuration."""
+    return {
+        "schema": 1,
+        "id": name,
+        "family": "mlp",
+        "status": "ok",
+        "device": "cpu",
+        "device_name": "CPU",
+        "config": _tiny(name, batch_size=batch_size).to_dict(),
+        "measurement": {"status": "ok", "iteration_time": 0.002, "max_reserved": 8 << 20},
+        "finished_at": "2026-01-01T00:00:00+00:00",
+    }
+
+
 def test_observation_features_do_not_depend_on_the_rows_before() -> None:
     # training features come from each row's own dry run, never a rescale of another
     # batch size of the same architecture traced earlier in the process
-    def row(name: str, batch_size: int) -> dict[str, object]:
-        cfg = _tiny(name, batch_size=batch_size)
-        return {
-            "schema": 1,
-            "id": name,
-            "family": "mlp",
-            "status": "ok",
-            "device": "cpu",
-            "device_name": "CPU",
-            "config": cfg.to_dict(),
-            "measurement": {"status": "ok", "iteration_time": 0.002, "max_reserved": 8 << 20},
-            "finished_at": "2026-01-01T00:00:00+00:00",
-        }
-
-    alone, _ = observations([row("b", 48)])
-    after, _ = observations([row("a", 4), row("b", 48)])
+    alone, _ = observations([_cpu_row("b", 48)])
+    after, _ = observations([_cpu_row("a", 4), _cpu_row("b", 48)])
     assert after[1].features == alone[0].features
 
 
@@ -458,20 +459,7 @@ def test_features_cache_keeps_each_versions_features(
     # runs here when a CPU-only benchmark overwrote the full corpus's cache
     import costaware.collect as collect_mod
 
-    rows = [
-        {
-            "schema": 1,
-            "id": name,
-            "family": "mlp",
-            "status": "ok",
-            "device": "cpu",
-            "device_name": "CPU",
-            "config": _tiny(name).to_dict(),
-            "measurement": {"status": "ok", "iteration_time": 0.002, "max_reserved": 8 << 20},
-            "finished_at": "2026-01-01T00:00:00+00:00",
-        }
-        for name in ("a", "b")
-    ]
+    rows = [_cpu_row("a"), _cpu_row("b")]
     cache = tmp_path / "feats.json.gz"
 
     def run(version: str) -> tuple[list[str], list[Observation]]:
