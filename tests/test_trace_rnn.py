@@ -113,8 +113,9 @@ def test_fused_trace_has_one_kernel_per_layer(kind: str, layers: int, precision:
     assert {t[6] for t in table if t[0] not in ("rnn", "rnn_backward")} == {1}
     if kind == "gru":  # the unrolled cells' matmuls count the same work, within 10%
         assert fused.flops_forward == pytest.approx(native.flops_forward, rel=0.10)
-    else:  # oneDNN's LSTM layer has no FLOP formula natively: only the head counts
-        assert fused.flops_forward == pytest.approx(native.flops_forward + rnn, rel=1e-9)
+    else:  # oneDNN's LSTM layer is counted by the same formula (feature version 10)
+        assert fused.flops_forward == pytest.approx(native.flops_forward, rel=1e-9)
+        assert fused.flops_backward == pytest.approx(native.flops_backward, rel=1e-9)
     # every parameter gets its gradient and its optimizer state, as natively
     assert fused.param_bytes == native.param_bytes
     assert fused.gradient_bytes == fused.param_bytes == native.gradient_bytes
@@ -135,6 +136,22 @@ def test_native_mode_keeps_the_cpu_kernels(kind: str) -> None:
         assert native.op_counts["mkldnn_rnn_layer"] == 2
     else:
         assert native.graph.number_of_nodes() > 1000
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_native_lstm_layers_count_their_flops(batch_first: bool) -> None:
+    # a CPU runs nn.LSTM as one oneDNN layer op per layer and direction; without a formula
+    # it counted 0 FLOPs, and the roofline left the recurrent matrix products out
+    spec = _spec(functools.partial(_Tagger, "lstm", True, batch_first))
+    native = ca.dry_run(spec)
+    assert native.op_counts["mkldnn_rnn_layer"] == 4  # 2 layers x 2 directions
+    expected = rnn_flops("lstm", SEQ, BATCH, EMBED, HIDDEN, 2)
+    expected += rnn_flops("lstm", SEQ, BATCH, 2 * HIDDEN, HIDDEN, 2)
+    g = native.graph
+    nodes = [g.nodes[i] for i in g.nodes]
+    fwd = sum(float(n["flops"]) for n in nodes if n["op"] == "mkldnn_rnn_layer")
+    bwd = sum(float(n["flops"]) for n in nodes if n["op"] == "mkldnn_rnn_layer_backward")
+    assert fwd == expected and bwd == 2 * expected
 
 
 def test_native_lstm_trace_does_not_depend_on_the_fake_tensor_cache() -> None:
@@ -179,8 +196,7 @@ def test_bidirectional_time_major_layers(kind: str) -> None:
     expected += rnn_flops(mode, SEQ, BATCH, 2 * HIDDEN, HIDDEN, 2)
     fwd = sum(float(n["flops"]) for n in _rnn_nodes(fused) if n["phase"] == "forward")
     assert fwd == expected
-    if kind != "lstm":
-        assert fused.flops_forward == pytest.approx(native.flops_forward, rel=0.10)
+    assert fused.flops_forward == pytest.approx(native.flops_forward, rel=0.10)
     assert fused.gradient_bytes == fused.param_bytes == native.gradient_bytes
     assert fused.optimizer_state_bytes == native.optimizer_state_bytes
     assert 0.5 < fused.peak_live / native.peak_live < 2.0

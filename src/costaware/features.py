@@ -28,7 +28,12 @@ trained on one version refuses features of another.
   (:attr:`~costaware.trace.Trace.transients`). Version 7: ``param_tensors``, the parameter
   tensors the optimizer steps (the CPU's per-tensor share of a step: see
   ``costaware.model._Dispatch``). Version 8: the op-level sum costs a fused recurrent
-  layer by its time steps too (:attr:`~costaware.trace.Trace.node_serial`).
+  layer by its time steps too (:attr:`~costaware.trace.Trace.node_serial`). Version 9:
+  the dry run no longer depends on what the process traced before (an op's outputs that
+  share a storage only when FakeTensorMode's cache missed). Version 10: a CPU dry run
+  counts the FLOPs of the oneDNN layer it runs ``nn.LSTM`` as (``mkldnn_rnn_layer`` and
+  its backward, counted as 0 before), so the roofline no longer leaves out an LSTM's
+  recurrent matrix products.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "9"
+FEATURE_VERSION = "10"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}

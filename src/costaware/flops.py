@@ -4,7 +4,8 @@ FLOPs come from PyTorch's own ``torch.utils.flop_counter`` registry (matmul, con
 CUDA attention kernels, in forward and backward), plus formulas it lacks on a CPU trace:
 ``_scaled_dot_product_flash_attention_for_cpu`` and its backward, without which attention
 counts as zero FLOPs on a CPU-only machine, and the fused recurrent layer
-(``costaware::rnn`` and ``costaware::rnn_backward``, see :mod:`costaware.trace`), costed as
+(``costaware::rnn`` and ``costaware::rnn_backward``, see :mod:`costaware.trace`) and the
+oneDNN layer a CPU runs an LSTM as (``mkldnn_rnn_layer`` and its backward), costed as
 :mod:`costaware.opbench` costs its LSTM (:func:`rnn_flops`). An op without a formula counts 0 FLOPs and is
 costed by the bytes it moves; an op whose formula fails is counted by the caller, never
 fatal (fvcore's rule).
@@ -123,6 +124,74 @@ def rnn_backward_formula(
     """
     f = rnn_formula(input, weights, hx, cx, mode, bidirectional)
     return 2 * f if need_weights else f
+
+
+#: the ``mode`` argument of ``aten::mkldnn_rnn_layer`` (cuDNN's numbering of cell types)
+_MKLDNN_MODES = {0: "rnn_relu", 1: "rnn_tanh", 2: "lstm", 3: "gru"}
+
+
+def _mkldnn_rnn_layer_flops(input: Any, hx: Any, mode: int, hidden_size: int) -> int:
+    """Forward FLOPs of one ``mkldnn_rnn_layer`` call: one direction of one layer.
+
+    The input is time-major whatever ``batch_first`` says (nn.LSTM transposes it before
+    the call), so the batch is read from ``hx`` (B, H) and the time steps from the rest.
+    """
+    kind = _MKLDNN_MODES.get(int(mode))
+    b, i = int(hx.shape[0]), int(input.shape[-1])
+    if kind is None or b <= 0 or i <= 0:
+        return 0
+    return rnn_flops(kind, input.numel() // (b * i), b, i, int(hidden_size))
+
+
+def mkldnn_rnn_layer_formula(
+    input: Any,
+    weight0: Any,
+    weight1: Any,
+    weight2: Any,
+    weight3: Any,
+    hx: Any,
+    cx: Any,
+    reverse: bool,
+    batch_sizes: Any,
+    mode: int,
+    hidden_size: int,
+    *args: Any,
+    out_val: Any = None,
+    **kwargs: Any,
+) -> int:
+    """FLOPs of ``aten::mkldnn_rnn_layer``, the oneDNN layer a CPU runs ``nn.LSTM`` as:
+    the same count as the fused GPU layer's (:func:`rnn_formula`)."""
+    return _mkldnn_rnn_layer_flops(input, hx, mode, hidden_size)
+
+
+def mkldnn_rnn_layer_backward_formula(
+    input: Any,
+    weight1: Any,
+    weight2: Any,
+    weight3: Any,
+    weight4: Any,
+    hx: Any,
+    cx: Any,
+    output: Any,
+    hy: Any,
+    cy: Any,
+    grad_output: Any,
+    grad_hy: Any,
+    grad_cy: Any,
+    reverse: bool,
+    mode: int,
+    hidden_size: int,
+    *args: Any,
+    out_val: Any = None,
+    **kwargs: Any,
+) -> int:
+    """FLOPs of ``aten::mkldnn_rnn_layer_backward``: the data and the weight gradients,
+    each the forward's count (it always returns the weights' gradients)."""
+    return 2 * _mkldnn_rnn_layer_flops(input, hx, mode, hidden_size)
+
+
+_REGISTRY[aten.mkldnn_rnn_layer] = mkldnn_rnn_layer_formula
+_REGISTRY[aten.mkldnn_rnn_layer_backward] = mkldnn_rnn_layer_backward_formula
 
 
 #: Ops whose time is bound by arithmetic (matmul, convolution, attention, recurrent cells).
