@@ -721,7 +721,7 @@ def test_trees_are_calibrated_across_families() -> None:
     # one family's step is 1.6x what the others' is: only residuals from trees that never
     # saw it show that error. Cross-conformal, every family's rows are held out once, and
     # the bound is as wide as that family needs. A split calibrates on one family here
-    # (with random_state 0, f: a typical one), and its bound would miss a family like a
+    # (with random_state 0, f: a typical one), and its bound would miss a family like "a"
     model = ca.CostModel(iterations=30, depth=3)
     factors = {"a": 1.6, "b": 1.03, "c": 0.98, "d": 1.02, "e": 0.97, "f": 1.0}
     obs: list[Observation] = []

@@ -190,8 +190,8 @@ def mkldnn_rnn_layer_backward_formula(
     return 2 * _mkldnn_rnn_layer_flops(input, hx, mode, hidden_size)
 
 
-_REGISTRY[aten.mkldnn_rnn_layer] = mkldnn_rnn_layer_formula
-_REGISTRY[aten.mkldnn_rnn_layer_backward] = mkldnn_rnn_layer_backward_formula
+register_flop_formula(aten.mkldnn_rnn_layer, mkldnn_rnn_layer_formula)
+register_flop_formula(aten.mkldnn_rnn_layer_backward, mkldnn_rnn_layer_backward_formula)
 
 
 #: Ops whose time is bound by arithmetic (matmul, convolution, attention, recurrent cells).
