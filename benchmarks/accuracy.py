@@ -235,6 +235,8 @@ def _evaluate(
                     "p_secs_hi": secs_hi,
                     "a_mem": o.features["analytic_reserved_mib"] * MiB,
                     "a_secs": o.features["analytic_time_ms"] / 1e3,
+                    # the fold's step model alone (op-level sum or CPU step model), uncorrected
+                    "b_secs": model._baseline(o.features, None)[1],
                     # the peak holds cuDNN's benchmark search (sized to the free memory)
                     "search": bool(o.peak_memory) and benchmark_search_peak(o.features),
                     "precision": _precision(o.features),
@@ -379,7 +381,10 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
             "one, i.e. on GPUs: the step is max(g x kernel time, CPU issue time), the issue "
             "time a cost per forward, backward and optimizer op and per parameter tensor plus a "
             "constant, each of the two times a factor under autocast, the eight constants "
-            "fitted on each fold's training rows; over the roofline on CPUs."
+            "fitted on each fold's training rows. On CPUs it is learned over a CPU step model "
+            "(`_CpuSteps`): the roofline's compute and memory parts, each times a factor, "
+            "plus a cost per kernel and per parameter tensor and a constant, the five "
+            "constants fitted on each fold's training rows."
             if meta.get("time_baseline") == "optime"
             else "The time residual is learned over the roofline time."
         ),
@@ -507,7 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=("roofline", "optime"),
         default="optime",
         help="what the time residual is learned over (default optime: the op-level sum on "
-        "GPUs, the roofline on CPUs)",
+        "GPUs, the CPU step model on CPUs)",
     )
     p.add_argument(
         "--trace-timeout",

@@ -899,8 +899,9 @@ def machine() -> dict[str, Any]:
                 break
     commit = "unknown"
     with contextlib.suppress(Exception):
+        # the short hash, "-dirty" when the working tree differs from it (tags ignored)
         commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
+            ["git", "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"],
             cwd=ROOT,
             capture_output=True,
             text=True,

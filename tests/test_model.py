@@ -739,3 +739,85 @@ def test_trees_are_calibrated_across_families() -> None:
     assert p_cross.iteration_time_upper > 1.4 * p_cross.iteration_time
     with pytest.raises(ValueError, match="calibration must be"):
         ca.CostModel(calibration="loo")
+
+
+def test_cpu_step_model_recovers_its_constants_and_saves_with_the_model(
+    tmp_path: Path,
+) -> None:
+    """A CPU runs its ops one after another: the CPU step model is a sum of the roofline's
+    parts, a cost per kernel and a cost per parameter tensor. Fitted on whole-step timings
+    it recovers each, and a GRU-like step of thousands of tiny kernels on a few tensors is
+    charged their own small cost."""
+    from costaware.model import _CpuSteps
+
+    rng = np.random.default_rng(3)
+    n = 300
+    comp = np.exp(rng.uniform(np.log(0.1), np.log(500.0), n))
+    mem = np.exp(rng.uniform(np.log(0.1), np.log(200.0), n))
+    kernels = rng.integers(20, 8000, n).astype(float)
+    tensors = rng.integers(4, 300, n).astype(float)
+    rows = np.column_stack([comp, mem, kernels, tensors])
+    truth = _CpuSteps(compute=1.1, memory=0.9, op_ms=0.004, tensor_ms=0.25, step_ms=0.6)
+    measured_s = truth._ms(rows) / 1e3 * np.exp(rng.normal(0, 0.02, n))
+    fitted = _CpuSteps.fit(rows, measured_s)
+    for name in ("compute", "memory", "op_ms", "tensor_ms"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.15), name
+    gru = {
+        "analytic_compute_ms": 5.0,
+        "analytic_memory_ms": 2.0,
+        "kernels": 6000.0,
+        "param_tensors": 8.0,
+    }
+    expected = 1.1 * 5 + 0.9 * 2 + 0.004 * 6000 + 0.25 * 8 + 0.6
+    assert fitted.seconds(gru) == pytest.approx(expected / 1e3, rel=0.1)
+    # accumulation: a trace holds two micro-batches' kernels, the tensors once per step
+    accumulated = {**gru, "grad_accumulation": 4.0}
+    saved = fitted.seconds(gru) - fitted.seconds(accumulated)  # type: ignore[operator]
+    per_micro = fitted.op_ms * 6000 / 2 + fitted.tensor_ms * 8 * 0.75
+    assert saved == pytest.approx(per_micro / 1e3, rel=1e-9)
+    assert fitted.seconds({"analytic_compute_ms": 1.0}) is None  # a feature missing
+
+    # fitted on CPU timings, a model learns its time residual over the step model, and
+    # keeps it through save and load; "roofline" keeps the roofline
+    model = ca.CostModel(iterations=50, depth=3)
+    obs = []
+    for w in (4, 8, 12, 16, 20, 24):
+        for bs in (4, 8, 16, 32):
+            spec = ca.TrainingSpec(
+                model=functools.partial(tiny_cnn, width=w),
+                batch=ca.ImageBatch((3, 32, 32), classes=10),
+                batch_size=bs,
+            )
+            feats = model.features(spec, "cpu")
+            secs = truth.seconds(feats)
+            assert secs is not None
+            obs.append(
+                Observation(
+                    feats,
+                    "CPU",
+                    iteration_time=secs,
+                    peak_memory=1e7,
+                    family=f"w{w}",
+                    meta={"spec": spec},
+                )
+            )
+    model.fit(obs)
+    steps = model.__dict__["cpu_steps_"]
+    # one architecture at several widths: the constants are not each identifiable, the
+    # steps are
+    for o in obs:
+        assert steps.seconds(o.features) == pytest.approx(o.iteration_time, rel=0.05)
+    feats = obs[0].features
+    assert model._baseline(feats, "cpu")[1] == pytest.approx(steps.seconds(feats), rel=1e-12)
+    assert model._baseline(feats, "cpu")[1] != pytest.approx(feats["analytic_time_ms"] / 1e3)
+    pred = model.predict(obs[0].meta["spec"], device="cpu")
+    assert pred.basis["cpu_step_time"] == pytest.approx(steps.seconds(feats), rel=1e-6)
+    assert "CPU step model" in pred.explain()
+    model.save(tmp_path / "m")
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    assert manifest["cpu_steps"] == dataclasses.asdict(steps)
+    loaded = ca.CostModel.load(tmp_path / "m")
+    assert loaded._point(feats, "cpu") == pytest.approx(model._point(feats, "cpu"), rel=1e-9)
+    roofline = ca.CostModel(iterations=50, depth=3, time_baseline="roofline").fit(obs)
+    assert "cpu_steps_" not in roofline.__dict__
+    assert roofline._baseline(feats, "cpu")[1] == pytest.approx(feats["analytic_time_ms"] / 1e3)

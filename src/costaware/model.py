@@ -5,9 +5,12 @@ parameters, :meth:`CostModel.fit` validates and returns ``self``, learned state 
 ``_``, and a learned component used before ``fit`` raises :class:`NotFittedError`. An
 unfitted model still predicts: it returns the analytic estimate and says so.
 
-Two CatBoost regressors learn the *residual* over the analytic figures, ``log(actual /
-simulated reserved peak)`` for memory and ``log(actual / roofline time)`` for time, from
-NSM, graph2vec, hyperparameter, analytic and device features. Residual learning is what
+Two CatBoost regressors learn the *residual* over a baseline, ``log(actual / simulated
+reserved peak)`` for memory and ``log(actual / step model)`` for time, from NSM, graph2vec,
+hyperparameter, analytic and device features. The time baseline is itself fitted on the
+training timings: the op-level sum against the CPU's issue time on a GPU
+(:class:`_Dispatch`), the roofline's parts with a cost per kernel and per parameter tensor
+on a CPU (:class:`_CpuSteps`). Residual learning is what
 carries over to architectures the model has never seen. The upper bounds are
 split-conformal: the calibration residuals come from rows (architecture families, when
 known) the regressors did not train on, so a nominal 95% bound covers 95%.
@@ -25,7 +28,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -127,6 +130,12 @@ class Prediction:
             lines.append(
                 f"    op-level time (sum)      {fmt_seconds(b.get('op_sum_time'))} "
                 "(per-kernel times learned from GPU microbenchmarks)"
+            )
+        if b.get("cpu_step_time") is not None:
+            lines.append(
+                f"    CPU step model           {fmt_seconds(b.get('cpu_step_time'))} "
+                "(the roofline's parts plus a cost per kernel and per parameter tensor, "
+                "fitted on CPU timings)"
             )
         if self.kind == "learned":
             lines.append(
@@ -460,8 +469,6 @@ class _Dispatch:
     @classmethod
     def fit(cls, rows: np.ndarray, measured_s: np.ndarray) -> _Dispatch:
         """From rows of the :data:`INPUTS` and the measured seconds of each."""
-        from scipy.optimize import minimize
-
         measured_ms = measured_s * 1e3
         any_amp = bool((rows[:, 5] > 0).any())  # else no autocast factor to learn
 
@@ -474,13 +481,95 @@ class _Dispatch:
         def loss(x: np.ndarray) -> float:
             return float(np.mean(np.abs(np.log(make(x)._ms(rows) / measured_ms))))
 
-        best: Any = None
-        for per_op_ms in (0.005, 0.015, 0.04):  # a few starts: the max() has flat regions
-            x0 = np.log([1.0, per_op_ms, per_op_ms, per_op_ms, 0.5, per_op_ms / 4, 1.0, 1.0])
-            r = minimize(loss, x0, method="Powell", options={"maxiter": 40000, "xtol": 1e-5})
-            if best is None or r.fun < best.fun:
-                best = r
-        return make(best.x)
+        starts = [  # a few starts: the max() has flat regions
+            np.log([1.0, per_op_ms, per_op_ms, per_op_ms, 0.5, per_op_ms / 4, 1.0, 1.0])
+            for per_op_ms in (0.005, 0.015, 0.04)
+        ]
+        return make(_min_log_error(loss, starts))
+
+
+def _min_log_error(loss: Callable[[np.ndarray], float], starts: Sequence[np.ndarray]) -> np.ndarray:
+    """The log-parameters that minimise ``loss`` (a mean absolute log error), best of a
+    Powell search from each of ``starts``."""
+    from scipy.optimize import minimize
+
+    best: Any = None
+    for x0 in starts:
+        r = minimize(loss, x0, method="Powell", options={"maxiter": 40000, "xtol": 1e-5})
+        if best is None or r.fun < best.fun:
+            best = r
+    return np.asarray(best.x)
+
+
+@dataclass(frozen=True)
+class _CpuSteps:
+    """A CPU step (milliseconds) as ``compute * roofline compute + memory * roofline
+    memory + op_ms * kernels + tensor_ms * param_tensors + step_ms``: the time baseline
+    of a model fitted on CPU timings.
+
+    A CPU runs the ops one after another, so the step is a sum, not the GPU's overlap of
+    two pipelines (:class:`_Dispatch`). The analytic roofline charges every kernel 45 us,
+    one least-squares constant over whole CPU steps in which the cost that goes with each
+    layer (its module call, autograd's gradient accumulation, the optimizer's work on its
+    tensors) rides on the kernel count. Timed on their own (``benchmarks/cpu_overheads.py``,
+    the 2-core corpus machine, 1 thread, tiny tensors) an elementwise op costs 3-6 us
+    forward, and the optimizer 3-38 us per parameter tensor (a CPU steps the tensors one by
+    one: Adam's for-loop is about ten ops per tensor). So a GRU, which this CPU unrolls
+    into thousands of tiny per-time-step ops on a few tensors, was charged about ten times
+    what it takes (held out, its steps were over-predicted at a median 1.6x). The five
+    constants are fitted on the training rows' whole-step timings (mean absolute log
+    error) from features every dry run has, so a family held out of the fit is predicted
+    by constants that never saw it. On the 1,295 CPU rows they come out at about 1 us per
+    kernel and 0.27 ms per parameter tensor, and vary little from fold to fold. A cost of
+    its own per convolution fitted the rows better (0.22 ms each) but spread the conv
+    families further apart held out (MobileNets 1.24x, random conv nets 0.67x), and was
+    left out.
+    """
+
+    compute: float
+    memory: float
+    op_ms: float
+    tensor_ms: float
+    step_ms: float
+
+    #: the features the step is computed from
+    INPUTS: ClassVar[tuple[str, ...]] = (
+        "analytic_compute_ms",
+        "analytic_memory_ms",
+        "kernels",
+        "param_tensors",
+    )
+
+    @classmethod
+    def row(cls, feats: Mapping[str, float]) -> list[float] | None:
+        """``[compute ms, memory ms, kernels, param tensors]`` per micro-batch (a trace's
+        kernels are those of up to two micro-batches, its tensors are stepped once per
+        optimizer step); None when a feature is missing or not finite."""
+        comp, mem, kernels, tensors = (feats.get(n, math.nan) for n in cls.INPUTS)
+        accumulation = max(feats.get("grad_accumulation", 1.0), 1.0)
+        row = [comp, mem, kernels / min(accumulation, 2.0), tensors / accumulation]
+        return row if all(math.isfinite(v) for v in row) else None
+
+    def seconds(self, feats: Mapping[str, float]) -> float | None:
+        """The step time for ``feats``; None when a feature it needs is missing."""
+        row = self.row(feats)
+        return None if row is None else float(self._ms(np.asarray([row]))[0]) / 1e3
+
+    def _ms(self, rows: np.ndarray) -> np.ndarray:
+        per = np.asarray([self.compute, self.memory, self.op_ms, self.tensor_ms])
+        out: np.ndarray = rows @ per + self.step_ms
+        return out
+
+    @classmethod
+    def fit(cls, rows: np.ndarray, measured_s: np.ndarray) -> _CpuSteps:
+        """From rows of :meth:`row` and the measured seconds of each."""
+        measured_ms = measured_s * 1e3
+
+        def loss(x: np.ndarray) -> float:
+            return float(np.mean(np.abs(np.log(cls(*np.exp(x))._ms(rows) / measured_ms))))
+
+        starts = [np.log([1.0, 1.0, op_ms, 0.1, 0.5]) for op_ms in (0.002, 0.02)]
+        return cls(*np.exp(_min_log_error(loss, starts)).tolist())
 
 
 @dataclass(frozen=True)
@@ -691,11 +780,13 @@ class CostModel:
         thread_count: CatBoost threads.
         trace_timeout: seconds allowed for one dry run.
         cache_size: architectures whose traces are kept for warm predictions.
-        time_baseline: what the time residual is learned over: "optime" (the op-level
-            sum of :mod:`costaware.optime` where the features have one, i.e. on a GPU with
-            an op model; the roofline elsewhere) or "roofline" (always the roofline). On the
-            H100 data the op-level sum was the better baseline on held-out families
-            (docs/accuracy.md).
+        time_baseline: what the time residual is learned over: "optime" (a step model
+            fitted on the training timings: on a GPU the op-level sum of
+            :mod:`costaware.optime` through :class:`_Dispatch`, on a CPU the roofline's
+            parts and op counts through :class:`_CpuSteps`; the roofline where neither
+            applies) or "roofline" (always the roofline). On the H100 data the op-level
+            sum was the better baseline on held-out families, and so was the CPU step
+            model on the CPU data (docs/accuracy.md).
         memory_model: how the memory residual is learned from GPU rows: "line" (measured
             = offset + factor x baseline, Theil-Sen) or "trees" (CatBoost on every
             feature). On held-out H100 families the trees were no better than the
@@ -905,6 +996,9 @@ class CostModel:
             peak, peak_hi, it, it_hi = self._learned(feats, est, dev.kind)
             if "optime_ms" in feats and feats["optime_ms"] == feats["optime_ms"]:
                 basis["op_sum_time"] = feats["optime_ms"] / 1e3
+            steps = self._by_kind().get(dev.kind, self).__dict__.get("cpu_steps_")
+            if steps is not None and (stepped := steps.seconds(feats)) is not None:
+                basis["cpu_step_time"] = stepped
             basis["memory_factor"] = peak / max(est.reserved, 1)
             basis["time_factor"] = it / max(est.iteration_time, 1e-12)
             kind = "learned"
@@ -1093,6 +1187,10 @@ class CostModel:
                 dispatch = self.__dict__.get("dispatch_")
                 if dispatch is not None and (issued := dispatch.seconds(feats)) is not None:
                     secs = issued
+            elif (cpu := self.__dict__.get("cpu_steps_")) is not None and (
+                (stepped := cpu.seconds(feats)) or 0.0
+            ) > 0:
+                secs = stepped
             return feats["analytic_reserved_mib"] * MiB, secs
         return base._point(feats, kind)
 
@@ -1170,6 +1268,22 @@ class CostModel:
                 self.dispatch_ = _Dispatch.fit(
                     np.asarray([row for row, _ in timed], dtype=np.float64),
                     np.asarray([secs for _, secs in timed], dtype=np.float64),
+                )
+        self.__dict__.pop("cpu_steps_", None)
+        if (
+            base is None
+            and self.__dict__.get("time_baseline", "roofline") == "optime"
+            and all(_device_kind(o.device) == "cpu" for o in obs)
+        ):
+            cpu_timed = [
+                (row, o.iteration_time)
+                for o in obs
+                if o.iteration_time and (row := _CpuSteps.row(o.features)) is not None
+            ]
+            if len(cpu_timed) >= _MIN_DISPATCH_ROWS:
+                self.cpu_steps_ = _CpuSteps.fit(
+                    np.asarray([row for row, _ in cpu_timed], dtype=np.float64),
+                    np.asarray([secs for _, secs in cpu_timed], dtype=np.float64),
                 )
         names = sorted({k for o in obs for k in o.features})
         self.feature_names_ = names
@@ -1485,6 +1599,7 @@ class CostModel:
             "base": base is not None,
             "kinds": sorted(self._by_kind()),
             "dispatch": asdict(d) if (d := self.__dict__.get("dispatch_")) is not None else None,
+            "cpu_steps": asdict(c) if (c := self.__dict__.get("cpu_steps_")) is not None else None,
             "training": self.training_,
         }
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
@@ -1545,6 +1660,8 @@ class CostModel:
         self.base_ = cls.load(root / "base") if manifest.get("base") else None
         if manifest.get("dispatch"):
             self.dispatch_ = _Dispatch(**manifest["dispatch"])
+        if manifest.get("cpu_steps"):
+            self.cpu_steps_ = _CpuSteps(**manifest["cpu_steps"])
         kinds = manifest.get("kinds") or []
         if kinds:
             self.kinds_ = {str(k): cls.load(root / str(k)) for k in kinds}
