@@ -387,12 +387,31 @@ def _small_sample_line(
     return best[1], best[2], best[3]
 
 
-#: whole-model timings below which the op-sum baseline keeps its analytic constants
+#: whole-model timings below which no step model (_Dispatch, _CpuSteps) is fitted: the op
+#: sum or the roofline stays the baseline
 _MIN_DISPATCH_ROWS = 20
 
 
+class _StepModel:
+    """A whole step's time (milliseconds) from a few of its features: what a model's time
+    residual is learned over. Subclasses give the features (:meth:`row`) and the formula
+    (:meth:`_ms`)."""
+
+    @classmethod
+    def row(cls, feats: Mapping[str, float]) -> list[float] | None:
+        raise NotImplementedError
+
+    def _ms(self, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def seconds(self, feats: Mapping[str, float]) -> float | None:
+        """The step time for ``feats``; None when a feature it needs is missing."""
+        row = self.row(feats)
+        return None if row is None else float(self._ms(np.asarray([row]))[0]) / 1e3
+
+
 @dataclass(frozen=True)
-class _Dispatch:
+class _Dispatch(_StepModel):
     """A GPU step as ``max(gpu * kernel time, CPU issue time)`` (milliseconds), where the
     CPU's issue time is ``fwd * kernels_fwd + bwd * kernels_bwd + opt * kernels_opt +
     tensor * param_tensors + step``; under autocast (bf16, fp16) the kernel time is
@@ -453,11 +472,6 @@ class _Dispatch:
         row.append(1.0 if amp > 0 else 0.0)
         return row if all(math.isfinite(v) for v in row) else None
 
-    def seconds(self, feats: Mapping[str, float]) -> float | None:
-        """The step time for ``feats``; None when a feature it needs is missing."""
-        row = self.row(feats)
-        return None if row is None else float(self._ms(np.asarray([row]))[0]) / 1e3
-
     def _ms(self, rows: np.ndarray) -> np.ndarray:
         per = np.asarray([self.fwd_ms, self.bwd_ms, self.opt_ms, self.tensor_ms])
         amp = rows[:, 5] > 0
@@ -502,7 +516,7 @@ def _min_log_error(loss: Callable[[np.ndarray], float], starts: Sequence[np.ndar
 
 
 @dataclass(frozen=True)
-class _CpuSteps:
+class _CpuSteps(_StepModel):
     """A CPU step (milliseconds) as ``compute * roofline compute + memory * roofline
     memory + op_ms * kernels + tensor_ms * param_tensors + step_ms``: the time baseline
     of a model fitted on CPU timings.
@@ -549,11 +563,6 @@ class _CpuSteps:
         accumulation = max(feats.get("grad_accumulation", 1.0), 1.0)
         row = [comp, mem, kernels / min(accumulation, 2.0), tensors / accumulation]
         return row if all(math.isfinite(v) for v in row) else None
-
-    def seconds(self, feats: Mapping[str, float]) -> float | None:
-        """The step time for ``feats``; None when a feature it needs is missing."""
-        row = self.row(feats)
-        return None if row is None else float(self._ms(np.asarray([row]))[0]) / 1e3
 
     def _ms(self, rows: np.ndarray) -> np.ndarray:
         per = np.asarray([self.compute, self.memory, self.op_ms, self.tensor_ms])
