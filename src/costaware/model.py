@@ -533,8 +533,10 @@ class _CpuSteps(_StepModel):
     what it takes (held out, its steps were over-predicted at a median 1.6x). The five
     constants are fitted on the training rows' whole-step timings (mean absolute log
     error) from features every dry run has, so a family held out of the fit is predicted
-    by constants that never saw it. On the 1,295 CPU rows they come out at about 1 us per
-    kernel and 0.27 ms per parameter tensor, and vary little from fold to fold. A cost of
+    by constants that never saw it. On the 1,295 CPU rows they come out at 2-3 us per
+    kernel (an elementwise op's cost, timed alone) and 0.26 ms per parameter tensor, with
+    no fixed cost. Fitted with one family left out at a time, the per-tensor cost stayed
+    within 0.255-0.277 ms; the per-kernel cost is pinned more loosely (0.3-3.5 us). A cost of
     its own per convolution fitted the rows better (0.22 ms each) but spread the conv
     families further apart held out (MobileNets 1.24x, random conv nets 0.67x), and was
     left out.
