@@ -167,16 +167,18 @@ def _observations(
     return list(obs), list(skipped)
 
 
-def _predict(model: Any, feats: dict[str, float]) -> tuple[float, float, float, float]:
-    """Point and upper predictions (memory, memory upper, time, time upper) from features."""
+def _predict(model: Any, feats: dict[str, float]) -> tuple[float, float, float, float, float]:
+    """Point and upper predictions (memory, memory upper, time, time upper) from features,
+    and the time baseline they correct."""
     from costaware.analytic import time_upper
 
-    mem, secs = model._baseline(feats, None)  # the roofline or the op-level sum (time_baseline)
+    # the roofline, or the step model of time_baseline (op-level sum, CPU step model)
+    mem, secs = model._baseline(feats, None)
     # the model's own corrections and bounds (trees, a line, or one factor per precision)
     corrected: tuple[float, float, float, float] = model._corrected(
         feats, (mem, mem, secs, time_upper(secs)), None
     )
-    return corrected
+    return (*corrected, secs)
 
 
 def _mre(pred: list[float], actual: list[float]) -> float:
@@ -221,7 +223,7 @@ def _evaluate(
             random_state=seed,
         ).fit(train)
         for o in test:
-            mem, mem_hi, secs, secs_hi = _predict(model, o.features)
+            mem, mem_hi, secs, secs_hi, base_secs = _predict(model, o.features)
             records.append(
                 {
                     "family": fam,
@@ -235,8 +237,8 @@ def _evaluate(
                     "p_secs_hi": secs_hi,
                     "a_mem": o.features["analytic_reserved_mib"] * MiB,
                     "a_secs": o.features["analytic_time_ms"] / 1e3,
-                    # the fold's step model alone (op-level sum or CPU step model), uncorrected
-                    "b_secs": model._baseline(o.features, None)[1],
+                    # the fold's time baseline alone, uncorrected
+                    "b_secs": base_secs,
                     # the peak holds cuDNN's benchmark search (sized to the free memory)
                     "search": bool(o.peak_memory) and benchmark_search_peak(o.features),
                     "precision": _precision(o.features),

@@ -404,10 +404,32 @@ class _StepModel:
     def _ms(self, rows: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    @classmethod
+    def fit(cls, rows: np.ndarray, measured_s: np.ndarray) -> Any:
+        raise NotImplementedError
+
     def seconds(self, feats: Mapping[str, float]) -> float | None:
         """The step time for ``feats``; None when a feature it needs is missing."""
         row = self.row(feats)
         return None if row is None else float(self._ms(np.asarray([row]))[0]) / 1e3
+
+    @classmethod
+    def fitted_on(
+        cls, obs: Sequence[Observation], keep: Callable[[Observation], bool] = lambda o: True
+    ) -> Any:
+        """Fitted on the measured step times of the ``keep`` observations that have every
+        feature it needs; None below ``_MIN_DISPATCH_ROWS`` of them."""
+        timed = [
+            (row, o.iteration_time)
+            for o in obs
+            if (row := cls.row(o.features)) is not None and o.iteration_time and keep(o)
+        ]
+        if len(timed) < _MIN_DISPATCH_ROWS:
+            return None
+        return cls.fit(
+            np.asarray([row for row, _ in timed], dtype=np.float64),
+            np.asarray([secs for _, secs in timed], dtype=np.float64),
+        )
 
 
 @dataclass(frozen=True)
@@ -1268,34 +1290,17 @@ class CostModel:
         if base is not None and base.__dict__.get("graph2vec_") is not None:
             self.graph2vec_ = base.graph2vec_
         self.__dict__.pop("dispatch_", None)
-        if base is None and self.__dict__.get("time_baseline", "roofline") == "optime":
-            rows = [(_Dispatch.row(o.features), o.iteration_time) for o in obs]
-            timed = [
-                (row, secs)
-                for (row, secs), o in zip(rows, obs)
-                if row is not None and secs and o.features.get("optime_ms", math.nan) > 0
-            ]
-            if len(timed) >= _MIN_DISPATCH_ROWS:
-                self.dispatch_ = _Dispatch.fit(
-                    np.asarray([row for row, _ in timed], dtype=np.float64),
-                    np.asarray([secs for _, secs in timed], dtype=np.float64),
-                )
         self.__dict__.pop("cpu_steps_", None)
-        if (
-            base is None
-            and self.__dict__.get("time_baseline", "roofline") == "optime"
-            and all(_device_kind(o.device) == "cpu" for o in obs)
-        ):
-            cpu_timed = [
-                (row, o.iteration_time)
-                for o in obs
-                if o.iteration_time and (row := _CpuSteps.row(o.features)) is not None
-            ]
-            if len(cpu_timed) >= _MIN_DISPATCH_ROWS:
-                self.cpu_steps_ = _CpuSteps.fit(
-                    np.asarray([row for row, _ in cpu_timed], dtype=np.float64),
-                    np.asarray([secs for _, secs in cpu_timed], dtype=np.float64),
-                )
+        if base is None and self.__dict__.get("time_baseline", "roofline") == "optime":
+            # the step models the time residual is learned over: a GPU's where the rows
+            # have an op-level sum, a CPU's where they are all CPU rows
+            dispatch = _Dispatch.fitted_on(obs, lambda o: o.features.get("optime_ms", math.nan) > 0)
+            if dispatch is not None:
+                self.dispatch_ = dispatch
+            if all(_device_kind(o.device) == "cpu" for o in obs):
+                cpu_steps = _CpuSteps.fitted_on(obs)
+                if cpu_steps is not None:
+                    self.cpu_steps_ = cpu_steps
         names = sorted({k for o in obs for k in o.features})
         self.feature_names_ = names
         x_all = np.asarray(
