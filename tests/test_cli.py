@@ -58,6 +58,13 @@ def test_predict_prints_a_table(factory_file: Path, capsys: pytest.CaptureFixtur
     assert rc == 0
     assert "peak memory (reserved)" in out and "epoch time" in out and "H100-SXM" in out
     assert "fits" in out and "based on" in out
+    assert "the rest is CUDA context" in " ".join(out.split())  # rich wraps long lines
+    # a CPU has no CUDA context to set aside, and the verdict does not mention one
+    assert (
+        main(["predict", f"{factory_file}:mlp", "-b", "4", "--input", "32", "--device", "cpu"]) == 0
+    )
+    out = " ".join(capsys.readouterr().out.split())
+    assert "usable memory." in out and "CUDA context" not in out
 
 
 def test_predict_json(factory_file: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -164,10 +164,11 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     console.print(table)
     fits = pred.peak_memory_upper <= dev.usable_memory_bytes
     verdict = "[green]fits[/green]" if fits else "[red]does not fit[/red]"
-    console.print(
-        f"{verdict} in {pred.device}'s {fmt_bytes(dev.usable_memory_bytes)} usable memory "
-        f"(of {fmt_bytes(dev.memory_bytes)}; the rest is CUDA context)."
-    )
+    where = f"{verdict} in {pred.device}'s {fmt_bytes(dev.usable_memory_bytes)} usable memory"
+    if dev.kind == "cpu":  # no CUDA context to set aside
+        console.print(f"{where}.")
+    else:
+        console.print(f"{where} (of {fmt_bytes(dev.memory_bytes)}; the rest is CUDA context).")
     if args.explain:
         console.print(pred.explain(), markup=False, highlight=False)
     return 0
