@@ -83,9 +83,9 @@ def _repeats(raw: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     the measurements' own noise: a prediction scored against one noisy measurement cannot be
     expected to do much better. For each configuration measured ok more than once, the first
     and the last measurement are compared: |a / b - 1| of the step time, and of the peak
-    where both count as memory targets (CPU peaks under ``MIN_CPU_PEAK`` do not).
+    where both are memory targets (for the CPU, the allocator's peak).
     """
-    from costaware.collect import MIN_CPU_PEAK
+    from costaware.collect import cpu_allocator_peak
 
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in raw:
@@ -101,8 +101,8 @@ def _repeats(raw: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         d["n"] += 1
         if a.get("iteration_time") and b.get("iteration_time"):
             d["time"].append(abs(a["iteration_time"] / b["iteration_time"] - 1))
-        low = MIN_CPU_PEAK if kind == "cpu" else 1
-        if min(a.get("max_reserved") or 0, b.get("max_reserved") or 0) >= low:
+        targets = kind != "cpu" or (cpu_allocator_peak(a) and cpu_allocator_peak(b))
+        if targets and min(a.get("max_reserved") or 0, b.get("max_reserved") or 0) > 0:
             d["mem"].append(abs(a["max_reserved"] / b["max_reserved"] - 1))
     return out
 
@@ -249,8 +249,8 @@ def _evaluate(
         print(f"  fold {fam}: {len(test)} held out, {len(train)} trained", file=sys.stderr)
 
     def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
-        # memory rows: a peak that is the configuration's need (no CPU peaks under 1 MiB, no
-        # GPU peaks measured with memory held from before, no benchmark-search peaks)
+        # memory rows: a peak that is the configuration's need (no CPU resident-set growth,
+        # no GPU peaks measured with memory held from before, no benchmark-search peaks)
         m = [r for r in recs if r["mem"] and not r["search"]]
         t = [r for r in recs if r["secs"]]
         s: dict[str, Any] = {

@@ -304,8 +304,7 @@ def _print_errors(
     if rel["mem"]:
         console.print(
             f"  peak memory {statistics.fmean(rel['mem']):.0%} / {statistics.fmean(rel['mem0']):.0%}"
-            f" (over {len(rel['mem'])} trials with a measured peak; CPU resident-set growth is"
-            " noisy at a few MiB)"
+            f" (over {len(rel['mem'])} trials with a measured peak: the CPU allocator's)"
         )
 
 

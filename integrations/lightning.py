@@ -14,9 +14,15 @@ Record what a training run really costs, epoch by epoch, and stop one that blows
 - ``peak_memory``: on CUDA ``torch.cuda.max_memory_reserved`` (``peak_allocated``:
   ``max_memory_allocated``) since training started; ``nvml_peak`` is the highest
   device-wide used memory the driver reported (``cudaMemGetInfo``, the figure NVML shows,
-  CUDA context included). On the CPU it is the growth of the process's peak resident set
-  since training started plus the bytes of the model's parameters and buffers (they were
-  allocated before the hook, and the prediction counts them), while glibc serves every
+  CUDA context included). On the CPU it is the peak of the bytes PyTorch's CPU allocator
+  held over the first ``memory_steps`` (2) training batches, read from the profiler's
+  memory events (:class:`costaware.profile.AllocatorPeak`), plus the bytes of the model's
+  parameters and buffers and of any optimizer state, which were allocated before: the
+  quantity the cost model predicts for a CPU, exactly. The two profiled batches run a few
+  microseconds per op slower, and the profiler's own work when it stops is left out of the
+  epoch time. Where the profiler cannot run (another torch profiler is active, such as
+  Lightning's ``profiler="pytorch"``) it falls back to the growth of the process's peak
+  resident set since training started plus those bytes, while glibc serves every
   allocation above 64 KiB with ``mmap`` so that freed tensors leave the resident set at once.
   Peaks are running peaks: epoch ``k`` reports the highest figure of epochs ``0..k``.
   ``actual["memory_method"]`` says which method was used.
@@ -120,7 +126,7 @@ from costaware.budget import Budget
 from costaware.devices import Device, cpu_device, detect_device, get_device
 from costaware.errors import CostAwareWarning, first_line
 from costaware.model import CostModel, Prediction
-from costaware.profile import RssPeak, mmap_threshold
+from costaware.profile import ALLOCATOR_METHOD, AllocatorPeak, RssPeak, mmap_threshold
 from costaware.spec import TrainingSpec
 
 if TYPE_CHECKING:
@@ -205,6 +211,26 @@ def _module_bytes(module: torch.nn.Module, device_type: str) -> int:
         if t.device.type == device_type:
             total += t.numel() * t.element_size()
     return total
+
+
+def _optimizer_bytes(optimizers: Any, device_type: str) -> int:
+    """Bytes of the optimizer state that exists already (a resumed run's)."""
+    seen: set[int] = set()
+    total = 0
+    for opt in optimizers or ():
+        for state in getattr(opt, "state", {}).values():
+            for t in state.values() if isinstance(state, dict) else ():
+                if isinstance(t, torch.Tensor) and t.device.type == device_type:
+                    ptr = t.untyped_storage().data_ptr()
+                    if ptr not in seen:
+                        seen.add(ptr)
+                        total += t.untyped_storage().nbytes()
+    return total
+
+
+#: training batches the CPU allocator's peak is profiled over: the second step is the
+#: first with the optimizer state allocated, the steady state's peak
+_MEMORY_STEPS = 2
 
 
 def _malloc_trim() -> None:
@@ -294,6 +320,8 @@ class _CostAwareCallbackBase:
         self._torch_device: torch.device | None = None
         self._training = False
         self._rss: RssPeak | None = None
+        self._alloc: AllocatorPeak | None = None
+        self._alloc_batches = 0
         self._module_nbytes = 0
         self._nvml_peak: int | None = None
         self._raised: BaseException | None = None
@@ -583,9 +611,13 @@ class _CostAwareCallbackBase:
         elif self._kind == "cpu":
             _malloc_trim()
             self._rss = RssPeak().start()
-            # the parameters and buffers were allocated before this point; the prediction
-            # counts them, so they are added to the growth
-            self._module_nbytes = _module_bytes(pl_module, "cpu")
+            # the parameters, buffers and any optimizer state were allocated before this
+            # point; the prediction counts them, so they are added to what is measured
+            self._module_nbytes = _module_bytes(pl_module, "cpu") + _optimizer_bytes(
+                getattr(trainer, "optimizers", None), "cpu"
+            )
+            self._alloc = AllocatorPeak().start()
+            self._alloc_batches = 0
 
     def _start_epoch(self, trainer: Any) -> None:
         if not self._training:
@@ -621,6 +653,17 @@ class _CostAwareCallbackBase:
         self._epoch_batches += 1
         if self._kind == "cuda":
             self._sample_device_memory()
+        self._alloc_batches += 1
+        if self._alloc_batches == _MEMORY_STEPS:
+            self._stop_allocator_peak()
+
+    def _stop_allocator_peak(self) -> None:
+        """End the CPU allocator's profiling; its own work is not the epoch's."""
+        if self._alloc is None or not self._alloc.running:
+            return
+        t0 = time.perf_counter()
+        self._alloc.stop()
+        self._val_time += time.perf_counter() - t0  # taken off the epoch time, as validation
 
     def _sample_device_memory(self) -> None:
         with contextlib.suppress(Exception):
@@ -645,11 +688,24 @@ class _CostAwareCallbackBase:
                 "(peak stats not reset: since the process started or the last reset)"
             )
         elif self._kind == "cpu" and self._rss is not None:
-            peak = self._rss.growth() + self._module_nbytes
-            out["peak_memory"] = out["peak_allocated"] = peak
-            out["memory_method"] = (
-                f"since on_train_start, + parameter/buffer bytes: {self._rss.method}"
-            )
+            alloc = self._alloc
+            if alloc is not None and alloc.running:  # the run ended before batch 2
+                self._stop_allocator_peak()
+            if alloc is not None and alloc.peak is not None:
+                out["peak_memory"] = out["peak_allocated"] = alloc.peak + self._module_nbytes
+                out["memory_method"] = (
+                    f"{ALLOCATOR_METHOD} over the first {_MEMORY_STEPS} training batches "
+                    "(torch.profiler memory events), + parameter/buffer/optimizer-state bytes"
+                )
+            else:
+                out["peak_memory"] = out["peak_allocated"] = (
+                    self._rss.growth() + self._module_nbytes
+                )
+                why = alloc.why if alloc is not None else "not started"
+                out["memory_method"] = (
+                    f"since on_train_start, + parameter/buffer/optimizer-state bytes: "
+                    f"{self._rss.method} (the allocator's peak could not be measured: {why})"
+                )
         else:
             out["memory_method"] = (
                 "not measured before training started"
@@ -787,6 +843,8 @@ class _CostAwareCallbackBase:
 
     def _finish(self) -> None:
         self._training = False
+        if self._alloc is not None:
+            self._alloc.stop()  # never leave a profiler running past fit
         if self._exit_stack is not None:
             stack, self._exit_stack = self._exit_stack, None
             stack.close()  # restores glibc's mmap threshold

@@ -108,3 +108,57 @@ def test_cuda_measurement_separates_the_warm_up_and_starts_clean() -> None:
     # the CPU's issuing of a step ends before the synchronisation that ends the step
     assert m.issue_time is not None and m.iteration_time is not None
     assert 0 < m.issue_time <= max(m.step_times)
+
+
+def test_allocator_peak_is_the_highest_total_of_blocks_allocated_while_it_runs() -> None:
+    import torch
+
+    from costaware.profile import AllocatorPeak
+
+    before = torch.empty(4 * MiB, dtype=torch.uint8)  # allocated before: not counted
+    with AllocatorPeak() as peak:
+        a = torch.empty(1 * MiB, dtype=torch.uint8)
+        b = torch.empty(2 * MiB, dtype=torch.uint8)
+        del a, b, before  # freeing the block from before does not lower the total
+        c = torch.empty(1 * MiB, dtype=torch.uint8)
+    assert peak.peak == 3 * MiB, peak.why
+    del c
+
+
+def test_allocator_peak_leaves_a_running_profiler_alone() -> None:
+    import torch
+
+    from costaware.profile import AllocatorPeak
+
+    with torch.profiler.profile(profile_memory=True) as user:
+        with AllocatorPeak() as peak:
+            torch.ones(1000).sum()
+        torch.ones(10).sum()
+    assert peak.peak is None and "another torch profiler" in str(peak.why)
+    # the user's profiler was not stopped by ours: it saw the op after ours ended
+    assert sum(e.name == "aten::sum" for e in user.events()) == 2
+
+
+def test_cpu_measurement_is_the_allocator_peak_the_dry_run_predicts() -> None:
+    import torch
+
+    import costaware as ca
+    from costaware.profile import ALLOCATOR_METHOD, measure
+
+    spec = ca.TrainingSpec(
+        model=lambda: torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(768, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4)
+        ),
+        batch=ca.ImageBatch((3, 16, 16), classes=4),
+        batch_size=32,
+        optimizer="sgd",  # no optimizer temporaries: weights, gradients and activations
+    )
+    m = measure(spec, "cpu", warmup=2, steps=10)
+    assert m.status == "ok", m.error
+    assert m.memory_method.startswith(ALLOCATOR_METHOD)
+    assert m.max_allocated == m.max_reserved
+    assert m.rss_growth is not None  # kept beside it
+    weights = (768 * 256 + 256 + 256 * 4 + 4) * 4
+    # weights and their gradients at least, and the exact live-tensor peak of a dry run
+    assert m.max_allocated is not None and m.max_allocated >= 2 * weights
+    assert m.max_allocated == pytest.approx(ca.dry_run(spec).peak_live, rel=0.01)

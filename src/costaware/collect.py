@@ -49,7 +49,7 @@ from typing import Any, TextIO
 import torch
 
 from costaware.corpus import KINDS, Config, corpus, recommended_shards, shard_estimates
-from costaware.profile import Measurement, measure
+from costaware.profile import ALLOCATOR_METHOD, Measurement, measure
 
 __all__ = [
     "MAX_RESERVED_BEFORE",
@@ -516,8 +516,15 @@ def catalog_device(row: dict[str, Any]) -> str:
     return get_device(str(row.get("device_name") or row.get("env", {}).get("gpu"))).name
 
 
-#: CPU peaks below this are resident-set noise (thread stacks, malloc slack), not a peak.
-MIN_CPU_PEAK = 1 << 20
+def cpu_allocator_peak(measurement: dict[str, Any]) -> bool:
+    """Whether a CPU row's peak is the CPU allocator's (:class:`costaware.profile.AllocatorPeak`).
+
+    CPU rows collected before it recorded the growth of the process's peak resident set,
+    which in a collector's long-lived process can be a small part of what the tensors
+    need; ``data/remeasure_cpu_memory.py`` re-measured the committed ones.
+    """
+    return str(measurement.get("memory_method", "")).startswith(ALLOCATOR_METHOD)
+
 
 #: reserved memory a process may already hold when a GPU measurement begins and its peak
 #: still be the configuration's own. Collectors measure one configuration after another in
@@ -577,14 +584,14 @@ def observations(
     model: Any = None,
     on_row: Any = None,
     cache: str | os.PathLike[str] | None = None,
-    min_cpu_peak: int = MIN_CPU_PEAK,
 ) -> tuple[list[Any], list[str]]:
     """``Observation`` s for measured rows, with the features ``model`` computes.
 
     Rows with status "ok" or "oom" become observations (an OOM carries no peak); "error"
     and "crash" rows, rows whose config cannot be rebuilt or traced, and GPUs missing from
-    the catalog are skipped. A CPU peak below ``min_cpu_peak`` is dropped (kept as a time
-    row): the resident-set growth of a tiny model is noise. So is a GPU peak measured while
+    the catalog are skipped. A CPU peak that is not the CPU allocator's (a resident-set
+    growth, recorded before :func:`cpu_allocator_peak`) is dropped (kept as a time row). So
+    is a GPU peak measured while
     the process already held more than ``MAX_RESERVED_BEFORE`` reserved
     (:func:`reserved_before`); ``meta["memory_left_out"]`` says so. Returns ``(observations,
     reasons for each skipped row)``.
@@ -655,8 +662,11 @@ def observations(
         ok = status == "ok"
         peak = m.get("max_reserved") if ok else None
         meta: dict[str, Any] = {"id": rid, "source_device": row.get("device_name")}
-        if peak is not None and (peak <= 0 or (dev == "CPU" and peak < min_cpu_peak)):
+        if peak is not None and peak <= 0:
             peak = None
+        if peak is not None and dev == "CPU" and not cpu_allocator_peak(m):
+            meta["memory_left_out"] = "a resident-set growth, not the CPU allocator's peak"
+            peak = None  # another quantity than the one learned: a time row only
         held = reserved_before(m) if dev != "CPU" else None
         if peak is not None and held is not None and held > MAX_RESERVED_BEFORE:
             meta["memory_left_out"] = f"{held / 2**20:,.0f} MiB reserved before it began"

@@ -19,12 +19,14 @@ that :func:`costaware.dry_run` traces (forward, loss, backward, optimizer step,
   context overhead is that peak minus the caching allocator's reserved peak minus what
   was used before the run.
 - An out-of-memory error is a result: ``status="oom"`` with the memory reached.
-- On the CPU, time is measured the same way; memory is the growth of the process's peak
-  resident set (``VmHWM``, reset through ``/proc/self/clear_refs`` where Linux allows,
-  otherwise ``ru_maxrss``), less the file-backed pages (library code) paged in meanwhile,
-  while glibc is told to serve every allocation above 64 KiB with ``mmap``, so freed
-  tensors leave the resident set at once. That measures the same live-tensor peak the dry
-  run predicts, plus the allocator's small-object slack (see :class:`RssPeak`).
+- On the CPU, time is measured the same way. Memory is the peak of the bytes PyTorch's
+  CPU allocator holds over the model's build and the warm-up steps, read from the
+  profiler's memory events (see :class:`AllocatorPeak`): the CPU's
+  ``max_memory_allocated``, exactly the live-tensor peak the dry run predicts. The growth
+  of the process's peak resident set over the timed steps is kept beside it
+  (``rss_growth``; see :class:`RssPeak`), but not learned: a process that has freed
+  memory before reuses its heap, so the resident set can grow by a small part of what
+  the tensors need (1 MiB for a model whose weights and optimizer state take 8 MiB).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import os
 import platform
 import resource
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -47,8 +50,10 @@ import torch
 from costaware.spec import TrainingSpec, default_loss
 
 __all__ = [
+    "AllocatorPeak",
     "Measurement",
     "RssPeak",
+    "allocator_peak",
     "environment",
     "measure",
     "mmap_threshold",
@@ -72,6 +77,10 @@ class Measurement:
     issue_time: float | None = None
     max_allocated: int | None = None
     max_reserved: int | None = None
+    #: CPU: the peak of the process's resident set over the timed steps, above what it was
+    #: before the model was built (:class:`RssPeak`); kept beside the allocator's peak
+    #: (``max_allocated``), which is what is learned
+    rss_growth: int | None = None
     steady_max_allocated: int | None = None
     steady_max_reserved: int | None = None
     reserved_before: int | None = None
@@ -223,6 +232,115 @@ class RssPeak:
         return f"peak resident-set growth ({hwm}){file}, glibc mmap threshold 64 KiB"
 
 
+class AllocatorPeak:
+    """The peak of the bytes that PyTorch's CPU allocator holds between :meth:`start` and
+    :meth:`stop`, above what it held at :meth:`start`: CPU's ``max_memory_allocated``.
+
+    PyTorch keeps no such counter for the CPU; its profiler does, when asked to profile
+    memory: every allocation and free made through the CPU allocator is an event that
+    carries the running total of the bytes allocated since profiling began (blocks
+    allocated before are not counted, nor their frees). The peak is the highest running
+    total, less the total before the first event. It is exact: the live-tensor peak that a
+    dry run predicts, with every kernel's temporary buffers included, and unlike the
+    resident set it does not depend on what the process's heap held before (a process
+    that has freed memory reuses it, and grows by far less than its tensors need).
+
+    Profiling costs a few microseconds per op, so it is meant for a few steps (the
+    warm-up), not a whole run. ``peak`` stays None where the profiler cannot run (another
+    profiler is already active, or the events have no allocations) and ``why`` says why.
+    """
+
+    def __init__(self) -> None:
+        self.peak: int | None = None
+        self.why: str | None = None
+        self._prof: Any = None
+
+    def start(self) -> AllocatorPeak:
+        from torch._C._autograd import _profiler_enabled
+        from torch.profiler import ProfilerActivity, profile
+
+        if _profiler_enabled():  # starting ours would end the user's when ours stops
+            self.why = "another torch profiler is running"
+            return self
+        try:
+            prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            with _quiet_stderr():
+                prof.start()  # type: ignore[no-untyped-call]
+        except Exception as e:  # e.g. a profiler the user already runs
+            self.why = f"the profiler could not start: {type(e).__name__}: {e}"
+            return self
+        self._prof = prof
+        return self
+
+    @property
+    def running(self) -> bool:
+        """Whether it is profiling (started, and not stopped yet)."""
+        return self._prof is not None
+
+    def stop(self) -> int | None:
+        """Stop profiling; the peak in bytes (None if it could not be measured)."""
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return self.peak
+        try:
+            with _quiet_stderr():
+                prof.stop()  # type: ignore[no-untyped-call]
+            self.peak = _allocator_peak(prof.profiler.kineto_results)
+            if self.peak is None:
+                self.why = "the profiler recorded no CPU allocations"
+        except Exception as e:  # a private profiler API changed: no peak, never a crash
+            self.why = f"the profiler's memory events could not be read: {type(e).__name__}: {e}"
+        return self.peak
+
+    def __enter__(self) -> AllocatorPeak:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 for a moment: the profiler's C++ side (kineto) logs a line
+    to it at every start and stop, which would interleave with a user's progress output.
+    Anything another thread writes to stderr meanwhile is lost too (milliseconds)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield  # no real stderr (a notebook, a closed stream): nothing to silence
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _allocator_peak(results: Any) -> int | None:
+    """The highest running total of the CPU allocation events in ``results`` (the
+    profiler's kineto results), above the total before the first one."""
+    from torch._C._profiler import _EventType
+
+    events: list[tuple[int, int, int]] = []
+    stack = list(results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag != _EventType.Allocation:
+            continue
+        alloc = node.extra_fields
+        if alloc.device.type == "cpu":
+            events.append((node.start_time_ns, int(alloc.alloc_size), int(alloc.total_allocated)))
+    if not events:
+        return None
+    events.sort()
+    base = events[0][2] - events[0][1]
+    return max(0, max(total for _, _, total in events) - base)
+
+
 def reset_rss_peak() -> bool:
     """Reset the process's peak resident set to its current size (Linux); False if not possible."""
     try:
@@ -262,6 +380,19 @@ def _warm_up_process() -> None:
     opt.step()
 
 
+#: how a CPU row's ``memory_method`` begins when its peak is the CPU allocator's
+ALLOCATOR_METHOD = "peak of the bytes held by PyTorch's CPU allocator"
+
+
+def _cpu_memory_method(allocator: AllocatorPeak, rss: RssPeak) -> str:
+    if allocator.peak is not None:
+        return (
+            f"{ALLOCATOR_METHOD} over the model's build and the warm-up steps "
+            f"(torch.profiler memory events); rss_growth: {rss.method}"
+        )
+    return f"{rss.method} (the allocator's peak could not be measured: {allocator.why})"
+
+
 def _build(
     spec: TrainingSpec, device: torch.device
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -269,6 +400,42 @@ def _build(
     model = model.to(device).train()
     kwargs = dict(spec.optimizer_kwargs)
     return model, spec.optimizer_class(model.parameters(), **kwargs)
+
+
+def _train_step(
+    spec: TrainingSpec, model: torch.nn.Module, opt: torch.optim.Optimizer, dev: torch.device
+) -> None:
+    """One optimizer step of ``spec``, as the dry run traces it (not synchronised)."""
+    loss_fn = spec.loss or default_loss
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
+    for _ in range(spec.grad_accumulation):
+        with torch.device(dev):
+            batch = spec.batch_spec.make(spec.batch_size)
+        if amp is not None:
+            with torch.autocast(dev.type, dtype=amp):
+                loss = loss_fn(model, batch)
+        else:
+            loss = loss_fn(model, batch)
+        loss.backward()  # type: ignore[no-untyped-call]
+        del loss, batch
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def allocator_peak(spec: TrainingSpec, steps: int = 3) -> AllocatorPeak:
+    """The CPU allocator's peak over building ``spec``'s model and ``steps`` training
+    steps on the CPU (what :func:`measure` records as a CPU's memory, without timing the
+    steps). ``.peak`` is None, and ``.why`` says why, where it could not be measured; an
+    exception in the step propagates."""
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, but got {steps=}.")
+    dev = torch.device("cpu")
+    with AllocatorPeak() as peak:
+        model, opt = _build(spec, dev)
+        for _ in range(steps):
+            _train_step(spec, model, opt, dev)
+        del model, opt
+    return peak
 
 
 def _sync(device: torch.device) -> None:
@@ -312,8 +479,6 @@ def measure(
             f"{result.env['alloc_conf']!r}; set it before CUDA starts (run each allocator in its own process)."
         )
         return result
-    loss_fn = spec.loss or default_loss
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
     model: torch.nn.Module | None = None
     opt: torch.optim.Optimizer | None = None
     times: list[float] = []
@@ -339,30 +504,21 @@ def measure(
         sampler = contextlib.nullcontext()
         mem_ctx = mmap_threshold(64 * 1024)
     rss = RssPeak()
+    allocator = AllocatorPeak()
     try:
         with sampler, mem_ctx:
             if not is_cuda:
                 _warm_up_process()
                 rss.start()
-                result.memory_method = rss.method
+                allocator.start()  # the model's build and the warm-up steps
             model, opt = _build(spec, dev)
             for i in range(warmup + steps):
                 t0 = time.perf_counter()
-                for _ in range(spec.grad_accumulation):
-                    with torch.device(dev):
-                        batch = spec.batch_spec.make(spec.batch_size)
-                    if amp is not None:
-                        with torch.autocast(dev.type, dtype=amp):
-                            loss = loss_fn(model, batch)
-                    else:
-                        loss = loss_fn(model, batch)
-                    loss.backward()  # type: ignore[no-untyped-call]
-                    del loss, batch
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+                _train_step(spec, model, opt, dev)
                 issued = time.perf_counter()
                 _sync(dev)
                 if i == warmup - 1 and not is_cuda:
+                    allocator.stop()
                     rss.reset_peak()  # later peaks: steady state, not one-time set-up
                 if i == warmup - 1 and is_cuda:  # the warm-up's peaks, then the timed steps'
                     first_peaks = (
@@ -374,7 +530,10 @@ def measure(
                     times.append((time.perf_counter() - t0) / spec.grad_accumulation)
                     issues.append((issued - t0) / spec.grad_accumulation)
             if not is_cuda:
-                result.max_allocated = result.max_reserved = rss.growth()
+                result.rss_growth = rss.growth()
+                peak = allocator.peak if allocator.peak is not None else result.rss_growth
+                result.max_allocated = result.max_reserved = peak
+                result.memory_method = _cpu_memory_method(allocator, rss)
     except torch.cuda.OutOfMemoryError as e:
         result.status = "oom"
         result.error = str(e).splitlines()[0][:500]
@@ -382,6 +541,7 @@ def measure(
         result.status = "error"
         result.error = f"{type(e).__name__}: {str(e).splitlines()[0][:500] if str(e) else ''}"
     finally:
+        allocator.stop()  # if a warm-up step failed
         del model, opt
     if is_cuda:
         allocated = int(torch.cuda.max_memory_allocated(dev))
