@@ -15,7 +15,8 @@ measured. Per family and overall it reports
   the 75th percentile of the measured peaks.
 
 The memory figures count the peaks that are a configuration's need. They leave out CPU
-peaks under 1 MiB (resident-set noise), GPU peaks measured while the collector's process
+peaks measured as resident-set growth (before the CPU allocator's peak was recorded; the
+committed rows were re-measured), GPU peaks measured while the collector's process
 already held reserved memory from an earlier configuration
 (``costaware.collect.reserved_before``), and the peaks of conv nets under cuDNN's benchmark
 mode (its algorithm search takes what is free). Those rows still count for time; the last
@@ -357,8 +358,8 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
         "",
         f"**Measured on: {', '.join(meta['devices'])}.** "
         + (
-            "There is no GPU data yet: every figure below is for the CPU (peak resident-set "
-            "growth and CPU step times, see data/README.md), not for a GPU."
+            "There is no GPU data yet: every figure below is for the CPU (the CPU allocator's "
+            "peak and CPU step times, see data/README.md), not for a GPU."
             if not any(k != "cpu" for k in results)
             else ""
         ),
@@ -399,9 +400,11 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
             lines += [
                 "OOM capacities for CPU data: the median and the 75th percentile of the measured "
                 "peaks (GPU capacities such as 12/24 GiB would admit every CPU-scale row). "
-                "Memory figures leave out CPU peaks under 1 MiB (resident-set noise; those rows "
-                "still count for time). CPU times come from a shared 2-core container (1 torch "
-                "thread, under `nice`), so they carry scheduling noise.",
+                "CPU memory is the peak of the bytes PyTorch's CPU allocator held (profiler "
+                "memory events; re-measured apart from the timings, see data/README.md); a row "
+                "measured as resident-set growth would count for time only. CPU times come "
+                "from a shared 2-core container (1 torch thread, under `nice`), so they carry "
+                "scheduling noise.",
                 "",
             ]
         head = (

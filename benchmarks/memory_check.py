@@ -1,8 +1,9 @@
 """Dry-run peak against a measured peak, for a few models, on this machine's CPU.
 
 Each configuration is measured for real in its own subprocess with
-:func:`costaware.profile.measure` (peak resident-set growth with glibc serving every
-allocation above 64 KiB through mmap, so freed tensors leave at once), and predicted
+:func:`costaware.profile.measure` (on a CPU, the peak of the bytes PyTorch's CPU allocator
+held over the model's build and the warm-up steps, from the profiler's memory events; the
+resident-set growth is printed beside it), and predicted
 with the dry run (``CostModel().predict(spec, device="cpu")``: the live-tensor peak, no
 GPU allocator). On a GPU machine, pass ``--device cuda`` to compare the simulated
 allocator peak against ``max_memory_reserved`` instead.
@@ -35,7 +36,7 @@ from costaware.profile import measure
 spec = {expr}
 m = measure(spec, sys.argv[1], warmup=2, steps=10)
 print(json.dumps({{"status": m.status, "error": m.error, "reserved": m.max_reserved, "allocated": m.max_allocated,
-                  "time": m.iteration_time, "method": m.memory_method}}))
+                  "rss": m.rss_growth, "time": m.iteration_time, "method": m.memory_method}}))
 """
 
 
@@ -57,8 +58,11 @@ def main() -> None:
     target = args.catalog_device or ("cpu" if args.device == "cpu" else "auto")
     model = ca.CostModel()
     print(f"dry-run peak vs measured peak, measured on {args.device}, predicted for {target}")
-    print(f"| {'configuration':<42} | {'predicted':>10} | {'measured':>10} | {'error':>7} |")
-    print(f"|{'-' * 44}|{'-' * 12}|{'-' * 12}|{'-' * 9}|")
+    print(
+        f"| {'configuration':<42} | {'predicted':>10} | {'measured':>10} | {'error':>7} "
+        f"| {'resident-set growth':>19} |"
+    )
+    print(f"|{'-' * 44}|{'-' * 12}|{'-' * 12}|{'-' * 9}|{'-' * 21}|")
     errors = []
     method = ""
     for name, expr in CONFIGS.items():
@@ -74,13 +78,14 @@ def main() -> None:
         method = m["method"]
         if m["status"] != "ok":
             print(
-                f"| {name:<42} | {pred.peak_memory / 2**20:>6,.1f} MiB | {m['status']:>10} | {'-':>7} |"
+                f"| {name:<42} | {pred.peak_memory / 2**20:>6,.1f} MiB | {m['status']:>10} | {'-':>7} | {'-':>19} |"
             )
             continue
         err = (pred.peak_memory - m["reserved"]) / m["reserved"]
         errors.append(abs(err))
+        rss = "-" if m.get("rss") is None else f"{m['rss'] / 2**20:,.1f} MiB"
         print(
-            f"| {name:<42} | {pred.peak_memory / 2**20:>6,.1f} MiB | {m['reserved'] / 2**20:>6,.1f} MiB | {err:>+6.1%} |"
+            f"| {name:<42} | {pred.peak_memory / 2**20:>6,.1f} MiB | {m['reserved'] / 2**20:>6,.1f} MiB | {err:>+6.1%} | {rss:>19} |"
         )
     if errors:
         print(

@@ -27,7 +27,8 @@ result key                    meaning
 ============================  ==========================================================
 ``"epoch_time_s"``            wall time of the epoch's training, in seconds
 ``"peak_memory_bytes"``       peak memory so far, in bytes (CUDA: ``max_memory_reserved``;
-                              CPU: growth of the process's peak resident set)
+                              CPU: the CPU allocator's peak over the first epoch, or
+                              the first two ``meter.step()`` calls)
 ``"epoch"``                   the epoch index (else ``training_iteration - 1`` is used)
 ============================  ==========================================================
 
@@ -84,7 +85,7 @@ from costaware.devices import Device, get_device
 from costaware.errors import CostAwareWarning, first_line
 from costaware.gate import Gate
 from costaware.model import CostModel
-from costaware.profile import RssPeak
+from costaware.profile import ALLOCATOR_METHOD, AllocatorPeak, RssPeak
 from costaware.spec import TrainingSpec
 
 __all__ = [
@@ -665,14 +666,21 @@ def limit_memory(fraction: float) -> bool:
 class EpochMeter:
     """Measures an epoch's wall time and the peak memory, inside a trainable.
 
-    Create it *before* building the model (the CPU figure is the growth of the process's
-    peak resident set since then), wrap each epoch's training in ``with meter:``, and
-    report ``meter.metrics()``: ``{"epoch_time_s": ..., "peak_memory_bytes": ...}``.
-    Peaks are running peaks over the epochs measured so far.
+    Create it *before* building the model (its memory counts from there), wrap each
+    epoch's training in ``with meter:``, and report ``meter.metrics()``:
+    ``{"epoch_time_s": ..., "peak_memory_bytes": ...}``. Peaks are running peaks over the
+    epochs measured so far.
+
+    On a CPU the peak is what the cost model predicts for one: the peak of the bytes held
+    by PyTorch's CPU allocator (:class:`costaware.profile.AllocatorPeak`), profiled from
+    the meter's creation to the end of the first epoch, or to the second call of
+    :meth:`step` (call it after each optimizer step to keep the profiler's few
+    microseconds per op to two steps). Where the profiler cannot run (another torch
+    profiler is active) it is the growth of the process's anonymous resident set since the
+    meter was created (:class:`costaware.profile.RssPeak`); ``memory_method`` says which.
 
     Args:
-        device: ``"cuda"`` (``torch.cuda.max_memory_reserved``), ``"cpu"`` (growth of the
-            anonymous resident set, see :class:`costaware.profile.RssPeak`), or ``"auto"``
+        device: ``"cuda"`` (``torch.cuda.max_memory_reserved``), ``"cpu"``, or ``"auto"``
             (CUDA when available).
     """
 
@@ -687,10 +695,35 @@ class EpochMeter:
         self.epoch_time: float | None = None
         self._t0 = 0.0
         self._rss: RssPeak | None = None
+        self._alloc: AllocatorPeak | None = None
+        self._steps = 0
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         else:
             self._rss = RssPeak().start()
+            self._alloc = AllocatorPeak().start()
+
+    def step(self) -> None:
+        """Optional, after each optimizer step: on a CPU, profiling stops after the second."""
+        self._steps += 1
+        if self._steps == 2 and self._alloc is not None:
+            self._alloc.stop()
+
+    @property
+    def memory_method(self) -> str:
+        """How :meth:`peak_memory` is measured."""
+        if self.device == "cuda":
+            return "torch.cuda.max_memory_reserved since the meter was created"
+        if self._alloc is not None and self._alloc.why is None:
+            return (
+                f"{ALLOCATOR_METHOD} from the meter's creation to the end of the first epoch "
+                "or the second step() (torch.profiler memory events)"
+            )
+        why = self._alloc.why if self._alloc is not None else "not started"
+        rss = self._rss.method if self._rss is not None else ""
+        return (
+            f"{rss} since the meter was created (the allocator's peak could not be measured: {why})"
+        )
 
     def peak_memory(self) -> int:
         """Peak memory since the meter was created, in bytes."""
@@ -698,6 +731,11 @@ class EpochMeter:
             import torch
 
             return int(torch.cuda.max_memory_reserved())
+        if self._alloc is not None:
+            if self._alloc.running:
+                self._alloc.stop()
+            if self._alloc.peak is not None:
+                return self._alloc.peak
         return 0 if self._rss is None else self._rss.growth()
 
     def __enter__(self) -> EpochMeter:
@@ -714,6 +752,8 @@ class EpochMeter:
 
             torch.cuda.synchronize()
         self.epoch_time = time.perf_counter() - self._t0
+        if self._alloc is not None and self._alloc.running:
+            self._alloc.stop()  # after the epoch's time: the profiler's own work is not its
 
     def metrics(self) -> dict[str, float]:
         """``{"epoch_time_s", "peak_memory_bytes"}`` for ``tune.report``."""

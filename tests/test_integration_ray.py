@@ -225,3 +225,21 @@ def test_limit_memory_without_cuda_and_epoch_meter() -> None:
     m = meter.metrics()
     assert set(m) == {"epoch_time_s", "peak_memory_bytes"}
     assert m["epoch_time_s"] >= 0 and m["peak_memory_bytes"] >= 0
+
+
+def test_epoch_meter_on_a_cpu_is_the_allocators_peak_until_the_second_step() -> None:
+    import torch
+
+    from costaware.profile import ALLOCATOR_METHOD
+
+    meter = EpochMeter("cpu")
+    with meter:
+        x = torch.ones(4 * 2**20 // 4)  # 4 MiB, freed before the step
+        del x
+        meter.step()
+        y = torch.ones(2**20 // 4)
+        meter.step()  # profiling ends here: what follows is not seen
+        z = torch.ones(16 * 2**20 // 4)
+    assert meter.memory_method.startswith(ALLOCATOR_METHOD)
+    assert meter.metrics()["peak_memory_bytes"] == 4 * 2**20
+    del y, z

@@ -1074,8 +1074,8 @@ class CostModel:
     def covers(self, device: str | Device) -> bool:
         """Whether the learned part applies to ``device``: fitted on that kind (GPU or CPU).
 
-        CPU residuals (resident-set growth, CPU kernels) say nothing about a GPU's
-        allocator or kernels, and the other way round.
+        CPU residuals (the CPU allocator's peak, CPU kernels) say nothing about a GPU's
+        caching allocator or kernels, and the other way round.
         """
         if not self.is_fitted:
             return False
@@ -1109,7 +1109,7 @@ class CostModel:
         """The conformal quantile of ``which``'s log residual for a device of ``kind``.
 
         A model fitted on GPU and CPU rows holds one model per kind, each calibrated on
-        its own rows (CPU resident-set noise must not widen GPU bounds). Never below 0: when every calibration row was over-predicted the quantile is
+        its own rows (CPU timing noise must not widen GPU bounds). Never below 0: when every calibration row was over-predicted the quantile is
         negative, and an upper bound below its own point prediction would admit trials
         that the point prediction already puts over the budget.
         """
@@ -1479,9 +1479,9 @@ class CostModel:
     ) -> CostModel:
         """One model per device kind (GPU, CPU), each fitted on its own rows only.
 
-        A GPU's allocator and kernels and a CPU process's resident set share no residual:
-        pooled, the CPU rows would pull the GPU memory model off its line and widen its
-        bounds. A kind with too few measurements to fit is left to the analytic estimate.
+        A GPU's caching allocator and kernels and a CPU's allocator and kernels share no
+        residual: pooled, the CPU rows would pull the GPU memory model off its line and
+        widen its bounds. A kind with too few measurements to fit is left to the analytic estimate.
         """
         subs: dict[str, CostModel] = {}
         skipped: dict[str, str] = {}
