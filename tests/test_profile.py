@@ -162,3 +162,28 @@ def test_cpu_measurement_is_the_allocator_peak_the_dry_run_predicts() -> None:
     # weights and their gradients at least, and the exact live-tensor peak of a dry run
     assert m.max_allocated is not None and m.max_allocated >= 2 * weights
     assert m.max_allocated == pytest.approx(ca.dry_run(spec).peak_live, rel=0.01)
+
+
+def test_a_cpu_estimate_counts_small_tensors_at_their_size_as_the_cpu_allocator_does() -> None:
+    import torch
+
+    import costaware as ca
+    from costaware.analytic import estimate
+    from costaware.devices import cpu_device
+    from costaware.profile import measure
+
+    # 40 tiny layers: each weight, bias, gradient and momentum buffer is far under 512 B,
+    # the block a CUDA caching allocator rounds to and a CPU's allocator does not
+    spec = ca.TrainingSpec(
+        model=lambda: torch.nn.Sequential(*[torch.nn.Linear(6, 6) for _ in range(40)]),
+        batch=ca.ImageBatch((6,), classes=6),
+        batch_size=4,
+        optimizer="sgd",
+        optimizer_kwargs={"lr": 0.01, "momentum": 0.9},
+    )
+    m = measure(spec, "cpu", warmup=2, steps=10)
+    trace = ca.dry_run(spec)
+    est = estimate(trace, spec, cpu_device())
+    assert m.status == "ok" and m.max_allocated is not None, m.error
+    assert est.reserved == pytest.approx(m.max_allocated, rel=0.02)
+    assert trace.peak_live > 1.5 * m.max_allocated  # rounded to 512 B, as on a GPU

@@ -42,7 +42,7 @@ from costaware.allocator import simulate
 from costaware.devices import Device
 from costaware.flops import CONV, VIEW
 from costaware.spec import TrainingSpec
-from costaware.trace import Trace
+from costaware.trace import Trace, exact_live_peak
 
 __all__ = [
     "BENCHMARK_NOTE",
@@ -141,10 +141,10 @@ def estimate(trace: Trace, spec: TrainingSpec, device: Device) -> AnalyticEstima
     """Allocator-simulated peak and roofline time of ``trace`` on ``device``."""
     notes: list[str] = []
     if device.kind == "cpu":
-        allocated = reserved = trace.peak_live
+        allocated = reserved = exact_live_peak(trace.events)
         segments = 0
         upper = int(reserved * 1.25)
-        notes.append("CPU: no caching allocator; the peak is the live-tensor peak")
+        notes.append("CPU: no caching allocator; the peak is the live-tensor peak, unrounded")
     else:
         sim = simulate(trace.allocator_events(), mode=spec.allocator)
         allocated = sim.peak_allocated + WORKSPACE_BYTES
