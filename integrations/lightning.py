@@ -15,7 +15,7 @@ Record what a training run really costs, epoch by epoch, and stop one that blows
   ``max_memory_allocated``) since training started; ``nvml_peak`` is the highest
   device-wide used memory the driver reported (``cudaMemGetInfo``, the figure NVML shows,
   CUDA context included). On the CPU it is the peak of the bytes PyTorch's CPU allocator
-  held over the first ``memory_steps`` (2) training batches, read from the profiler's
+  held over the first two training batches, read from the profiler's
   memory events (:class:`costaware.profile.AllocatorPeak`), plus the bytes of the model's
   parameters and buffers and of any optimizer state, which were allocated before: the
   quantity the cost model predicts for a CPU, exactly. The two profiled batches run a few

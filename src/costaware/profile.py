@@ -22,7 +22,8 @@ that :func:`costaware.dry_run` traces (forward, loss, backward, optimizer step,
 - On the CPU, time is measured the same way. Memory is the peak of the bytes PyTorch's
   CPU allocator holds over the model's build and the warm-up steps, read from the
   profiler's memory events (see :class:`AllocatorPeak`): the CPU's
-  ``max_memory_allocated``, exactly the live-tensor peak the dry run predicts. The growth
+  ``max_memory_allocated``, the live-tensor peak the dry run predicts for a CPU, kernels'
+  internal buffers included. The growth
   of the process's peak resident set over the timed steps is kept beside it
   (``rss_growth``; see :class:`RssPeak`), but not learned: a process that has freed
   memory before reuses its heap, so the resident set can grow by a small part of what
@@ -240,8 +241,8 @@ class AllocatorPeak:
     memory: every allocation and free made through the CPU allocator is an event that
     carries the running total of the bytes allocated since profiling began (blocks
     allocated before are not counted, nor their frees). The peak is the highest running
-    total, less the total before the first event. It is exact: the live-tensor peak that a
-    dry run predicts, with every kernel's temporary buffers included, and unlike the
+    total, less the total before the first event. It is exact, it is the quantity a dry run
+    predicts for a CPU (the live-tensor peak; kernels' internal buffers count too), and unlike the
     resident set it does not depend on what the process's heap held before (a process
     that has freed memory reuses it, and grows by far less than its tensors need).
 
