@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from costaware.collect import append_row
+from costaware.profile import ALLOCATOR_METHOD
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -16,14 +17,21 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import accuracy  # noqa: E402
 
 
-def _row(cid: str, device: str, secs: float, peak: int, status: str = "ok") -> dict[str, Any]:
+def _row(
+    cid: str,
+    device: str,
+    secs: float,
+    peak: int,
+    status: str = "ok",
+    method: str = ALLOCATOR_METHOD,
+) -> dict[str, Any]:
     return {
         "schema": 1,
         "id": cid,
         "family": cid.split("-")[0],
         "status": status,
         "device_name": device,
-        "measurement": {"iteration_time": secs, "max_reserved": peak},
+        "measurement": {"iteration_time": secs, "max_reserved": peak, "memory_method": method},
     }
 
 
@@ -31,7 +39,8 @@ def test_repeats_compare_first_and_last_measurement_per_device(tmp_path: Path) -
     mib = 2**20
     a, b = tmp_path / "seed0.jsonl.gz", tmp_path / "seed1.jsonl.gz"
     append_row(a, _row("mlp-1", "CPU", 0.10, 10 * mib))
-    append_row(a, _row("mlp-2", "CPU", 0.20, mib // 2))  # a CPU peak too small to count
+    # a CPU peak measured as resident-set growth is not a memory target
+    append_row(a, _row("mlp-2", "CPU", 0.20, mib // 2, method="peak resident-set growth"))
     append_row(a, _row("vgg-1", "NVIDIA H100 80GB HBM3", 0.05, 900 * mib))
     append_row(a, _row("vit-1", "CPU", 0.30, 30 * mib))
     append_row(b, _row("mlp-1", "CPU", 0.125, 8 * mib))
@@ -44,7 +53,7 @@ def test_repeats_compare_first_and_last_measurement_per_device(tmp_path: Path) -
 
     assert rep["cpu"]["n"] == 2
     assert sorted(rep["cpu"]["time"]) == pytest.approx([0.2, 1.0])  # 0.1/0.125, 0.2/0.1
-    assert rep["cpu"]["mem"] == pytest.approx([0.25])  # 10/8; mlp-2's peaks are under 1 MiB
+    assert rep["cpu"]["mem"] == pytest.approx([0.25])  # 10/8; mlp-2's first is a resident set
     assert rep["gpu"]["n"] == 1
     assert rep["gpu"]["time"] == pytest.approx([0.25])
     assert rep["gpu"]["mem"] == pytest.approx([0.1])
