@@ -1,10 +1,10 @@
 """What one op costs a CPU beyond its arithmetic: eager dispatch, autograd and optimizer
 bookkeeping, timed on tensors too small for the arithmetic to count.
 
-The CPU step model (``costaware.model._CpuSteps``) charges a convolution, any other
-kernel and each parameter tensor a cost of its own, fitted on whole-step timings. This
-script measures those costs directly, so the fitted constants can be checked against
-them on the machine at hand:
+The CPU step model (``costaware.model._CpuSteps``) charges each kernel and each parameter
+tensor a cost of its own, fitted on whole-step timings. This script measures those costs
+directly (a convolution's too, which the step model does not price apart), so the fitted
+constants can be checked against them on the machine at hand:
 
     python benchmarks/cpu_overheads.py            # one torch thread, as the CPU corpus
 

@@ -126,7 +126,7 @@ from costaware.budget import Budget
 from costaware.devices import Device, cpu_device, detect_device, get_device
 from costaware.errors import CostAwareWarning, first_line
 from costaware.model import CostModel, Prediction
-from costaware.profile import ALLOCATOR_METHOD, AllocatorPeak, RssPeak, mmap_threshold
+from costaware.profile import CpuMemoryMeter, mmap_threshold
 from costaware.spec import TrainingSpec
 
 if TYPE_CHECKING:
@@ -319,8 +319,7 @@ class _CostAwareCallbackBase:
         self._kind = "cpu"
         self._torch_device: torch.device | None = None
         self._training = False
-        self._rss: RssPeak | None = None
-        self._alloc: AllocatorPeak | None = None
+        self._cpu_memory: CpuMemoryMeter | None = None
         self._alloc_batches = 0
         self._module_nbytes = 0
         self._nvml_peak: int | None = None
@@ -610,13 +609,14 @@ class _CostAwareCallbackBase:
             self._sample_device_memory()
         elif self._kind == "cpu":
             _malloc_trim()
-            self._rss = RssPeak().start()
+            self._cpu_memory = CpuMemoryMeter(
+                f"over the first {_MEMORY_STEPS} training batches", "since on_train_start"
+            ).start()
             # the parameters, buffers and any optimizer state were allocated before this
             # point; the prediction counts them, so they are added to what is measured
             self._module_nbytes = _module_bytes(pl_module, "cpu") + _optimizer_bytes(
                 getattr(trainer, "optimizers", None), "cpu"
             )
-            self._alloc = AllocatorPeak().start()
             self._alloc_batches = 0
 
     def _start_epoch(self, trainer: Any) -> None:
@@ -659,10 +659,10 @@ class _CostAwareCallbackBase:
 
     def _stop_allocator_peak(self) -> None:
         """End the CPU allocator's profiling; its own work is not the epoch's."""
-        if self._alloc is None or not self._alloc.running:
+        if self._cpu_memory is None or not self._cpu_memory.profiling:
             return
         t0 = time.perf_counter()
-        self._alloc.stop()
+        self._cpu_memory.end_profiling()
         self._val_time += time.perf_counter() - t0  # taken off the epoch time, as validation
 
     def _sample_device_memory(self) -> None:
@@ -687,25 +687,11 @@ class _CostAwareCallbackBase:
                 else "torch.cuda.max_memory_reserved/allocated before training started "
                 "(peak stats not reset: since the process started or the last reset)"
             )
-        elif self._kind == "cpu" and self._rss is not None:
-            alloc = self._alloc
-            if alloc is not None and alloc.running:  # the run ended before batch 2
-                self._stop_allocator_peak()
-            if alloc is not None and alloc.peak is not None:
-                out["peak_memory"] = out["peak_allocated"] = alloc.peak + self._module_nbytes
-                out["memory_method"] = (
-                    f"{ALLOCATOR_METHOD} over the first {_MEMORY_STEPS} training batches "
-                    "(torch.profiler memory events), + parameter/buffer/optimizer-state bytes"
-                )
-            else:
-                out["peak_memory"] = out["peak_allocated"] = (
-                    self._rss.growth() + self._module_nbytes
-                )
-                why = alloc.why if alloc is not None else "not started"
-                out["memory_method"] = (
-                    f"since on_train_start, + parameter/buffer/optimizer-state bytes: "
-                    f"{self._rss.method} (the allocator's peak could not be measured: {why})"
-                )
+        elif self._kind == "cpu" and self._cpu_memory is not None:
+            self._stop_allocator_peak()  # if the run ended before batch 2
+            meter = self._cpu_memory
+            out["peak_memory"] = out["peak_allocated"] = meter.peak() + self._module_nbytes
+            out["memory_method"] = f"{meter.method}, + parameter/buffer/optimizer-state bytes"
         else:
             out["memory_method"] = (
                 "not measured before training started"
@@ -843,8 +829,8 @@ class _CostAwareCallbackBase:
 
     def _finish(self) -> None:
         self._training = False
-        if self._alloc is not None:
-            self._alloc.stop()  # never leave a profiler running past fit
+        if self._cpu_memory is not None:
+            self._cpu_memory.end_profiling()  # never leave a profiler running past fit
         if self._exit_stack is not None:
             stack, self._exit_stack = self._exit_stack, None
             stack.close()  # restores glibc's mmap threshold

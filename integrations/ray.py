@@ -85,7 +85,7 @@ from costaware.devices import Device, get_device
 from costaware.errors import CostAwareWarning, first_line
 from costaware.gate import Gate
 from costaware.model import CostModel
-from costaware.profile import ALLOCATOR_METHOD, AllocatorPeak, RssPeak
+from costaware.profile import CpuMemoryMeter
 from costaware.spec import TrainingSpec
 
 __all__ = [
@@ -694,36 +694,28 @@ class EpochMeter:
         self.device = device
         self.epoch_time: float | None = None
         self._t0 = 0.0
-        self._rss: RssPeak | None = None
-        self._alloc: AllocatorPeak | None = None
+        self._cpu_memory: CpuMemoryMeter | None = None
         self._steps = 0
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         else:
-            self._rss = RssPeak().start()
-            self._alloc = AllocatorPeak().start()
+            self._cpu_memory = CpuMemoryMeter(
+                "from the meter's creation to the end of the first epoch or the second step()",
+                "since the meter was created",
+            ).start()
 
     def step(self) -> None:
         """Optional, after each optimizer step: on a CPU, profiling stops after the second."""
         self._steps += 1
-        if self._steps == 2 and self._alloc is not None:
-            self._alloc.stop()
+        if self._steps == 2 and self._cpu_memory is not None:
+            self._cpu_memory.end_profiling()
 
     @property
     def memory_method(self) -> str:
         """How :meth:`peak_memory` is measured."""
         if self.device == "cuda":
             return "torch.cuda.max_memory_reserved since the meter was created"
-        if self._alloc is not None and self._alloc.why is None:
-            return (
-                f"{ALLOCATOR_METHOD} from the meter's creation to the end of the first epoch "
-                "or the second step() (torch.profiler memory events)"
-            )
-        why = self._alloc.why if self._alloc is not None else "not started"
-        rss = self._rss.method if self._rss is not None else ""
-        return (
-            f"{rss} since the meter was created (the allocator's peak could not be measured: {why})"
-        )
+        return self._cpu_memory.method if self._cpu_memory is not None else "not measured"
 
     def peak_memory(self) -> int:
         """Peak memory since the meter was created, in bytes."""
@@ -731,12 +723,7 @@ class EpochMeter:
             import torch
 
             return int(torch.cuda.max_memory_reserved())
-        if self._alloc is not None:
-            if self._alloc.running:
-                self._alloc.stop()
-            if self._alloc.peak is not None:
-                return self._alloc.peak
-        return 0 if self._rss is None else self._rss.growth()
+        return 0 if self._cpu_memory is None else self._cpu_memory.peak()
 
     def __enter__(self) -> EpochMeter:
         if self.device == "cuda":
@@ -752,8 +739,8 @@ class EpochMeter:
 
             torch.cuda.synchronize()
         self.epoch_time = time.perf_counter() - self._t0
-        if self._alloc is not None and self._alloc.running:
-            self._alloc.stop()  # after the epoch's time: the profiler's own work is not its
+        if self._cpu_memory is not None:
+            self._cpu_memory.end_profiling()  # after the epoch's time: not the epoch's work
 
     def metrics(self) -> dict[str, float]:
         """``{"epoch_time_s", "peak_memory_bytes"}`` for ``tune.report``."""

@@ -139,7 +139,7 @@ def test_one_row_per_epoch_into_sqlite(name: str, db: str) -> None:
     param_bytes = sum(p.numel() * 4 for p in _net().parameters())
     peak = cb.measurements[-1]["actual"]["peak_memory"]
     assert 4 * param_bytes <= peak <= 6 * param_bytes + 8 * HIDDEN * 4 * 8
-    assert cb._alloc is not None and not cb._alloc.running  # stopped after batch 2
+    assert cb._cpu_memory is not None and not cb._cpu_memory.profiling  # stopped after batch 2
     assert cb._exit_stack is None  # glibc's mmap threshold restored at the end of fit
 
     rows = ObservationStore(db).measurements(study="s")

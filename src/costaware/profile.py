@@ -52,6 +52,7 @@ from costaware.spec import TrainingSpec, default_loss
 
 __all__ = [
     "AllocatorPeak",
+    "CpuMemoryMeter",
     "Measurement",
     "RssPeak",
     "allocator_peak",
@@ -383,6 +384,50 @@ def _warm_up_process() -> None:
 
 #: how a CPU row's ``memory_method`` begins when its peak is the CPU allocator's
 ALLOCATOR_METHOD = "peak of the bytes held by PyTorch's CPU allocator"
+
+
+class CpuMemoryMeter:
+    """A CPU's peak memory as the cost model predicts it, for the integrations' meters: the
+    CPU allocator's peak (:class:`AllocatorPeak`), profiled from :meth:`start` until
+    :meth:`end_profiling` (``window`` says over what), or, where the profiler cannot run,
+    the growth of the process's resident set since :meth:`start` (:class:`RssPeak`;
+    ``since`` says from when)."""
+
+    def __init__(self, window: str, since: str) -> None:
+        self.window, self.since = window, since
+        self.allocator = AllocatorPeak()
+        self.rss = RssPeak()
+
+    def start(self) -> CpuMemoryMeter:
+        self.rss.start()
+        self.allocator.start()
+        return self
+
+    @property
+    def profiling(self) -> bool:
+        """Whether the allocator is still being profiled."""
+        return self.allocator.running
+
+    def end_profiling(self) -> None:
+        """End the profiled window (nothing if it has ended)."""
+        self.allocator.stop()
+
+    def peak(self) -> int:
+        """The peak in bytes; ends the profiled window if it is still open."""
+        self.allocator.stop()
+        if self.allocator.peak is not None:
+            return self.allocator.peak
+        return self.rss.growth()
+
+    @property
+    def method(self) -> str:
+        """How :meth:`peak` is measured."""
+        if self.allocator.why is None:
+            return f"{ALLOCATOR_METHOD} {self.window} (torch.profiler memory events)"
+        return (
+            f"{self.rss.method} {self.since} "
+            f"(the allocator's peak could not be measured: {self.allocator.why})"
+        )
 
 
 def _cpu_memory_method(allocator: AllocatorPeak, rss: RssPeak) -> str:
