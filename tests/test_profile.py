@@ -187,3 +187,38 @@ def test_a_cpu_estimate_counts_small_tensors_at_their_size_as_the_cpu_allocator_
     assert m.status == "ok" and m.max_allocated is not None, m.error
     assert est.reserved == pytest.approx(m.max_allocated, rel=0.02)
     assert trace.peak_live > 1.5 * m.max_allocated  # rounded to 512 B, as on a GPU
+
+
+@pytest.mark.parametrize("foreach", [None, True])
+def test_a_cpu_dry_run_steps_the_optimizer_as_a_cpu_does(foreach: bool | None) -> None:
+    import torch
+
+    import costaware as ca
+    from costaware.analytic import estimate
+    from costaware.devices import cpu_device
+    from costaware.profile import measure
+
+    # eight equal layers under AdamW at a small batch: the optimizer step is the peak. A
+    # CPU steps the tensors one at a time by default, so its temporaries are two of one
+    # layer's; a multi-tensor step (a GPU's default, or foreach=True) holds them for all
+    kwargs: dict[str, object] = {"lr": 1e-3}
+    if foreach is not None:
+        kwargs["foreach"] = foreach
+    spec = ca.TrainingSpec(
+        model=lambda: torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)]),
+        batch=ca.ImageBatch((256,), classes=256),
+        batch_size=4,
+        optimizer="adamw",
+        optimizer_kwargs=kwargs,
+    )
+    m = measure(spec, "cpu", warmup=2, steps=10)
+    assert m.status == "ok" and m.max_allocated is not None, m.error
+    cpu = ca.dry_run(spec)
+    assert estimate(cpu, spec, cpu_device()).reserved == pytest.approx(m.max_allocated, rel=0.01)
+    one_at_a_time = ca.dry_run(spec).peak_breakdown["temporaries"]
+    multi_tensor = ca.dry_run(spec, attention="fused").peak_breakdown["temporaries"]
+    layer = (256 * 256 + 256) * 4
+    if foreach is None:
+        assert one_at_a_time < 3 * layer < 8 * layer <= multi_tensor
+    else:
+        assert one_at_a_time == multi_tensor >= 8 * layer

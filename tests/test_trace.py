@@ -89,8 +89,12 @@ def test_optimizer_state_depends_on_optimizer(cnn_spec: ca.TrainingSpec) -> None
 def test_flat_optimizer_step_matches_the_real_step(cnn_spec: ca.TrainingSpec) -> None:
     import dataclasses
 
-    fast = ca.dry_run(cnn_spec)  # "adamw" by name: flat multi-tensor step
-    exact = ca.dry_run(dataclasses.replace(cnn_spec, optimizer=torch.optim.AdamW))
+    # a GPU's dry run takes the multi-tensor step: "adamw" by name on one flat tensor, the
+    # class itself for real (a CPU's steps one tensor at a time, and never flat)
+    fast = ca.dry_run(cnn_spec, attention="fused")
+    exact = ca.dry_run(
+        dataclasses.replace(cnn_spec, optimizer=torch.optim.AdamW), attention="fused"
+    )
     # the real step keeps one scalar step counter per parameter (512 B each on the allocator)
     n_params = len(list(tiny_cnn(width=8).parameters()))
     assert abs(exact.peak_live - fast.peak_live) <= n_params * 512
@@ -289,14 +293,14 @@ def test_conv_backward_transients_are_input_plus_output_gradient() -> None:
     spec = ca.TrainingSpec(
         model=_conv_stack, batch=ca.ImageBatch((3, 32, 32), classes=10), batch_size=8
     )
-    tr = ca.dry_run(spec)
+    tr = ca.dry_run(spec, attention="fused")  # as a GPU runs it
     first = 8 * 3 * 32 * 32 * 4 + 8 * 32 * 32 * 32 * 4  # input + output gradient, fp32
     grouped = 2 * 8 * 64 * 32 * 32 * 4
     # backward runs last layer first; step 2 repeats step 1's transients
     assert tr.transients[:, 1].tolist() == [grouped, first, grouped, first]
     steps = [i for i, name in tr.marks if name == "step"]
     assert tr.transients[1, 0] < steps[1] <= tr.transients[2, 0]
-    # they are GPU-only: the live timeline and the events do not hold them
+    # the live timeline and the events do not hold them
     events = tr.allocator_events()
     assert len(events) == len(tr.events) + 2 * len(tr.transients)
     assert np.array_equal(events[events[:, 0] <= tr.events[:, 0].max()], tr.events)
@@ -313,18 +317,85 @@ def test_conv_backward_transients_are_input_plus_output_gradient() -> None:
     assert np.array_equal(rescale(tr, 16).transients[:, 0], tr.transients[:, 0])
 
 
-def test_gpu_estimate_replays_the_transients_and_the_cpu_one_does_not() -> None:
+def test_gpu_estimate_replays_cudnn_blocks_and_a_cpu_trace_has_none_of_them() -> None:
     from costaware import analytic
     from costaware.devices import get_device
+    from costaware.trace import exact_live_peak
 
     spec = ca.TrainingSpec(
         model=_conv_stack, batch=ca.ImageBatch((3, 64, 64), classes=10), batch_size=32
     )
-    tr = ca.dry_run(spec)
+    tr = ca.dry_run(spec, attention="fused")
     bare = dataclasses.replace(tr, transients=tr.transients[:0])
     gpu, cpu = get_device("H100"), get_device("cpu")
     assert analytic.estimate(tr, spec, gpu).reserved > analytic.estimate(bare, spec, gpu).reserved
-    assert analytic.estimate(tr, spec, cpu).reserved == analytic.estimate(bare, spec, cpu).reserved
+    # a CPU runs these convolutions through oneDNN: no block the trace models
+    on_cpu = ca.dry_run(spec)
+    assert len(on_cpu.transients) == 0
+    assert analytic.estimate(on_cpu, spec, cpu).reserved == exact_live_peak(on_cpu.events)
+
+
+def _small_conv_net() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(16, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1),
+        nn.Flatten(),
+        nn.Linear(16 * 32 * 32, 4),
+    )
+
+
+def test_a_cpu_trace_holds_the_columns_of_pytorchs_own_convolution() -> None:
+    from costaware.analytic import estimate
+    from costaware.devices import cpu_device
+    from costaware.profile import allocator_peak
+    from costaware.trace import exact_live_peak
+
+    # at batch 1 a small fp32 convolution runs through PyTorch's own kernel (not oneDNN),
+    # which copies its input into im2col columns forward and back
+    spec = ca.TrainingSpec(
+        model=_small_conv_net,
+        batch=ca.ImageBatch((16, 32, 32), classes=4),
+        batch_size=1,
+        optimizer="sgd",
+    )
+    tr = ca.dry_run(spec)
+    columns = 16 * 3 * 3 * 32 * 32 * 4
+    # two convolutions forward, two backward (the first has no input gradient, but its
+    # weight gradient takes the columns too), in each of the two steps
+    assert tr.transients[:, 1].tolist() == [columns] * 8
+    measured = allocator_peak(spec).peak
+    assert measured is not None
+    est = estimate(tr, spec, cpu_device()).reserved
+    assert est == pytest.approx(measured, rel=0.02)
+    assert exact_live_peak(tr.events) < 0.9 * measured  # without the columns: under
+    # at batch 2 oneDNN takes them: no columns
+    assert len(ca.dry_run(dataclasses.replace(spec, batch_size=2)).transients) == 0
+
+
+@pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN for the LSTM"
+)
+def test_a_cpu_trace_holds_the_lstm_workspace_onednn_keeps_for_the_backward() -> None:
+    from costaware import zoo
+    from costaware.analytic import estimate
+    from costaware.devices import cpu_device
+    from costaware.profile import allocator_peak
+    from costaware.trace import exact_live_peak
+
+    spec = ca.TrainingSpec(
+        model=lambda: zoo.rnn("lstm", vocab=500, embed=64, hidden=256, layers=1),
+        batch=ca.TokenBatch(seq_len=64, vocab=500),
+        batch_size=2,  # far from the 64 steps: the layer gets them time-major, batch_first
+        optimizer="sgd",
+    )
+    tr = ca.dry_run(spec)
+    assert "mkldnn_rnn_layer" in tr.op_counts  # the layer this CPU runs, not unrolled
+    measured = allocator_peak(spec).peak
+    assert measured is not None
+    assert estimate(tr, spec, cpu_device()).reserved == pytest.approx(measured, rel=0.03)
+    # with the fake kernel's empty workspace and no buffers the dry run was far under
+    assert exact_live_peak(tr.events) < 0.85 * measured
 
 
 def _attention_spec(**kw: object) -> ca.TrainingSpec:

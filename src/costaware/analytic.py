@@ -12,6 +12,8 @@ measured figure or a documented assumption:
   :attr:`~costaware.trace.Trace.transients`). It barely moves the allocated peak but adds
   the segments a real run keeps: without it the H100 conv nets' reserved peaks were
   under-predicted (VGG by 7%, U-Net by 6%).
+- A CPU's peak is the live-tensor peak, unrounded, with the columns of PyTorch's own
+  convolution where a CPU runs it (:func:`~costaware.trace._cpu_conv_transient`).
 - cuDNN's benchmark mode (``torch.backends.cudnn.benchmark=True``) is not a factor on the
   peak. Its algorithm search takes a workspace sized to the free memory: PyTorch keeps the
   plans whose workspace fits the largest free block (``cacheInfo`` starts from
@@ -24,12 +26,15 @@ measured figure or a documented assumption:
 - Roofline: per kernel, ``max(flops / (peak * COMPUTE_EFFICIENCY), bytes / (bandwidth *
   MEMORY_EFFICIENCY)) + LAUNCH_OVERHEAD``. fp32 convolutions use the TF32 peak (cuDNN's
   default ``allow_tf32=True``), fp32 matmuls the fp32 peak (PyTorch's default).
-- CPU constants: a least-squares fit of the measured step time on the roofline's
-  compute part, memory part, kernel count and a constant, over the 304 fp32 CPU
-  configurations of ``data/cpu`` (a shared 2-core EPYC container, 1 torch thread):
-  compute ran at 0.22 of the assumed peak, memory at 0.19 of the assumed bandwidth,
-  45 µs per kernel (eager dispatch + autograd) and 2 ms per step. That is one machine:
-  the online refit learns the user's.
+- CPU constants: a least-squares fit (of the relative error) of the measured step time
+  on the roofline's compute part, memory part, kernel count and a constant, over the
+  1,218 fp32 CPU configurations of ``data/cpu`` (a shared 2-core EPYC container, 1 torch
+  thread; feature version 12, whose CPU dry run steps the optimizer one tensor at a
+  time, ten-odd kernels per tensor for Adam): compute ran at 0.26 of the assumed peak,
+  memory at 0.30 of the assumed bandwidth, 20 µs per kernel (eager dispatch + autograd)
+  and 1 ms per step; 27% mean error on those rows. (Fitted on 304 configurations with
+  the multi-tensor optimizer step in the trace, they were 0.22, 0.19, 45 µs and 2 ms.)
+  That is one machine: the learned step model and the online refit learn the user's.
 """
 
 from __future__ import annotations
@@ -64,14 +69,14 @@ BENCHMARK_NOTE = (
     "workspace to what is free and backs off rather than run out)"
 )
 #: achieved share of the device's peak FLOP/s and bandwidth, per device kind (see above)
-COMPUTE_EFFICIENCY = {"cuda": 0.6, "cpu": 0.22}
-MEMORY_EFFICIENCY = {"cuda": 0.75, "cpu": 0.19}
+COMPUTE_EFFICIENCY = {"cuda": 0.6, "cpu": 0.26}
+MEMORY_EFFICIENCY = {"cuda": 0.75, "cpu": 0.30}
 LAUNCH_OVERHEAD_S = {
     "cuda": 5e-6,
-    "cpu": 4.5e-5,
+    "cpu": 2e-5,
 }  # CPU: eager dispatch + autograd per op (fitted on data/cpu, see above)
 #: fixed per-step cost outside kernels (Python, optimizer bookkeeping, loader hand-off)
-STEP_OVERHEAD_S = {"cuda": 2e-3, "cpu": 2e-3}
+STEP_OVERHEAD_S = {"cuda": 2e-3, "cpu": 1e-3}
 #: the roofline ran -59%..+47% against measured step times on an H200: its heuristic upper
 #: bound is the roofline divided by (1 - ROOFLINE_UNDER) (see :func:`time_upper`)
 ROOFLINE_UNDER = 0.59
@@ -141,7 +146,7 @@ def estimate(trace: Trace, spec: TrainingSpec, device: Device) -> AnalyticEstima
     """Allocator-simulated peak and roofline time of ``trace`` on ``device``."""
     notes: list[str] = []
     if device.kind == "cpu":
-        allocated = reserved = exact_live_peak(trace.events)
+        allocated = reserved = exact_live_peak(trace.allocator_events())
         segments = 0
         upper = int(reserved * 1.25)
         notes.append("CPU: no caching allocator; the peak is the live-tensor peak, unrounded")

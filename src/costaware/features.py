@@ -33,7 +33,14 @@ trained on one version refuses features of another.
   share a storage only when FakeTensorMode's cache missed). Version 10: a CPU dry run
   counts the FLOPs of the oneDNN layer it runs ``nn.LSTM`` as (``mkldnn_rnn_layer`` and
   its backward, counted as 0 before), so the roofline no longer leaves out an LSTM's
-  recurrent matrix products.
+  recurrent matrix products. Version 11: a CPU's analytic peak is the live-tensor peak
+  unrounded (:func:`~costaware.trace.exact_live_peak`: a CPU's allocator does not round
+  blocks to 512 B). Version 12, a CPU dry run as a CPU runs the step: the optimizer steps
+  one parameter at a time, as PyTorch's optimizers do on a CPU (``foreach`` defaults to
+  off there; it took the multi-tensor step a GPU runs, whose temporaries span every
+  parameter at once); PyTorch's own convolution, where the CPU runs it, holds its im2col
+  columns; and oneDNN's LSTM layer keeps its workspace from the forward to the backward
+  and its buffers inside each call (:mod:`costaware.trace`). GPU features are unchanged.
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "11"
+FEATURE_VERSION = "12"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}

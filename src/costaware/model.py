@@ -675,7 +675,7 @@ _SHIFTS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 #: calibration rows a bound group needs for a bound of its own (else the pooled one)
 _MIN_GROUP_ROWS = 20
 
-#: families a GPU memory line or the trees need for cross-conformal bounds (else one
+#: families a memory line or the trees need for cross-conformal bounds (else one
 #: held-out split)
 _MIN_CV_FAMILIES = 5
 
@@ -693,7 +693,7 @@ def _family_folds(families: np.ndarray, k: int, rng: np.random.Generator) -> lis
 def _bound_group(feats: Mapping[str, float]) -> str:
     """The calibration group of a feature row: models with convolutions ("conv") carry
     cuDNN's workspace choices, the others do not ("other"); each group gets its own bound
-    when it has the rows for one (not the cross-conformal GPU memory line: one bound)."""
+    when it has the rows for one (not the cross-conformal memory line: one bound)."""
     conv = feats.get("layers_conv", 0.0)
     return "conv" if conv == conv and conv > 0 else "other"
 
@@ -820,13 +820,16 @@ class CostModel:
             applies) or "roofline" (always the roofline). On the H100 data the op-level
             sum was the better baseline on held-out families, and so was the CPU step
             model on the CPU data (docs/accuracy.md).
-        memory_model: how the memory residual is learned from GPU rows: "line" (measured
-            = offset + factor x baseline, Theil-Sen) or "trees" (CatBoost on every
-            feature). On held-out H100 families the trees were no better than the
-            simulated peak alone (MRE 5.5% against 5.2%, the line 5.3%): the allocator
-            simulation already carries what transfers. CPU rows get
-            trees, which did better there (33% against 49% on held-out CPU families: the
-            live-tensor peak misses more of a CPU process's growth).
+        memory_model: how the memory residual is learned: "line" (measured = offset +
+            factor x baseline, Theil-Sen, with a cross-conformal bound by family) or
+            "trees" (CatBoost on every feature), for each device kind. On held-out H100
+            families the trees were no better than the simulated peak alone (MRE 5.5%
+            against 5.2%, the line 5.3%): the allocator simulation already carries what
+            transfers. On held-out CPU families, against the CPU allocator's peak and
+            with the dry run of feature version 12, the line is off by 0.8%
+            (docs/accuracy.md). CPU rows got the trees until feature
+            version 11, when a CPU's memory was measured as resident-set growth, which
+            the live-tensor peak does not model (33% against 49% then).
         calibration: how the trees' upper bounds are calibrated: "cross" (cross-conformal
             by family: residuals from trees fitted without the row's fold of families,
             ``_CV_FOLDS`` folds, and the trees fitted on every row; needs
@@ -1382,11 +1385,11 @@ class CostModel:
                 train = ok & ~cal
             model: Any
             pooled = False  # one bound for every row, not one per bound group
-            on_gpus = set(kinds[ok].tolist()) == {"cuda"}
+            one_kind = len(set(kinds[ok].tolist())) == 1
             if (
                 which == "memory"
                 and self.__dict__.get("memory_model", "trees") == "line"
-                and on_gpus
+                and one_kind
             ):
                 bases = baselines[:, 0]
                 fams = np.unique(groups[ok])

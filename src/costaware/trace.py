@@ -18,9 +18,11 @@ allocation and release, which gives:
 Why fake ``cpu`` rather than fake ``cuda``: on a CPU-only build the first autograd op on a
 fake CUDA tensor aborts the process with an uncatchable C++ terminate, and on an H200 the
 fake-cpu and fake-cuda peaks agreed to 0.2 MiB (see DESIGN.md). CUDA's own kernel choices
-are left to the fused attention and RNN modes, the allocator simulation and the learned
+are left to the fused attention and RNN modes (which also take the optimizer's multi-tensor
+step, where a CPU steps one parameter at a time), the allocator simulation and the learned
 residual; the one cuDNN workspace the trace models is the block a convolution's backward
-takes and frees again (:attr:`Trace.transients`, replayed for GPUs only).
+takes and frees again (:attr:`Trace.transients`). A trace for a CPU holds the CPU's
+counterpart there instead: the columns of PyTorch's own convolution, where it runs one.
 """
 
 from __future__ import annotations
@@ -157,8 +159,10 @@ class Trace:
     op_signature: str
     layer_counts: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    #: ``(event index, nbytes)``: a block that a CUDA step allocates and frees again just
-    #: before that event, outside any storage the trace sees (see :func:`_conv_transient`)
+    #: ``(event index, nbytes)``: a block that the step allocates and frees again just
+    #: before that event, outside any storage the trace sees: cuDNN's convolution-backward
+    #: block in a trace for a GPU (:func:`_conv_transient`), the im2col columns of
+    #: PyTorch's own convolution in one for a CPU (:func:`_cpu_conv_transient`)
     transients: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
     #: parameter tensors the optimizer steps (those that got a gradient): each costs the
     #: CPU an autograd gradient accumulation and a share of every ``_foreach`` op
@@ -169,9 +173,8 @@ class Trace:
         return self.flops_forward + self.flops_backward + self.flops_optimizer
 
     def allocator_events(self) -> np.ndarray:
-        """:attr:`events` as a CUDA GPU's caching allocator sees them: each of
-        :attr:`transients` allocated and freed again just before its event, under a key of
-        its own."""
+        """:attr:`events` as the device's allocator sees them: each of :attr:`transients`
+        allocated and freed again just before its event, under a key of its own."""
         if not len(self.transients):
             return self.events
         pos, nbytes = self.transients[:, 0], self.transients[:, 1]
@@ -223,6 +226,128 @@ def _conv_transient(args: tuple[Any, ...]) -> int:
     )
 
 
+def _cpu_conv_transient(args: tuple[Any, ...], backward: bool) -> int:
+    """Bytes a convolution on a CPU allocates and frees again inside the op, beyond the
+    tensors it returns: the im2col columns of PyTorch's own convolution.
+
+    ``args`` are ``aten.convolution``'s (``backward=False``) or
+    ``aten.convolution_backward``'s. PyTorch picks the kernel per call
+    (``torch._C._select_conv_backend``, which reads only shapes, dtypes and settings, so
+    it answers for fake tensors): oneDNN for most, its own "slow" convolution for a small
+    fp32 one at batch 1 (and a 1x1 one on one thread), and for every bf16 or fp16 one on a
+    CPU without native support for them. The slow one copies its input into columns of
+    ``batch x in_channels x kernel area x output positions`` (none for a 1x1 kernel at
+    stride 1 without padding) in the forward, and again in the backward. Measured with
+    the profiler's allocation events on this container's CPU (AVX2, no AVX-512), single
+    convolutions forward and back held exactly those columns inside the op (fp32 and
+    bf16, 3x3 and 7x7, stride 1 and 2). oneDNN's own buffers (reordered inputs and
+    weights, per-thread gradient partials) depend on the kernel it chooses and are left
+    to the learned residual.
+    """
+    if backward:
+        grad_out, inp, weight = args[0], args[1], args[2]
+        rest, bias = args[4:10], None
+    else:
+        grad_out, inp, weight = None, args[0], args[1]
+        rest, bias = args[3:9], args[2]
+    if not all(isinstance(t, torch.Tensor) for t in (inp, weight)) or weight.dim() != 4:
+        return 0
+    stride, padding, dilation, transposed, output_padding, groups = rest
+    try:
+        backend = torch._C._select_conv_backend(
+            inp,
+            weight,
+            bias,
+            stride,
+            padding,
+            dilation,
+            transposed,
+            output_padding,
+            groups,
+            list(args[3]) if backward and args[3] is not None else None,
+        )
+    except (RuntimeError, TypeError, ValueError):
+        return 0
+    if backend.name != "Slow2d":
+        return 0
+    kh, kw = weight.shape[2:]
+    if (kh, kw) == (1, 1) and tuple(stride) == (1, 1) and tuple(padding) == (0, 0):
+        return 0  # the columns are a view of the input
+    if isinstance(grad_out, torch.Tensor):
+        out_h, out_w = grad_out.shape[2:]
+    else:
+        out_h = (inp.shape[2] + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+        out_w = (inp.shape[3] + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    per_group = inp.shape[1] // max(int(groups), 1)
+    return int(inp.shape[0] * per_group * kh * kw * out_h * out_w * inp.element_size())
+
+
+def _cpu_rnn_transient(args: tuple[Any, ...], backward: bool) -> int:
+    """Bytes oneDNN's LSTM layer on a CPU (``aten.mkldnn_rnn_layer`` and its backward)
+    allocates and frees again inside the op, beyond the tensors it returns.
+
+    Measured with the profiler's allocation events (this container's CPU, one thread,
+    fp32, 1-2 layers, hidden 64-512, 8-64 time steps, batch 4-16): the forward holds
+    reordered copies of the two weight matrices and a buffer of the gates,
+    ``time steps x batch x 4 x hidden`` fp32 values, within 1-4% (plus 40-140 KiB); the
+    backward about twice the weights plus the gates (0.84-1.15x of that). The fake
+    kernels allocate their outputs only. On the 42 LSTMs of the CPU corpus the dry run's
+    peak was off by 3.0% on average with the workspace alone
+    (:func:`_onednn_lstm_workspace`), and by 0.5% with these blocks too (19.6% before
+    either).
+    """
+    inp, w_ih, w_hh = args[0], args[1], args[2]
+    if not all(isinstance(t, torch.Tensor) for t in (inp, w_ih, w_hh)) or inp.dim() != 3:
+        return 0
+    if inp.dtype != torch.float32:  # measured in fp32 only
+        return 0
+    weights = (w_ih.numel() + w_hh.numel()) * w_ih.element_size()
+    gates = inp.shape[0] * inp.shape[1] * w_hh.shape[0] * 4
+    return int((2 if backward else 1) * weights + gates)
+
+
+#: oneDNN's LSTM workspace in bytes, per term: ``T x B x 4H``, ``(T + 1) x B x max(E, H)``
+#: and ``(T + 1) x B x H`` fp32 values, and pages (see :func:`_onednn_lstm_workspace`)
+_ONEDNN_LSTM_WORKSPACE = (1.34, 6.17, 3.64, 3.56)
+
+
+def _onednn_lstm_workspace(args: tuple[Any, ...], out: Any) -> Any:
+    """``aten.mkldnn_rnn_layer``'s outputs with its workspace sized as a CPU's oneDNN sizes it.
+
+    In training the layer returns a workspace (gates and states kept for the backward)
+    that autograd holds from the forward to the backward. The fake kernel returns it
+    empty. oneDNN sizes it from its own padded layouts, which PyTorch does not expose; a
+    least-squares fit of the real size (``T`` time steps, batch ``B``, input ``E``, hidden
+    ``H``, one LSTM layer in fp32) on 120 random shapes (T 1-160, B 1-48, E and H 8-640)
+    was within 0.7% on average of 80 others (0.96-1.03x): see
+    :data:`_ONEDNN_LSTM_WORKSPACE`. A 1-layer LSTM of 256 units, 16 steps at batch 16,
+    keeps 4.0 MiB there, while its weights take 1.5 MiB. Other dtypes keep the fake
+    kernel's empty workspace (not measured: this CPU's oneDNN has no bf16 LSTM).
+    """
+    inp, w_hh = args[0], args[2]
+    train = bool(args[15]) if len(args) > 15 else True
+    if (
+        not train
+        or not isinstance(out, tuple)
+        or len(out) != 4
+        or not isinstance(inp, torch.Tensor)
+        or inp.dim() != 3
+        or inp.dtype != torch.float32  # fitted in fp32 only
+        or out[3].numel()
+    ):
+        return out
+    steps, batch = inp.shape[0], inp.shape[1]  # time-major here, batch_first or not
+    hidden, width = int(args[10]), max(int(inp.shape[2]), int(args[10]))
+    terms = (
+        steps * batch * w_hh.shape[0] * 4,
+        (steps + 1) * batch * width * 4,
+        (steps + 1) * batch * hidden * 4,
+        4096,
+    )
+    nbytes = int(sum(c * t for c, t in zip(_ONEDNN_LSTM_WORKSPACE, terms)))
+    return (*out[:3], out[3].new_empty(nbytes))
+
+
 def _fresh_outputs(func: Any, out: Any) -> Any:
     """Give each output of ``func`` its own storage where its schema promises one.
 
@@ -253,8 +378,10 @@ def _fresh_outputs(func: Any, out: Any) -> Any:
 class _Recorder(TorchDispatchMode):
     """Records ops and storage lifetimes. Sits inside FakeTensorMode (sees ops first)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpu: bool = False) -> None:
         super().__init__()
+        #: the step is traced as a CPU runs it (its convolutions' transients, not cuDNN's)
+        self.cpu = cpu
         self.phase = "setup"
         self.step = 0
         self.record_graph = False
@@ -328,15 +455,27 @@ class _Recorder(TorchDispatchMode):
         if self.paused:
             return out
         name = func._overloadpacket.__name__
+        if self.cpu and name == "mkldnn_rnn_layer":
+            out = _onednn_lstm_workspace(args, out)
         if name in _NOISE or func.namespace == "prim":
             return out
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         out_keys = [self.key_of(t) for t in outs]
+        if not self.closed and name in ("convolution", "convolution_backward"):
+            backward = name == "convolution_backward"
+            block = 0
+            if self.phase == ("backward" if backward else "forward"):
+                if self.cpu:
+                    block = _cpu_conv_transient(args, backward)
+                elif backward:
+                    block = _conv_transient(args)
+            if block:
+                self.transients.append((len(self.ev_key), block))
         if (
-            name == "convolution_backward"
-            and self.phase == "backward"
+            self.cpu
             and not self.closed
-            and (block := _conv_transient(args))
+            and name in ("mkldnn_rnn_layer", "mkldnn_rnn_layer_backward")
+            and (block := _cpu_rnn_transient(args, name.endswith("backward")))
         ):
             self.transients.append((len(self.ev_key), block))
         if self.phase in ("forward", "backward", "optimizer"):
@@ -958,7 +1097,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
 
     t0 = time.perf_counter()
     fm = FakeTensorMode(allow_non_fake_inputs=True)
-    rec = _Recorder()
+    rec = _Recorder(cpu=attention == "native")
     fused = _FusedAttention() if attention == "fused" else contextlib.nullcontext()
     fused_rnn = _FusedRNN() if attention == "fused" else contextlib.nullcontext()
     loss_fn = spec.loss or default_loss
@@ -969,7 +1108,8 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
     opt_kwargs = dict(spec.optimizer_kwargs)
     try:
         if "foreach" in inspect.signature(opt_cls).parameters and "fused" not in opt_kwargs:
-            opt_kwargs.setdefault("foreach", True)  # CUDA's default multi-tensor path
+            # each device's default: CUDA's multi-tensor path, a CPU's one tensor at a time
+            opt_kwargs.setdefault("foreach", attention == "fused")
     except (TypeError, ValueError):
         pass
 
@@ -1127,9 +1267,9 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
 def _optimizer_step(rec: _Recorder, fm: Any, opt: torch.optim.Optimizer) -> int:
     """Run the real optimizer step on the model's fake parameters (exact, slower)."""
     # multi-tensor ops take hundreds of tensors: hashing them for FakeTensorMode's cache
-    # costs more than running them uncached
+    # costs more than running them uncached (a step one tensor at a time hits the cache)
     cache_was = fm.cache_enabled
-    fm.cache_enabled = False
+    fm.cache_enabled = cache_was and opt.defaults.get("foreach") is False
     try:
         opt.step()
     finally:
@@ -1269,10 +1409,12 @@ def dry_run(
     """Run two training steps of ``spec`` on fake tensors and return what they did.
 
     ``attention`` is "native" (as this CPU runs the step: SDPA's math path when dropout is
-    on, recurrent layers through oneDNN or unrolled into per-timestep cells) or "fused" (as
-    a CUDA GPU runs it: SDPA as one flash kernel, and each nn.LSTM / nn.GRU / nn.RNN layer
-    as one fused cuDNN kernel forward and one backward, see :class:`_FusedRNN`);
-    predictions for a CUDA device trace with "fused", for a CPU with "native".
+    on, recurrent layers through oneDNN or unrolled into per-timestep cells, and the
+    optimizer one parameter at a time, PyTorch's default on a CPU) or "fused" (as a CUDA
+    GPU runs it: SDPA as one flash kernel, each nn.LSTM / nn.GRU / nn.RNN layer as one
+    fused cuDNN kernel forward and one backward, see :class:`_FusedRNN`, and the
+    optimizer's multi-tensor ``foreach`` step); predictions for a CUDA device trace with
+    "fused", for a CPU with "native". An optimizer given ``foreach`` or ``fused`` keeps it.
 
     Raises:
         UntraceableModelError: the model cannot run on fake tensors.
