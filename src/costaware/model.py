@@ -544,8 +544,9 @@ class _CpuSteps(_StepModel):
     of a model fitted on CPU timings.
 
     A CPU runs the ops one after another, so the step is a sum, not the GPU's overlap of
-    two pipelines (:class:`_Dispatch`). The analytic roofline charges every kernel 45 us,
-    one least-squares constant over whole CPU steps in which the cost that goes with each
+    two pipelines (:class:`_Dispatch`). The analytic roofline charges every kernel one
+    least-squares constant over whole CPU steps (20 us; 45 us before a CPU's dry run
+    stepped the optimizer one tensor at a time), in which the cost that goes with each
     layer (its module call, autograd's gradient accumulation, the optimizer's work on its
     tensors) rides on the kernel count. Timed on their own (``benchmarks/cpu_overheads.py``,
     the 2-core corpus machine, 1 thread, tiny tensors) an elementwise op costs 3-6 us
@@ -555,10 +556,11 @@ class _CpuSteps(_StepModel):
     what it takes (held out, its steps were over-predicted at a median 1.6x). The five
     constants are fitted on the training rows' whole-step timings (mean absolute log
     error) from features every dry run has, so a family held out of the fit is predicted
-    by constants that never saw it. On the 1,295 CPU rows they come out at 2-3 us per
-    kernel (an elementwise op's cost, timed alone) and 0.26 ms per parameter tensor, with
-    no fixed cost. Fitted with one family left out at a time, the per-tensor cost stayed
-    within 0.255-0.277 ms; the per-kernel cost is pinned more loosely (0.3-3.5 us). A cost of
+    by constants that never saw it. On the 1,295 CPU rows (feature version 12, whose
+    kernels include the optimizer's per-tensor ops) they come out at 6.7 us per kernel
+    (an elementwise op's cost, timed alone, is 3-6 us) and 0.21 ms per parameter tensor,
+    with no fixed cost. Fitted with one family left out at a time, they stayed within
+    5.7-7.4 us and 0.206-0.221 ms (0.3-3.5 us and 0.255-0.277 ms at version 11). A cost of
     its own per convolution fitted the rows better (0.22 ms each) but spread the conv
     families further apart held out (MobileNets 1.24x, random conv nets 0.67x), and was
     left out.
@@ -826,10 +828,13 @@ class CostModel:
             families the trees were no better than the simulated peak alone (MRE 5.5%
             against 5.2%, the line 5.3%): the allocator simulation already carries what
             transfers. On held-out CPU families, against the CPU allocator's peak and
-            with the dry run of feature version 12, the line is off by 0.8%
-            (docs/accuracy.md). CPU rows got the trees until feature
-            version 11, when a CPU's memory was measured as resident-set growth, which
-            the live-tensor peak does not model (33% against 49% then).
+            with the dry run of feature version 12, the line is off by 0.8% and the trees
+            by 1.4% (docs/accuracy.md); the trees' bound covered 95.1% against 94.6%,
+            since they learn which conv nets oneDNN's buffers push up, but within the
+            corpus' 0.6-200 MiB peaks only, where a line carries to a larger model. CPU rows
+            got the trees until feature version 11, when a CPU's memory was measured as
+            resident-set growth, which the live-tensor peak does not model (33% against
+            49% then).
         calibration: how the trees' upper bounds are calibrated: "cross" (cross-conformal
             by family: residuals from trees fitted without the row's fold of families,
             ``_CV_FOLDS`` folds, and the trees fitted on every row; needs

@@ -380,7 +380,8 @@ class _Recorder(TorchDispatchMode):
 
     def __init__(self, cpu: bool = False) -> None:
         super().__init__()
-        #: the step is traced as a CPU runs it (its convolutions' transients, not cuDNN's)
+        #: the step is traced as a CPU runs it (the buffers of its convolutions and LSTM
+        #: layers, not cuDNN's)
         self.cpu = cpu
         self.phase = "setup"
         self.step = 0
