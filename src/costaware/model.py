@@ -829,7 +829,8 @@ class CostModel:
             against 5.2%, the line 5.3%): the allocator simulation already carries what
             transfers. On held-out CPU families, against the CPU allocator's peak and
             with the dry run of feature version 12, the line is off by 0.8% and the trees
-            by 1.4% (docs/accuracy.md); the trees' bound covered 95.1% against 94.6%,
+            by 1.4% (docs/accuracy.md; the trees from ``benchmarks/accuracy.py
+            --memory-model trees``); the trees' bound covered 95.1% against 94.6%,
             since they learn which conv nets oneDNN's buffers push up, but within the
             corpus' 0.6-200 MiB peaks only, where a line carries to a larger model. CPU rows
             got the trees until feature version 11, when a CPU's memory was measured as
