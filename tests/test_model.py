@@ -761,7 +761,9 @@ def test_cpu_step_model_recovers_its_constants_and_saves_with_the_model(
     # half the rows are conv nets, whose dense convolutions take most of their compute
     conv = np.where(rng.uniform(size=n) < 0.5, comp * rng.uniform(0.5, 0.95, n), 0.0)
     rows = np.column_stack([comp - conv, mem, kernels, tensors, conv])
-    truth = _CpuSteps(compute=1.1, memory=0.9, op_ms=0.004, tensor_ms=0.25, step_ms=0.6, conv=2.3)
+    truth = _CpuSteps(
+        compute=1.1, memory=0.9, op_ms=0.004, tensor_ms=0.25, step_ms=0.6, conv=2.3
+    )
     measured_s = truth._ms(rows) / 1e3 * np.exp(rng.normal(0, 0.02, n))
     fitted = _CpuSteps.fit(rows, measured_s)
     for name in ("compute", "memory", "op_ms", "tensor_ms", "conv"):

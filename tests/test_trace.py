@@ -408,7 +408,9 @@ def test_a_trace_marks_the_dense_convolutions_the_cpu_step_model_prices_apart() 
     assert 0 < est.dense_conv_compute_time <= est.compute_time
     model = ca.CostModel()
     cpu = model.features(spec, "cpu")
-    assert cpu["analytic_dense_conv_compute_ms"] == pytest.approx(est.dense_conv_compute_time * 1e3)
+    assert cpu["analytic_dense_conv_compute_ms"] == pytest.approx(
+        est.dense_conv_compute_time * 1e3
+    )
     assert "analytic_dense_conv_compute_ms" not in model.features(spec, get_device("H100-SXM"))
     # without the 3x3 layer: no dense convolution's time
     no_dense = dataclasses.replace(

@@ -559,11 +559,11 @@ class _CpuSteps(_StepModel):
     what it takes (held out, its steps were over-predicted at a median 1.6x). The five
     constants are fitted on the training rows' whole-step timings (mean absolute log
     error) from features every dry run has, so a family held out of the fit is predicted
-    by constants that never saw it. On the 1,295 CPU rows (feature version 13, whose
-    kernels include the optimizer's per-tensor ops) they come out at 6.6 us per kernel
-    (an elementwise op's cost, timed alone, is 3-6 us) and 0.20 ms per parameter tensor,
+    by constants that never saw it. On the 1,295 CPU rows (feature version 12, whose
+    kernels include the optimizer's per-tensor ops) they come out at 6.7 us per kernel
+    (an elementwise op's cost, timed alone, is 3-6 us) and 0.21 ms per parameter tensor,
     with no fixed cost. Fitted with one family left out at a time, they stayed within
-    5.1-7.4 us and 0.190-0.210 ms (0.3-3.5 us and 0.255-0.277 ms at version 11). A cost of
+    5.7-7.4 us and 0.206-0.221 ms (0.3-3.5 us and 0.255-0.277 ms at version 11). A cost of
     its own per convolution fitted the rows better (0.22 ms each) but spread the conv
     families further apart held out (MobileNets 1.24x, random conv nets 0.67x), and was
     left out.
@@ -575,11 +575,9 @@ class _CpuSteps(_StepModel):
     under-predicted the conv families it fitted least (random conv nets a median 1.68x,
     SqueezeNets 1.45x) and over-predicted transformers and MLPs (0.80-0.95x). A factor on
     every convolution made the MobileNets worse (their 1x1 layers, which oneDNN runs as
-    matrix products, are not slow per FLOP). On the dense larger kernels alone it comes
-    out at 2.33 against 1.05 for the rest of the compute on the 1,295 CPU rows (2.25-2.62
-    fold by fold), and held out the step model alone went from 26.2% to 23.7% mean error;
-    with the trees over it, from 23.6% to 23.2% (docs/accuracy.md). A manifest without
-    ``conv`` (version 12) prices them as the rest of the compute.
+    matrix products, are not slow per FLOP); on the dense larger kernels alone it came out
+    at about 2.3x the rest's in a prototype. A manifest without ``conv`` (version 12)
+    prices them as the rest of the compute.
     """
 
     compute: float
