@@ -393,10 +393,9 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
             "time a cost per forward, backward and optimizer op and per parameter tensor plus a "
             "constant, each of the two times a factor under autocast, the eight constants "
             "fitted on each fold's training rows. On CPUs it is learned over a CPU step model "
-            "(`_CpuSteps`): the roofline's compute part (its dense convolutions larger than "
-            "1x1 apart) and memory part, each times a factor, plus a cost per kernel and per "
-            "parameter tensor and a constant, the six constants fitted on each fold's "
-            "training rows."
+            "(`_CpuSteps`): the roofline's compute and memory parts, each times a factor, "
+            "plus a cost per kernel and per parameter tensor and a constant, the five "
+            "constants fitted on each fold's training rows."
             if meta.get("time_baseline") == "optime"
             else "The time residual is learned over the roofline time."
         ),

@@ -747,9 +747,9 @@ def test_cpu_step_model_recovers_its_constants_and_saves_with_the_model(
     tmp_path: Path,
 ) -> None:
     """A CPU runs its ops one after another: the CPU step model is a sum of the roofline's
-    parts (its dense convolutions' compute apart), a cost per kernel and a cost per
-    parameter tensor. Fitted on whole-step timings it recovers each, and a GRU-like step
-    of thousands of tiny kernels on a few tensors is charged their own small cost."""
+    parts, a cost per kernel and a cost per parameter tensor. Fitted on whole-step timings
+    it recovers each, and a GRU-like step of thousands of tiny kernels on a few tensors is
+    charged their own small cost."""
     from costaware.model import _CpuSteps
 
     rng = np.random.default_rng(3)
@@ -758,23 +758,14 @@ def test_cpu_step_model_recovers_its_constants_and_saves_with_the_model(
     mem = np.exp(rng.uniform(np.log(0.1), np.log(200.0), n))
     kernels = rng.integers(20, 8000, n).astype(float)
     tensors = rng.integers(4, 300, n).astype(float)
-    # half the rows are conv nets, whose dense convolutions take most of their compute
-    conv = np.where(rng.uniform(size=n) < 0.5, comp * rng.uniform(0.5, 0.95, n), 0.0)
-    rows = np.column_stack([comp - conv, mem, kernels, tensors, conv])
-    truth = _CpuSteps(
-        compute=1.1, memory=0.9, op_ms=0.004, tensor_ms=0.25, step_ms=0.6, conv=2.3
-    )
+    rows = np.column_stack([comp, mem, kernels, tensors])
+    truth = _CpuSteps(compute=1.1, memory=0.9, op_ms=0.004, tensor_ms=0.25, step_ms=0.6)
     measured_s = truth._ms(rows) / 1e3 * np.exp(rng.normal(0, 0.02, n))
     fitted = _CpuSteps.fit(rows, measured_s)
-    for name in ("compute", "memory", "op_ms", "tensor_ms", "conv"):
+    for name in ("compute", "memory", "op_ms", "tensor_ms"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.15), name
-    # a manifest from before the convolutions' factor prices them as the rest
-    old = _CpuSteps(compute=1.1, memory=0.9, op_ms=0.004, tensor_ms=0.25, step_ms=0.6)
-    merged = np.column_stack([comp, mem, kernels, tensors, np.zeros(n)])
-    assert old._ms(rows) == pytest.approx(old._ms(merged), rel=1e-12)
     gru = {
         "analytic_compute_ms": 5.0,
-        "analytic_dense_conv_compute_ms": 0.0,
         "analytic_memory_ms": 2.0,
         "kernels": 6000.0,
         "param_tensors": 8.0,

@@ -373,54 +373,6 @@ def test_a_cpu_trace_holds_the_columns_of_pytorchs_own_convolution() -> None:
     assert len(ca.dry_run(dataclasses.replace(spec, batch_size=2)).transients) == 0
 
 
-def _mixed_conv_net() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(8, 32, 3, padding=1),  # dense 3x3: the one a CPU runs slowly per FLOP
-        nn.ReLU(),
-        nn.Conv2d(32, 32, 3, padding=1, groups=32),  # depthwise
-        nn.Conv2d(32, 32, 1),  # pointwise
-        nn.Flatten(),
-        nn.Linear(32 * 16 * 16, 4),
-    )
-
-
-def test_a_trace_marks_the_dense_convolutions_the_cpu_step_model_prices_apart() -> None:
-    from costaware.analytic import estimate
-    from costaware.devices import cpu_device, get_device
-    from costaware.flops import CONV
-
-    spec = ca.TrainingSpec(
-        model=_mixed_conv_net, batch=ca.ImageBatch((8, 16, 16), classes=4), batch_size=4
-    )
-    tr = ca.dry_run(spec)
-    ops = tr.node_dense_conv.nonzero()[0]
-    assert len(tr.node_dense_conv) == len(tr.node_flops)
-    # the 3x3 layer's forward and backward, in the recorded step; not the depthwise or
-    # the pointwise ones, nor anything else
-    names = [tr.graph.nodes[i]["op"] for i in ops]
-    assert sorted(names) == ["convolution", "convolution_backward"]
-    assert all(tr.node_class[i] == CONV for i in ops)
-    assert (tr.node_class == CONV).sum() == 6  # three forward, three backward
-    w = 8 * 32 * 9
-    assert tr.node_flops[ops].min() >= 2 * 4 * 16 * 16 * w  # one 3x3 pass, 4 images
-
-    est = estimate(tr, spec, cpu_device())
-    assert 0 < est.dense_conv_compute_time <= est.compute_time
-    model = ca.CostModel()
-    cpu = model.features(spec, "cpu")
-    assert cpu["analytic_dense_conv_compute_ms"] == pytest.approx(
-        est.dense_conv_compute_time * 1e3
-    )
-    assert "analytic_dense_conv_compute_ms" not in model.features(spec, get_device("H100-SXM"))
-    # without the 3x3 layer: no dense convolution's time
-    no_dense = dataclasses.replace(
-        spec,
-        batch=ca.ImageBatch((32, 16, 16), classes=4),
-        model=lambda: nn.Sequential(*list(_mixed_conv_net())[2:]),
-    )
-    assert model.features(no_dense, "cpu")["analytic_dense_conv_compute_ms"] == 0.0
-
-
 @pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN for the LSTM"
 )

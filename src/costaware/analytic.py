@@ -101,9 +101,6 @@ class AnalyticEstimate:
     memory_time: float
     overhead_time: float
     notes: tuple[str, ...] = field(default=())
-    #: the part of ``compute_time`` spent in dense convolutions larger than 1x1
-    #: (:attr:`~costaware.trace.Trace.node_dense_conv`)
-    dense_conv_compute_time: float = 0.0
 
 
 def node_seconds(
@@ -126,9 +123,8 @@ def node_seconds(
 
 def roofline_time(
     trace: Trace, spec: TrainingSpec, device: Device
-) -> tuple[float, float, float, float, float]:
-    """Seconds per micro-batch step: (total, compute-bound part, memory-bound part,
-    overhead, the compute-bound part's dense convolutions larger than 1x1)."""
+) -> tuple[float, float, float, float]:
+    """Seconds per micro-batch step: (total, compute-bound part, memory-bound part, overhead)."""
     kind = device.kind
     kernel = (trace.node_class != VIEW) & (trace.node_phase != 3)
     t_compute, t_memory = node_seconds(
@@ -143,9 +139,7 @@ def roofline_time(
     overhead = STEP_OVERHEAD_S[kind] / spec.grad_accumulation
     compute_part = float(np.where(kernel & (t_compute >= t_memory), bound, 0.0).sum()) / micro
     memory_part = float(np.where(kernel & (t_compute < t_memory), bound, 0.0).sum()) / micro
-    dense = trace.node_dense_conv if len(trace.node_dense_conv) == len(bound) else False
-    conv_part = float(np.where(kernel & (t_compute >= t_memory) & dense, bound, 0.0).sum()) / micro
-    return step + overhead, compute_part, memory_part, overhead, conv_part
+    return step + overhead, compute_part, memory_part, overhead
 
 
 def estimate(trace: Trace, spec: TrainingSpec, device: Device) -> AnalyticEstimate:
@@ -165,7 +159,7 @@ def estimate(trace: Trace, spec: TrainingSpec, device: Device) -> AnalyticEstima
         upper = int(reserved * (1.25 if spec.allocator == "default" else 1.1))
         if spec.cudnn_benchmark and trace.layer_counts.get("conv", 0) > 0:
             notes.append(BENCHMARK_NOTE)
-    total, compute, memory, overhead, dense_conv = roofline_time(trace, spec, device)
+    total, compute, memory, overhead = roofline_time(trace, spec, device)
     return AnalyticEstimate(
         live_peak=trace.peak_live,
         allocated=int(allocated),
@@ -177,5 +171,4 @@ def estimate(trace: Trace, spec: TrainingSpec, device: Device) -> AnalyticEstima
         memory_time=memory,
         overhead_time=overhead,
         notes=tuple(notes),
-        dense_conv_compute_time=dense_conv,
     )

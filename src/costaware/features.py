@@ -41,9 +41,6 @@ trained on one version refuses features of another.
   parameter at once); PyTorch's own convolution, where the CPU runs it, holds its im2col
   columns; and oneDNN's LSTM layer keeps its workspace from the forward to the backward
   and its buffers inside each call (:mod:`costaware.trace`). GPU features are unchanged.
-  Version 13: a CPU's features add ``analytic_dense_conv_compute_ms``, the roofline's
-  compute-bound time of the dense convolutions larger than 1x1, which the CPU step model
-  prices apart. GPU features are unchanged.
 """
 
 from __future__ import annotations
@@ -68,7 +65,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "13"
+FEATURE_VERSION = "12"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}

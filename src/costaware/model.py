@@ -274,9 +274,6 @@ def features_for(
             "memory_over_capacity": est.reserved / device.memory_bytes,
         }
     )
-    if device.kind == "cpu":
-        # the CPU step model's (_CpuSteps); a GPU's convolutions are timed by the op model
-        feats["analytic_dense_conv_compute_ms"] = est.dense_conv_compute_time * 1e3
     if op_model is not None:
         feats.update(
             op_model.step_features(
@@ -542,9 +539,9 @@ def _min_log_error(loss: Callable[[np.ndarray], float], starts: Sequence[np.ndar
 
 @dataclass(frozen=True)
 class _CpuSteps(_StepModel):
-    """A CPU step (milliseconds) as ``compute * roofline compute + conv * its dense
-    convolutions' share + memory * roofline memory + op_ms * kernels + tensor_ms *
-    param_tensors + step_ms``: the time baseline of a model fitted on CPU timings.
+    """A CPU step (milliseconds) as ``compute * roofline compute + memory * roofline
+    memory + op_ms * kernels + tensor_ms * param_tensors + step_ms``: the time baseline
+    of a model fitted on CPU timings.
 
     A CPU runs the ops one after another, so the step is a sum, not the GPU's overlap of
     two pipelines (:class:`_Dispatch`). The analytic roofline charges every kernel one
@@ -567,17 +564,6 @@ class _CpuSteps(_StepModel):
     its own per convolution fitted the rows better (0.22 ms each) but spread the conv
     families further apart held out (MobileNets 1.24x, random conv nets 0.67x), and was
     left out.
-
-    Since feature version 13 the roofline's compute-bound time of the dense convolutions
-    larger than 1x1 (``analytic_dense_conv_compute_ms``) has a factor of its own
-    (``conv``): this CPU runs their FLOPs more slowly than a matrix product's, and the
-    roofline has one compute efficiency for both. Held out, the step model alone had
-    under-predicted the conv families it fitted least (random conv nets a median 1.68x,
-    SqueezeNets 1.45x) and over-predicted transformers and MLPs (0.80-0.95x). A factor on
-    every convolution made the MobileNets worse (their 1x1 layers, which oneDNN runs as
-    matrix products, are not slow per FLOP); on the dense larger kernels alone it came out
-    at about 2.3x the rest's in a prototype. A manifest without ``conv`` (version 12)
-    prices them as the rest of the compute.
     """
 
     compute: float
@@ -585,12 +571,10 @@ class _CpuSteps(_StepModel):
     op_ms: float
     tensor_ms: float
     step_ms: float
-    conv: float | None = None
 
     #: the features the step is computed from
     INPUTS: ClassVar[tuple[str, ...]] = (
         "analytic_compute_ms",
-        "analytic_dense_conv_compute_ms",
         "analytic_memory_ms",
         "kernels",
         "param_tensors",
@@ -598,18 +582,16 @@ class _CpuSteps(_StepModel):
 
     @classmethod
     def row(cls, feats: Mapping[str, float]) -> list[float] | None:
-        """``[compute ms less the dense convolutions', memory ms, kernels, param tensors,
-        the dense convolutions' compute ms]`` per micro-batch (a trace's kernels are those
-        of up to two micro-batches, its tensors are stepped once per optimizer step); None
-        when a feature is missing or not finite."""
-        comp, conv, mem, kernels, tensors = (feats.get(n, math.nan) for n in cls.INPUTS)
+        """``[compute ms, memory ms, kernels, param tensors]`` per micro-batch (a trace's
+        kernels are those of up to two micro-batches, its tensors are stepped once per
+        optimizer step); None when a feature is missing or not finite."""
+        comp, mem, kernels, tensors = (feats.get(n, math.nan) for n in cls.INPUTS)
         accumulation = max(feats.get("grad_accumulation", 1.0), 1.0)
-        row = [comp - conv, mem, kernels / min(accumulation, 2.0), tensors / accumulation, conv]
+        row = [comp, mem, kernels / min(accumulation, 2.0), tensors / accumulation]
         return row if all(math.isfinite(v) for v in row) else None
 
     def _ms(self, rows: np.ndarray) -> np.ndarray:
-        conv = self.compute if self.conv is None else self.conv
-        per = np.asarray([self.compute, self.memory, self.op_ms, self.tensor_ms, conv])
+        per = np.asarray([self.compute, self.memory, self.op_ms, self.tensor_ms])
         out: np.ndarray = rows @ per + self.step_ms
         return out
 
@@ -621,7 +603,7 @@ class _CpuSteps(_StepModel):
         def loss(x: np.ndarray) -> float:
             return float(np.mean(np.abs(np.log(cls(*np.exp(x))._ms(rows) / measured_ms))))
 
-        starts = [np.log([1.0, 1.0, op_ms, 0.1, 0.5, 1.0]) for op_ms in (0.002, 0.02)]
+        starts = [np.log([1.0, 1.0, op_ms, 0.1, 0.5]) for op_ms in (0.002, 0.02)]
         return cls(*np.exp(_min_log_error(loss, starts)).tolist())
 
 

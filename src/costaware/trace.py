@@ -164,10 +164,6 @@ class Trace:
     #: block in a trace for a GPU (:func:`_conv_transient`), the im2col columns of
     #: PyTorch's own convolution in one for a CPU (:func:`_cpu_conv_transient`)
     transients: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
-    #: per graph node: a dense convolution with a kernel larger than 1x1 (one group),
-    #: forward or backward. A CPU runs those more slowly per FLOP than a matrix product;
-    #: its 1x1 and depthwise ones are not (see :class:`costaware.model._CpuSteps`)
-    node_dense_conv: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     #: parameter tensors the optimizer steps (those that got a gradient): each costs the
     #: CPU an autograd gradient accumulation and a share of every ``_foreach`` op
     param_tensors: int = 0
@@ -286,23 +282,6 @@ def _cpu_conv_transient(args: tuple[Any, ...], backward: bool) -> int:
     return int(inp.shape[0] * per_group * kh * kw * out_h * out_w * inp.element_size())
 
 
-def _dense_conv(name: str, args: tuple[Any, ...]) -> bool:
-    """Whether ``aten.convolution`` or ``aten.convolution_backward`` with ``args`` is a
-    dense convolution (one group) with a kernel larger than 1x1."""
-    if name == "convolution":
-        weight, groups = args[1], args[8]
-    elif name == "convolution_backward":
-        weight, groups = args[2], args[9]
-    else:
-        return False
-    return (
-        isinstance(weight, torch.Tensor)
-        and weight.dim() >= 3
-        and int(groups) == 1
-        and math.prod(weight.shape[2:]) > 1
-    )
-
-
 def _cpu_rnn_transient(args: tuple[Any, ...], backward: bool) -> int:
     """Bytes oneDNN's LSTM layer on a CPU (``aten.mkldnn_rnn_layer`` and its backward)
     allocates and frees again inside the op, beyond the tensors it returns.
@@ -417,7 +396,7 @@ class _Recorder(TorchDispatchMode):
         self.key_category: dict[int, str] = {}
         self.phase_marks: list[tuple[int, str]] = []
         self._writer: dict[int, int] = {}
-        self.nodes: list[tuple[str, str, int, int, int, float, float, int, bool]] = []
+        self.nodes: list[tuple[str, str, int, int, int, float, float, int]] = []
         self.edges: list[tuple[int, int]] = []
         self.flops: dict[str, float] = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
         self.bytes_moved = 0.0
@@ -524,10 +503,7 @@ class _Recorder(TorchDispatchMode):
                 if func.namespace == "costaware" and name in ("rnn", "rnn_backward"):
                     serial = int(args[0].shape[0])  # the time-major input (T, B, I)
                 dcode = _DTYPE_CODES.get(dtype, 4)
-                dense = _dense_conv(name, args)
-                self.nodes.append(
-                    (name, self.phase, cls, dcode, len(outs), flops, nbytes, serial, dense)
-                )
+                self.nodes.append((name, self.phase, cls, dcode, len(outs), flops, nbytes, serial))
                 for t in ins:
                     st = t.untyped_storage()
                     k = self._keys.get(id(st))
@@ -1219,7 +1195,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
 
     g = nx.DiGraph()
     op_counts: Counter[str] = Counter()
-    for i, (name, phase, cls, dcode, nout, fl, nb, *_) in enumerate(rec.nodes):
+    for i, (name, phase, cls, dcode, nout, fl, nb, _) in enumerate(rec.nodes):
         g.add_node(
             i, op=name, phase=phase, op_class=cls, dtype=dcode, outputs=nout, flops=fl, bytes=nb
         )
@@ -1276,7 +1252,6 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
         node_dtype=np.asarray([n[3] for n in rec.nodes], dtype=np.int8),
         node_phase=np.asarray([_node_phase(n[0], n[1]) for n in rec.nodes], dtype=np.int8),
         node_serial=np.asarray([n[7] for n in rec.nodes], dtype=np.int64),
-        node_dense_conv=np.asarray([n[8] for n in rec.nodes], dtype=bool),
         event_category=event_category,
         event_scales=np.asarray([scales(k) for k in ev_key], dtype=bool),
         marks=marks,
