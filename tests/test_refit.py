@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,42 @@ def test_refit_runs_in_the_background_and_tolerates_a_broken_store(tmp_path: Pat
     assert broken.maybe_refit() is False and "down" in (broken.last_error or "")
     with pytest.raises(ValueError, match="every must be a positive integer"):
         OnlineRefit(store, every=0)
+
+
+def test_a_refit_before_any_measured_trial_waits_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Trials that ran out of memory count as observations but carry no measurement: a
+    refit due after two of them has nothing to learn, which is no failure to warn about.
+    It waits for measured trials and fits then."""
+    store = ObservationStore(tmp_path / "obs.db")
+    refit = OnlineRefit(store, base=ca.CostModel(), every=5, background=False, study="s")
+    for i, (w, bs) in enumerate([(4, 8), (8, 16)]):
+        spec = _spec(w, bs)
+        store.record_prediction(
+            study="s",
+            trial=i,
+            spec=spec.summary(),
+            features=refit.model().features(spec, "cpu"),
+            prediction=refit.model().predict(spec, device="cpu").to_dict(),
+            decision=None,
+            device="CPU",
+            status="admitted",
+        )
+        store.record_measurement(
+            study="s", trial=i, status="oom", device="CPU", epoch=0, actual={"peak_memory": None}
+        )
+    assert refit.pending() == 2
+    with caplog.at_level(logging.WARNING, logger="costaware"):
+        assert refit.maybe_refit() is True  # it tried
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert refit.last_error is None and refit.history == []
+    with pytest.raises(ca.NotEnoughObservations, match="at least 2 observations"):
+        refit.refit_now()
+    for i, (w, bs) in enumerate([(12, 32), (4, 16)], start=2):
+        _record(store, refit.model(), i, _spec(w, bs))
+    assert refit.maybe_refit() is True
+    assert [h["rows"] for h in refit.history] == [4] and refit.model().is_fitted
 
 
 def test_first_refits_come_early(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from costaware.errors import CostawareError as CostawareError
 from costaware.errors import CostAwareWarning as CostAwareWarning
+from costaware.errors import NotEnoughObservations as NotEnoughObservations
 from costaware.errors import NotFittedError as NotFittedError
 from costaware.errors import SpecError as SpecError
 from costaware.errors import TraceError as TraceError
@@ -101,6 +102,7 @@ __all__ = [
     "Decision",
     "Device",
     "ImageBatch",
+    "NotEnoughObservations",
     "NotFittedError",
     "Observation",
     "ObservationStore",

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "CostAwareWarning",
     "CostawareError",
+    "NotEnoughObservations",
     "NotFittedError",
     "SpecError",
     "TraceError",
@@ -41,6 +42,11 @@ class TraceTimeout(TraceError):
 
 class NotFittedError(CostawareError, RuntimeError):
     """A learned component was used before ``fit`` was called."""
+
+
+class NotEnoughObservations(CostawareError, ValueError):
+    """``fit`` was given too few observations with a measured peak or time to learn from
+    (an OOM or a crash counts as an observation, but carries no measurement)."""
 
 
 class CostAwareWarning(UserWarning):

@@ -40,7 +40,7 @@ from torch import nn
 from costaware import analytic as _analytic
 from costaware._format import fmt_bytes, fmt_seconds
 from costaware.devices import Device, get_device
-from costaware.errors import CostawareError, NotFittedError
+from costaware.errors import CostawareError, NotEnoughObservations, NotFittedError
 from costaware.features import (
     FEATURE_VERSION,
     device_features,
@@ -1468,7 +1468,7 @@ class CostModel:
             setattr(self, f"{which}_coverage_", level)
             setattr(self, f"{which}_cal_rows_", int(cal.sum()))
         if not self.is_fitted:
-            raise ValueError(
+            raise NotEnoughObservations(
                 "fit needs at least 2 observations with a measured peak memory or iteration time."
             )
         digest = hashlib.sha1(x_all.tobytes()).hexdigest()[:16]

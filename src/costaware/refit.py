@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from costaware.errors import NotEnoughObservations
 from costaware.model import CostModel
 
 __all__ = ["OnlineRefit"]
@@ -155,6 +156,10 @@ class OnlineRefit:
     def _refit_safely(self) -> None:
         try:
             self.refit_now()
+        except NotEnoughObservations as e:
+            # the trials so far ran out of memory or crashed: nothing measured to learn
+            # from yet, which is no failure; the next measured trial triggers it again
+            log.debug("costaware: online refit waits for measurements: %s", e)
         except Exception as e:
             self.last_error = f"{type(e).__name__}: {e}"
             log.warning("costaware: online refit failed: %s", self.last_error)
