@@ -226,12 +226,13 @@ def _conv_transient(args: tuple[Any, ...]) -> int:
     )
 
 
-def _cpu_conv_transient(args: tuple[Any, ...], backward: bool) -> int:
+def _cpu_conv_transient(args: tuple[Any, ...], backward: bool, output: Any) -> int:
     """Bytes a convolution on a CPU allocates and frees again inside the op, beyond the
     tensors it returns: the im2col columns of PyTorch's own convolution.
 
     ``args`` are ``aten.convolution``'s (``backward=False``) or
-    ``aten.convolution_backward``'s. PyTorch picks the kernel per call
+    ``aten.convolution_backward``'s, and ``output`` is the convolution's output (or its
+    gradient): its positions are the columns'. PyTorch picks the kernel per call
     (``torch._C._select_conv_backend``, which reads only shapes, dtypes and settings, so
     it answers for fake tensors): oneDNN for most, its own "slow" convolution for a small
     fp32 one at batch 1 (and a 1x1 one on one thread), and for every bf16 or fp16 one on a
@@ -245,12 +246,13 @@ def _cpu_conv_transient(args: tuple[Any, ...], backward: bool) -> int:
     to the learned residual.
     """
     if backward:
-        grad_out, inp, weight = args[0], args[1], args[2]
+        inp, weight = args[1], args[2]
         rest, bias = args[4:10], None
     else:
-        grad_out, inp, weight = None, args[0], args[1]
+        inp, weight = args[0], args[1]
         rest, bias = args[3:9], args[2]
-    if not all(isinstance(t, torch.Tensor) for t in (inp, weight)) or weight.dim() != 4:
+    tensors = (inp, weight, output)
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or weight.dim() != 4:
         return 0
     stride, padding, dilation, transposed, output_padding, groups = rest
     try:
@@ -273,11 +275,7 @@ def _cpu_conv_transient(args: tuple[Any, ...], backward: bool) -> int:
     kh, kw = weight.shape[2:]
     if (kh, kw) == (1, 1) and tuple(stride) == (1, 1) and tuple(padding) == (0, 0):
         return 0  # the columns are a view of the input
-    if isinstance(grad_out, torch.Tensor):
-        out_h, out_w = grad_out.shape[2:]
-    else:
-        out_h = (inp.shape[2] + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-        out_w = (inp.shape[3] + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    out_h, out_w = output.shape[2:]
     per_group = inp.shape[1] // max(int(groups), 1)
     return int(inp.shape[0] * per_group * kh * kw * out_h * out_w * inp.element_size())
 
@@ -444,6 +442,20 @@ class _Recorder(TorchDispatchMode):
         self.phase_marks.append((len(self.ev_key), phase))
 
     # dispatch ---------------------------------------------------------------------------
+    def _transient(self, name: str, args: tuple[Any, ...], out: Any) -> int:
+        """Bytes op ``name`` allocates and frees again inside itself on this trace's device,
+        beyond the tensors it returns (see :attr:`Trace.transients`)."""
+        if name in ("convolution", "convolution_backward"):
+            backward = name == "convolution_backward"
+            if self.phase != ("backward" if backward else "forward"):
+                return 0
+            if self.cpu:
+                return _cpu_conv_transient(args, backward, args[0] if backward else out)
+            return _conv_transient(args) if backward else 0
+        if self.cpu and name in ("mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"):
+            return _cpu_rnn_transient(args, name.endswith("backward"))
+        return 0
+
     def __torch_dispatch__(
         self,
         func: Any,
@@ -462,22 +474,7 @@ class _Recorder(TorchDispatchMode):
             return out
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         out_keys = [self.key_of(t) for t in outs]
-        if not self.closed and name in ("convolution", "convolution_backward"):
-            backward = name == "convolution_backward"
-            block = 0
-            if self.phase == ("backward" if backward else "forward"):
-                if self.cpu:
-                    block = _cpu_conv_transient(args, backward)
-                elif backward:
-                    block = _conv_transient(args)
-            if block:
-                self.transients.append((len(self.ev_key), block))
-        if (
-            self.cpu
-            and not self.closed
-            and name in ("mkldnn_rnn_layer", "mkldnn_rnn_layer_backward")
-            and (block := _cpu_rnn_transient(args, name.endswith("backward")))
-        ):
+        if not self.closed and (block := self._transient(name, args, out)):
             self.transients.append((len(self.ev_key), block))
         if self.phase in ("forward", "backward", "optimizer"):
             flops: float = 0.0
