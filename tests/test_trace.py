@@ -398,6 +398,70 @@ def test_a_cpu_trace_holds_the_lstm_workspace_onednn_keeps_for_the_backward() ->
     assert exact_live_peak(tr.events) < 0.85 * measured
 
 
+class _OneLSTM(nn.Module):
+    """One nn.LSTM layer on a learned (T, B, I) input, as costaware.opbench times it."""
+
+    def __init__(self, t: int, b: int, i: int, h: int) -> None:
+        super().__init__()
+        self.x = nn.Parameter(torch.randn(t, b, i))
+        self.lstm = nn.LSTM(i, h)
+
+    def forward(self, _batch: object) -> torch.Tensor:
+        out: torch.Tensor = self.lstm(self.x)[0]
+        return out
+
+
+def _lstm_spec(t: int, b: int, i: int, h: int) -> ca.TrainingSpec:
+    return ca.TrainingSpec(
+        model=lambda: _OneLSTM(t, b, i, h),
+        batch=lambda n: torch.zeros(n),
+        batch_size=1,
+        optimizer="sgd",
+        loss=lambda m, batch: m(batch).sum(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("shape", "measured"),
+    [
+        # H100 rows of data/gpu/h100-ops-seed0.jsonl.gz (fp32, forward and backward):
+        # lstm-f5d148e0e399 and lstm-84a3e9deb9ae, their peak_alloc in bytes
+        ((124, 103, 30, 975), 664_245_248),
+        ((8, 21, 144, 1880), 209_135_616),
+    ],
+)
+def test_a_gpu_trace_holds_cudnns_recurrent_backward_work_space(
+    shape: tuple[int, int, int, int], measured: int
+) -> None:
+    from costaware.allocator import simulate
+
+    tr = ca.dry_run(_lstm_spec(*shape), attention="fused")
+    assert tr.op_counts["rnn_backward"] == 1  # one layer: one block in each of two steps
+    assert len(tr.transients) == 2
+    assert simulate(tr.allocator_events()).peak_allocated == pytest.approx(measured, rel=0.06)
+    # without the block the replay was 0.6x the measured peak
+    bare = dataclasses.replace(tr, transients=tr.transients[:0])
+    assert simulate(bare.allocator_events()).peak_allocated < 0.7 * measured
+    # a CPU runs the layer through oneDNN: no cuDNN block there
+    assert "rnn_backward" not in ca.dry_run(_lstm_spec(8, 4, 16, 32)).op_counts
+
+
+def test_a_rescaled_trace_keeps_the_fixed_part_of_cudnns_recurrent_block() -> None:
+    """The block's floor and its weight-sized part do not grow with the batch: a trace
+    rescaled from one batch size holds the block a dry run at the other one holds."""
+    small = ca.dry_run(_lstm_spec(16, 2, 64, 256), attention="fused")
+    large = ca.dry_run(_lstm_spec(16, 32, 64, 256), attention="fused")
+    assert (small.transients[:, 2] > 0).all()  # an 8 MiB floor, the weights' part
+    assert small.transients[0, 2] == large.transients[0, 2]
+    # the spec's batch size is 1 (the LSTM's batch is in the model), so rescale by 16
+    grown = rescale(small, 16)
+    assert grown.transients[:, 1] == pytest.approx(
+        small.transients[:, 2] + 16 * (small.transients[:, 1] - small.transients[:, 2]), abs=1
+    )
+    assert (grown.transients[:, 1] < 16 * small.transients[:, 1]).all()
+    assert (grown.transients[:, 2] == small.transients[:, 2]).all()
+
+
 def _attention_spec(**kw: object) -> ca.TrainingSpec:
     from costaware import zoo
 

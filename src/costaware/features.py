@@ -41,6 +41,11 @@ trained on one version refuses features of another.
   parameter at once); PyTorch's own convolution, where the CPU runs it, holds its im2col
   columns; and oneDNN's LSTM layer keeps its workspace from the forward to the backward
   and its buffers inside each call (:mod:`costaware.trace`). GPU features are unchanged.
+  Version 13 (a CPU feature for dense convolutions) was measured and reverted; no model
+  carries it. Version 14: on a GPU the allocator replay holds the work space cuDNN's
+  recurrent backward takes (:func:`costaware.trace._cudnn_rnn_transient`, fitted on the
+  H100 per-op LSTM peaks), and a rescaled trace keeps that block's fixed part. CPU
+  features are unchanged.
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "12"
+FEATURE_VERSION = "14"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}
