@@ -453,11 +453,13 @@ def test_a_rescaled_trace_keeps_the_fixed_part_of_cudnns_recurrent_block() -> No
     large = ca.dry_run(_lstm_spec(16, 32, 64, 256), attention="fused")
     assert (small.transients[:, 2] > 0).all()  # an 8 MiB floor, the weights' part
     assert small.transients[0, 2] == large.transients[0, 2]
-    # the spec's batch size is 1 (the LSTM's batch is in the model), so rescale by 16
+    # the spec's batch size is 1 (the LSTM's batch, 2 and 32, is in the model): a rescale
+    # by 16 stands for the larger one
     grown = rescale(small, 16)
     assert grown.transients[:, 1] == pytest.approx(
         small.transients[:, 2] + 16 * (small.transients[:, 1] - small.transients[:, 2]), abs=1
     )
+    assert grown.transients[:, 1] == pytest.approx(large.transients[:, 1], abs=16 * 512)
     assert (grown.transients[:, 1] < 16 * small.transients[:, 1]).all()
     assert (grown.transients[:, 2] == small.transients[:, 2]).all()
 
