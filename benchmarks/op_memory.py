@@ -79,16 +79,6 @@ def _trace(op: str, row: dict[str, Any]) -> trace_mod.Trace:
     return ca.dry_run(spec, attention="fused")
 
 
-def _lstm_terms(p: dict[str, Any], esz: int) -> np.ndarray:
-    """The block formula's terms (bytes) for an LSTM case: its floor, weights at their
-    precision, weights at fp32, input, gates, state."""
-    t, b, i, h = p["T"], p["B"], p["I"], p["H"]
-    w = 4 * h * (i + h) + 8 * h
-    return np.asarray(
-        [1 << 20, w * esz, w * 4, t * b * i * esz, 4 * t * b * h * esz, b * h * esz], float
-    )
-
-
 def _mre(pred: np.ndarray, meas: np.ndarray) -> str:
     err = np.abs(pred / meas - 1)
     return (
@@ -126,7 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             bare.append(float(simulate(no_block.allocator_events()).peak_allocated))
             if op == "lstm":  # the live bytes where each backward block sits
                 live_b.append(max(float(tr.timeline[int(i) - 1]) for i in tr.transients[:, 0]))
-                terms.append(_lstm_terms(r["params"], 2 if r["dtype"] != "fp32" else 4))
+                q, esz = r["params"], 4 if r["dtype"] == "fp32" else 2
+                w = 4 * q["H"] * (q["I"] + q["H"]) + 8 * q["H"]  # weights and biases
+                terms.append(
+                    trace_mod._cudnn_rnn_terms(q["T"], q["B"], q["I"], q["H"], 1, 4, w, esz)
+                )
         m = np.asarray(meas)
         print(f"{op}: {len(cases)} cases, the replayed allocated peak against the measured one")
         if op != "lstm":
@@ -145,8 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  block refitted, held out by case:   {_mre(held, m)}  ({args.folds} folds)")
         wt = 1.0 / m
         coef, _ = nnls(x * wt[:, None], (m - lb) * wt)
-        names = ("MiB floor", "x weights", "x fp32 weights", "x input", "x gates", "x state")
-        print("  fitted on all:", ", ".join(f"{c:.3g} {n}" for c, n in zip(coef, names)))
+        print(
+            "  fitted on all:",
+            ", ".join(f"{c:.3g} x {n}" for c, n in zip(coef, trace_mod._CUDNN_RNN_TERMS)),
+        )
     return 0
 
 

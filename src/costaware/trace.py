@@ -230,18 +230,43 @@ def _conv_transient(args: tuple[Any, ...]) -> int:
     )
 
 
-#: cuDNN's recurrent backward, fitted on 191 H100 LSTM cases (see _cudnn_rnn_transient)
-_CUDNN_RNN_FLOOR = 8 << 20
-_CUDNN_RNN_PER_INPUT = 3.15
-_CUDNN_RNN_PER_GATE = 1.07
-_CUDNN_RNN_PER_WEIGHT = 0.615
-_CUDNN_RNN_PER_WEIGHT_FP32 = 0.37
-_CUDNN_RNN_PER_STATE = 20.1
+#: bytes per term of :func:`_cudnn_rnn_terms` in cuDNN's recurrent-backward block, fitted
+#: on 191 H100 LSTM cases (see :func:`_cudnn_rnn_transient`)
+_CUDNN_RNN_COEF = (8.0, 0.615, 0.37, 3.15, 1.07, 20.1)
+#: the first terms, which do not grow with the batch
+_CUDNN_RNN_FIXED = 3
+#: what each term of :func:`_cudnn_rnn_terms` is, for reports
+_CUDNN_RNN_TERMS = ("MiB floor", "weights", "fp32 weights", "input", "gates", "state")
+
+
+def _cudnn_rnn_terms(
+    seq: int,
+    batch: int,
+    inputs: int,
+    hidden: int,
+    directions: int,
+    gates: int,
+    weights: int,
+    esz: int,
+) -> tuple[float, ...]:
+    """The terms of cuDNN's recurrent-backward block, in bytes (``_CUDNN_RNN_TERMS``):
+    1 MiB, the weights at their precision and at fp32, then the input, the gates and one
+    state, which grow with the batch."""
+    gate_values = gates * directions * seq * batch * hidden
+    return (
+        float(1 << 20),
+        float(weights * esz),
+        float(weights * 4),
+        float(seq * batch * inputs * esz),
+        float(gate_values * esz),
+        float(directions * batch * hidden * esz),
+    )
 
 
 def _cudnn_rnn_transient(args: tuple[Any, ...]) -> tuple[int, int]:
     """Bytes cuDNN's backward of one fused recurrent layer (``costaware::rnn_backward``)
-    takes beyond the gradients it returns and the reserve space the forward kept.
+    takes beyond the gradients it returns and the reserve space the forward kept, and the
+    bytes of them that do not grow with the batch.
 
     cuDNN does not publish its work-space sizes. The H100 per-op benchmark
     (``costaware.opbench``'s LSTM cases: one ``nn.LSTM`` layer forward and backward, its
@@ -250,23 +275,19 @@ def _cudnn_rnn_transient(args: tuple[Any, ...]) -> tuple[int, int]:
     difference at the backward at 8 MiB plus 3.15x the input, 1.07x the gates (``gates x T
     x B x H`` values), 0.62x the weights at their own precision plus 0.37x at fp32, and
     20x a ``B x H`` state. Held out by case (5 folds) the peak is then off by 5.1% mean
-    (2.4% median) instead of 67%. The opbench has no GRU or vanilla-RNN cases: those take
-    the same formula with their own gate count.
+    (2.4% median) instead of 67% (``benchmarks/op_memory.py``). The opbench has no GRU or
+    vanilla-RNN cases: those take the same formula with their own gate count.
     """
     inp, weights, hx = args[0], args[1], args[2]
     if not isinstance(inp, torch.Tensor) or not isinstance(hx, torch.Tensor):
         return 0, 0
-    mode, esz = str(args[9]), inp.element_size()
-    t, b = int(inp.shape[0]), int(inp.shape[1])
+    t, b, i = (int(n) for n in inp.shape)
     d, h = int(hx.shape[0]), int(hx.shape[-1])
     w = sum(int(x.numel()) for x in weights if isinstance(x, torch.Tensor))
-    fixed = _CUDNN_RNN_FLOOR + _CUDNN_RNN_PER_WEIGHT * w * esz + _CUDNN_RNN_PER_WEIGHT_FP32 * w * 4
-    per_batch = (
-        _CUDNN_RNN_PER_INPUT * inp.numel() * esz
-        + _CUDNN_RNN_PER_GATE * RNN_GATES.get(mode, 4) * d * t * b * h * esz
-        + _CUDNN_RNN_PER_STATE * d * b * h * esz
-    )
-    return _round(int(fixed + per_batch)), int(fixed)
+    terms = _cudnn_rnn_terms(t, b, i, h, d, RNN_GATES.get(str(args[9]), 4), w, inp.element_size())
+    sized = [c * v for c, v in zip(_CUDNN_RNN_COEF, terms)]
+    fixed = sum(sized[:_CUDNN_RNN_FIXED])
+    return _round(int(fixed + sum(sized[_CUDNN_RNN_FIXED:]))), int(fixed)
 
 
 def _cpu_conv_transient(args: tuple[Any, ...], backward: bool, output: Any) -> int:
@@ -1617,14 +1638,10 @@ def rescale(trace: Trace, batch_size: int, other: Trace | None = None) -> Trace:
         transient = _scaled_transients(trace.transients, r)
     new_sizes = np.where(alloc, np.maximum(np.rint(new_sizes), 1), -1).astype(np.int64)
     events = np.stack([trace.events[:, 0], new_sizes], axis=1)
+    blocks = np.maximum(np.rint(transient), 1).astype(np.int64)
     transients = np.stack(
-        [
-            trace.transients[:, 0],
-            np.maximum(np.rint(transient), 1).astype(np.int64),
-            np.minimum(trace.transients[:, 2], np.maximum(np.rint(transient), 1)),
-        ],
-        axis=1,
-    ).astype(np.int64)
+        [trace.transients[:, 0], blocks, np.minimum(trace.transients[:, 2], blocks)], axis=1
+    )
     timeline, peak_live, breakdown, phase_peaks = _memory_profile(
         events, trace.event_category, trace.marks
     )
