@@ -476,3 +476,21 @@ def test_features_cache_keeps_each_versions_features(
     for v in ("v3", "v4", "v5"):  # beyond four, the section written longest ago goes:
         run(v)  # v1's (the last v1 run only read its section)
     assert run("v2")[0] == [] and run("v1")[0] == ["a", "b"]
+
+
+def test_a_cpu_row_is_traced_with_the_threads_it_was_measured_with() -> None:
+    import torch
+
+    from costaware.collect import _measured_threads
+
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+    row = {"env": {"torch_threads": other}}
+    with _measured_threads(row, "CPU"):
+        # PyTorch picks a CPU convolution's kernel by the thread count
+        assert torch.get_num_threads() == other
+    assert torch.get_num_threads() == before
+    with _measured_threads(row, "H100"):  # a GPU row's trace does not depend on them
+        assert torch.get_num_threads() == before
+    with _measured_threads({"env": {}}, "CPU"):  # an older row without the field
+        assert torch.get_num_threads() == before

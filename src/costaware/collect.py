@@ -578,6 +578,23 @@ def features_version(model: Any) -> str:
     return f"{FEATURE_VERSION}+optime:{tag}"
 
 
+@contextlib.contextmanager
+def _measured_threads(row: dict[str, Any], device: str) -> Iterator[None]:
+    """Trace a CPU row with the torch threads it was measured with: PyTorch picks a CPU
+    convolution's kernel by the thread count (a 1x1 one on one thread is its own, not
+    oneDNN's), and the kernels' buffers are features."""
+    threads = row.get("env", {}).get("torch_threads")
+    if device != "CPU" or not isinstance(threads, int) or threads < 1:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def observations(
     rows: Sequence[dict[str, Any]],
     *,
@@ -650,7 +667,8 @@ def observations(
                 if on_row is not None:
                     on_row(i, row)
                 spec = Config.from_dict(row["config"]).to_spec()
-                feats = cm.features(spec, dev, exact=True)  # never a rescale
+                with _measured_threads(row, dev):
+                    feats = cm.features(spec, dev, exact=True)  # never a rescale
                 feats_cache[key] = feats
                 dirty += 1
                 if dirty % 50 == 0:  # an interrupted run keeps what it traced

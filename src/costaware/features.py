@@ -45,7 +45,10 @@ trained on one version refuses features of another.
   carries it. Version 14: on a GPU the allocator replay holds the work space cuDNN's
   recurrent backward takes (:func:`costaware.trace._cudnn_rnn_transient`, fitted on the
   H100 per-op LSTM peaks), and a rescaled trace keeps that block's fixed part. CPU
-  features are unchanged.
+  features are unchanged. Version 15: on a CPU, oneDNN's fp32 convolution holds blocked
+  copies of its input, weight and output inside the forward and the backward
+  (:func:`costaware.trace._onednn_conv_transient`, measured on single convolutions);
+  GPU features are unchanged.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "14"
+FEATURE_VERSION = "15"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}

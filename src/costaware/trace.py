@@ -290,6 +290,81 @@ def _cudnn_rnn_transient(args: tuple[Any, ...]) -> tuple[int, int]:
     return _round(int(fixed + sum(sized[_CUDNN_RNN_FIXED:]))), int(fixed)
 
 
+def _onednn_channels(channels: int) -> int:
+    """``channels`` rounded up to oneDNN's channel block on this CPU (8 floats with AVX2,
+    16 with AVX-512): the blocked layouts oneDNN reorders tensors into are padded to it."""
+    block = 16 if "AVX512" in torch.backends.cpu.get_cpu_capability() else 8
+    return -(-channels // block) * block
+
+
+def _onednn_conv_transient(
+    inp: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    groups: int,
+    strided: bool,
+    input_grad: bool | None,
+) -> int:
+    """Bytes oneDNN's convolution (``mkldnn_convolution`` and its backward) holds inside
+    the op beyond the tensors it returns: blocked copies of the input, the weight and the
+    output (or of their gradients), their channels padded to oneDNN's block.
+    ``input_grad`` is None for the forward, else whether the backward computes the input's
+    gradient.
+
+    - Forward: the blocked input and weight beside the blocked output, then the blocked
+      output beside the plain one: ``max(in + w, out)`` above the output.
+    - Backward, three phases: the input gradient from the blocked output gradient and
+      weight; the blocked input gradient beside the plain one (twice the input at a
+      stride above 1); the weight gradient from the blocked output gradient and input.
+      Above the gradients: ``max(out + w, in (2 x in strided), out + in, w)``, the first
+      two only when the input takes a gradient; when the kernel is larger than the input
+      on a side (ResNet's 3x3 convolutions at 1x1 and 2x2 on a 32x32 image) or of 14
+      pixels or more (a ViT's patch embedding; 12 and under did not), the weight gradient
+      takes four weight-sized buffers per torch thread, so the last term is
+      ``4 x threads x w + out``. A
+      depthwise convolution holds ``out + in`` at 3x3 (strided or not) and only ``in``
+      (when the input takes a gradient) past 3x3. Over 1-3 input channels the weight's
+      are not padded, and a stem convolution (kernel above 1x1) leaves its input in place
+      unless it takes a gradient.
+
+    Measured with the profiler's allocation events on this container's CPU (AVX2, fp32)
+    over random convolutions, forward and backward (``benchmarks/cpu_conv_memory.py``
+    prints the figures), with one thread as the CPU corpus was, and two; the misses are
+    mostly small convolutions whose scratch pads of tens of KiB the terms leave out. With
+    more threads oneDNN splits other weight gradients into per-thread partials too, which
+    the terms leave out (on two threads 32% of the backwards were under, against 19% on
+    one, though by 4.6% of the bytes against 2.6%),
+    and it picks its kernels per CPU: another instruction set may block and buffer
+    differently.
+    """
+    esz = inp.element_size()
+    n, c, k = int(inp.shape[0]), int(inp.shape[1]), int(out.shape[1])
+    i = n * _onednn_channels(c) * (inp.numel() // max(n * c, 1)) * esz
+    o = n * _onednn_channels(k) * (out.numel() // max(n * k, 1)) * esz
+    # an image's 1-3 channels are not padded in the weight, nor moved in a stem's input
+    per_group = c if c <= 3 else _onednn_channels(c // groups) if groups < c else 1
+    w = _onednn_channels(k) * per_group * int(weight.shape[2]) * int(weight.shape[3]) * esz
+    if c <= 3 and weight.shape[2:].numel() > 1 and not input_grad:
+        i = 0
+    if input_grad is None:
+        return max(i + w, o)
+    if 1 < groups == c:  # depthwise: no doubled input when strided, none at all past 3x3
+        if max(int(weight.shape[2]), int(weight.shape[3])) > 3:
+            return max(i if input_grad else 0, w)
+        return max(o + i, w)
+    # a kernel larger than the input on a side (ResNet's 3x3 convolutions at 1x1 and 2x2
+    # on a 32x32 image), or of 14 pixels or more (a ViT's patch embedding), takes four
+    # weight-sized buffers per thread for its weight gradient
+    kernel = (int(weight.shape[2]), int(weight.shape[3]))
+    overhang = kernel[0] > int(inp.shape[2]) or kernel[1] > int(inp.shape[3])
+    return max(
+        o + w if input_grad else 0,
+        (2 if strided else 1) * i if input_grad else 0,
+        o + i,
+        4 * torch.get_num_threads() * w + o if overhang or max(kernel) >= 14 else w,
+    )
+
+
 def _cpu_conv_transient(args: tuple[Any, ...], backward: bool, output: Any) -> int:
     """Bytes a convolution on a CPU allocates and frees again inside the op, beyond the
     tensors it returns: the im2col columns of PyTorch's own convolution.
@@ -305,9 +380,9 @@ def _cpu_conv_transient(args: tuple[Any, ...], backward: bool, output: Any) -> i
     stride 1 without padding) in the forward, and again in the backward. Measured with
     the profiler's allocation events on this container's CPU (AVX2, no AVX-512), single
     convolutions forward and back held exactly those columns inside the op (fp32 and
-    bf16, 3x3 and 7x7, stride 1 and 2). oneDNN's own buffers (reordered inputs and
-    weights, per-thread gradient partials) depend on the kernel it chooses and are left
-    to the learned residual.
+    bf16, 3x3 and 7x7, stride 1 and 2). A fp32 oneDNN convolution holds blocked copies
+    of its tensors instead (:func:`_onednn_conv_transient`); other oneDNN kernels
+    (transposed convolutions) are left to the learned residual.
     """
     if backward:
         inp, weight = args[1], args[2]
@@ -334,6 +409,10 @@ def _cpu_conv_transient(args: tuple[Any, ...], backward: bool, output: Any) -> i
         )
     except (RuntimeError, TypeError, ValueError):
         return 0
+    if backend.name == "Mkldnn" and not transposed and inp.dtype == torch.float32:
+        input_grad = bool(args[10][0]) if backward else None
+        strided = any(int(st) > 1 for st in stride)
+        return _onednn_conv_transient(inp, weight, output, int(groups), strided, input_grad)
     if backend.name != "Slow2d":
         return 0
     kh, kw = weight.shape[2:]
