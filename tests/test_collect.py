@@ -178,6 +178,26 @@ def test_a_config_over_its_time_limit_is_a_timeout_row(tmp_path: Path) -> None:
     assert s.measured == 2
 
 
+def test_an_alarm_inside_a_grad_mode_switch_does_not_leak_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import costaware.collect as collect_mod
+
+    real = collect_mod.measure
+
+    def stopped_mid_switch(*args: object, **kwargs: object) -> object:
+        torch.set_grad_enabled(False)  # as an optimizer's step does, then the alarm
+        raise collect_mod._ConfigTimeout("over 0.05 s")
+
+    monkeypatch.setattr(collect_mod, "measure", stopped_mid_switch)
+    out = tmp_path / "rows.jsonl.gz"
+    collect([_tiny("cut")], out, "cpu", warmup=1, steps=10, progress=False, timeout_s=30)
+    assert torch.is_grad_enabled()
+    monkeypatch.setattr(collect_mod, "measure", real)
+    collect([_tiny("next")], out, "cpu", warmup=1, steps=10, progress=False)
+    assert {r["id"]: r["status"] for r in read_rows(out)} == {"cut": "timeout", "next": "ok"}
+
+
 def test_a_truncated_tail_and_a_killed_run_are_handled(tmp_path: Path) -> None:
     out = tmp_path / "rows.jsonl.gz"
     append_row(out, {"id": "x", "status": "ok"})
@@ -479,8 +499,6 @@ def test_features_cache_keeps_each_versions_features(
 
 
 def test_a_cpu_row_is_traced_with_the_threads_it_was_measured_with() -> None:
-    import torch
-
     from costaware.collect import _measured_threads
 
     before = torch.get_num_threads()

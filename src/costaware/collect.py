@@ -349,6 +349,7 @@ def collect(
         except Exception as e:  # a record that cannot become a spec is an error row
             row = _failure_row(cfg, device, "error", f"{type(e).__name__}: {e}"[:500], extra_env)
         else:
+            grad_was = torch.is_grad_enabled()
             with _time_limit(timeout_s) as fired:
                 try:
                     m = measure(spec, device, warmup=warmup, steps=steps)
@@ -356,6 +357,9 @@ def collect(
                     m = Measurement(status="timeout", device=device)
                 finally:
                     fired[1] = False  # disarmed: a late alarm is ignored
+                    # an alarm between a grad-mode switch and its ``try`` (an optimizer's
+                    # step turns gradients off) would leave them off for what follows
+                    torch.set_grad_enabled(grad_was)
             if fired[0]:
                 m.status = "timeout"
                 m.error = f"stopped after the per-configuration limit of {timeout_s:g} s"
