@@ -321,11 +321,10 @@ def _onednn_conv_transient(
       on a side (ResNet's 3x3 convolutions at 1x1 and 2x2 on a 32x32 image) or of 14
       pixels or more (a ViT's patch embedding; 12 and under did not), the weight gradient
       takes four weight-sized buffers per torch thread, so the last term is
-      ``4 x threads x w + out``. A
-      depthwise convolution holds ``out + in`` at 3x3 (strided or not) and only ``in``
-      (when the input takes a gradient) past 3x3. Over 1-3 input channels the weight's
-      are not padded, and a stem convolution (kernel above 1x1) leaves its input in place
-      unless it takes a gradient.
+      ``4 x threads x w + out``. A depthwise convolution holds ``out + in`` at 3x3
+      (strided or not) and only ``in`` (when the input takes a gradient) past 3x3. Over
+      1-3 input channels the weight's are not padded, and a stem convolution (kernel
+      above 1x1) leaves its input in place unless it takes a gradient.
 
     Measured with the profiler's allocation events on this container's CPU (AVX2, fp32)
     over random convolutions, forward and backward (``benchmarks/cpu_conv_memory.py``
@@ -333,16 +332,16 @@ def _onednn_conv_transient(
     mostly small convolutions whose scratch pads of tens of KiB the terms leave out. With
     more threads oneDNN splits other weight gradients into per-thread partials too, which
     the terms leave out (on two threads 32% of the backwards were under, against 19% on
-    one, though by 4.6% of the bytes against 2.6%),
-    and it picks its kernels per CPU: another instruction set may block and buffer
-    differently.
+    one, by 4.6% of the bytes against 2.6%), and it picks its kernels per CPU: another
+    instruction set may block and buffer differently. The thread count is read when the
+    step is traced: a prediction's trace cache keeps the count it was traced with.
     """
     esz = inp.element_size()
     n, c, k = int(inp.shape[0]), int(inp.shape[1]), int(out.shape[1])
     i = n * _onednn_channels(c) * (inp.numel() // max(n * c, 1)) * esz
     o = n * _onednn_channels(k) * (out.numel() // max(n * k, 1)) * esz
     # an image's 1-3 channels are not padded in the weight, nor moved in a stem's input
-    per_group = c if c <= 3 else _onednn_channels(c // groups) if groups < c else 1
+    per_group = 1 if groups >= c else c if c <= 3 else _onednn_channels(c // groups)
     w = _onednn_channels(k) * per_group * int(weight.shape[2]) * int(weight.shape[3]) * esz
     if c <= 3 and weight.shape[2:].numel() > 1 and not input_grad:
         i = 0
