@@ -389,9 +389,6 @@ def torch_threads(request: pytest.FixtureRequest) -> Iterator[int]:
     torch.set_num_threads(before)
 
 
-@pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN convolution"
-)
 class _PatchEmbedding(nn.Module):
     """A ViT's patch embedding: a 64x64 image cut into 16x16 patches of 192 features."""
 
