@@ -18,7 +18,7 @@ few-KiB convolution 3x over weighs little).
 Usage:
     python benchmarks/cpu_conv_memory.py [--n 400] [--seed 0] [--threads 1]
 
-About a minute for 400 cases on 2 cores. The CPU corpus was measured with one thread;
+About 25 seconds for 400 cases on 2 cores. The CPU corpus was measured with one thread;
 oneDNN's buffers are per CPU (instruction set, threads), so the figures are this
 machine's.
 """
