@@ -223,3 +223,31 @@ def test_backward_matmuls_are_costed_as_the_forward_kernels_they_are(
     # the kernel time is the op sum less the launches and the step overhead
     f = op_model.step_features([mm, (*mm[:1], 1, *mm[2:])], h100)
     assert f["optime_kernel_ms"] == pytest.approx(f["optime_ms"] - 2.0 - 2 * 5e-3, rel=1e-6)
+
+
+def test_a_kernel_past_the_timed_sizes_is_scaled_up_from_the_largest(
+    op_model: OpTimeModel, tmp_path: Path
+) -> None:
+    """Trees do not extrapolate: a matmul 10x larger than any timed one would cost what the
+    largest costs. Past the range it is the largest-in-range prediction times its size."""
+    h100 = get_device("H100")
+    top_flops, top_bytes = op_model.info_["range"]["matmul"]
+    assert top_flops > 1e9 and top_bytes > 1e7  # the synthetic linear rows' largest
+
+    def kernel_ms(model: OpTimeModel, times: float) -> float:
+        node = ("mm", 0, 0, 0, top_flops * times, top_bytes * times, 1, 1)
+        return float(model.step_features([node], h100)["optime_kernel_ms"])
+
+    at_top, past = kernel_ms(op_model, 1.0), kernel_ms(op_model, 10.0)
+    assert past == pytest.approx(10 * at_top, rel=1e-6)
+    # a model saved before the range was recorded predicts as fitted: in range the same,
+    # past it saturated (what the scaling corrects)
+    unranged = OpTimeModel()
+    unranged.model_ = op_model.model_
+    unranged.info_ = {k: v for k, v in op_model.info_.items() if k != "range"}
+    assert kernel_ms(unranged, 0.1) == pytest.approx(kernel_ms(op_model, 0.1), rel=1e-9)
+    assert kernel_ms(unranged, 10.0) < 2 * at_top
+    # the range travels with the saved model
+    entry = op_model.save(tmp_path / "optime.cbm")
+    loaded = OpTimeModel.load(tmp_path, json.loads(json.dumps(entry)))
+    assert kernel_ms(loaded, 10.0) == pytest.approx(past, rel=1e-9)

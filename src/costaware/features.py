@@ -48,7 +48,9 @@ trained on one version refuses features of another.
   features are unchanged. Version 15: on a CPU, oneDNN's fp32 convolution holds blocked
   copies of its input, weight and output inside the forward and the backward
   (:func:`costaware.trace._onednn_conv_transient`, measured on single convolutions);
-  GPU features are unchanged.
+  GPU features are unchanged. Version 16: the op-level time features of a GPU cost a
+  kernel larger than the op data's largest of its group as that one scaled up by its size
+  (:meth:`costaware.optime.OpTimeModel.predict_kernels`); CPU features are unchanged.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "15"
+FEATURE_VERSION = "16"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}
