@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from costaware.profile import AllocatorPeak
 from costaware.trace import _onednn_conv_transient
 
 KIB8 = 8 * 1024
@@ -83,25 +84,13 @@ def draw(seed: int, count: int) -> list[Case]:
 
 
 def _peak_above_start(fn: Callable[[], object]) -> int:
-    """The highest number of bytes the CPU allocator held during ``fn`` above its start."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    """The highest number of bytes the CPU allocator held during ``fn`` above its start,
+    measured as the CPU corpus was (:class:`costaware.profile.AllocatorPeak`)."""
+    with AllocatorPeak() as peak:
         fn()
-    events = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children)
-        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
-            f = node.extra_fields
-            events.append((node.start_time_ns, int(f.alloc_size), int(f.total_allocated)))
-    if not events:
-        return 0
-    events.sort()
-    base = events[0][2] - events[0][1]
-    return max(total for _, _, total in events) - base
+    if peak.peak is None:
+        raise RuntimeError(f"no CPU allocator peak: {peak.why}")
+    return peak.peak
 
 
 def measure(case: Case) -> dict[str, float] | None:
