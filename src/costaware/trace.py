@@ -338,29 +338,29 @@ def _onednn_conv_transient(
     """
     esz = inp.element_size()
     n, c, k = int(inp.shape[0]), int(inp.shape[1]), int(out.shape[1])
+    kh, kw = int(weight.shape[2]), int(weight.shape[3])
     i = n * _onednn_channels(c) * (inp.numel() // max(n * c, 1)) * esz
     o = n * _onednn_channels(k) * (out.numel() // max(n * k, 1)) * esz
     # an image's 1-3 channels are not padded in the weight, nor moved in a stem's input
     per_group = 1 if groups >= c else c if c <= 3 else _onednn_channels(c // groups)
-    w = _onednn_channels(k) * per_group * int(weight.shape[2]) * int(weight.shape[3]) * esz
-    if c <= 3 and weight.shape[2:].numel() > 1 and not input_grad:
+    w = _onednn_channels(k) * per_group * kh * kw * esz
+    if c <= 3 and kh * kw > 1 and not input_grad:
         i = 0
     if input_grad is None:
         return max(i + w, o)
     if 1 < groups == c:  # depthwise: no doubled input when strided, none at all past 3x3
-        if max(int(weight.shape[2]), int(weight.shape[3])) > 3:
+        if max(kh, kw) > 3:
             return max(i if input_grad else 0, w)
         return max(o + i, w)
     # a kernel larger than the input on a side (ResNet's 3x3 convolutions at 1x1 and 2x2
     # on a 32x32 image), or of 14 pixels or more (a ViT's patch embedding), takes four
     # weight-sized buffers per thread for its weight gradient
-    kernel = (int(weight.shape[2]), int(weight.shape[3]))
-    overhang = kernel[0] > int(inp.shape[2]) or kernel[1] > int(inp.shape[3])
+    overhang = kh > int(inp.shape[2]) or kw > int(inp.shape[3])
     return max(
         o + w if input_grad else 0,
         (2 if strided else 1) * i if input_grad else 0,
         o + i,
-        4 * torch.get_num_threads() * w + o if overhang or max(kernel) >= 14 else w,
+        4 * torch.get_num_threads() * w + o if overhang or max(kh, kw) >= 14 else w,
     )
 
 
