@@ -144,12 +144,20 @@ def _observations(
     from costaware.model import CostModel
 
     model = CostModel(trace_timeout=trace_timeout)
-    if op_rows:  # the op-level time model: per-op GPU timings, no model rows, so no leak
-        from costaware.optime import OpTimeModel
+    if op_rows:  # the op-level time models: per-op timings, no model rows, so no leak
+        from costaware.optime import fit_op_models
 
         t = time.perf_counter()
-        model.op_model_ = OpTimeModel().fit(op_rows)
-        print(f"op model: {len(op_rows)} op rows, {time.perf_counter() - t:.0f}s", file=sys.stderr)
+        op_models, no_model = fit_op_models(op_rows)
+        for op_model in op_models:
+            model.add_op_model(op_model)
+        for why in no_model:
+            print(why, file=sys.stderr)
+        kinds = ", ".join(m.kind for m in op_models) or "none"
+        print(
+            f"op models ({kinds}): {len(op_rows)} op rows, {time.perf_counter() - t:.0f}s",
+            file=sys.stderr,
+        )
     cache = Path(tempfile.gettempdir()) / "costaware-accuracy" / "features.json.gz"
     t0 = time.perf_counter()
     count = [0]
@@ -393,9 +401,10 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
             "time a cost per forward, backward and optimizer op and per parameter tensor plus a "
             "constant, each of the two times a factor under autocast, the eight constants "
             "fitted on each fold's training rows. On CPUs it is learned over a CPU step model "
-            "(`_CpuSteps`): the roofline's compute and memory parts, each times a factor, "
-            "plus a cost per kernel and per parameter tensor and a constant, the five "
-            "constants fitted on each fold's training rows."
+            "(`_CpuSteps`): the roofline's compute and memory parts and, where the data has a "
+            "CPU's per-op timings, the op-level sum of its own op model, each times a factor, "
+            "plus a cost per kernel and per parameter tensor and a constant, the constants "
+            "fitted on each fold's training rows."
             if meta.get("time_baseline") == "optime"
             else "The time residual is learned over the roofline time."
         ),

@@ -762,12 +762,24 @@ def test_cpu_step_model_recovers_its_constants_and_saves_with_the_model(
     mem = np.exp(rng.uniform(np.log(0.1), np.log(200.0), n))
     kernels = rng.integers(20, 8000, n).astype(float)
     tensors = rng.integers(4, 300, n).astype(float)
-    rows = np.column_stack([comp, mem, kernels, tensors])
+    # without a CPU op model the op-sum column is 0, and so is its factor
+    rows = np.column_stack([comp, mem, kernels, tensors, np.zeros(n)])
     truth = _CpuSteps(compute=1.1, memory=0.9, op_ms=0.004, tensor_ms=0.25, step_ms=0.6)
     measured_s = truth._ms(rows) / 1e3 * np.exp(rng.normal(0, 0.02, n))
     fitted = _CpuSteps.fit(rows, measured_s)
     for name in ("compute", "memory", "op_ms", "tensor_ms"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.15), name
+    assert fitted.op_sum == 0.0
+    # with one (every row has an op sum), the sum gets a factor of its own
+    op_sum = comp * np.exp(rng.uniform(np.log(0.3), np.log(3.0), n))
+    with_sum = _CpuSteps(
+        compute=0.3, memory=0.9, op_ms=0.004, tensor_ms=0.25, step_ms=0.6, op_sum=1.5
+    )
+    rows_sum = np.column_stack([comp, mem, kernels, tensors, op_sum])
+    measured_sum = with_sum._ms(rows_sum) / 1e3 * np.exp(rng.normal(0, 0.02, n))
+    fitted_sum = _CpuSteps.fit(rows_sum, measured_sum)
+    assert fitted_sum.op_sum == pytest.approx(1.5, rel=0.15)
+    assert fitted_sum.compute == pytest.approx(0.3, rel=0.3)
     gru = {
         "analytic_compute_ms": 5.0,
         "analytic_memory_ms": 2.0,

@@ -47,7 +47,7 @@ def test_cases_are_deterministic_prefix_stable_and_unique() -> None:
         assert c.id.startswith(c.op + "-")
 
 
-@pytest.mark.parametrize("scale", ["gpu", "cpu"])
+@pytest.mark.parametrize("scale", ["gpu", "cpu", "cpu-large"])
 def test_every_op_appears_with_sensible_fields(scale: str) -> None:
     cs = cases(0, 1000, scale=scale)
     assert {c.op for c in cs} == set(OPS)
@@ -76,6 +76,11 @@ def test_caps_hold() -> None:
     assert max(c.mem for c in cpu) <= 64 << 20
     assert max(c.flops.get("fwd", 0) for c in cpu) <= 3e7
     assert max(c.mem for c in cases(0, 500, max_mem=256 << 20)) <= 256 << 20
+    # the CPU's training-step sizes: past the small scale's caps, within their own
+    large = cases(1, 2000, scale="cpu-large")
+    assert max(c.mem for c in large) <= 256 << 20
+    assert 3e7 < max(c.flops.get("fwd", 0) for c in large) <= 1e9
+    assert {c.dtype for c in large} == {"fp32", "bf16"}
     opt = [c for c in gpu if c.op in ("sgd", "adam", "adamw")]
     assert min(c.params["numel"] for c in opt) >= 1e4
     assert max(c.params["numel"] for c in opt) > 5e7

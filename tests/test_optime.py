@@ -15,10 +15,12 @@ import costaware as ca
 from costaware.devices import get_device
 from costaware.model import Observation
 from costaware.optime import (
+    CPU_HARNESS_FLOOR_S,
     HARNESS_FLOOR_S,
     HELD_TIMER,
     OPTIME_FEATURES,
     OpTimeModel,
+    fit_op_models,
     node_table,
     op_rows_digest,
     op_samples,
@@ -68,9 +70,28 @@ def _op_rows(n: int = 240, seed: int = 0) -> list[dict[str, Any]]:
     return rows
 
 
+def _cpu_rows(n: int = 240) -> list[dict[str, Any]]:
+    """The synthetic rows as a CPU's opbench writes them: whole calls, timed by perf_counter."""
+    return [
+        {
+            **r,
+            "id": f"cpu-{r['id']}",
+            "device": "cpu",
+            "device_name": "CPU",
+            "times": r["times"] and {**r["times"], "timer": "perf_counter"},
+        }
+        for r in _op_rows(n, seed=1)
+    ]
+
+
 @pytest.fixture(scope="module")
 def op_model() -> OpTimeModel:
     return OpTimeModel(iterations=150, depth=4).fit(_op_rows())
+
+
+@pytest.fixture(scope="module")
+def cpu_op_model() -> OpTimeModel:
+    return OpTimeModel(iterations=150, depth=4).fit(_cpu_rows())
 
 
 def _spec(width: int = 8, bs: int = 16) -> ca.TrainingSpec:
@@ -165,7 +186,7 @@ def test_op_model_learns_size_and_sums_over_a_trace(op_model: OpTimeModel) -> No
 def test_features_carry_the_op_sum_for_cuda_and_nan_for_cpu(op_model: OpTimeModel) -> None:
     model = ca.CostModel()
     assert "optime_ms" not in model.features(_spec(), "H100")
-    model.op_model_ = op_model
+    model.add_op_model(op_model)
     gpu = model.features(_spec(), "H100")
     cpu = model.features(_spec(), "CPU")
     assert gpu["optime_ms"] > 0 and math.isnan(cpu["optime_ms"])
@@ -173,7 +194,7 @@ def test_features_carry_the_op_sum_for_cuda_and_nan_for_cpu(op_model: OpTimeMode
 
 def test_save_load_round_trip_keeps_the_op_model(op_model: OpTimeModel, tmp_path: Path) -> None:
     model = ca.CostModel(iterations=30, depth=3)
-    model.op_model_ = op_model
+    model.add_op_model(op_model)
     obs = []
     for fam, widths in (("a", (4, 8)), ("b", (12, 16)), ("c", (20, 24))):
         for w in widths:
@@ -251,3 +272,76 @@ def test_a_kernel_past_the_timed_sizes_is_scaled_up_from_the_largest(
     entry = op_model.save(tmp_path / "optime.cbm")
     loaded = OpTimeModel.load(tmp_path, json.loads(json.dumps(entry)))
     assert kernel_ms(loaded, 10.0) == pytest.approx(past, rel=1e-9)
+
+
+def test_a_cpu_op_model_keeps_whole_forward_calls_and_sums_without_launches(
+    cpu_op_model: OpTimeModel,
+) -> None:
+    """A CPU step is its ops' calls one after another: a forward's timed call is kept whole;
+    a backward sample loses the autograd engine's set-up, which a step pays once."""
+    rows = _cpu_rows(12)
+    _, y = op_samples(rows)
+    linear = rows[0]
+    assert math.exp(y[0]) == pytest.approx(linear["times"]["fwd_s"] - CPU_HARNESS_FLOOR_S[0])
+    assert math.exp(y[1]) == pytest.approx(linear["times"]["bwd_s"] - CPU_HARNESS_FLOOR_S[1])
+    assert CPU_HARNESS_FLOOR_S[0] == 0.0 < CPU_HARNESS_FLOOR_S[1]
+    assert cpu_op_model.kind == "cpu" and cpu_op_model.info_["device"] == "CPU"
+    table = node_table(ca.dry_run(_spec(bs=4)))
+    cpu = cpu_op_model.step_features(table, get_device("CPU"))
+    # no launch overhead and no step overhead: the op sum is the kernels' sum
+    assert cpu["optime_ms"] == pytest.approx(
+        cpu["optime_fwd_ms"] + cpu["optime_bwd_ms"] + cpu["optime_opt_ms"], rel=1e-9
+    )
+    assert cpu["optime_ms"] == pytest.approx(cpu["optime_kernel_ms"], rel=1e-9)
+    assert cpu["optime_ms"] > 0 and cpu["kernels_fwd"] > 0
+    # a GPU is another kind: the CPU's timings say nothing about it
+    assert all(
+        math.isnan(v) for v in cpu_op_model.step_features(table, get_device("H100")).values()
+    )
+
+
+def test_op_models_are_fitted_per_device_kind_and_saved_side_by_side(
+    op_model: OpTimeModel, cpu_op_model: OpTimeModel, tmp_path: Path
+) -> None:
+    models, skipped = fit_op_models([*_op_rows(), *_cpu_rows()], iterations=20, depth=3)
+    assert sorted(m.kind for m in models) == ["cpu", "cuda"] and skipped == []
+    assert {m.kind: m.info_["rows"] for m in models} == {"cuda": 241, "cpu": 241}
+    # too few CPU timings for a model: the GPU's is fitted, and the reason is given
+    models, skipped = fit_op_models([*_op_rows(), *_cpu_rows(3)], iterations=20, depth=3)
+    assert [m.kind for m in models] == ["cuda"] and "no cpu op model" in skipped[0]
+    # one model per kind: two GPUs' rows cannot make one
+    a100 = [
+        {**r, "id": f"a-{r['id']}", "device_name": "NVIDIA A100-SXM4-80GB"} for r in _op_rows(20)
+    ]
+    with pytest.raises(ValueError, match="one device"):
+        fit_op_models([*_op_rows(), *a100])
+
+    model = ca.CostModel(iterations=30, depth=3)
+    model.add_op_model(op_model)
+    model.add_op_model(cpu_op_model)
+    assert model.op_model("cpu") is cpu_op_model and model.op_model("cuda") is op_model
+    obs = []
+    for fam, widths in (("a", (4, 8)), ("b", (12, 16)), ("c", (20, 24))):
+        for w in widths:
+            for bs in (4, 16, 64):
+                f = model.features(_spec(w, bs), "CPU")
+                assert f["optime_ms"] > 0  # the CPU's own op sum
+                obs.append(
+                    Observation(
+                        features=f,
+                        device="CPU",
+                        peak_memory=f["analytic_reserved_mib"] * 2**20,
+                        iteration_time=f["optime_ms"] / 1e3 * (2.0 + 0.01 * w),
+                        family=fam,
+                    )
+                )
+    model.fit(obs)
+    model.save(tmp_path)
+    assert {"optime.cbm", "optime-cpu.cbm"} <= {p.name for p in tmp_path.iterdir()}
+    entries = json.loads((tmp_path / "manifest.json").read_text())["models"]
+    assert entries["op_time"]["device"] == "H100-SXM" and entries["op_time_cpu"]["device"] == "CPU"
+    loaded = ca.CostModel.load(tmp_path)
+    assert loaded.op_model("cpu") is not None and loaded.op_model("cuda") is not None
+    a, b = model.predict(_spec(10, 8), "CPU"), loaded.predict(_spec(10, 8), "CPU")
+    assert b.iteration_time == pytest.approx(a.iteration_time, rel=1e-6)
+    assert b.basis["op_sum_time"] == pytest.approx(a.basis["op_sum_time"], rel=1e-6)

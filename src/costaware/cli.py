@@ -250,18 +250,20 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
     feature_model = ca.CostModel(trace_timeout=args.trace_timeout)
     op_rows = [r for r in rows if r.get("kind") == "op"]
-    if op_rows:  # per-op GPU timings: the op-level time model, whose sums are features
-        from costaware.optime import MIN_OP_SAMPLES, OpTimeModel, op_samples
+    if op_rows:  # per-op timings: an op-level time model per device kind, whose sums are features
+        from costaware.optime import fit_op_models
 
-        if len(op_samples(op_rows)[1]) >= MIN_OP_SAMPLES:
-            op_model = OpTimeModel(random_state=args.seed, thread_count=args.threads)
-            feature_model.op_model_ = model.op_model_ = op_model.fit(op_rows)
-        else:
-            print(
-                f"{len(op_rows)} per-op rows hold fewer than {MIN_OP_SAMPLES} usable timings: "
-                "no op-level time model",
-                file=sys.stderr,
+        try:
+            op_models, no_model = fit_op_models(
+                op_rows, random_state=args.seed, thread_count=args.threads
             )
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        for why in no_model:
+            print(why, file=sys.stderr)
+        for op_model in op_models:
+            feature_model.add_op_model(op_model)
+            model.add_op_model(op_model)
 
     configs = [r for r in rows if r.get("kind") != "op"]
     log = _LogLines(args.quiet or console is not None, len(configs))
@@ -291,7 +293,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         "files": per_file,
         "rows_read": len(rows),
         "op_rows": len(op_rows),
-        "op_model": model.__dict__.get("op_model_") is not None,
+        "op_model": sorted(model.__dict__.get("op_models_", {})) or False,
         "observations": len(obs),
         "skipped": skipped,
         "devices": model.training_.get("devices"),

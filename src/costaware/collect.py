@@ -572,12 +572,17 @@ def features_version(model: Any) -> str:
     """
     from costaware.features import FEATURE_VERSION
 
-    op_model = model.op_model() if hasattr(model, "op_model") else None
-    if op_model is None:
+    kinds = ("cuda", "cpu")
+    op_models = (
+        [m for k in kinds if (m := model.op_model(k)) is not None]
+        if hasattr(model, "op_model")
+        else []
+    )
+    if not op_models:
         return FEATURE_VERSION
-    info = op_model.info_
+    parts = [[m.info_.get("data_sha256"), m._params()] for m in op_models]
     tag = hashlib.sha256(
-        json.dumps([info.get("data_sha256"), op_model._params()], sort_keys=True).encode()
+        json.dumps(parts[0] if len(parts) == 1 else parts, sort_keys=True).encode()
     ).hexdigest()[:12]
     return f"{FEATURE_VERSION}+optime:{tag}"
 

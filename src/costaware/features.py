@@ -51,6 +51,8 @@ trained on one version refuses features of another.
   GPU features are unchanged. Version 16: the op-level time features of a GPU cost a
   kernel larger than the op data's largest of its group as that one scaled up by its size
   (:meth:`costaware.optime.OpTimeModel.predict_kernels`); CPU features are unchanged.
+  Version 17: a CPU gets op-level time features too, from an op model fitted on a CPU's
+  per-op timings (one op model per device kind); GPU features are unchanged.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "16"
+FEATURE_VERSION = "17"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}

@@ -126,16 +126,18 @@ class Prediction:
             f"(forward {b.get('flops_forward', 0) / 1e9:.1f})",
             f"    roofline time            {fmt_seconds(b.get('analytic_time'))}",
         ]
-        if b.get("op_sum_time") is not None:
+        on_cpu = self.device.upper() == "CPU"
+        with_sum = b.get("op_sum_time") is not None
+        if with_sum:
             lines.append(
                 f"    op-level time (sum)      {fmt_seconds(b.get('op_sum_time'))} "
-                "(per-kernel times learned from GPU microbenchmarks)"
+                f"(per-kernel times learned from {'CPU' if on_cpu else 'GPU'} microbenchmarks)"
             )
         if b.get("cpu_step_time") is not None:
             lines.append(
                 f"    CPU step model           {fmt_seconds(b.get('cpu_step_time'))} "
-                "(the roofline's parts plus a cost per kernel and per parameter tensor, "
-                "fitted on CPU timings)"
+                f"(the roofline's parts{' and the op-level sum' if with_sum else ''}, plus "
+                "a cost per kernel and per parameter tensor, fitted on CPU timings)"
             )
         if self.kind == "learned":
             lines.append(
@@ -564,6 +566,15 @@ class _CpuSteps(_StepModel):
     its own per convolution fitted the rows better (0.22 ms each) but spread the conv
     families further apart held out (MobileNets 1.24x, random conv nets 0.67x), and was
     left out.
+
+    Where the rows carry a CPU's op-level sum (an op model fitted on the CPU's per-op
+    timings, feature version 17), the step adds ``op_sum * optime_kernel_ms``: the
+    roofline has one efficiency for every FLOP, the op model has what oneDNN makes of
+    each kernel's shape. The sum is a median 0.36x of a measured step (a step also pays
+    autograd's bookkeeping, allocations, cold caches), so it takes a factor of its own.
+    On the 1,295 CPU rows the six constants come out at 0.40 (compute), 1.06 (memory),
+    1.0 us per kernel, 0.088 ms per parameter tensor, 0.48 ms per step and 1.40 on the
+    op sum; held out by family the step model alone went from 26.1% to 23.8% error.
     """
 
     compute: float
@@ -571,6 +582,7 @@ class _CpuSteps(_StepModel):
     op_ms: float
     tensor_ms: float
     step_ms: float
+    op_sum: float = 0.0
 
     #: the features the step is computed from
     INPUTS: ClassVar[tuple[str, ...]] = (
@@ -578,33 +590,43 @@ class _CpuSteps(_StepModel):
         "analytic_memory_ms",
         "kernels",
         "param_tensors",
+        "optime_kernel_ms",
     )
 
     @classmethod
     def row(cls, feats: Mapping[str, float]) -> list[float] | None:
-        """``[compute ms, memory ms, kernels, param tensors]`` per micro-batch (a trace's
-        kernels are those of up to two micro-batches, its tensors are stepped once per
-        optimizer step); None when a feature is missing or not finite."""
-        comp, mem, kernels, tensors = (feats.get(n, math.nan) for n in cls.INPUTS)
+        """``[compute ms, memory ms, kernels, param tensors, op sum ms]`` per micro-batch (a
+        trace's kernels are those of up to two micro-batches, its tensors are stepped once
+        per optimizer step; the op sum is per micro-batch already, 0 without a CPU op
+        model); None when a feature is missing or not finite."""
+        comp, mem, kernels, tensors, op_sum = (feats.get(n, math.nan) for n in cls.INPUTS)
         accumulation = max(feats.get("grad_accumulation", 1.0), 1.0)
         row = [comp, mem, kernels / min(accumulation, 2.0), tensors / accumulation]
+        row.append(op_sum if math.isfinite(op_sum) else 0.0)
         return row if all(math.isfinite(v) for v in row) else None
 
     def _ms(self, rows: np.ndarray) -> np.ndarray:
-        per = np.asarray([self.compute, self.memory, self.op_ms, self.tensor_ms])
+        per = np.asarray([self.compute, self.memory, self.op_ms, self.tensor_ms, self.op_sum])
         out: np.ndarray = rows @ per + self.step_ms
         return out
 
     @classmethod
     def fit(cls, rows: np.ndarray, measured_s: np.ndarray) -> _CpuSteps:
-        """From rows of :meth:`row` and the measured seconds of each."""
+        """From rows of :meth:`row` and the measured seconds of each; the op sum's factor
+        only where every row has one (a CPU op model), else it stays 0."""
         measured_ms = measured_s * 1e3
+        with_sum = bool((rows[:, 4] > 0).all())
+
+        def make(x: np.ndarray) -> _CpuSteps:
+            compute, memory, op_ms, tensor_ms, step_ms, *rest = np.exp(x).tolist()
+            return cls(compute, memory, op_ms, tensor_ms, step_ms, rest[0] if with_sum else 0.0)
 
         def loss(x: np.ndarray) -> float:
-            return float(np.mean(np.abs(np.log(cls(*np.exp(x))._ms(rows) / measured_ms))))
+            return float(np.mean(np.abs(np.log(make(x)._ms(rows) / measured_ms))))
 
-        starts = [np.log([1.0, 1.0, op_ms, 0.1, 0.5]) for op_ms in (0.002, 0.02)]
-        return cls(*np.exp(_min_log_error(loss, starts)).tolist())
+        extra = [0.5] if with_sum else []
+        starts = [np.log([1.0, 1.0, op_ms, 0.1, 0.5, *extra]) for op_ms in (0.002, 0.02)]
+        return make(_min_log_error(loss, starts))
 
 
 @dataclass(frozen=True)
@@ -853,7 +875,7 @@ class CostModel:
     time_q_: float
     graph2vec_: Any
     base_: CostModel | None
-    op_model_: OpTimeModel
+    op_models_: dict[str, OpTimeModel]
 
     def __init__(
         self,
@@ -981,15 +1003,25 @@ class CostModel:
         dev = get_device(device)
         trace, graph_feats, _ = self.trace(spec, exact=exact, attention=_attention_mode(dev))
         est = _analytic.estimate(trace, spec, dev)
-        return features_for(trace, spec, dev, est, graph_feats, self.op_model())
+        return features_for(trace, spec, dev, est, graph_feats, self._op_model_for(dev.kind))
 
-    def op_model(self) -> OpTimeModel | None:
-        """The op-level time model whose sums are features (this model's or its base's)."""
-        m: OpTimeModel | None = self.__dict__.get("op_model_")
+    def op_model(self, kind: str = "cuda") -> OpTimeModel | None:
+        """The op-level time model of a device kind ("cuda" or "cpu") whose sums are
+        features: this model's or its base's."""
+        m: OpTimeModel | None = self.__dict__.get("op_models_", {}).get(kind)
         base: CostModel | None = self.__dict__.get("base_")
         if m is None and base is not None:
-            return base.op_model()
+            return base.op_model(kind)
         return m
+
+    def add_op_model(self, op_model: OpTimeModel) -> None:
+        """Use ``op_model`` (fitted) for the devices of its kind: its sums become features."""
+        self.__dict__.setdefault("op_models_", {})[op_model.kind] = op_model
+
+    def _op_model_for(self, kind: str) -> OpTimeModel | None:
+        """The op model for a device of ``kind``; without one but with another kind's, that
+        one (its features come out NaN: a row of a kind it does not time)."""
+        return self.op_model(kind) or self.op_model("cuda") or self.op_model("cpu")
 
     # -- prediction -----------------------------------------------------------------------
     def predict(
@@ -1034,7 +1066,7 @@ class CostModel:
                 f"(trained on {', '.join(self.training_.get('devices', []))}): using the analytic estimate"
             )
         if learned_here:
-            feats = features_for(trace, spec, dev, est, graph_feats, self.op_model())
+            feats = features_for(trace, spec, dev, est, graph_feats, self._op_model_for(dev.kind))
             peak, peak_hi, it, it_hi = self._learned(feats, est, dev.kind)
             if "optime_ms" in feats and feats["optime_ms"] == feats["optime_ms"]:
                 basis["op_sum_time"] = feats["optime_ms"] / 1e3
@@ -1224,15 +1256,15 @@ class CostModel:
         if base is None:
             secs = feats["analytic_time_ms"] / 1e3
             op_sum = feats.get("optime_ms", math.nan)
-            if self.__dict__.get("time_baseline", "roofline") == "optime" and op_sum > 0:
-                secs = op_sum / 1e3  # the op-level sum where there is one (a GPU), else roofline
+            if (cpu := self.__dict__.get("cpu_steps_")) is not None and (
+                (stepped := cpu.seconds(feats)) or 0.0
+            ) > 0:
+                secs = stepped  # a CPU's step model (over the roofline's parts and op sum)
+            elif self.__dict__.get("time_baseline", "roofline") == "optime" and op_sum > 0:
+                secs = op_sum / 1e3  # the op-level sum where there is one, else roofline
                 dispatch = self.__dict__.get("dispatch_")
                 if dispatch is not None and (issued := dispatch.seconds(feats)) is not None:
                     secs = issued
-            elif (cpu := self.__dict__.get("cpu_steps_")) is not None and (
-                (stepped := cpu.seconds(feats)) or 0.0
-            ) > 0:
-                secs = stepped
             return feats["analytic_reserved_mib"] * MiB, secs
         return base._point(feats, kind)
 
@@ -1303,7 +1335,12 @@ class CostModel:
         if base is None and self.__dict__.get("time_baseline", "roofline") == "optime":
             # the step models the time residual is learned over: a GPU's where the rows
             # have an op-level sum, a CPU's where they are all CPU rows
-            dispatch = _Dispatch.fitted_on(obs, lambda o: o.features.get("optime_ms", math.nan) > 0)
+            dispatch = _Dispatch.fitted_on(
+                obs,
+                lambda o: (
+                    _device_kind(o.device) == "cuda" and o.features.get("optime_ms", math.nan) > 0
+                ),
+            )
             if dispatch is not None:
                 self.dispatch_ = dispatch
             if all(_device_kind(o.device) == "cpu" for o in obs):
@@ -1611,9 +1648,10 @@ class CostModel:
         base = self.__dict__.get("base_")
         if base is not None:
             base.save(out / "base")
-        op_model: OpTimeModel | None = self.__dict__.get("op_model_")
-        if op_model is not None:
-            files["op_time"] = op_model.save(out / "optime.cbm")
+        for kind, op_model in sorted(self.__dict__.get("op_models_", {}).items()):
+            # a GPU's is "op_time" in optime.cbm, as before there were CPU op models
+            suffix = "" if kind == "cuda" else f"_{kind}"
+            files[f"op_time{suffix}"] = op_model.save(out / f"optime{suffix.replace('_', '-')}.cbm")
         manifest = {
             "format_version": FORMAT_VERSION,
             "feature_version": FEATURE_VERSION,
@@ -1650,8 +1688,8 @@ class CostModel:
         self.training_ = manifest.get("training", {})
         for which, info in manifest["models"].items():
             m: Any
-            if which == "op_time":
-                self.op_model_ = OpTimeModel.load(root, info)
+            if which.startswith("op_time"):
+                self.add_op_model(OpTimeModel.load(root, info))
                 continue
             if "affine" in info:
                 m = _Affine(float(info["affine"]["intercept"]), float(info["affine"]["slope"]))

@@ -117,7 +117,14 @@ class _Scale:
     big: bool  # GPU-sized ranges
 
 
-_SCALES = {"gpu": _Scale(4 << 30, 5e11, True), "cpu": _Scale(64 << 20, 3e7, False)}
+#: "cpu" keeps cases small enough for tests; "cpu-large" reaches the kernels a CPU's
+#: training steps run (half the FLOPs of the CPU corpus's steps are in kernels over 7e7,
+#: a twentieth over 1e9)
+_SCALES = {
+    "gpu": _Scale(4 << 30, 5e11, True),
+    "cpu": _Scale(64 << 20, 3e7, False),
+    "cpu-large": _Scale(256 << 20, 1e9, False),
+}
 
 
 def _now() -> str:
@@ -496,7 +503,8 @@ def cases(
             ``n <= m``.
         n: how many cases (all ids distinct).
         scale: "gpu" (sizes for a big GPU; each case under 4 GiB and 5e11 forward FLOPs) or
-            "cpu" (under 64 MiB and 3e7 FLOPs: fast enough for tests).
+            "cpu" (under 64 MiB and 3e7 FLOPs: fast enough for tests) or "cpu-large" (under
+            256 MiB and 1e9 FLOPs: the sizes of a CPU's training steps).
         ops: draw only these operations (keys of :data:`OPS`), in their relative weights.
         max_mem: override the scale's cap on a case's estimated peak allocation (bytes).
 
@@ -1257,7 +1265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--scale",
         choices=sorted(_SCALES),
         default=None,
-        help="case sizes: gpu (<= 4 GiB a case) or cpu (<= 64 MiB); default from --device",
+        help=(
+            "case sizes: gpu (<= 4 GiB a case), cpu (<= 64 MiB and 3e7 forward FLOPs) or "
+            "cpu-large (<= 256 MiB and 1e9 FLOPs); default gpu on cuda, cpu on a CPU"
+        ),
     )
     p.add_argument(
         "--ops", help="comma-separated operations to draw (default all): " + ",".join(OPS)

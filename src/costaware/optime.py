@@ -1,8 +1,8 @@
-"""Op-level time model: per-op GPU timings learned, then summed over a traced step.
+"""Op-level time model: per-op timings learned, then summed over a traced step.
 
 Habitat / PreNeT style. :mod:`costaware.opbench` times individual operations (conv,
 linear/matmul, bmm, attention, norms, elementwise, pooling, embedding, LSTM, optimizer
-steps) over many random shapes on a GPU. :class:`OpTimeModel` learns ``log seconds`` of
+steps) over many random shapes on a GPU, or on a CPU. :class:`OpTimeModel` learns ``log seconds`` of
 one kernel from what a dry run knows about a graph node: its operator group (the NSM
 groups of :mod:`costaware.features`), its phase (forward, backward, optimizer), dtype,
 FLOPs, bytes, arithmetic intensity and the time steps it runs in sequence (a fused
@@ -12,8 +12,9 @@ way :func:`costaware.analytic.roofline_time` sums roofline times, and returns th
 features of the whole-model cost model.
 
 A node whose group has no op data is costed by the elementwise (memory-bound) model from
-its bytes. The op data comes from one GPU; another CUDA device is scaled by the ratio of
-its roofline time to the measured GPU's. A CPU has no op data: the features are NaN.
+its bytes. One model's op data comes from one device, and a model is fitted per device
+kind (:func:`fit_op_models`): another device of the same kind is scaled by the ratio of
+its roofline time to the measured one's, and a device of another kind gets NaN features.
 
 The model is saved as a CatBoost ``.cbm`` file (no pickle).
 """
@@ -39,6 +40,7 @@ __all__ = [
     "OPTIME_FEATURES",
     "NodeTable",
     "OpTimeModel",
+    "fit_op_models",
     "node_table",
     "op_rows_digest",
     "op_samples",
@@ -116,12 +118,20 @@ _DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
 #: steps keep theirs: their Python bookkeeping is real. Held timings (``timer``
 #: "cuda_held", opbench schema 2) time the GPU's work alone and keep every microsecond.
 HARNESS_FLOOR_S = {0: 18e-6, 1: 75e-6, 2: 0.0}
+#: A CPU's opbench times (``timer`` "perf_counter") are the op's whole call, and a CPU
+#: step is such calls one after another: a forward's call is kept. A backward sample is
+#: one ``backward()`` through the autograd engine, whose set-up a step pays once, not per
+#: node: about 0.9x the 2nd percentile of the cheapest backward ops on the corpus machine
+#: (relu, softmax, max-pool: 41-45 us, 1 thread) is taken off.
+CPU_HARNESS_FLOOR_S = {0: 0.0, 1: 38e-6, 2: 0.0}
+#: the opbench timer of a CPU's op rows
+CPU_TIMER = "perf_counter"
 #: the opbench timer whose samples are the GPU's own time (no harness floor to take off)
 HELD_TIMER = "cuda_held"
 MIN_KERNEL_S = 1e-6
 #: the fewest usable kernel timings the op model is fitted on
 MIN_OP_SAMPLES = 10
-#: the names step_features returns (NaN where there is no op model or no GPU)
+#: the names step_features returns (NaN on a device of another kind than the op data's)
 OPTIME_FEATURES = (
     "optime_ms",
     "optime_fwd_ms",
@@ -177,6 +187,17 @@ def _held(row: Mapping[str, Any]) -> bool:
     return bool((row.get("times") or {}).get("timer") == HELD_TIMER)
 
 
+def _harness_floor(row: Mapping[str, Any], phase: int) -> float:
+    """Seconds of an opbench sample that are the harness's, not the op's (see
+    :data:`HARNESS_FLOOR_S`, :data:`CPU_HARNESS_FLOOR_S`)."""
+    timer = (row.get("times") or {}).get("timer")
+    if timer == HELD_TIMER:
+        return 0.0
+    if timer == CPU_TIMER:
+        return CPU_HARNESS_FLOOR_S[phase]
+    return HARNESS_FLOOR_S[phase]
+
+
 def preferred_op_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """``rows`` in order, less the unheld row of every case that also has a held one (a
     schema 1 file and its held re-run): the held timing supersedes it."""
@@ -226,7 +247,7 @@ def op_samples(rows: Iterable[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarra
             fl.append(float(f))
             by.append(float(b))
             se.append(steps)
-            floor = 0.0 if _held(r) else HARNESS_FLOOR_S[phase]
+            floor = _harness_floor(r, phase)
             y.append(math.log(max(float(t) - floor, MIN_KERNEL_S)))
     return _x(g, ph, dt, fl, by, se), np.asarray(y, dtype=np.float64)
 
@@ -302,6 +323,13 @@ def _arrays(table: NodeTable) -> _Arrays:
     )
 
 
+def _device_kind(name: str) -> str:
+    """The kind ("cuda" or "cpu") of a catalog device name."""
+    from costaware.devices import get_device
+
+    return str(get_device(name).kind)
+
+
 def _roofline_nodes(a: _Arrays, device: Any) -> np.ndarray:
     """Per-row roofline seconds on ``device`` (costaware.analytic's formula, no launch)."""
     from costaware.analytic import node_seconds
@@ -311,7 +339,8 @@ def _roofline_nodes(a: _Arrays, device: Any) -> np.ndarray:
 
 
 class OpTimeModel:
-    """Per-kernel GPU time from (group, phase, dtype, FLOPs, bytes), learned on opbench rows.
+    """Per-kernel time from (group, phase, dtype, FLOPs, bytes), learned on one device's
+    opbench rows (a GPU's, or a CPU's).
 
     Args:
         iterations, depth, learning_rate: CatBoost settings.
@@ -337,7 +366,8 @@ class OpTimeModel:
         self.thread_count = thread_count
 
     def fit(self, rows: Sequence[Mapping[str, Any]], *, device: str | None = None) -> OpTimeModel:
-        """Fit on opbench rows (``kind: "op"``) of one GPU; ``device`` is its catalog name."""
+        """Fit on opbench rows (``kind: "op"``) of one device (a GPU, or a CPU);
+        ``device`` is its catalog name."""
         from catboost import CatBoostRegressor
 
         ops = [r for r in rows if r.get("kind") == "op"]
@@ -352,7 +382,8 @@ class OpTimeModel:
             names = {catalog_device(dict(r)) for r in ops if r.get("status") == "ok"}
             if len(names) != 1:
                 raise ValueError(
-                    f"op rows must come from one GPU, but they come from {sorted(names)}."
+                    f"op rows must come from one device, but they come from {sorted(names)}; "
+                    "fit one op model per device kind."
                 )
             device = names.pop()
         model = CatBoostRegressor(
@@ -373,13 +404,24 @@ class OpTimeModel:
             "samples": len(y),
             "data_sha256": op_rows_digest(ops),
             "groups": list(GROUPS),
-            "harness_floor_s": {str(k): v for k, v in HARNESS_FLOOR_S.items()},
+            # the floor taken off this device's timings (a CPU's or a GPU's schema 1)
+            "harness_floor_s": {
+                str(k): v
+                for k, v in (
+                    CPU_HARNESS_FLOOR_S if _device_kind(device) == "cpu" else HARNESS_FLOOR_S
+                ).items()
+            },
             "range": _sample_range(x),
         }
         return self
 
+    @property
+    def kind(self) -> str:
+        """The kind ("cuda" or "cpu") of the device the op data comes from."""
+        return _device_kind(self.info_["device"])
+
     def predict_kernels(self, a: _Arrays) -> np.ndarray:
-        """Seconds per row of ``a`` (one kernel each, count not applied), on the op data's GPU.
+        """Seconds per row of ``a`` (one kernel each, count not applied), on the op data's device.
 
         A kernel larger than any its group was timed at (more FLOPs or more bytes) is
         predicted at the size where it comes back in range, with its arithmetic intensity
@@ -430,15 +472,17 @@ class OpTimeModel:
     ) -> dict[str, float]:
         """The op-sum time of one (micro-batch) step on ``device``, as features.
 
-        Sums predicted kernel times plus the analytic launch overhead per kernel, forward
-        and backward per micro-batch and the optimizer step once per ``grad_accumulation``
-        micro-batches, as :func:`costaware.analytic.roofline_time` does. Backward nodes of
-        :data:`FORWARD_KERNEL_GROUPS` are costed as the forward kernels they are. Another
-        CUDA device than the op data's is scaled by the ratio of the roofline sums; a CPU
-        gets NaN. Besides the sums: the kernel time alone (``optime_kernel_ms``) and the
-        kernel nodes of each phase (``kernels_fwd``, ``kernels_bwd``, ``kernels_opt``).
+        Sums predicted kernel times, forward and backward per micro-batch and the
+        optimizer step once per ``grad_accumulation`` micro-batches, as
+        :func:`costaware.analytic.roofline_time` does; on a GPU each kernel also pays the
+        analytic launch overhead (a CPU's op timings are whole calls: theirs is in them).
+        Backward nodes of :data:`FORWARD_KERNEL_GROUPS` are costed as the forward kernels
+        they are. Another device of the op data's kind is scaled by the ratio of the
+        roofline sums; a device of another kind (a CPU under a GPU's op model) gets NaN.
+        Besides the sums: the kernel time alone (``optime_kernel_ms``) and the kernel
+        nodes of each phase (``kernels_fwd``, ``kernels_bwd``, ``kernels_opt``).
         """
-        if device.kind != "cuda":
+        if device.kind != self.kind:
             return nan_features()
         from costaware.analytic import LAUNCH_OVERHEAD_S, STEP_OVERHEAD_S
         from costaware.devices import get_device
@@ -447,7 +491,8 @@ class OpTimeModel:
         same = np.isin(a.group, _FORWARD_KERNEL_INDEX)
         as_kernels = dataclasses.replace(a, phase=np.where((a.phase == 1) & same, 0, a.phase))
         per = self.predict_kernels(as_kernels) * a.count
-        launch = LAUNCH_OVERHEAD_S["cuda"] * a.count
+        gpu = device.kind == "cuda"
+        launch = LAUNCH_OVERHEAD_S["cuda"] * a.count if gpu else np.zeros(len(a.count))
         if device.name != self.info_["device"]:
             ref = get_device(self.info_["device"])
             scale = _roofline_nodes(a, device).sum() / max(_roofline_nodes(a, ref).sum(), 1e-12)
@@ -456,7 +501,7 @@ class OpTimeModel:
         fwd = float((per + launch)[a.phase == 0].sum()) / micro
         bwd = float((per + launch)[a.phase == 1].sum()) / micro
         opt = float(per[a.phase == 2].sum()) / grad_accumulation
-        total = fwd + bwd + opt + STEP_OVERHEAD_S["cuda"] / grad_accumulation
+        total = fwd + bwd + opt + (STEP_OVERHEAD_S["cuda"] / grad_accumulation if gpu else 0.0)
         fb = a.phase <= 1
         fb_kernels = float(per[fb].sum())
         fall = float(per[fb & a.fallback].sum()) / max(fb_kernels, 1e-12)
@@ -509,6 +554,45 @@ class OpTimeModel:
         self.model_ = m
         self.info_ = {k: v for k, v in entry.items() if k not in ("file", "params")}
         return self
+
+
+def fit_op_models(
+    rows: Iterable[Mapping[str, Any]], **params: Any
+) -> tuple[list[OpTimeModel], list[str]]:
+    """One :class:`OpTimeModel` per device kind in opbench ``rows`` (a GPU's op rows, a
+    CPU's), each fitted on its own rows with ``params``; and why a kind got none (fewer
+    than :data:`MIN_OP_SAMPLES` usable timings). Raises ValueError where the rows of one
+    kind come from several devices."""
+    from costaware.collect import catalog_device
+    from costaware.devices import get_device
+
+    by_kind: dict[str, list[Mapping[str, Any]]] = {}
+    names: dict[str, set[str]] = {}
+    for r in rows:
+        if r.get("kind") != "op":
+            continue
+        name = catalog_device(dict(r))
+        kind = str(get_device(name).kind)
+        by_kind.setdefault(kind, []).append(r)
+        if r.get("status") == "ok":
+            names.setdefault(kind, set()).add(name)
+    models: list[OpTimeModel] = []
+    skipped: list[str] = []
+    for kind, got in sorted(by_kind.items()):
+        if len(names.get(kind, ())) > 1:
+            raise ValueError(
+                f"{kind} op rows must come from one device, but they come from "
+                f"{sorted(names[kind])}."
+            )
+        usable = len(op_samples(got)[1])
+        if usable < MIN_OP_SAMPLES:
+            skipped.append(
+                f"{len(got)} {kind} op rows hold {usable} usable timings, fewer than "
+                f"{MIN_OP_SAMPLES}: no {kind} op model"
+            )
+            continue
+        models.append(OpTimeModel(**params).fit(got))
+    return models, skipped
 
 
 def nan_features() -> dict[str, float]:
