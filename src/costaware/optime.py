@@ -2,11 +2,11 @@
 
 Habitat / PreNeT style. :mod:`costaware.opbench` times individual operations (conv,
 linear/matmul, bmm, attention, norms, elementwise, pooling, embedding, LSTM, optimizer
-steps) over many random shapes on a GPU, or on a CPU. :class:`OpTimeModel` learns ``log seconds`` of
-one kernel from what a dry run knows about a graph node: its operator group (the NSM
-groups of :mod:`costaware.features`), its phase (forward, backward, optimizer), dtype,
-FLOPs, bytes, arithmetic intensity and the time steps it runs in sequence (a fused
-recurrent layer's T; see :attr:`costaware.trace.Trace.node_serial`).
+steps) over many random shapes on a GPU, or on a CPU. :class:`OpTimeModel` learns
+``log seconds`` of one kernel from what a dry run knows about a graph node: its operator
+group (the NSM groups of :mod:`costaware.features`), its phase (forward, backward,
+optimizer), dtype, FLOPs, bytes, arithmetic intensity and the time steps it runs in
+sequence (a fused recurrent layer's T; see :attr:`costaware.trace.Trace.node_serial`).
 :meth:`OpTimeModel.step_features` sums the predictions over a trace's kernel nodes, the
 way :func:`costaware.analytic.roofline_time` sums roofline times, and returns them as
 features of the whole-model cost model.
@@ -421,7 +421,8 @@ class OpTimeModel:
         return _device_kind(self.info_["device"])
 
     def predict_kernels(self, a: _Arrays) -> np.ndarray:
-        """Seconds per row of ``a`` (one kernel each, count not applied), on the op data's device.
+        """Seconds per row of ``a`` (one kernel each, count not applied), on the op data's
+        device.
 
         A kernel larger than any its group was timed at (more FLOPs or more bytes) is
         predicted at the size where it comes back in range, with its arithmetic intensity
