@@ -1650,8 +1650,10 @@ class CostModel:
             base.save(out / "base")
         for kind, op_model in sorted(self.__dict__.get("op_models_", {}).items()):
             # a GPU's is "op_time" in optime.cbm, as before there were CPU op models
-            suffix = "" if kind == "cuda" else f"_{kind}"
-            files[f"op_time{suffix}"] = op_model.save(out / f"optime{suffix.replace('_', '-')}.cbm")
+            key, name = (
+                ("op_time", "optime") if kind == "cuda" else (f"op_time_{kind}", f"optime-{kind}")
+            )
+            files[key] = op_model.save(out / f"{name}.cbm")
         manifest = {
             "format_version": FORMAT_VERSION,
             "feature_version": FEATURE_VERSION,

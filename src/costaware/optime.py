@@ -565,7 +565,6 @@ def fit_op_models(
     than :data:`MIN_OP_SAMPLES` usable timings). Raises ValueError where the rows of one
     kind come from several devices."""
     from costaware.collect import catalog_device
-    from costaware.devices import get_device
 
     by_kind: dict[str, list[Mapping[str, Any]]] = {}
     names: dict[str, set[str]] = {}
@@ -573,7 +572,7 @@ def fit_op_models(
         if r.get("kind") != "op":
             continue
         name = catalog_device(dict(r))
-        kind = str(get_device(name).kind)
+        kind = _device_kind(name)
         by_kind.setdefault(kind, []).append(r)
         if r.get("status") == "ok":
             names.setdefault(kind, set()).add(name)
