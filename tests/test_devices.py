@@ -19,6 +19,7 @@ from costaware.devices import (
     UnknownDeviceError,
     cpu_device,
     detect_device,
+    device_kind,
     get_device,
     known_devices,
 )
@@ -309,6 +310,18 @@ def test_unknown_name_lists_known_devices() -> None:
 def test_unknown_name_suggests_close_match() -> None:
     with pytest.raises(UnknownDeviceError, match="Did you mean 'H100-SXM'"):
         get_device("H100-SXMM")
+
+
+def test_device_kind_matches_names_as_get_device_does() -> None:
+    for name in ("CPU", "cpu", " Cpu "):
+        assert device_kind(name) == "cpu"
+    for name in ("H100", "h100_sxm", "NVIDIA H100 80GB HBM3", get_device("A10")):
+        assert device_kind(name) == "cuda"
+    # a GPU the catalog does not know yet is still a GPU (get_device would raise)
+    with pytest.raises(UnknownDeviceError):
+        get_device("NVIDIA Hypothetical X9000")
+    assert device_kind("NVIDIA Hypothetical X9000") == "cuda"
+    assert device_kind(cpu_device()) == "cpu"
 
 
 def test_non_string_name_is_a_type_error() -> None:

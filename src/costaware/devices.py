@@ -51,6 +51,7 @@ __all__ = [
     "UnknownDeviceError",
     "cpu_device",
     "detect_device",
+    "device_kind",
     "get_device",
     "known_devices",
 ]
@@ -621,6 +622,20 @@ def get_device(name: str | Device) -> Device:
     raise UnknownDeviceError(
         f"unknown device {name!r}.{hint} Known devices: {', '.join(known)} (or 'auto')."
     )
+
+
+def device_kind(name: str | Device) -> str:
+    """``"cuda"`` or ``"cpu"``: the kind of a device, or of a device name as
+    :func:`get_device` matches it (any case, an alias, ``"cpu"`` as well as ``"CPU"``).
+
+    A name missing from the catalog is a GPU's (``"cuda"``): measurements and op timings
+    record the name the driver reports, and a GPU newer than the catalog still has one.
+    Unlike :func:`get_device`, this never raises for such a name.
+    """
+    if isinstance(name, Device):
+        return name.kind
+    device = _lookup(name) if isinstance(name, str) else None
+    return "cuda" if device is None else device.kind
 
 
 def _decode(value: Any) -> str:

@@ -39,7 +39,7 @@ from torch import nn
 
 from costaware import analytic as _analytic
 from costaware._format import fmt_bytes, fmt_seconds
-from costaware.devices import Device, get_device
+from costaware.devices import Device, device_kind, get_device
 from costaware.errors import CostawareError, NotEnoughObservations, NotFittedError
 from costaware.features import (
     FEATURE_VERSION,
@@ -283,17 +283,6 @@ def features_for(
             )
         )
     return feats
-
-
-def _device_kind(name: str) -> str:
-    """``"cuda"`` or ``"cpu"`` for a device name (a GPU missing from the catalog is cuda)."""
-    return get_device(name).kind if _known(name) else "cuda"
-
-
-def _known(name: str) -> bool:
-    from costaware.devices import known_devices
-
-    return name in known_devices()
 
 
 @dataclass(frozen=True)
@@ -1122,7 +1111,7 @@ class CostModel:
             return False
         kind = get_device(device).kind
         seen = self.training_.get("devices", [])
-        return kind in {_device_kind(d) for d in seen}
+        return kind in {device_kind(d) for d in seen}
 
     def achieved_coverage(self, kind: str | None = None) -> float | None:
         """The coverage the memory bound guarantees (the time bound's if memory has none).
@@ -1316,14 +1305,14 @@ class CostModel:
                         f"observation features lack {name!r}; build them with CostModel.features(spec, device)."
                     )
         self.__dict__.pop("kinds_", None)
-        present = sorted({_device_kind(o.device) for o in obs})
+        present = sorted({device_kind(o.device) for o in obs})
         if len(present) > 1:
             return self._fit_by_kind(obs, base, present)
         if base is not None and not base.is_fitted:
             base = None  # an unfitted base is the analytic estimate, the default baseline
         if base is not None:
-            seen = {_device_kind(d) for d in base.training_.get("devices", [])}
-            if not {_device_kind(o.device) for o in obs} <= seen:
+            seen = {device_kind(d) for d in base.training_.get("devices", [])}
+            if not {device_kind(o.device) for o in obs} <= seen:
                 # its corrections were learned on another device kind (a GPU model under
                 # CPU trials): they would be applied where they mean nothing
                 base = None
@@ -1338,12 +1327,12 @@ class CostModel:
             dispatch = _Dispatch.fitted_on(
                 obs,
                 lambda o: (
-                    _device_kind(o.device) == "cuda" and o.features.get("optime_ms", math.nan) > 0
+                    device_kind(o.device) == "cuda" and o.features.get("optime_ms", math.nan) > 0
                 ),
             )
             if dispatch is not None:
                 self.dispatch_ = dispatch
-            if all(_device_kind(o.device) == "cpu" for o in obs):
+            if all(device_kind(o.device) == "cpu" for o in obs):
                 cpu_steps = _CpuSteps.fitted_on(obs)
                 if cpu_steps is not None:
                     self.cpu_steps_ = cpu_steps
@@ -1358,7 +1347,7 @@ class CostModel:
         n_cal = max(1, round(len(uniq) * self.calibration_fraction)) if len(uniq) > 1 else 0
         cal_groups = set(rng.choice(uniq, size=n_cal, replace=False).tolist()) if n_cal else set()
         is_cal = np.asarray([g in cal_groups for g in groups])
-        kinds = np.asarray([_device_kind(o.device) for o in obs])
+        kinds = np.asarray([device_kind(o.device) for o in obs])
 
         # every row's (memory, time) baseline, once: with a base model each is a prediction
         baselines = np.asarray(
@@ -1532,7 +1521,7 @@ class CostModel:
         subs: dict[str, CostModel] = {}
         skipped: dict[str, str] = {}
         for kind in kinds:
-            rows = [o for o in obs if _device_kind(o.device) == kind]
+            rows = [o for o in obs if device_kind(o.device) == kind]
             sub = CostModel(**self._params())
             try:
                 subs[kind] = sub.fit(rows, base=base)

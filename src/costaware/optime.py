@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from costaware.devices import device_kind
 from costaware.flops import VIEW
 from costaware.trace import Trace
 
@@ -323,13 +324,6 @@ def _arrays(table: NodeTable) -> _Arrays:
     )
 
 
-def _device_kind(name: str) -> str:
-    """The kind ("cuda" or "cpu") of a catalog device name."""
-    from costaware.devices import get_device
-
-    return str(get_device(name).kind)
-
-
 def _roofline_nodes(a: _Arrays, device: Any) -> np.ndarray:
     """Per-row roofline seconds on ``device`` (costaware.analytic's formula, no launch)."""
     from costaware.analytic import node_seconds
@@ -408,7 +402,7 @@ class OpTimeModel:
             "harness_floor_s": {
                 str(k): v
                 for k, v in (
-                    CPU_HARNESS_FLOOR_S if _device_kind(device) == "cpu" else HARNESS_FLOOR_S
+                    CPU_HARNESS_FLOOR_S if device_kind(device) == "cpu" else HARNESS_FLOOR_S
                 ).items()
             },
             "range": _sample_range(x),
@@ -418,7 +412,7 @@ class OpTimeModel:
     @property
     def kind(self) -> str:
         """The kind ("cuda" or "cpu") of the device the op data comes from."""
-        return _device_kind(self.info_["device"])
+        return device_kind(self.info_["device"])
 
     def predict_kernels(self, a: _Arrays) -> np.ndarray:
         """Seconds per row of ``a`` (one kernel each, count not applied), on the op data's
@@ -572,7 +566,7 @@ def fit_op_models(
         if r.get("kind") != "op":
             continue
         name = catalog_device(dict(r))
-        kind = _device_kind(name)
+        kind = device_kind(name)
         by_kind.setdefault(kind, []).append(r)
         if r.get("status") == "ok":
             names.setdefault(kind, set()).add(name)
