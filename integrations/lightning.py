@@ -25,6 +25,14 @@ Record what a training run really costs, epoch by epoch, and stop one that blows
   resident set since training started plus those bytes, while glibc serves every
   allocation above 64 KiB with ``mmap`` so that freed tensors leave the resident set at once.
   Peaks are running peaks: epoch ``k`` reports the highest figure of epochs ``0..k``.
+  On CUDA, training starts from a clean cache: unreachable objects are collected
+  (``gc.collect``: an earlier trial's model and optimizer often live on in reference
+  cycles until then), cuBLAS's cached workspaces are dropped (one pins the whole cached
+  segment it sits in) and the cache is emptied. What the process still holds reserved
+  beyond the model's parameters, buffers and optimizer state is recorded as
+  ``held_before``; above :data:`costaware.store.MAX_HELD_BEFORE` (256 MiB) the callback
+  warns once, and the store does not refit memory on that trial's peak, which is partly
+  someone else's.
   ``actual["memory_method"]`` says which method was used.
 
 Each epoch becomes one ``record_measurement(status="ok", epoch=...)`` row in an
@@ -111,6 +119,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -233,6 +242,18 @@ def _optimizer_bytes(optimizers: Any, device_type: str) -> int:
 _MEMORY_STEPS = 2
 
 
+def _clear_cuda_cache() -> None:
+    """Free what an earlier run left in the CUDA caching allocator: unreachable objects
+    (collected), cuBLAS's cached workspaces (one pins the whole segment it sits in), then
+    every cached block that is free. Call it synchronised."""
+    gc.collect()
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        with contextlib.suppress(Exception):
+            clear_workspaces()
+    torch.cuda.empty_cache()
+
+
 def _malloc_trim() -> None:
     """Hand freed heap memory back to the OS, so the CPU baseline starts clean (glibc)."""
     with contextlib.suppress(Exception):
@@ -322,6 +343,7 @@ class _CostAwareCallbackBase:
         self._cpu_memory: CpuMemoryMeter | None = None
         self._alloc_batches = 0
         self._module_nbytes = 0
+        self._held_before: int | None = None
         self._nvml_peak: int | None = None
         self._raised: BaseException | None = None
         self._first_epoch: int | None = None
@@ -604,8 +626,22 @@ class _CostAwareCallbackBase:
         if self._kind == "cuda":
             dev = self._torch_device
             torch.cuda.synchronize(dev)
-            torch.cuda.empty_cache()  # the sanity check's cached blocks are not training's
+            _clear_cuda_cache()  # the sanity check's and earlier trials' blocks are not ours
             torch.cuda.reset_peak_memory_stats(dev)
+            own = _module_bytes(pl_module, "cuda") + _optimizer_bytes(
+                getattr(trainer, "optimizers", None), "cuda"
+            )
+            self._held_before = max(0, int(torch.cuda.memory_reserved(dev)) - own)
+            from costaware.store import MAX_HELD_BEFORE  # SQLAlchemy only once needed
+
+            if self._held_before > MAX_HELD_BEFORE:
+                self._warn_once(
+                    "held",
+                    f"costaware: {self._held_before / 2**20:,.0f} MiB of GPU memory was already "
+                    "reserved when training started, beyond this trial's model and optimizer "
+                    "(an earlier trial's tensors still referenced?). The measured peak includes "
+                    "it, so this trial's peak will not be used to refit the memory model.",
+                )
             self._sample_device_memory()
         elif self._kind == "cpu":
             _malloc_trim()
@@ -677,6 +713,7 @@ class _CostAwareCallbackBase:
             dev = self._torch_device
             out["peak_memory"] = int(torch.cuda.max_memory_reserved(dev))
             out["peak_allocated"] = int(torch.cuda.max_memory_allocated(dev))
+            out["held_before"] = self._held_before if self._training else None
             self._sample_device_memory()
             out["nvml_peak"] = self._nvml_peak
             out["memory_method"] = (
@@ -717,7 +754,7 @@ class _CostAwareCallbackBase:
             "memory_method": mem["memory_method"],
             "device_kind": self._kind,
             "steps": self._epoch_batches,
-        }
+        } | ({"held_before": mem["held_before"]} if "held_before" in mem else {})
 
     def _meta(self, trainer: Any) -> dict[str, Any]:
         meta: dict[str, Any] = {

@@ -542,6 +542,31 @@ def test_cuda_fields(db: str) -> None:
     assert cb.prediction is not None and cb.prediction.device != "CPU"
     rows = ObservationStore(db).measurements(study="gpu")
     assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert all(0 <= r["actual"]["held_before"] < 256 * 2**20 for r in rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_memory_an_earlier_trial_left_is_recorded_and_not_learned(db: str) -> None:
+    """Trials of one study share a process: what an earlier one left on the device is in
+    the next one's reserved peak. The callback records it, warns, and the store keeps
+    that peak out of the memory rows; garbage in reference cycles is collected first."""
+    leak = torch.empty(768 * 2**20, dtype=torch.uint8, device="cuda")  # still referenced
+
+    class Cycle:  # unreachable but for a cycle: gc.collect frees it
+        def __init__(self) -> None:
+            self.me = self
+            self.t = torch.empty(1024 * 2**20, dtype=torch.uint8, device="cuda")
+
+    Cycle()
+    cb = CostAwareCallback(db, spec=spec(), study="leak", trial=0)
+    with pytest.warns(CostAwareWarning, match="already reserved when training started"):
+        fit(L, cb, accelerator="gpu", devices=1, max_epochs=1)
+    held = cb.measurements[0]["actual"]["held_before"]
+    assert 768 * 2**20 <= held < (768 + 256) * 2**20  # the leak, not the collected cycle
+    (obs,) = ObservationStore(db).observations(study="leak")
+    assert obs.peak_memory is None and obs.iteration_time and "memory_left_out" in obs.meta
+    del leak
 
 
 @pytest.mark.gpu

@@ -182,6 +182,26 @@ def test_prediction_errors_and_coverage(store: ObservationStore) -> None:
     assert [g["group"] for g in acc["by_model"]] == ["analytic"]
 
 
+def test_peaks_partly_held_by_an_earlier_trial_are_shown_not_scored(
+    store: ObservationStore,
+) -> None:
+    """A trial that started with memory already reserved beyond its own tensors (the
+    callback's ``held_before``) keeps its measured peak in the table, is left out of the
+    memory error, and the notes say why."""
+    _prediction(store, 9, memory=100 * MiB)
+    store.record_measurement(
+        study="s", trial=9, epoch=0, status="ok", device="A10",
+        actual={"peak_memory": 900 * MiB, "epoch_time": 12.0, "held_before": 800 * MiB},
+    )  # fmt: skip
+    rep = ca.report(store)
+    (row,) = [r for r in rep.trials if r.trial == "9"]
+    assert row.actual_memory == 900 * MiB and row.memory_held_before == 800 * MiB
+    assert rep.accuracy()["memory"]["n"] == 3  # trials 0, 1 and 5, as without trial 9
+    assert rep.accuracy()["time"]["n"] == 5
+    (note,) = [n for n in rep.notes if "already reserved" in n]
+    assert note.startswith("1 trial(s)") and "800 MiB" in note
+
+
 def test_rel_errors() -> None:
     e = rel_errors([(100.0, 200.0, 250.0), (300.0, 100.0, None), (0.0, 1.0, 2.0)])
     assert e["n"] == 2

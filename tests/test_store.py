@@ -258,6 +258,26 @@ def test_observations_learn_the_time_an_epoch_really_took_per_step(
     assert t2.iteration_time == pytest.approx(0.3)
 
 
+def test_observations_leave_out_peaks_partly_held_by_something_else(
+    store: ObservationStore,
+) -> None:
+    """A trial whose process already held more than MAX_HELD_BEFORE reserved bytes when
+    its training started (the Lightning callback's ``held_before``) keeps its time but not
+    its peak: the memory model must not learn an earlier trial's leftovers."""
+    from costaware.store import MAX_HELD_BEFORE
+
+    _predict(store, 0)
+    _measure(store, 0, epoch=0, peak_memory=5 * 2**30, peak_allocated=4 * 2**30,
+             iteration_time=0.2, held_before=MAX_HELD_BEFORE + 2**20)  # fmt: skip
+    _predict(store, 1)  # a workspace-sized remainder is the trial's own business
+    _measure(store, 1, epoch=0, peak_memory=3 * 2**30, iteration_time=0.1, held_before=64 * 2**20)
+    t0, t1 = store.observations(study="s")
+    assert t0.peak_memory is None and t0.peak_allocated is None and t0.status == "ok"
+    assert t0.iteration_time == pytest.approx(0.2)
+    assert t0.meta["memory_left_out"].startswith("257 MiB was reserved before training started")
+    assert t1.peak_memory == 3 * 2**30 and "memory_left_out" not in t1.meta
+
+
 def test_observations_without_study_or_trial(store: ObservationStore) -> None:
     _predict(store, 1, study=None)
     _measure(store, 1, study=None, peak_memory=10)

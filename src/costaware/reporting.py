@@ -121,6 +121,7 @@ class TrialRow:
     epochs_planned: int | None = None
     measured: bool = False
     actual_memory: float | None = None
+    memory_held_before: float | None = None
     oom_memory_reached: float | None = None
     actual_epoch_time: float | None = None
     actual_iteration_time: float | None = None
@@ -254,11 +255,24 @@ def rel_errors(pairs: Sequence[tuple[float, float, float | None]]) -> dict[str, 
     }
 
 
+#: reserved bytes held beyond a trial's own tensors when its training started above which
+#: its measured peak is partly something else's (the store's ``MAX_HELD_BEFORE``)
+_MAX_HELD_BEFORE: Final = 256 << 20
+
+
+def _held_by_others(row: TrialRow) -> bool:
+    """Whether ``row``'s measured peak is partly memory its process held before it."""
+    return (row.memory_held_before or 0.0) > _MAX_HELD_BEFORE
+
+
 def _memory_pairs(rows: Iterable[TrialRow]) -> list[tuple[float, float, float | None]]:
     return [
         (r.pred_memory, r.actual_memory, r.pred_memory_upper)
         for r in rows
-        if r.pred_memory is not None and r.actual_memory is not None and r.outcome != "oom"
+        if r.pred_memory is not None
+        and r.actual_memory is not None
+        and r.outcome != "oom"
+        and not _held_by_others(r)
     ]
 
 
@@ -491,6 +505,15 @@ class Report:
                 f"{len(unmeasured)} of {sum(r.admitted for r in self.trials)} admitted trials "
                 "have no measured actuals (still running, or run without CostAwareCallback)."
             )
+        held = [r for r in self.trials if _held_by_others(r)]
+        if held:
+            most = max(r.memory_held_before or 0.0 for r in held)
+            notes.append(
+                f"{len(held)} trial(s) started with GPU memory already reserved beyond their "
+                f"own model and optimizer (up to {fmt_bytes(most)}: an earlier trial's tensors "
+                "still referenced?). Their measured peaks include it: they are shown, but "
+                "left out of the memory error and of the refit."
+            )
         s = self.summary()
         if s["saved_unknown"]:
             notes.append(
@@ -642,6 +665,8 @@ def _apply_measurements(row: TrialRow, ms: Sequence[Mapping[str, Any]]) -> str |
     iters = [v for a in good if (v := _num(a.get("iteration_time"))) is not None]
     every = [v for m in ms if (v := _num((m.get("actual") or {}).get("epoch_time"))) is not None]
     row.actual_memory = max(peaks) if peaks else None
+    held = [v for a in good if (v := _num(a.get("held_before"))) is not None]
+    row.memory_held_before = max(held) if held else None
     row.actual_epoch_time = _median(epochs)
     row.actual_iteration_time = _median(iters)
     row.epochs_measured = len(good)

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from costaware.model import Observation
 
 __all__ = [
+    "MAX_HELD_BEFORE",
     "MEASUREMENT_STATUSES",
     "PREDICTION_STATUSES",
     "SCHEMA_VERSION",
@@ -72,6 +73,14 @@ PREDICTION_STATUSES: Final = ("admitted", "rejected", "error")
 
 MEASUREMENT_STATUSES: Final = ("ok", "oom", "error", "stopped")
 """``stopped``: the trial ended early on purpose (pruned, time budget); its numbers count."""
+
+MAX_HELD_BEFORE: Final = 256 << 20
+"""Bytes a GPU process may hold reserved beyond a trial's own tensors when its training
+starts (``actual["held_before"]``, recorded by the Lightning callback) for the trial's
+reserved peak to still count as its own: above this, the peak is partly memory that an
+earlier trial or a pinned workspace left behind, and :meth:`ObservationStore.observations`
+leaves it out of the memory rows. The collector's ``MAX_RESERVED_BEFORE`` is the same
+figure: a cuBLAS workspace kept from an earlier run pins 64-162 MiB on an H100."""
 
 DEFAULT_URL: Final = "sqlite:///costaware.db"
 SQLITE_BUSY_TIMEOUT_S: Final = 30.0
@@ -361,7 +370,10 @@ class ObservationStore:
         - ``status``: ``"oom"`` if any record is an OOM, else ``"ok"`` if any is ``ok``
           or ``stopped``, else ``"error"``;
         - ``peak_memory`` / ``peak_allocated``: the maximum over ``ok``/``stopped``
-          records, None for an OOM (the true peak did not fit);
+          records, None for an OOM (the true peak did not fit) and for a trial whose
+          process held more than :data:`MAX_HELD_BEFORE` reserved bytes of something
+          else when its training started (``actual["held_before"]``; ``meta
+          ["memory_left_out"]`` says so, and its times still count);
         - ``iteration_time``: the time per step that an epoch really took, the median
           epoch time of the ``ok`` records over the predicted steps per epoch (data
           loading and the hooks between steps included: what an epoch-time budget sees),
@@ -403,17 +415,25 @@ class ObservationStore:
             per_step = _epoch_step_time(
                 [r.actual or {} for r in records if r.status == "ok"], pred.prediction
             )
+            held = _max(good, "held_before") or 0.0
+            left_out = None
+            if held > MAX_HELD_BEFORE:
+                left_out = (
+                    f"{held / 2**20:,.0f} MiB was reserved before training started "
+                    "(an earlier trial's tensors or a workspace): the peak is not all this trial's"
+                )
+            peak_ok = status != "oom" and left_out is None
             out.append(
                 Observation(
                     features=features,
                     device=device or "unknown",
-                    peak_memory=None if status == "oom" else _max(good, "peak_memory"),
+                    peak_memory=_max(good, "peak_memory") if peak_ok else None,
                     iteration_time=step
                     if per_step is None or (step or 0) >= per_step
                     else per_step,
                     status=status,
                     family=None if family is None else str(family),
-                    peak_allocated=None if status == "oom" else _max(good, "peak_allocated"),
+                    peak_allocated=_max(good, "peak_allocated") if peak_ok else None,
                     meta={
                         "study": key[0],
                         "trial": key[1],
@@ -421,7 +441,8 @@ class ObservationStore:
                         "step_time": step,
                         "epochs": len(good),
                         "prediction": pred.prediction,
-                    },
+                    }
+                    | ({} if left_out is None else {"memory_left_out": left_out}),
                 )
             )
         return out
