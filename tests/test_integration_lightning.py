@@ -7,6 +7,7 @@ import pickle
 import re
 import sys
 import time
+import types
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -522,6 +523,34 @@ def test_module_docstring_example_runs(capsys: pytest.CaptureFixture[str]) -> No
     exec(compile(code, "<docstring example>", "exec"), {})
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split()[:2] for line in lines[-2:]] == [["0", "ok"], ["1", "ok"]]
+
+
+def test_cuda_start_records_what_was_held_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA branch of the training start, on a CPU-only machine: torch.cuda's calls
+    are stood in for (a GPU cannot run here; the real one is the GPU test below)."""
+    calls: list[str] = []
+    module = _net()  # on the CPU: none of its bytes are the device's
+    reserved = {"now": 900 * 2**20}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: reserved["now"])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (0, 2**30))
+    monkeypatch.setattr(cal.gc, "collect", lambda: calls.append("gc") or 0)
+    trainer = types.SimpleNamespace(current_epoch=0, optimizers=[])
+    cb = CostAwareCallback()
+    cb._kind, cb._torch_device = "cuda", torch.device("cuda", 0)
+    with pytest.warns(CostAwareWarning, match="900 MiB of GPU memory was already reserved"):
+        cb._start_training(trainer, module)
+    assert calls[:3] == ["sync", "gc", "empty"] and "reset" in calls
+    assert cb._held_before == 900 * 2**20
+    cb2 = CostAwareCallback()
+    cb2._kind, cb2._torch_device = "cuda", torch.device("cuda", 0)
+    reserved["now"] = 64 * 2**20  # a workspace's worth: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CostAwareWarning)
+        cb2._start_training(trainer, module)
+    assert cb2._held_before == 64 * 2**20
 
 
 # --------------------------------------------------------------------------------------
