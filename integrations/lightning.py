@@ -119,7 +119,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import importlib
 import json
 import os
@@ -135,7 +134,7 @@ from costaware.budget import Budget
 from costaware.devices import Device, cpu_device, detect_device, get_device
 from costaware.errors import CostAwareWarning, first_line
 from costaware.model import CostModel, Prediction
-from costaware.profile import CpuMemoryMeter, mmap_threshold
+from costaware.profile import CpuMemoryMeter, clear_cuda_cache, mmap_threshold
 from costaware.spec import TrainingSpec
 
 if TYPE_CHECKING:
@@ -240,18 +239,6 @@ def _optimizer_bytes(optimizers: Any, device_type: str) -> int:
 #: training batches the CPU allocator's peak is profiled over: the second step is the
 #: first with the optimizer state allocated, the steady state's peak
 _MEMORY_STEPS = 2
-
-
-def _clear_cuda_cache() -> None:
-    """Free what an earlier run left in the CUDA caching allocator: unreachable objects
-    (collected), cuBLAS's cached workspaces (one pins the whole segment it sits in), then
-    every cached block that is free. Call it synchronised."""
-    gc.collect()
-    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear_workspaces is not None:
-        with contextlib.suppress(Exception):
-            clear_workspaces()
-    torch.cuda.empty_cache()
 
 
 def _malloc_trim() -> None:
@@ -626,7 +613,7 @@ class _CostAwareCallbackBase:
         if self._kind == "cuda":
             dev = self._torch_device
             torch.cuda.synchronize(dev)
-            _clear_cuda_cache()  # the sanity check's and earlier trials' blocks are not ours
+            clear_cuda_cache()  # the sanity check's and earlier trials' blocks are not ours
             torch.cuda.reset_peak_memory_stats(dev)
             own = _module_bytes(pl_module, "cuda") + _optimizer_bytes(
                 getattr(trainer, "optimizers", None), "cuda"

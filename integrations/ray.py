@@ -29,6 +29,9 @@ result key                    meaning
 ``"peak_memory_bytes"``       peak memory so far, in bytes (CUDA: ``max_memory_reserved``;
                               CPU: the CPU allocator's peak over the first epoch, or
                               the first two ``meter.step()`` calls)
+``"held_before_bytes"``       CUDA: bytes the process held reserved when the meter was
+                              created, before the model (an earlier trial's leftovers);
+                              above 256 MiB the store keeps the peak out of the refit
 ``"epoch"``                   the epoch index (else ``training_iteration - 1`` is used)
 ============================  ==========================================================
 
@@ -85,7 +88,7 @@ from costaware.devices import Device, get_device
 from costaware.errors import CostAwareWarning, first_line
 from costaware.gate import Gate
 from costaware.model import CostModel
-from costaware.profile import CpuMemoryMeter
+from costaware.profile import CpuMemoryMeter, clear_cuda_cache
 from costaware.spec import TrainingSpec
 
 __all__ = [
@@ -102,6 +105,7 @@ DEFAULT_STUDY = "ray-tune"
 #: result keys read by :class:`CostAwareScheduler`, first match wins
 EPOCH_TIME_KEYS = ("epoch_time_s", "epoch_time", "costaware/epoch_time")
 PEAK_MEMORY_KEYS = ("peak_memory_bytes", "peak_memory", "costaware/peak_memory")
+HELD_BEFORE_KEYS = ("held_before_bytes", "held_before", "costaware/held_before")
 
 
 def _open_store(store: Any) -> Any:
@@ -508,6 +512,8 @@ class CostAwareScheduler(TrialScheduler):
             self._trial_time[trial_id] = self._trial_time.get(trial_id, 0.0) + epoch_time
         reasons = self._over_budget(epoch_time, peak, self._trial_time.get(trial_id))
         actual: dict[str, Any] = {"epoch_time": epoch_time, "peak_memory": peak}
+        if (held := _number(result, HELD_BEFORE_KEYS)) is not None:
+            actual["held_before"] = held  # the store leaves such a peak out of the refit
         if reasons:
             self.stopped[trial_id] = {
                 "reasons": [r.message for r in reasons],
@@ -679,6 +685,12 @@ class EpochMeter:
     profiler is active) it is the growth of the process's anonymous resident set since the
     meter was created (:class:`costaware.profile.RssPeak`); ``memory_method`` says which.
 
+    On CUDA, creating the meter first returns what earlier work left in the caching
+    allocator (:func:`costaware.profile.clear_cuda_cache`: a Ray worker that runs one trial
+    after another would otherwise count an earlier trial's cached and leftover blocks),
+    then records what is still reserved as ``held_before`` (``"held_before_bytes"`` in
+    :meth:`metrics`): nothing of this trial's exists yet, so it is all someone else's.
+
     Args:
         device: ``"cuda"`` (``torch.cuda.max_memory_reserved``), ``"cpu"``, or ``"auto"``
             (CUDA when available).
@@ -696,8 +708,12 @@ class EpochMeter:
         self._t0 = 0.0
         self._cpu_memory: CpuMemoryMeter | None = None
         self._steps = 0
+        self.held_before: int | None = None
         if device == "cuda":
+            torch.cuda.synchronize()
+            clear_cuda_cache()
             torch.cuda.reset_peak_memory_stats()
+            self.held_before = int(torch.cuda.memory_reserved())
         else:
             self._cpu_memory = CpuMemoryMeter(
                 "from the meter's creation to the end of the first epoch or the second step()",
@@ -743,8 +759,11 @@ class EpochMeter:
             self._cpu_memory.end_profiling()  # after the epoch's time: not the epoch's work
 
     def metrics(self) -> dict[str, float]:
-        """``{"epoch_time_s", "peak_memory_bytes"}`` for ``tune.report``."""
+        """``{"epoch_time_s", "peak_memory_bytes"}`` for ``tune.report`` (on CUDA also
+        ``"held_before_bytes"``)."""
         out: dict[str, float] = {"peak_memory_bytes": float(self.peak_memory())}
         if self.epoch_time is not None:
             out["epoch_time_s"] = self.epoch_time
+        if self.held_before is not None:
+            out["held_before_bytes"] = float(self.held_before)
         return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import pickle
 import re
@@ -536,7 +537,7 @@ def test_cuda_start_records_what_was_held_before(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: calls.append("reset"))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: reserved["now"])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (0, 2**30))
-    monkeypatch.setattr(cal.gc, "collect", lambda: calls.append("gc") or 0)
+    monkeypatch.setattr(gc, "collect", lambda: calls.append("gc") or 0)
     trainer = types.SimpleNamespace(current_epoch=0, optimizers=[])
     cb = CostAwareCallback()
     cb._kind, cb._torch_device = "cuda", torch.device("cuda", 0)

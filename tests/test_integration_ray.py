@@ -51,9 +51,10 @@ def trainable(cfg: dict[str, Any]) -> None:
     """Reports a fake actual cost: ``slow`` configs take 10 s an epoch."""
     for epoch in range(3):
         epoch_time = 10.0 if cfg.get("slow") else 0.01
+        held = {"held_before_bytes": cfg["held"]} if "held" in cfg else {}
         tune.report(
             {"loss": 1.0 / (epoch + 1), "epoch": epoch, "epoch_time_s": epoch_time,
-             "peak_memory_bytes": 2**20}
+             "peak_memory_bytes": 2**20, **held}
         )  # fmt: skip
 
 
@@ -108,7 +109,7 @@ def test_rejected_suggestions_teach_optuna_and_never_run(ray_session: None, tmp_
 def test_scheduler_stops_an_over_budget_trial(ray_session: None, tmp_path: Path) -> None:
     store = ObservationStore(tmp_path / "costaware.db")
     scheduler = CostAwareScheduler(budget=BUDGET, device="cpu", store=store)
-    space = {"slow": tune.grid_search([0, 1])}
+    space = {"slow": tune.grid_search([0, 1]), "held": 512 * 2**20}  # an EpochMeter's on CUDA
     results = _fit(tmp_path, "stop", None, scheduler, space, 1)
 
     by_slow = {r.config["slow"]: r for r in results}
@@ -121,6 +122,8 @@ def test_scheduler_stops_an_over_budget_trial(ray_session: None, tmp_path: Path)
     stopped = store.measurements(status="stopped")
     assert len(stopped) == 1 and "exceeds the 5.0 s budget" in stopped[0]["reason"]
     assert stopped[0]["actual"]["epoch_time"] == 10.0
+    # what the trial's process held before it is kept: the store's refit leaves such peaks out
+    assert {m["actual"]["held_before"] for m in store.measurements()} == {512 * 2**20}
 
 
 def test_failing_spec_fn_fails_open(ray_session: None, tmp_path: Path) -> None:

@@ -56,6 +56,7 @@ __all__ = [
     "Measurement",
     "RssPeak",
     "allocator_peak",
+    "clear_cuda_cache",
     "environment",
     "measure",
     "mmap_threshold",
@@ -353,6 +354,21 @@ def reset_rss_peak() -> bool:
         return False
 
 
+def clear_cuda_cache() -> None:
+    """Return what earlier work left in the CUDA caching allocator before a measurement:
+    unreachable objects are collected (a finished run's model and optimizer often live on
+    in reference cycles), cuBLAS's cached workspaces are dropped (one left in a large
+    cached segment pins all of it, and ``empty_cache`` cannot return that segment), and
+    every cached block that is free goes back to the driver. Call it with the device
+    synchronised."""
+    gc.collect()
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        with contextlib.suppress(Exception):
+            clear_workspaces()
+    torch.cuda.empty_cache()
+
+
 @contextlib.contextmanager
 def mmap_threshold(nbytes: int) -> Iterator[None]:
     """Ask glibc to mmap allocations above ``nbytes`` so frees return memory at once."""
@@ -533,11 +549,7 @@ def measure(
     if is_cuda:
         torch.backends.cudnn.benchmark = spec.cudnn_benchmark
         torch.cuda.init()  # type: ignore[no-untyped-call]
-        gc.collect()
-        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-        if clear_workspaces is not None:  # a workspace can pin a whole cached segment
-            clear_workspaces()
-        torch.cuda.empty_cache()
+        clear_cuda_cache()
         result.reserved_before = int(torch.cuda.memory_reserved(dev))
         torch.cuda.reset_peak_memory_stats(dev)
         sampler: Any = _NvmlSampler(dev.index or 0)
