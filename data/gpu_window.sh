@@ -104,6 +104,7 @@ case "$step" in
 'cudnn', torch.backends.cudnn.version())" | tee "$out/env.txt"
         if "$PY" -c "import pytest" 2>/dev/null; then
             "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_opbench.py tests/test_profile.py \
+                tests/test_gpu_lightning.py \
                 2>&1 | tee "$out/gpu-tests.txt"
         else
             echo "gpu_window: pytest is not installed here: the GPU tests were skipped" \
