@@ -28,9 +28,10 @@ Record what a training run really costs, epoch by epoch, and stop one that blows
   On CUDA, training starts from a clean cache: unreachable objects are collected
   (``gc.collect``: an earlier trial's model and optimizer often live on in reference
   cycles until then), cuBLAS's cached workspaces are dropped (one pins the whole cached
-  segment it sits in) and the cache is emptied. What the process still holds reserved
-  beyond the model's parameters, buffers and optimizer state is recorded as
-  ``held_before``; above :data:`costaware.store.MAX_HELD_BEFORE` (256 MiB) the callback
+  segment it sits in) and the cache is emptied, once in Lightning's ``setup`` hook (before
+  the model is on the device) and again when training starts. What the process holds
+  reserved at ``setup``, less parameters the module already had on the device, is
+  recorded as ``held_before``; above :data:`costaware.store.MAX_HELD_BEFORE` (256 MiB) the callback
   warns once, and the store does not refit memory on that trial's peak, which is partly
   someone else's.
   ``actual["memory_method"]`` says which method was used.
@@ -318,6 +319,7 @@ class _CostAwareCallbackBase:
         self._warned: set[str] = set()
         self._store_obj: Any = None
         self._store_failed = False
+        self._setup_held: int | None = None
         self._rank_zero = True
         self._reset_run_state()
 
@@ -375,6 +377,9 @@ class _CostAwareCallbackBase:
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":
             self._check_namespace(trainer)
+            self._safely(
+                "measuring the GPU memory held before", self._held_at_setup, trainer, pl_module
+            )
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._safely("starting", self._start_fit, trainer, pl_module)
@@ -471,6 +476,21 @@ class _CostAwareCallbackBase:
                 f"from {root}; use {other} from costaware.integrations.lightning instead. It "
                 "still runs when passed in a list, but Lightning's isinstance checks miss it.",
             )
+
+    def _held_at_setup(self, trainer: Any, pl_module: Any) -> None:
+        """What a GPU process holds reserved before this run's model is on the device:
+        Lightning's ``setup`` hook runs before the strategy moves the model there, wraps
+        it (DDP allocates its gradient buckets then) and builds the optimizers. Anything
+        reserved now, less parameters the module already had on the device, is an earlier
+        run's (after :func:`~costaware.profile.clear_cuda_cache`)."""
+        self._setup_held = None
+        dev = trainer.strategy.root_device
+        if dev.type != "cuda":
+            return
+        torch.cuda.synchronize(dev)
+        clear_cuda_cache()
+        reserved = int(torch.cuda.memory_reserved(dev))
+        self._setup_held = max(0, reserved - _module_bytes(pl_module, "cuda"))
 
     def _start_fit(self, trainer: Any, pl_module: Any) -> None:
         self._finish()
@@ -615,10 +635,14 @@ class _CostAwareCallbackBase:
             torch.cuda.synchronize(dev)
             clear_cuda_cache()  # the sanity check's and earlier trials' blocks are not ours
             torch.cuda.reset_peak_memory_stats(dev)
-            own = _module_bytes(pl_module, "cuda") + _optimizer_bytes(
-                getattr(trainer, "optimizers", None), "cuda"
-            )
-            self._held_before = max(0, int(torch.cuda.memory_reserved(dev)) - own)
+            if self._setup_held is not None:  # measured before the model was on the device
+                self._held_before, self._setup_held = self._setup_held, None
+            else:  # setup did not run: all but the model and optimizer (a DDP's gradient
+                # buckets would count as held: they are allocated beside the model)
+                own = _module_bytes(pl_module, "cuda") + _optimizer_bytes(
+                    getattr(trainer, "optimizers", None), "cuda"
+                )
+                self._held_before = max(0, int(torch.cuda.memory_reserved(dev)) - own)
             from costaware.store import MAX_HELD_BEFORE  # SQLAlchemy only once needed
 
             if self._held_before > MAX_HELD_BEFORE:

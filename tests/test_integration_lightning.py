@@ -552,6 +552,17 @@ def test_cuda_start_records_what_was_held_before(monkeypatch: pytest.MonkeyPatch
         warnings.simplefilter("error", CostAwareWarning)
         cb2._start_training(trainer, module)
     assert cb2._held_before == 64 * 2**20
+    # measured in setup, before the model is on the device: what DDP allocates beside the
+    # model afterwards (its gradient buckets) is not counted as held
+    trainer.strategy = types.SimpleNamespace(root_device=torch.device("cuda", 0))
+    cb3 = CostAwareCallback()
+    reserved["now"] = 300 * 2**20
+    with pytest.warns(CostAwareWarning, match="300 MiB"):
+        cb3.setup(trainer, module, "fit")
+        cb3._kind, cb3._torch_device = "cuda", torch.device("cuda", 0)
+        reserved["now"] = 300 * 2**20 + 2 * 2**30  # the model, its optimizer and buckets
+        cb3._start_training(trainer, module)
+    assert cb3._held_before == 300 * 2**20 and cb3._setup_held is None
 
 
 # --------------------------------------------------------------------------------------
