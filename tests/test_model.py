@@ -411,6 +411,25 @@ def test_small_sample_refit_learns_one_factor_per_precision(
         )
 
 
+def test_small_sample_time_refit_tries_a_slope_only_from_ten_rows() -> None:
+    """Measured/predicted drifting with size (log slope 0.3): 8 rows get one factor per
+    precision (on so few, a slope chosen by leave-one-out made held-out families' times
+    worse, ``benchmarks/refit_replay.py``); from ``_MIN_SLOPE_ROWS`` rows it is learned."""
+    from costaware.model import _MIN_SLOPE_ROWS, _small_sample_line
+
+    log_base = np.log(np.geomspace(1e-3, 1.0, 12))
+    y = 0.1 + 0.3 * log_base
+    groups = np.full(12, "fp32", dtype=object)
+    by, slope, _ = _small_sample_line(y[:8], log_base[:8], groups[:8])
+    assert slope == 0.0 and by["fp32"] == pytest.approx(float(np.median(y[:8])))
+    assert _MIN_SLOPE_ROWS <= 12
+    by, slope, _ = _small_sample_line(y, log_base, groups)
+    assert slope == pytest.approx(0.3) and by["fp32"] == pytest.approx(0.1)
+    assert _small_sample_line(y[:8], log_base[:8], groups[:8], min_slope_rows=0)[
+        1
+    ] == pytest.approx(0.3)
+
+
 def test_small_sample_memory_refit_learns_a_fixed_offset(cnn_spec: ca.TrainingSpec) -> None:
     """Five trials that each carry 3 MiB of framework state besides their tensors: a line
     learns the offset, so a larger model is not charged 3 MiB times its size."""

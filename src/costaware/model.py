@@ -302,6 +302,13 @@ _GROUP_FEATURES = {p: f"precision_is_{p}" for p in PRECISIONS}
 _MAX_LOG_SLOPE = 0.5
 #: row pairs (same precision, baselines apart) a slope needs; with fewer it is 0
 _MIN_SLOPE_PAIRS = 3
+#: time measurements a small-sample refit needs before it tries a slope at all. Replaying
+#: refits on held-out families (``benchmarks/refit_replay.py``: the first 2, 4, 8 and 13
+#: trials of a family predict its others), a slope chosen by leave-one-out on 4 or 8 rows
+#: made the H100 predictions worse: 19.8% / 23.3% mean error against 18.9% / 18.0% with
+#: one factor per precision, and under a simulated device shift too; from 13 rows on it
+#: helped where the shift grows with size
+_MIN_SLOPE_ROWS = 10
 
 
 @dataclass(frozen=True)
@@ -351,17 +358,21 @@ def _fit_precision_line(
 
 
 def _small_sample_line(
-    y: np.ndarray, log_base: np.ndarray, groups: np.ndarray
+    y: np.ndarray,
+    log_base: np.ndarray,
+    groups: np.ndarray,
+    min_slope_rows: int = _MIN_SLOPE_ROWS,
 ) -> tuple[dict[str, float], float, np.ndarray]:
     """The per-precision line through every row, and the leave-one-out residuals of the
     rows whose precision keeps a measurement without them (a lone row would be predicted
     by the baseline, whose own bound covers it, so it calibrates nothing here).
 
-    The slope is kept only when it predicts left-out rows better than one factor per
-    precision does: over a narrow range of sizes, timing noise is all a slope would learn.
+    The slope is tried only from ``min_slope_rows`` rows on, and kept only when it
+    predicts left-out rows better than one factor per precision does: over a narrow range
+    of sizes, or a handful of rows, timing noise is all a slope would learn.
     """
     best: tuple[float, dict[str, float], float, np.ndarray] | None = None
-    for fit_slope in (False, True):
+    for fit_slope in (False, True) if len(y) >= min_slope_rows else (False,):
         loo = []
         for i in range(len(y)):
             keep = np.arange(len(y)) != i

@@ -1,0 +1,135 @@
+"""Replay the online refit's small-sample time correction on families no model saw.
+
+An online refit (:class:`costaware.refit.OnlineRefit`) corrects the shipped model with a
+study's own first measurements: after 2, 4, 8 and 13 measured trials, fewer than
+``SMALL_SAMPLE`` rows, it fits ``log(measured / predicted) = a[precision] + slope *
+log(predicted)`` (``costaware.model._small_sample_line``; the slope only where
+leave-one-out prefers it). This replays that on the held-out predictions that
+``benchmarks/accuracy.py --rows FILE`` writes, where each row was predicted by a model
+that never saw its architecture family: for each family, in many random orders, its first
+k rows are the study's measurements and its other rows the trials still to predict.
+
+Printed per device kind and k: the mean relative error of the time predictions of the
+other rows, for the shipped model alone (no refit) and three refit rules: one factor per
+precision (no slope), a slope tried at any size, and the shipped rule (a slope tried from
+``_MIN_SLOPE_ROWS`` rows on). Besides the measured rows as they are (the same machine
+the model was trained on), every scenario is also replayed on a simulated other device:
+every time 1.6x (slower), 0.625x (faster), and 1.6x at the median step growing with size
+as ``(predicted / median) ** 0.2``. A family's rows vary more than one study's trials do
+(depth, width, batch, optimizer, precision), so this is a hard case for a refit.
+
+Usage:
+    python benchmarks/accuracy.py --rows rows.jsonl   # about 25 minutes
+    python benchmarks/refit_replay.py rows.jsonl [--orders 40] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from costaware.model import _MIN_SLOPE_ROWS, _small_sample_line
+
+#: the refit schedule's first steps: measured trials when a refit happens
+STEPS = (2, 4, 8, 13)
+#: rows a family must have beyond k to be replayed at k
+MIN_LEFT = 5
+
+Rule = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[dict[str, float], float]]
+
+RULES: dict[str, Rule] = {
+    "one factor": lambda y, lb, g: _small_sample_line(y, lb, g, 10**9)[:2],
+    "slope always tried": lambda y, lb, g: _small_sample_line(y, lb, g, 0)[:2],
+    f"shipped (slope from {_MIN_SLOPE_ROWS})": lambda y, lb, g: _small_sample_line(y, lb, g)[:2],
+}
+
+SCENARIOS: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
+    "as measured": lambda lp, med: np.zeros_like(lp),
+    "1.6x slower": lambda lp, med: np.full_like(lp, math.log(1.6)),
+    "0.625x faster": lambda lp, med: np.full_like(lp, math.log(0.625)),
+    "1.6x, more with size": lambda lp, med: math.log(1.6) + 0.2 * (lp - med),
+}
+
+
+def load(paths: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            r = json.loads(line)
+            if r.get("secs") and r.get("p_secs") and r.get("family"):
+                rows.append(r)
+    if not rows:
+        raise SystemExit(f"no timed rows in {paths}: write them with accuracy.py --rows")
+    return rows
+
+
+def replay(
+    rows: list[dict[str, Any]],
+    shift: Callable[[np.ndarray, float], np.ndarray],
+    orders: int,
+    seed: int,
+) -> dict[str, dict[int, float]]:
+    """Mean relative error per rule (and "no refit") and k, over families and orders."""
+    rng = np.random.default_rng(seed)
+    log_pred_all = np.log([r["p_secs"] for r in rows])
+    med = float(np.median(log_pred_all))
+    errs: dict[str, dict[int, list[float]]] = {
+        name: {k: [] for k in STEPS} for name in ("no refit", *RULES)
+    }
+    for fam in sorted({r["family"] for r in rows}):
+        fr = [r for r in rows if r["family"] == fam]
+        lp = np.log([r["p_secs"] for r in fr])
+        y = np.log([r["secs"] for r in fr]) + shift(lp, med) - lp  # log(measured / predicted)
+        g = np.asarray([str(r.get("precision") or "") for r in fr], dtype=object)
+        for _ in range(orders):
+            order = rng.permutation(len(fr))
+            for k in STEPS:
+                if k > len(fr) - MIN_LEFT:
+                    continue
+                seen, rest = order[:k], order[k:]
+                errs["no refit"][k].append(float(np.mean(np.abs(np.exp(-y[rest]) - 1))))
+                for name, rule in RULES.items():
+                    by, slope = rule(y[seen], lp[seen], g[seen])
+                    corr = np.asarray(
+                        [by.get(str(p), 0.0) + slope * v for p, v in zip(g[rest], lp[rest])]
+                    )
+                    errs[name][k].append(float(np.mean(np.abs(np.exp(corr - y[rest]) - 1))))
+    return {
+        name: {k: float(np.mean(v)) if v else math.nan for k, v in by_k.items()}
+        for name, by_k in errs.items()
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("rows", nargs="+", help="held-out prediction rows from accuracy.py --rows")
+    p.add_argument("--orders", type=int, default=40, help="random orders per family (default 40)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the orders (default 0)")
+    args = p.parse_args()
+    rows = load(args.rows)
+    for kind in sorted({"cpu" if r["kind"] == "cpu" else "gpu" for r in rows}):
+        mine = [r for r in rows if ("cpu" if r["kind"] == "cpu" else "gpu") == kind]
+        fams = len({r["family"] for r in mine})
+        print(f"\n## {kind.upper()}: {len(mine)} rows, {fams} families, {args.orders} orders each")
+        print(
+            "\nMean relative error of the time predictions of a family's other rows, "
+            "after k of its rows refit the shipped model:\n"
+        )
+        names = ("no refit", *RULES)
+        print("| scenario | k | " + " | ".join(names) + " |")
+        print("|---|---|" + "---|" * len(names))
+        for scenario, shift in SCENARIOS.items():
+            res = replay(mine, shift, args.orders, args.seed)
+            for k in STEPS:
+                cells = " | ".join(f"{100 * res[n][k]:.1f}%" for n in names)
+                print(f"| {scenario} | {k} | {cells} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""benchmarks/refit_replay.py on synthetic held-out rows whose errors are known."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import refit_replay  # noqa: E402
+
+
+def _rows(bias: float, n: int = 24) -> list[dict[str, object]]:
+    """Two families, each off by its own factor plus +-1% of noise, sizes over 3 decades."""
+    rng = np.random.default_rng(0)
+    out = []
+    for fam, off in (("a", bias), ("b", -bias)):
+        for i, pred in enumerate(np.geomspace(1e-3, 1.0, n)):
+            noise = 0.01 * (1 if i % 2 else -1)
+            out.append(
+                {"kind": "cuda", "family": fam, "precision": "bf16" if rng.random() < 0.5 else "fp32",
+                 "p_secs": float(pred), "secs": float(pred * math.exp(off + noise))}
+            )  # fmt: skip
+    return out
+
+
+def test_a_family_wide_factor_is_learned_by_every_rule() -> None:
+    res = refit_replay.replay(_rows(0.4), refit_replay.SCENARIOS["as measured"], 3, 0)
+    for k in refit_replay.STEPS:
+        expected = (abs(math.exp(-0.4) - 1) + abs(math.exp(0.4) - 1)) / 2  # |pred / meas - 1|
+        assert res["no refit"][k] == pytest.approx(expected, abs=0.02)
+        # one factor per precision: exact but for the noise, once each precision is seen
+        assert res["one factor"][k] < (0.05 if k >= 8 else res["no refit"][k])
+    shift = refit_replay.replay(_rows(0.0), refit_replay.SCENARIOS["1.6x slower"], 3, 0)
+    assert shift["no refit"][13] == pytest.approx(1 - 1 / 1.6, abs=0.01)
+    assert shift["one factor"][13] < 0.03
+
+
+def test_command_line_prints_a_table_per_device_kind(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in _rows(0.2)) + "\n")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "refit_replay.py"), str(path), "--orders", "2"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "## GPU: 48 rows, 2 families" in out
+    assert out.count("| as measured |") == len(refit_replay.STEPS)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "refit_replay.py"), str(empty)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "accuracy.py --rows" in bad.stderr
