@@ -25,16 +25,16 @@ Record what a training run really costs, epoch by epoch, and stop one that blows
   resident set since training started plus those bytes, while glibc serves every
   allocation above 64 KiB with ``mmap`` so that freed tensors leave the resident set at once.
   Peaks are running peaks: epoch ``k`` reports the highest figure of epochs ``0..k``.
-  On CUDA, training starts from a clean cache: unreachable objects are collected
-  (``gc.collect``: an earlier trial's model and optimizer often live on in reference
-  cycles until then), cuBLAS's cached workspaces are dropped (one pins the whole cached
-  segment it sits in) and the cache is emptied, once in Lightning's ``setup`` hook (before
-  the model is on the device) and again when training starts. What the process holds
-  reserved at ``setup``, less parameters the module already had on the device, is
-  recorded as ``held_before``; above :data:`costaware.store.MAX_HELD_BEFORE` (256 MiB) the callback
-  warns once, and the store does not refit memory on that trial's peak, which is partly
-  someone else's.
   ``actual["memory_method"]`` says which method was used.
+- ``held_before`` (CUDA): on a GPU, training starts from a clean cache. Unreachable
+  objects are collected (``gc.collect``: an earlier trial's model and optimizer often
+  live on in reference cycles until then), cuBLAS's cached workspaces are dropped (one
+  pins the whole cached segment it sits in) and the cache is emptied, once in
+  Lightning's ``setup`` hook (before the model is on the device) and again when training
+  starts. What the process still holds reserved at ``setup``, less parameters the module
+  already had on the device, is ``held_before``. Above
+  :data:`costaware.store.MAX_HELD_BEFORE` (256 MiB) the callback warns once, and the
+  store does not refit memory on that trial's peak, which is partly someone else's.
 
 Each epoch becomes one ``record_measurement(status="ok", epoch=...)`` row in an
 :class:`~costaware.store.ObservationStore` (or ``"stopped"`` when the budget was enforced on

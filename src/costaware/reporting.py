@@ -255,14 +255,12 @@ def rel_errors(pairs: Sequence[tuple[float, float, float | None]]) -> dict[str, 
     }
 
 
-#: reserved bytes held beyond a trial's own tensors when its training started above which
-#: its measured peak is partly something else's (the store's ``MAX_HELD_BEFORE``)
-_MAX_HELD_BEFORE: Final = 256 << 20
-
-
 def _held_by_others(row: TrialRow) -> bool:
-    """Whether ``row``'s measured peak is partly memory its process held before it."""
-    return (row.memory_held_before or 0.0) > _MAX_HELD_BEFORE
+    """Whether ``row``'s measured peak is partly memory its process held before it
+    (more than the store's ``MAX_HELD_BEFORE``, which the refit leaves out too)."""
+    from costaware.store import MAX_HELD_BEFORE
+
+    return (row.memory_held_before or 0.0) > MAX_HELD_BEFORE
 
 
 def _memory_pairs(rows: Iterable[TrialRow]) -> list[tuple[float, float, float | None]]:
