@@ -126,7 +126,7 @@ class Prediction:
             f"(forward {b.get('flops_forward', 0) / 1e9:.1f})",
             f"    roofline time            {fmt_seconds(b.get('analytic_time'))}",
         ]
-        on_cpu = self.device.upper() == "CPU"
+        on_cpu = device_kind(self.device) == "cpu"
         with_sum = b.get("op_sum_time") is not None
         if with_sum:
             lines.append(

@@ -191,10 +191,9 @@ def _held(row: Mapping[str, Any]) -> bool:
 def _harness_floor(row: Mapping[str, Any], phase: int) -> float:
     """Seconds of an opbench sample that are the harness's, not the op's (see
     :data:`HARNESS_FLOOR_S`, :data:`CPU_HARNESS_FLOOR_S`)."""
-    timer = (row.get("times") or {}).get("timer")
-    if timer == HELD_TIMER:
+    if _held(row):
         return 0.0
-    if timer == CPU_TIMER:
+    if (row.get("times") or {}).get("timer") == CPU_TIMER:
         return CPU_HARNESS_FLOOR_S[phase]
     return HARNESS_FLOOR_S[phase]
 
@@ -585,7 +584,8 @@ def fit_op_models(
                 f"{MIN_OP_SAMPLES}: no {kind} op model"
             )
             continue
-        models.append(OpTimeModel(**params).fit(got))
+        # the device is known already: fit need not look every row's name up again
+        models.append(OpTimeModel(**params).fit(got, device=names[kind].pop()))
     return models, skipped
 
 
