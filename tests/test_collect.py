@@ -142,6 +142,10 @@ def test_collect_writes_gzip_rows_and_resumes(tmp_path: Path) -> None:
     assert by_id["t-mlp-8"]["measurement"]["iteration_time"] > 0
     assert by_id["t-mlp-8"]["device_name"] == "CPU"
     assert by_id["t-mlp-8"]["env"]["torch"] == torch.__version__
+    # the host's speed, probed just before each measured configuration
+    speed = by_id["t-mlp-8"]["env"]["host_speed"]
+    assert set(speed) == {"dispatch_us", "matmul_gflops", "add_gbs"}
+    assert all(v > 0 for v in speed.values())
     assert by_id["t-broken"]["status"] == "error"
     assert (
         "heads" in by_id["t-broken"]["measurement"]["error"]

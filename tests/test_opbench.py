@@ -175,6 +175,25 @@ def test_cpu_run_writes_ok_rows(tmp_path: Path) -> None:
         load_op_rows(tmp_path / "missing.jsonl.gz")
 
 
+def test_rows_carry_the_latest_host_speed_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probes: list[dict[str, float]] = []
+
+    def probe() -> dict[str, float]:
+        probes.append({"dispatch_us": float(len(probes) + 1)})
+        return probes[-1]
+
+    monkeypatch.setattr(opbench, "host_speed", probe)
+    bench(_small(4), tmp_path / "a.jsonl.gz", "cpu", progress=False)
+    # a short run is probed once, at its start
+    assert [r["env"]["host_speed"] for r in read_rows(tmp_path / "a.jsonl.gz")] == [probes[0]] * 4
+    monkeypatch.setattr(opbench, "HOST_SPEED_EVERY_S", 0.0)
+    bench(_small(3), tmp_path / "b.jsonl.gz", "cpu", progress=False)
+    # probed again once the interval has passed: each row carries the probe before it
+    assert [r["env"]["host_speed"] for r in read_rows(tmp_path / "b.jsonl.gz")] == probes[1:]
+
+
 def test_resume_skips_done_ids(tmp_path: Path) -> None:
     out = tmp_path / "ops.jsonl.gz"
     todo = _small(12, ops=["relu", "add", "linear"])

@@ -89,6 +89,34 @@ def test_cpu_measurement_has_no_cuda_only_fields() -> None:
     assert "issue_time" in d
 
 
+def test_host_speed_times_what_it_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import torch
+
+    from costaware.profile import host_speed
+
+    threads, grad = torch.get_num_threads(), torch.is_grad_enabled()
+    speed = host_speed(repeats=2)
+    assert set(speed) == {"dispatch_us", "matmul_gflops", "add_gbs"}
+    assert all(v > 0 for v in speed.values())
+    assert (torch.get_num_threads(), torch.is_grad_enabled()) == (threads, grad)
+    with pytest.raises(ValueError, match="repeats"):
+        host_speed(repeats=0)
+    # an add that takes 2 ms a call: the dispatch figure is that call, and the bandwidth
+    # figure falls with it, while the matmul is untouched
+    real_add = torch.add
+
+    def slow_add(*args: object, **kwargs: object) -> object:
+        time.sleep(0.002)
+        return real_add(*args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(torch, "add", slow_add)
+    slow = host_speed(repeats=1)
+    assert slow["dispatch_us"] >= 2000
+    assert slow["add_gbs"] < 12 * 2**20 / 2e-3 / 1e9
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_measurement_separates_the_warm_up_and_starts_clean() -> None:

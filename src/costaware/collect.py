@@ -49,7 +49,7 @@ from typing import Any, TextIO
 import torch
 
 from costaware.corpus import KINDS, Config, corpus, recommended_shards, shard_estimates
-from costaware.profile import ALLOCATOR_METHOD, Measurement, measure
+from costaware.profile import ALLOCATOR_METHOD, Measurement, host_speed, measure
 
 __all__ = [
     "MAX_RESERVED_BEFORE",
@@ -349,6 +349,7 @@ def collect(
         except Exception as e:  # a record that cannot become a spec is an error row
             row = _failure_row(cfg, device, "error", f"{type(e).__name__}: {e}"[:500], extra_env)
         else:
+            speed = host_speed()
             grad_was = torch.is_grad_enabled()
             with _time_limit(timeout_s) as fired:
                 try:
@@ -363,7 +364,7 @@ def collect(
             if fired[0]:
                 m.status = "timeout"
                 m.error = f"stopped after the per-configuration limit of {timeout_s:g} s"
-            row = _row(cfg, m, device, started, extra_env)
+            row = _row(cfg, m, device, started, {**extra_env, "host_speed": speed})
         append_row(out, row)
         marker.unlink(missing_ok=True)
         took = time.perf_counter() - c0

@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from costaware.collect import CollectSummary, _fmt_s, _inflight_path, done_ids, read_rows
-from costaware.profile import nvml_driver
+from costaware.profile import host_speed, nvml_driver
 
 __all__ = [
     "OPS",
@@ -76,6 +76,9 @@ __all__ = [
 
 #: Version of the op row layout.
 OP_SCHEMA_VERSION = 2
+#: seconds between two host-speed probes (:func:`costaware.profile.host_speed`, about
+#: 20 ms), whose latest figures every row carries in ``env["host_speed"]``
+HOST_SPEED_EVERY_S = 60.0
 
 #: Every operation and its weight in :func:`cases` (common operations dominate).
 OPS: dict[str, float] = {
@@ -1188,10 +1191,15 @@ def bench(
         clock = _Clock(cuda)
         torch.backends.cudnn.benchmark = cudnn_benchmark
         gc.disable()  # collections only between cases
+        probed = -math.inf
         for i, case in enumerate(todo):
-            if budget is not None and i > 0 and time.perf_counter() - t0 >= budget:
+            now = time.perf_counter()
+            if budget is not None and i > 0 and now - t0 >= budget:
                 summary.stopped_early = True
                 break
+            if now - probed >= HOST_SPEED_EVERY_S:  # the host's speed, beside its timings
+                env = {**env, "host_speed": host_speed()}
+                probed = now
             marker.write_text(json.dumps(case.to_dict(), separators=(",", ":")))
             row = _base_row(case, device, name, env)
             _measure_one(case, dev, clock, warmup, reps, slow_rep_s, row, hold=hold)

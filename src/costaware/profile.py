@@ -58,6 +58,7 @@ __all__ = [
     "allocator_peak",
     "clear_cuda_cache",
     "environment",
+    "host_speed",
     "measure",
     "mmap_threshold",
     "reset_rss_peak",
@@ -118,6 +119,53 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         env["cudnn"] = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
         env["driver"] = nvml_driver()
     return env
+
+
+def host_speed(repeats: int = 5) -> dict[str, float]:
+    """How fast this host's CPU runs PyTorch right now, in about 20 ms.
+
+    Medians over ``repeats`` rounds, at the current torch thread count:
+
+    - ``dispatch_us``: one call of a tiny op (``torch.add`` of two one-element tensors,
+      into a preallocated output): the per-op cost that bounds a small step, on a CPU and
+      on a GPU alike (a host issues a GPU's kernels at this pace);
+    - ``matmul_gflops``: a 256x256x256 fp32 matmul (compute-bound);
+    - ``add_gbs``: adding two 4 MiB fp32 tensors into a third, four times (12 MiB move
+      each time: memory-bound, though partly in the last-level cache).
+
+    A shared, throttled or moved host changes speed from one hour to the next (the CPU
+    corpus' container ran the same configurations 2x faster on one day than on another),
+    and a time measured then is that host's. :mod:`costaware.collect` and
+    :mod:`costaware.opbench` stamp this on their rows (``env["host_speed"]``) so that the
+    drift is measured beside the times, not guessed at afterwards.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, but got {repeats=}.")
+    calls, n, numel = 100, 256, 1 << 20
+    with torch.no_grad():
+        one_a, one_b, one_out = torch.ones(1), torch.ones(1), torch.empty(1)
+        a, b = torch.rand(n, n), torch.rand(n, n)
+        mm_out = torch.empty(n, n)
+        x, y, out = torch.rand(numel), torch.rand(numel), torch.empty(numel)
+        dispatch, matmul, add = [], [], []
+        for _ in range(repeats + 1):  # the first round warms the caches and is dropped
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                torch.add(one_a, one_b, out=one_out)
+            t1 = time.perf_counter()
+            torch.mm(a, b, out=mm_out)
+            t2 = time.perf_counter()
+            for _ in range(4):
+                torch.add(x, y, out=out)
+            t3 = time.perf_counter()
+            dispatch.append((t1 - t0) / calls)
+            matmul.append(t2 - t1)
+            add.append((t3 - t2) / 4)
+    return {
+        "dispatch_us": round(statistics.median(dispatch[1:]) * 1e6, 3),
+        "matmul_gflops": round(2 * n**3 / max(statistics.median(matmul[1:]), 1e-9) / 1e9, 2),
+        "add_gbs": round(3 * 4 * numel / max(statistics.median(add[1:]), 1e-9) / 1e9, 2),
+    }
 
 
 def nvml_driver() -> str | None:
