@@ -586,3 +586,42 @@ def test_predictions_trace_attention_by_device_kind() -> None:
     # each kind keeps its own cached trace
     assert model.predict(spec, device="H100").basis["trace_source"] == "cached"
     assert model.predict(spec, device="CPU").basis["live_peak"] == cpu.basis["live_peak"]
+
+
+class _TinyLM(nn.Module):
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.emb, self.out = nn.Embedding(vocab, 8), nn.Linear(8, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.emb(ids))
+
+
+def _classifier(classes: int) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(48, classes))
+
+
+@pytest.mark.parametrize("attention", ["native", "fused"])
+def test_a_batch_whose_labels_or_ids_overrun_the_model_is_a_spec_error(attention: str) -> None:
+    def run(model: Callable[[], nn.Module], batch: object, **kw: object) -> ca.Trace:
+        spec = ca.TrainingSpec(model=model, batch=batch, batch_size=4, **kw)  # type: ignore[arg-type]
+        return ca.dry_run(spec, attention=attention)
+
+    # ImageBatch's default 1000 classes against a 10-way head: a real step fails (target
+    # out of bounds), so the dry run says so instead of predicting a step that cannot run
+    with pytest.raises(ca.SpecError, match=r"labels \(classes=1000\).*over 10 classes.*classes=10"):
+        run(functools.partial(_classifier, 10), ca.ImageBatch((3, 4, 4)))
+    with pytest.raises(ca.SpecError, match=r"input_ids \(vocab=500\).*embedding of 100 rows"):
+        run(functools.partial(_TinyLM, 100), ca.TokenBatch(16, 500))
+    with pytest.raises(ca.SpecError, match=r"SegmentationBatch\(\.\.\., classes=3\)"):
+        run(lambda: nn.Conv2d(3, 3, 1), ca.SegmentationBatch((3, 4, 4), classes=21))
+    # what fits runs: labels below the head's size, a vocabulary the model covers, and a
+    # loss that maps the labels into range first
+    assert run(functools.partial(_classifier, 10), ca.ImageBatch((3, 4, 4), classes=10)).peak_live
+    assert run(functools.partial(_TinyLM, 100), ca.TokenBatch(16, 60)).peak_live
+    mapped = run(
+        functools.partial(_classifier, 10),
+        ca.ImageBatch((3, 4, 4)),
+        loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1] % 10),
+    )
+    assert mapped.peak_live

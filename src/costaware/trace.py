@@ -62,7 +62,7 @@ from costaware.flops import (
     rnn_backward_formula,
     rnn_formula,
 )
-from costaware.spec import TrainingSpec, default_loss
+from costaware.spec import ImageBatch, TokenBatch, TrainingSpec, default_loss
 
 __all__ = ["ATTENTION_MODES", "CATEGORIES", "Trace", "build_model", "dry_run"]
 
@@ -85,6 +85,14 @@ CATEGORIES = (
 )
 
 _MIN_BLOCK = 512
+#: ops whose one argument indexes a dimension of another: op -> (index argument, indexed
+#: argument, what is indexed). A real kernel fails on an index past the end; a fake one
+#: cannot see values, so the dry run checks the batch's known range against the size.
+_INDEXING_OPS = {
+    "embedding": (1, 0, "an embedding of {n} rows"),
+    "nll_loss_forward": (1, 0, "a cross-entropy over {n} classes"),
+    "nll_loss2d_forward": (1, 0, "a cross-entropy over {n} classes"),
+}
 # Ops that carry no data dependence worth a graph node (about 65% of a raw trace).
 _NOISE = frozenset(
     {
@@ -542,6 +550,9 @@ class _Recorder(TorchDispatchMode):
         self.bytes_moved = 0.0
         self.unsupported: Counter[str] = Counter()
         self.transients: list[tuple[int, int, int]] = []
+        #: storage key -> (the exclusive bound of its values, the batch field it is, the
+        #: batch argument that would make it fit, with ``{n}`` for the size it indexes)
+        self.bounded: dict[int, tuple[int, str, str]] = {}
 
     # storages ----------------------------------------------------------------------------
     def _free(self, sid: int, key: int) -> None:
@@ -569,6 +580,32 @@ class _Recorder(TorchDispatchMode):
         if category is not None:
             self.key_category[key] = category
         return key
+
+    def bound(self, t: torch.Tensor, limit: int, field: str, fix: str) -> None:
+        """Note that ``t`` holds values drawn from ``[0, limit)`` (a batch's labels or token
+        ids): an op that indexes a smaller dimension with it fails on a real device."""
+        key = self.key_of(t)
+        if key is not None:
+            self.bounded[key] = (limit, field, fix)
+
+    def _check_index_range(self, name: str, args: tuple[Any, ...]) -> None:
+        index_at, indexed_at, what = _INDEXING_OPS[name]
+        if len(args) <= max(index_at, indexed_at):
+            return
+        index, indexed = args[index_at], args[indexed_at]
+        if not isinstance(index, torch.Tensor) or not isinstance(indexed, torch.Tensor):
+            return
+        found = self.bounded.get(self._keys.get(id(index.untyped_storage()), -1))
+        if found is None or indexed.dim() == 0:
+            return
+        limit, field, fix = found
+        n = int(indexed.shape[0] if name == "embedding" or indexed.dim() == 1 else indexed.shape[1])
+        if n < limit:
+            raise SpecError(
+                f"the batch's {field} are drawn from 0 to {limit - 1}, but the model feeds them "
+                f"to {what.format(n=n)}: a real training step would fail with an index out of "
+                f"range. Make the batch fit the model: {fix.format(n=n)}."
+            )
 
     def label(self, tensors: Any, category: str) -> int:
         total = 0
@@ -613,6 +650,8 @@ class _Recorder(TorchDispatchMode):
         if self.paused:
             return out
         name = func._overloadpacket.__name__
+        if self.bounded and name in _INDEXING_OPS:
+            self._check_index_range(name, args)
         if self.cpu and name == "mkldnn_rnn_layer":
             out = _onednn_lstm_workspace(args, out)
         if name in _NOISE or func.namespace == "prim":
@@ -1237,6 +1276,19 @@ class _FusedRNN(TorchFunctionMode):
 # --------------------------------------------------------------------------------------
 # the dry run
 # --------------------------------------------------------------------------------------
+def _bound_batch(rec: _Recorder, batch_spec: Any, batch: Any) -> None:
+    """Tell the recorder the value range of a built-in batch's labels and token ids."""
+    if isinstance(batch_spec, TokenBatch):
+        fix = "TokenBatch(..., vocab={n})"
+        for field in ("input_ids", "labels"):
+            rec.bound(batch[field], batch_spec.vocab, f"{field} (vocab={batch_spec.vocab})", fix)
+    elif isinstance(batch_spec, ImageBatch):  # and SegmentationBatch
+        kind = type(batch_spec).__name__
+        field = f"labels (classes={batch_spec.classes})"
+        fix = f"{kind}(..., classes={{n}}), or a loss that maps the labels into range"
+        rec.bound(batch[1], batch_spec.classes, field, fix)
+
+
 def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "native") -> Trace:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -1278,6 +1330,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
                 rec.mark("input")
                 batch = batch_spec.make(bs)
                 rec.label(batch, "inputs")
+                _bound_batch(rec, batch_spec, batch)
                 rec.mark("forward")
                 if autocast_dtype is not None:
                     with torch.autocast("cpu", dtype=autocast_dtype):
