@@ -146,6 +146,11 @@ def test_collect_writes_gzip_rows_and_resumes(tmp_path: Path) -> None:
     speed = by_id["t-mlp-8"]["env"]["host_speed"]
     assert set(speed) == {"dispatch_us", "matmul_gflops", "add_gbs"}
     assert all(v > 0 for v in speed.values())
+    # the summary gives each figure's range over the configurations it measured
+    assert set(s.host_speed) == set(speed)
+    lo, hi = s.host_speed["dispatch_us"]
+    assert lo <= speed["dispatch_us"] <= hi
+    assert f"host speed: op call {lo:g}-{hi:g} us" in str(s)
     assert by_id["t-broken"]["status"] == "error"
     assert (
         "heads" in by_id["t-broken"]["measurement"]["error"]
@@ -227,6 +232,9 @@ def test_spawned_workers_one_per_allocator(tmp_path: Path) -> None:
     assert set(rows) == {"e"}
     assert "expandable_segments:True" in rows["e"]["env"]["alloc_conf"]
     assert (s.measured, s.remaining) == (1, 0)
+    # the child's host-speed probe reaches the parent's summary through the rows
+    speed = rows["e"]["env"]["host_speed"]
+    assert s.host_speed == {k: (v, v) for k, v in speed.items()}
 
 
 def test_progress_log_lines_when_not_a_tty(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -191,15 +191,45 @@ class CollectSummary:
     stopped_early: bool = False
     seconds: float = 0.0
     statuses: dict[str, int] = field(default_factory=dict)
+    #: the lowest and highest of each host-speed figure over the configurations measured
+    #: (``env["host_speed"]``): how far the machine's speed moved during the run
+    host_speed: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def __str__(self) -> str:
         counts = ", ".join(f"{k}={v}" for k, v in sorted(self.statuses.items())) or "none"
         stop = " (stopped at the time limit)" if self.stopped_early else ""
+        speed = ""
+        if self.host_speed:
+            parts = [
+                f"{name} {lo:g}-{hi:g} {unit}"
+                for key, name, unit in _SPEED_FIGURES
+                if key in self.host_speed
+                for lo, hi in [self.host_speed[key]]
+            ]
+            speed = f"; host speed: {', '.join(parts)}"
         return (
             f"measured {self.measured} configurations in {_fmt_s(self.seconds)} "
-            f"({counts}); skipped {self.skipped} already recorded; {self.remaining} left{stop} "
-            f"-> {self.out_path}"
+            f"({counts}); skipped {self.skipped} already recorded; {self.remaining} left{stop}"
+            f"{speed} -> {self.out_path}"
         )
+
+
+#: host_speed key, name and unit in the summary line
+_SPEED_FIGURES = (
+    ("dispatch_us", "op call", "us"),
+    ("matmul_gflops", "matmul", "GFLOP/s"),
+    ("add_gbs", "add", "GB/s"),
+)
+
+
+def _speed_range(speeds: Iterable[Mapping[str, Any] | None]) -> dict[str, tuple[float, float]]:
+    """Each host-speed figure's lowest and highest value over ``speeds``."""
+    seen: dict[str, list[float]] = {}
+    for speed in speeds:
+        for key, value in (speed or {}).items():
+            if isinstance(value, (int, float)):
+                seen.setdefault(key, []).append(float(value))
+    return {key: (min(v), max(v)) for key, v in seen.items()}
 
 
 def _device_name(device: str, env: dict[str, Any]) -> str:
@@ -336,6 +366,7 @@ def collect(
     pace = 1.0  # observed / estimated seconds, to judge whether the next config fits
     spent_est = spent = 0.0
     marker = _inflight_path(out)
+    speeds: list[dict[str, float]] = []
     for i, cfg in enumerate(todo):
         elapsed = time.perf_counter() - t0
         if budget is not None and i > 0 and elapsed + cfg.est_seconds * pace > budget:
@@ -350,6 +381,7 @@ def collect(
             row = _failure_row(cfg, device, "error", f"{type(e).__name__}: {e}"[:500], extra_env)
         else:
             speed = host_speed()
+            speeds.append(speed)
             grad_was = torch.is_grad_enabled()
             with _time_limit(timeout_s) as fired:
                 try:
@@ -381,6 +413,7 @@ def collect(
     bar.close()
     summary.remaining = len(todo) - summary.measured + len(deferred)
     summary.seconds = time.perf_counter() - t0
+    summary.host_speed = _speed_range(speeds)
     return summary
 
 
@@ -495,11 +528,14 @@ def _collect_spawned(
                 )
         finally:
             os.unlink(cfg_file)
-    rows = {r["id"]: r["status"] for r in read_rows(out)} if out.is_file() else {}
-    measured = [rows[c.id] for c in todo if c.id in rows]
+    rows = {r["id"]: r for r in read_rows(out)} if out.is_file() else {}
+    measured = [rows[c.id]["status"] for c in todo if c.id in rows]
     summary.measured = len(measured)
     for s in measured:
         summary.statuses[s] = summary.statuses.get(s, 0) + 1
+    summary.host_speed = _speed_range(
+        rows[c.id].get("env", {}).get("host_speed") for c in todo if c.id in rows
+    )
     summary.remaining = len(todo) - len(measured)
     if summary.remaining and not summary.stopped_early and max_minutes is not None:
         summary.stopped_early = True
