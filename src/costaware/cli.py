@@ -212,6 +212,37 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     return collect.run(args)
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    import costaware as ca
+    from costaware.calibrate import calibrate
+
+    if args.n < 1:
+        raise CliError(f"-n must be at least 1, but got {args.n}.")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model = ca.CostModel.load(args.model_dir) if args.model_dir else None
+    result = calibrate(
+        args.device,
+        n=args.n,
+        store=args.store,
+        study=args.study,
+        record=args.record,
+        model=model,
+        seed=args.seed,
+        max_minutes=args.max_minutes,
+        progress=not args.quiet and not args.json,
+    )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(result)
+        if args.store is None:
+            print("  (no --store given: pass the one your study writes to, to record the rows)")
+    return 0
+
+
 def _sha256(path: Path) -> str:
     import hashlib
 
@@ -529,6 +560,48 @@ def _parser() -> argparse.ArgumentParser:
     )
     fi.set_defaults(func=_cmd_fit)
 
+    from costaware.calibrate import RECORD_MODES, SEED, STUDY
+
+    ca_ = sub.add_parser(
+        "calibrate",
+        help="measure a few corpus models on this machine, so the refit starts from them",
+        description=(
+            "Before a study on hardware the shipped model never saw: measure N small corpus "
+            "configurations here (20 by default: about a minute), compare them with the "
+            "predictions, and judge whether a correction fitted on them predicts left-out "
+            "ones better. With --store, the rows are recorded there as study "
+            f"'{STUDY}' when it does, and the online refit of the integrations "
+            "(refit_every, over the same store) starts from them. Example: costaware "
+            "calibrate --device cuda --store sqlite:///costaware.db"
+        ),
+    )
+    ca_.add_argument(
+        "--device",
+        "-d",
+        default="auto",
+        help="auto (a CUDA GPU if there is one), cuda, cuda:N or cpu",
+    )
+    ca_.add_argument("-n", type=int, default=20, help="configurations to measure (default 20)")
+    ca_.add_argument(
+        "--store", help="the observation store your study writes to, e.g. sqlite:///costaware.db"
+    )
+    ca_.add_argument("--study", default=STUDY, help=f"study name to record under (default {STUDY})")
+    ca_.add_argument(
+        "--record",
+        choices=RECORD_MODES,
+        default="auto",
+        help="record the rows when the correction helps (auto, the default), always, or never",
+    )
+    ca_.add_argument("--model-dir", help="a saved CostModel directory (default: the shipped model)")
+    ca_.add_argument(
+        "--seed", type=int, default=SEED, help=f"corpus seed to draw from (default {SEED})"
+    )
+    ca_.add_argument("--max-minutes", type=float, help="stop measuring after this long")
+    ca_.add_argument("--threads", type=int, help="torch CPU threads (default torch's)")
+    ca_.add_argument("--json", action="store_true", help="print the result as JSON")
+    ca_.add_argument("--quiet", action="store_true", help="no line per configuration")
+    ca_.set_defaults(func=_cmd_calibrate)
+
     rp = sub.add_parser(
         "report",
         help="budget report of an Optuna study, the observation store or a Ray Tune run",
@@ -577,7 +650,7 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--quiet", "-q", action="store_true", help="no summary, no progress bar")
     rp.set_defaults(func=_cmd_report)
 
-    for sp in (pr, dv, co, fi, rp):  # --debug after the command works too
+    for sp in (pr, dv, co, fi, ca_, rp):  # --debug after the command works too
         sp.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
         )
