@@ -18,9 +18,15 @@ every time 1.6x (slower), 0.625x (faster), and 1.6x at the median step growing w
 as ``(predicted / median) ** 0.2``. A family's rows vary more than one study's trials do
 (depth, width, batch, optimizer, precision), so this is a hard case for a refit.
 
+``--calibration`` replays ``costaware calibrate`` instead: for each family, k rows drawn
+at random from the *other* families are the calibration measurements; the shipped rule is
+fitted on them, and applied to the family only where ``costaware.calibrate.judge`` finds
+that it cuts their leave-one-out error enough (``--record auto``); the table gives both,
+and how often the correction was taken.
+
 Usage:
     python benchmarks/accuracy.py --rows rows.jsonl   # about 25 minutes
-    python benchmarks/refit_replay.py rows.jsonl [--orders 40] [--seed 0]
+    python benchmarks/refit_replay.py rows.jsonl [--orders 40] [--seed 0] [--calibration]
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from costaware.calibrate import CalibrationRow, judge, useful
 from costaware.model import _MIN_SLOPE_ROWS, _small_sample_line
 
 #: the refit schedule's first steps: measured trials when a refit happens
@@ -106,13 +113,69 @@ def replay(
     }
 
 
+#: calibration rows replayed
+CALIBRATION_STEPS = (8, 12, 20)
+
+
+def replay_calibration(
+    rows: list[dict[str, Any]],
+    shift: Callable[[np.ndarray, float], np.ndarray],
+    orders: int,
+    seed: int,
+) -> dict[str, dict[int, float]]:
+    """Mean relative error of each family's rows after k calibration rows of the others:
+    "no refit", "always" (the correction applied), "auto" (applied where judged useful) and
+    "taken" (the share of calibrations judged useful)."""
+    rng = np.random.default_rng(seed)
+    lp = np.log([r["p_secs"] for r in rows])
+    y = np.log([r["secs"] for r in rows]) + shift(lp, float(np.median(lp))) - lp
+    g = np.asarray([str(r.get("precision") or "") for r in rows], dtype=object)
+    fam = np.asarray([r["family"] for r in rows], dtype=object)
+    rule = RULES[f"shipped (slope from {_MIN_SLOPE_ROWS})"]
+    errs: dict[str, dict[int, list[float]]] = {
+        n: {k: [] for k in CALIBRATION_STEPS} for n in ("no refit", "always", "auto", "taken")
+    }
+    for f in sorted(set(fam)):
+        target, others = np.nonzero(fam == f)[0], np.nonzero(fam != f)[0]
+        none = float(np.mean(np.abs(np.exp(-y[target]) - 1)))
+        for _ in range(orders):
+            for k in CALIBRATION_STEPS:
+                seen = rng.choice(others, size=k, replace=False)
+                by, slope = rule(y[seen], lp[seen], g[seen])
+                corr = np.asarray(
+                    [by.get(str(p), 0.0) + slope * v for p, v in zip(g[target], lp[target])]
+                )
+                fixed = float(np.mean(np.abs(np.exp(corr - y[target]) - 1)))
+                cal = [
+                    CalibrationRow(
+                        id=str(i), family=str(fam[i]), precision=str(g[i]), status="ok",
+                        predicted_time=float(np.exp(lp[i])), measured_time=float(np.exp(lp[i] + y[i])),
+                    )
+                    for i in seen
+                ]  # fmt: skip
+                taken = useful(*judge(cal))
+                errs["no refit"][k].append(none)
+                errs["always"][k].append(fixed)
+                errs["auto"][k].append(fixed if taken else none)
+                errs["taken"][k].append(float(taken))
+    return {n: {k: float(np.mean(v)) for k, v in by_k.items()} for n, by_k in errs.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("rows", nargs="+", help="held-out prediction rows from accuracy.py --rows")
     p.add_argument("--orders", type=int, default=40, help="random orders per family (default 40)")
     p.add_argument("--seed", type=int, default=0, help="seed of the orders (default 0)")
+    p.add_argument(
+        "--calibration",
+        action="store_true",
+        help="replay costaware calibrate (rows of other families) instead of a study's refit",
+    )
     args = p.parse_args()
     rows = load(args.rows)
+    if args.calibration:
+        print_calibration(rows, args.orders, args.seed)
+        return
     for kind in sorted({"cpu" if r["kind"] == "cpu" else "gpu" for r in rows}):
         mine = [r for r in rows if ("cpu" if r["kind"] == "cpu" else "gpu") == kind]
         fams = len({r["family"] for r in mine})
@@ -129,6 +192,27 @@ def main() -> None:
             for k in STEPS:
                 cells = " | ".join(f"{100 * res[n][k]:.1f}%" for n in names)
                 print(f"| {scenario} | {k} | {cells} |")
+
+
+def print_calibration(rows: list[dict[str, Any]], orders: int, seed: int) -> None:
+    for kind in sorted({"cpu" if r["kind"] == "cpu" else "gpu" for r in rows}):
+        mine = [r for r in rows if ("cpu" if r["kind"] == "cpu" else "gpu") == kind]
+        fams = len({r["family"] for r in mine})
+        print(f"\n## {kind.upper()}: {len(mine)} rows, {fams} families, {orders} draws each")
+        print(
+            "\nMean relative error of the time predictions of a family after k calibration "
+            "rows of the other families (always corrected, or as --record auto decides):\n"
+        )
+        print("| scenario | k | no refit | always | auto | auto took it |")
+        print("|---|---|---|---|---|---|")
+        for scenario, shift in SCENARIOS.items():
+            res = replay_calibration(mine, shift, orders, seed)
+            for k in CALIBRATION_STEPS:
+                print(
+                    f"| {scenario} | {k} | {100 * res['no refit'][k]:.1f}% | "
+                    f"{100 * res['always'][k]:.1f}% | {100 * res['auto'][k]:.1f}% | "
+                    f"{100 * res['taken'][k]:.0f}% |"
+                )
 
 
 if __name__ == "__main__":

@@ -59,3 +59,27 @@ def test_command_line_prints_a_table_per_device_kind(tmp_path: Path) -> None:
         capture_output=True, text=True,
     )  # fmt: skip
     assert bad.returncode != 0 and "accuracy.py --rows" in bad.stderr
+
+
+def test_calibration_corrects_a_device_shift_and_leaves_a_fitting_model_alone() -> None:
+    rows = _rows(0.0, n=30)  # the model fits both families (1% noise)
+    fits = refit_replay.replay_calibration(rows, refit_replay.SCENARIOS["as measured"], 3, 0)
+    slow = refit_replay.replay_calibration(rows, refit_replay.SCENARIOS["1.6x slower"], 3, 0)
+    for k in refit_replay.CALIBRATION_STEPS:
+        # nothing to correct: --record auto declines, and the error stays the noise
+        assert fits["taken"][k] == 0.0 and fits["auto"][k] == fits["no refit"][k] < 0.02
+        # every time 1.6x: the other family's rows carry the shift, and auto takes it
+        assert slow["no refit"][k] == pytest.approx(1 - 1 / 1.6, abs=0.01)
+        assert slow["taken"][k] == 1.0 and slow["auto"][k] == slow["always"][k] < 0.03
+
+
+def test_command_line_calibration_table(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in _rows(0.0, n=30)) + "\n")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "refit_replay.py"), str(path),
+         "--orders", "2", "--calibration"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "| scenario | k | no refit | always | auto | auto took it |" in out
+    assert out.count("| 1.6x slower |") == len(refit_replay.CALIBRATION_STEPS)
