@@ -34,7 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,10 +176,7 @@ def main() -> None:
     if args.calibration:
         print_calibration(rows, args.orders, args.seed)
         return
-    for kind in sorted({"cpu" if r["kind"] == "cpu" else "gpu" for r in rows}):
-        mine = [r for r in rows if ("cpu" if r["kind"] == "cpu" else "gpu") == kind]
-        fams = len({r["family"] for r in mine})
-        print(f"\n## {kind.upper()}: {len(mine)} rows, {fams} families, {args.orders} orders each")
+    for mine in _by_kind(rows, f"{args.orders} orders each"):
         print(
             "\nMean relative error of the time predictions of a family's other rows, "
             "after k of its rows refit the shipped model:\n"
@@ -194,11 +191,17 @@ def main() -> None:
                 print(f"| {scenario} | {k} | {cells} |")
 
 
-def print_calibration(rows: list[dict[str, Any]], orders: int, seed: int) -> None:
+def _by_kind(rows: list[dict[str, Any]], each: str) -> Iterator[list[dict[str, Any]]]:
+    """Each device kind's rows, after a heading that counts them."""
     for kind in sorted({"cpu" if r["kind"] == "cpu" else "gpu" for r in rows}):
         mine = [r for r in rows if ("cpu" if r["kind"] == "cpu" else "gpu") == kind]
         fams = len({r["family"] for r in mine})
-        print(f"\n## {kind.upper()}: {len(mine)} rows, {fams} families, {orders} draws each")
+        print(f"\n## {kind.upper()}: {len(mine)} rows, {fams} families, {each}")
+        yield mine
+
+
+def print_calibration(rows: list[dict[str, Any]], orders: int, seed: int) -> None:
+    for mine in _by_kind(rows, f"{orders} draws each"):
         print(
             "\nMean relative error of the time predictions of a family after k calibration "
             "rows of the other families (always corrected, or as --record auto decides):\n"
