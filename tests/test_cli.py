@@ -60,11 +60,16 @@ def test_predict_prints_a_table(factory_file: Path, capsys: pytest.CaptureFixtur
     assert "fits" in out and "based on" in out
     assert "the rest is CUDA context" in " ".join(out.split())  # rich wraps long lines
     # a CPU has no CUDA context to set aside, and the verdict does not mention one
-    assert (
-        main(["predict", f"{factory_file}:mlp", "-b", "4", "--input", "32", "--device", "cpu"]) == 0
-    )
+    cpu = ["predict", f"{factory_file}:mlp", "-b", "4", "--input", "32", "--device", "cpu"]
+    assert main([*cpu, "--classes", "10"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "usable memory." in out and "CUDA context" not in out
+    # the default 1000 classes against the model's 10 outputs: a step that would fail on
+    # the device is one clear line, not a prediction
+    assert main(cpu) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("costaware: error: the batch's labels (classes=1000)")
+    assert "cross-entropy over 10 classes" in err and len(err.strip().splitlines()) == 1
 
 
 def test_predict_json(factory_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
