@@ -165,3 +165,24 @@ def test_cli_calibrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     out = json.loads(capsys.readouterr().out)
     assert out["device"] == "CPU" and len(out["rows"]) == 2 and out["recorded"] == 0
     assert [r["id"] for r in out["rows"]] == [c.id for c in calibration_configs("cpu", 2)]
+
+
+def test_a_gpu_is_predicted_as_its_catalog_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    from costaware import calibrate as cal
+
+    # no GPU here: torch's name of one stands in
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    assert cal._target_device("cuda").name == "H100-SXM"
+    assert cal._target_device("cpu").name == "CPU"
+    # a GPU the catalog lacks, with no NVML to describe it, is a clear error, not a CPU
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda i=0: "NVIDIA Foo 9000")
+    monkeypatch.setattr(cal, "get_device", _no_nvml(cal.get_device))
+    with pytest.raises(RuntimeError, match="'NVIDIA Foo 9000': it is not in the catalog"):
+        cal._target_device("cuda:1")
+
+
+def _no_nvml(get_device: Any) -> Any:
+    def lookup(name: str) -> Any:
+        return get_device("cpu") if name == "auto" else get_device(name)
+
+    return lookup

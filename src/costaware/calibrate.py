@@ -288,7 +288,7 @@ def calibrate(
         raise ValueError(f"record must be one of {RECORD_MODES}, but got {record!r}.")
     t0 = time.perf_counter()
     run_on = _run_device(device)
-    target = get_device("auto") if run_on.startswith("cuda") else get_device("cpu")
+    target = _target_device(run_on)
     model = model if model is not None else CostModel.default()
     todo = (
         list(configs)
@@ -345,6 +345,24 @@ def _run_device(device: str) -> str:
     if name == "cpu":
         return "cpu"
     raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', but got {device!r}.")
+
+
+def _target_device(run_on: str) -> Device:
+    """The catalog device of ``run_on``: the GPU's own entry by its name where the catalog
+    knows it, else NVML's description of it (a GPU the catalog lacks)."""
+    if run_on == "cpu":
+        return get_device("cpu")
+    name = torch.cuda.get_device_name(torch.device(run_on).index or 0)
+    try:
+        return get_device(name)
+    except ValueError:
+        found = get_device("auto")
+    if found.kind != "cuda":
+        raise RuntimeError(
+            f"cannot describe GPU {name!r}: it is not in the catalog and NVML did not answer "
+            "(install nvidia-ml-py)."
+        )
+    return found
 
 
 def _progress_line(i: int, total: int, row: CalibrationRow) -> str:
