@@ -567,7 +567,7 @@ def _parser() -> argparse.ArgumentParser:
         help="measure a few corpus models on this machine, so the refit starts from them",
         description=(
             "Before a study on hardware the shipped model never saw: measure N small corpus "
-            "configurations here (20 by default: about a minute), compare them with the "
+            "configurations here (20 by default: under a minute on this 2-core CPU), compare them with the "
             "predictions, and judge whether a correction fitted on them predicts left-out "
             "ones better. With --store, the rows are recorded there as study "
             f"'{STUDY}' when it does, and the online refit of the integrations "
