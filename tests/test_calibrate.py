@@ -4,14 +4,18 @@ only where the test needs a machine of a known speed."""
 
 from __future__ import annotations
 
+import functools
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import optuna
 import pytest
 
 import costaware as ca
+from costaware import zoo
 from costaware.calibrate import (
     SEED,
     STUDY,
@@ -22,6 +26,7 @@ from costaware.calibrate import (
 )
 from costaware.cli import main as cli
 from costaware.corpus import Config, corpus
+from costaware.integrations.optuna import CostAwarePruner
 from costaware.profile import Measurement
 from costaware.refit import OnlineRefit
 from costaware.store import ObservationStore
@@ -100,10 +105,37 @@ def test_calibrate_measures_here_and_the_refit_learns_the_rows(tmp_path: Path) -
     refit = OnlineRefit(store, background=False)
     assert refit.pending() == 4
     assert refit.refit_now().training_["rows"] == 4
+    # a real Optuna study's pruner over the same store: its first trial is already judged
+    # by a model refitted on the calibration
+    pruner = CostAwarePruner(_digits_spec, ca.Budget(max_memory="1GiB"), device="CPU",
+                             store=store, refit_every=5)  # fmt: skip
+    assert pruner.refit is not None
+    pruner.refit.background = False
+    study = optuna.create_study(study_name="after-calibration", pruner=pruner)
+
+    def objective(trial: optuna.Trial) -> float:
+        trial.suggest_categorical("width", [32, 64])
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+        return 0.0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study.optimize(objective, n_trials=2)
+    assert [t.user_attrs["costaware:refit_rows"] for t in study.trials] == [4, 4]
     text = str(result)
     assert "calibration on CPU: 4 of 4 configurations measured" in text
     assert f"4 rows recorded as study '{STUDY}'" in text
     assert json.loads(json.dumps(result.to_dict()))["recorded"] == 4
+
+
+def _digits_spec(params: dict[str, Any]) -> ca.TrainingSpec:
+    return ca.TrainingSpec(
+        model=functools.partial(zoo.mlp, 64, (params["width"],), 10),
+        batch=ca.ImageBatch((64,), classes=10),
+        batch_size=32,
+        dataset_size=1000,
+    )
 
 
 def _machine(model: ca.CostModel, speed: float, noise: float = 0.0) -> Any:
