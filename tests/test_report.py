@@ -224,6 +224,26 @@ def test_store_url_and_study_filter(store: ObservationStore, tmp_path: Path) -> 
     assert [r.trial for r in only.trials] == ["0"] and only.title.endswith("other")
 
 
+def test_calibration_rows_are_no_studys_trials(store: ObservationStore) -> None:
+    from costaware.calibrate import STUDY, calibrate, calibration_configs
+    from costaware.profile import Measurement
+
+    def measure(spec: ca.TrainingSpec, device: str) -> Measurement:  # a machine of known speed
+        return Measurement(status="ok", device=device, iteration_time=0.01, max_reserved=MiB)
+
+    cal = calibrate("cpu", store=store, record="always", measure_fn=measure, progress=False,
+                    configs=calibration_configs("cpu", 2))  # fmt: skip
+    assert cal.recorded == 2
+    # a store-wide report leaves them out, and says how to see them
+    rep = ca.report(store)
+    assert len(rep.trials) == 9 and not any(STUDY in r.trial for r in rep.trials)
+    assert any("2 calibration measurements" in n and f"--study {STUDY}" in n for n in rep.notes)
+    assert rep.summary()["spent_s"] == pytest.approx(36 + 39 + 16 + 90 + 5)
+    # asked for, they are reported
+    only = ca.report(store, study=STUDY)
+    assert len(only.trials) == 2 and all(r.outcome == "completed" for r in only.trials)
+
+
 def test_empty_store_gives_a_sensible_page(tmp_path: Path) -> None:
     rep = ca.report(ObservationStore(tmp_path / "empty.db"))
     assert rep.trials == [] and "No trials recorded yet" in rep.notes[0]

@@ -599,6 +599,12 @@ class _StoreTrial:
     first_seen: _dt.datetime | None = None
 
 
+def _is_calibration(st: _StoreTrial) -> bool:
+    """Whether a store trial is a ``costaware calibrate`` measurement, not a study's trial."""
+    spec = (st.prediction or {}).get("spec") or {}
+    return bool(spec.get("calibration"))
+
+
 def _group_store(
     predictions: Iterable[Mapping[str, Any]], measurements: Iterable[Mapping[str, Any]]
 ) -> dict[tuple[str | None, str], _StoreTrial]:
@@ -1292,6 +1298,15 @@ def report(
         default_title = f"costaware report: {exp.name}"
         spent_basis = "a trial's time_total_s as Ray Tune recorded it"
     else:
+        calibration = {k for k, st in grouped.items() if _is_calibration(st)}
+        if study is None and calibration and len(calibration) < len(grouped):
+            grouped = {k: st for k, st in grouped.items() if k not in calibration}
+            names = sorted({str(s) for s, _ in calibration})
+            notes.append(
+                f"{len(calibration)} calibration measurements (costaware calibrate, study "
+                f"{', '.join(map(repr, names))}) are left out: they are no study's trials. "
+                f"--study {names[0]} reports them."
+            )
         studies = {s for s, _ in grouped}
         rows = _store_rows(grouped, prefix_study=len(studies) > 1)
         rows.sort(
