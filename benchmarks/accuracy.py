@@ -465,7 +465,7 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
 
 def _left_out_lines(res: dict[str, Any]) -> list[str]:
     """What the memory figures leave out, and how the prediction does on it."""
-    from costaware.collect import MAX_RESERVED_BEFORE
+    from costaware.store import MAX_HELD_BEFORE
 
     lines: list[str] = []
     left, search, every = res["left_out"], res["search"], res["as_measured"]
@@ -475,7 +475,7 @@ def _left_out_lines(res: dict[str, Any]) -> list[str]:
     if left:
         lines += [
             f"{len(left)} GPU rows were measured while the collector's process already held "
-            f"more than {MAX_RESERVED_BEFORE >> 20} MiB reserved from an earlier configuration "
+            f"more than {MAX_HELD_BEFORE >> 20} MiB reserved from an earlier configuration "
             "(a cached segment pinned "
             "by a workspace; see `costaware.collect.reserved_before`). Their reserved peak is "
             "partly that earlier configuration's, so they count for time only: "

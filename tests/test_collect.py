@@ -15,7 +15,6 @@ import torch
 from costaware import zoo
 from costaware.cli import main
 from costaware.collect import (
-    MAX_RESERVED_BEFORE,
     append_row,
     collect,
     done_ids,
@@ -25,6 +24,7 @@ from costaware.collect import (
 )
 from costaware.corpus import Config, corpus, full_corpus, recommended_shards, shard_estimates
 from costaware.model import Observation
+from costaware.store import MAX_HELD_BEFORE
 
 
 def _tiny(name: str, batch_size: int = 8, **kw: object) -> Config:
@@ -366,7 +366,7 @@ def test_observations_leave_out_gpu_peaks_measured_over_held_memory(tmp_path: Pa
             "reused",
             max_reserved=300 * mib,
             max_allocated=250 * mib,
-            reserved_before=MAX_RESERVED_BEFORE,
+            reserved_before=MAX_HELD_BEFORE,
         ),
     ]
     obs, skipped = observations(rows)

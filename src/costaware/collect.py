@@ -52,7 +52,6 @@ from costaware.corpus import KINDS, Config, corpus, recommended_shards, shard_es
 from costaware.profile import ALLOCATOR_METHOD, Measurement, host_speed, measure
 
 __all__ = [
-    "MAX_RESERVED_BEFORE",
     "SCHEMA_VERSION",
     "CollectSummary",
     "append_row",
@@ -567,15 +566,6 @@ def cpu_allocator_peak(measurement: dict[str, Any]) -> bool:
     return str(measurement.get("memory_method", "")).startswith(ALLOCATOR_METHOD)
 
 
-#: reserved memory a process may already hold when a GPU measurement begins and its peak
-#: still be the configuration's own. Collectors measure one configuration after another in
-#: one process; a cuBLAS workspace kept from an earlier one is reused (64-162 MiB on the
-#: H100 data), but a workspace left inside a large segment pins the whole segment, and
-#: ``empty_cache`` cannot return it (one H100 shard held 816-820 MiB this way: every small
-#: model "peaked" at 824-940 MiB).
-MAX_RESERVED_BEFORE = 256 << 20
-
-
 def reserved_before(measurement: dict[str, Any]) -> int | None:
     """Reserved bytes the process held when a GPU measurement began, or None if unknown.
 
@@ -655,8 +645,9 @@ def observations(
     the catalog are skipped. A CPU peak that is not the CPU allocator's (a resident-set
     growth, recorded before :func:`cpu_allocator_peak`) is dropped (kept as a time row). So
     is a GPU peak measured while
-    the process already held more than ``MAX_RESERVED_BEFORE`` reserved
-    (:func:`reserved_before`); ``meta["memory_left_out"]`` says so. Returns ``(observations,
+    the process already held more than :data:`costaware.store.MAX_HELD_BEFORE` reserved
+    (:func:`reserved_before`; the same limit the store applies to a trial's peak);
+    ``meta["memory_left_out"]`` says so. Returns ``(observations,
     reasons for each skipped row)``.
 
     ``model`` defaults to an unfitted ``CostModel()``; this imports costaware.model, so it
@@ -667,6 +658,7 @@ def observations(
     versions, so that a run with another op model, or none, does not discard them.
     """
     from costaware.model import CostModel, Observation
+    from costaware.store import MAX_HELD_BEFORE
 
     # a generous dry-run limit: this is offline, and a busy machine slows tracing down
     cm = model if model is not None else CostModel(trace_timeout=600.0)
@@ -732,7 +724,7 @@ def observations(
             meta["memory_left_out"] = "a resident-set growth, not the CPU allocator's peak"
             peak = None  # another quantity than the one learned: a time row only
         held = reserved_before(m) if dev != "CPU" else None
-        if peak is not None and held is not None and held > MAX_RESERVED_BEFORE:
+        if peak is not None and held is not None and held > MAX_HELD_BEFORE:
             meta["memory_left_out"] = f"{held / 2**20:,.0f} MiB reserved before it began"
             meta["measured_peak"] = float(peak)  # as recorded, for reports that show it
             peak = None  # the peak is partly an earlier configuration's: a time row only

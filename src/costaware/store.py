@@ -79,8 +79,12 @@ MAX_HELD_BEFORE: Final = 256 << 20
 starts (``actual["held_before"]``, recorded by the Lightning callback) for the trial's
 reserved peak to still count as its own: above this, the peak is partly memory that an
 earlier trial or a pinned workspace left behind, and :meth:`ObservationStore.observations`
-leaves it out of the memory rows. The collector's ``MAX_RESERVED_BEFORE`` is the same
-figure: a cuBLAS workspace kept from an earlier run pins 64-162 MiB on an H100."""
+leaves it out of the memory rows. :func:`costaware.collect.observations` applies the same
+limit to a collected row's ``reserved_before``. Configurations measured one after another
+in one process reuse a cuBLAS workspace kept from an earlier one (64-162 MiB on the H100
+data), but a workspace left inside a large segment pins the whole segment, and
+``empty_cache`` cannot return it (one H100 shard held 816-820 MiB this way: every small
+model "peaked" at 824-940 MiB)."""
 
 DEFAULT_URL: Final = "sqlite:///costaware.db"
 SQLITE_BUSY_TIMEOUT_S: Final = 30.0
