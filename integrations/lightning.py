@@ -487,10 +487,7 @@ class _CostAwareCallbackBase:
         dev = trainer.strategy.root_device
         if dev.type != "cuda":
             return
-        torch.cuda.synchronize(dev)
-        clear_cuda_cache()
-        reserved = int(torch.cuda.memory_reserved(dev))
-        self._setup_held = max(0, reserved - _module_bytes(pl_module, "cuda"))
+        self._setup_held = max(0, clear_cuda_cache(dev) - _module_bytes(pl_module, "cuda"))
 
     def _start_fit(self, trainer: Any, pl_module: Any) -> None:
         self._finish()
@@ -632,8 +629,7 @@ class _CostAwareCallbackBase:
         self._first_epoch = trainer.current_epoch
         if self._kind == "cuda":
             dev = self._torch_device
-            torch.cuda.synchronize(dev)
-            clear_cuda_cache()  # the sanity check's and earlier trials' blocks are not ours
+            reserved = clear_cuda_cache(dev)  # the sanity check's and earlier trials' blocks
             torch.cuda.reset_peak_memory_stats(dev)
             if self._setup_held is not None:  # measured before the model was on the device
                 self._held_before, self._setup_held = self._setup_held, None
@@ -642,7 +638,7 @@ class _CostAwareCallbackBase:
                 own = _module_bytes(pl_module, "cuda") + _optimizer_bytes(
                     getattr(trainer, "optimizers", None), "cuda"
                 )
-                self._held_before = max(0, int(torch.cuda.memory_reserved(dev)) - own)
+                self._held_before = max(0, reserved - own)
             from costaware.store import MAX_HELD_BEFORE  # SQLAlchemy only once needed
 
             if self._held_before > MAX_HELD_BEFORE:

@@ -710,10 +710,8 @@ class EpochMeter:
         self._steps = 0
         self.held_before: int | None = None
         if device == "cuda":
-            torch.cuda.synchronize()
-            clear_cuda_cache()
+            self.held_before = clear_cuda_cache()
             torch.cuda.reset_peak_memory_stats()
-            self.held_before = int(torch.cuda.memory_reserved())
         else:
             self._cpu_memory = CpuMemoryMeter(
                 "from the meter's creation to the end of the first epoch or the second step()",

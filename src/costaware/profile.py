@@ -402,19 +402,24 @@ def reset_rss_peak() -> bool:
         return False
 
 
-def clear_cuda_cache() -> None:
-    """Return what earlier work left in the CUDA caching allocator before a measurement:
-    unreachable objects are collected (a finished run's model and optimizer often live on
-    in reference cycles), cuBLAS's cached workspaces are dropped (one left in a large
-    cached segment pins all of it, and ``empty_cache`` cannot return that segment), and
-    every cached block that is free goes back to the driver. Call it with the device
-    synchronised."""
+def clear_cuda_cache(device: torch.device | None = None) -> int:
+    """Return what earlier work left in the CUDA caching allocator before a measurement,
+    and the bytes still reserved on ``device`` (default: the current one) afterwards,
+    which no cache could give back: someone else's.
+
+    The device is synchronised, unreachable objects are collected (a finished run's model
+    and optimizer often live on in reference cycles), cuBLAS's cached workspaces are
+    dropped (one left in a large cached segment pins all of it, and ``empty_cache`` cannot
+    return that segment), and every cached block that is free goes back to the driver.
+    """
+    torch.cuda.synchronize(device)
     gc.collect()
     clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear_workspaces is not None:
         with contextlib.suppress(Exception):
             clear_workspaces()
     torch.cuda.empty_cache()
+    return int(torch.cuda.memory_reserved(device))
 
 
 @contextlib.contextmanager
@@ -597,8 +602,7 @@ def measure(
     if is_cuda:
         torch.backends.cudnn.benchmark = spec.cudnn_benchmark
         torch.cuda.init()  # type: ignore[no-untyped-call]
-        clear_cuda_cache()
-        result.reserved_before = int(torch.cuda.memory_reserved(dev))
+        result.reserved_before = clear_cuda_cache(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         sampler: Any = _NvmlSampler(dev.index or 0)
         result.memory_method = (
