@@ -76,6 +76,16 @@ def load(paths: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def _error_after(
+    by: dict[str, float], slope: float, y: np.ndarray, lp: np.ndarray, g: np.ndarray
+) -> float:
+    """Mean relative error of rows (``y`` = log(measured / predicted)) once a refit's
+    correction (``by`` precision, plus ``slope`` times the log prediction) is applied; no
+    correction (``{}``, 0) is the shipped model's error."""
+    corr = np.asarray([by.get(str(p), 0.0) + slope * v for p, v in zip(g, lp)])
+    return float(np.mean(np.abs(np.exp(corr - y) - 1)))
+
+
 def replay(
     rows: list[dict[str, Any]],
     shift: Callable[[np.ndarray, float], np.ndarray],
@@ -100,13 +110,10 @@ def replay(
                 if k > len(fr) - MIN_LEFT:
                     continue
                 seen, rest = order[:k], order[k:]
-                errs["no refit"][k].append(float(np.mean(np.abs(np.exp(-y[rest]) - 1))))
+                errs["no refit"][k].append(_error_after({}, 0.0, y[rest], lp[rest], g[rest]))
                 for name, rule in RULES.items():
                     by, slope = rule(y[seen], lp[seen], g[seen])
-                    corr = np.asarray(
-                        [by.get(str(p), 0.0) + slope * v for p, v in zip(g[rest], lp[rest])]
-                    )
-                    errs[name][k].append(float(np.mean(np.abs(np.exp(corr - y[rest]) - 1))))
+                    errs[name][k].append(_error_after(by, slope, y[rest], lp[rest], g[rest]))
     return {
         name: {k: float(np.mean(v)) if v else math.nan for k, v in by_k.items()}
         for name, by_k in errs.items()
@@ -137,15 +144,12 @@ def replay_calibration(
     }
     for f in sorted(set(fam)):
         target, others = np.nonzero(fam == f)[0], np.nonzero(fam != f)[0]
-        none = float(np.mean(np.abs(np.exp(-y[target]) - 1)))
+        none = _error_after({}, 0.0, y[target], lp[target], g[target])
         for _ in range(orders):
             for k in CALIBRATION_STEPS:
                 seen = rng.choice(others, size=k, replace=False)
                 by, slope = rule(y[seen], lp[seen], g[seen])
-                corr = np.asarray(
-                    [by.get(str(p), 0.0) + slope * v for p, v in zip(g[target], lp[target])]
-                )
-                fixed = float(np.mean(np.abs(np.exp(corr - y[target]) - 1)))
+                fixed = _error_after(by, slope, y[target], lp[target], g[target])
                 cal = [
                     CalibrationRow(
                         id=str(i), family=str(fam[i]), precision=str(g[i]), status="ok",
