@@ -26,7 +26,8 @@ measured peak as recorded.
 Usage:
     python benchmarks/accuracy.py [DATA.jsonl.gz ...] [--out docs/accuracy.md]
 
-With no DATA it reads every ``data/**/*.jsonl.gz``. Features (one dry run per row) are
+With no DATA it reads every ``data/**/*.jsonl.gz`` outside ``data/archive/`` (rows that a
+later measurement replaced, kept for the record). Features (one dry run per row) are
 cached in the temp folder, keyed by row id, device and feature version.
 """
 
@@ -47,13 +48,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1024**2
 GiB = 1024**3
+#: rows superseded by a later measurement of the same host (kept for the record, not learned)
+ARCHIVE = "archive"
 
 
 def _read(files: Sequence[Path]) -> list[dict[str, Any]]:
-    """Every row of ``files``, in order (model and per-op rows, repeats included)."""
-    from costaware.collect import read_rows
+    """Every row of ``files`` in the order measured (model and per-op rows, repeats
+    included), so that the last of a configuration's rows is its latest measurement."""
+    from costaware.collect import in_measured_order, read_rows
 
-    return [r for f in files for r in read_rows(f)]
+    return in_measured_order(r for f in files for r in read_rows(f))
 
 
 def _key(r: dict[str, Any]) -> tuple[str, str]:
@@ -127,8 +131,8 @@ def _repeat_lines(rep: dict[str, Any] | None) -> list[str]:
     return [
         "",
         f"**Repeat measurements.** {rep['n']} configurations were measured more than once "
-        "(another seed drew the same configuration; the figures above use the latest "
-        "measurement). The first and the last measurement of one configuration lie apart "
+        "(another seed drew the same configuration, or a later window measured it again: "
+        "`data/gpu_window.sh repeat`; the figures above use the latest measurement). The first and the last measurement of one configuration lie apart "
         "by |a / b - 1|: "
         f"step time {spread(rep['time'])}; peak memory {spread(rep['mem'])}. That is the "
         "measurements' own noise: with independent noise of this size, even a prediction of "
@@ -512,7 +516,9 @@ def _left_out_lines(res: dict[str, Any]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("data", nargs="*", help="jsonl.gz files (default data/**/*.jsonl.gz)")
+    p.add_argument(
+        "data", nargs="*", help="jsonl.gz files (default data/**/*.jsonl.gz outside data/archive/)"
+    )
     p.add_argument("--out", default=str(ROOT / "docs" / "accuracy.md"), help="markdown output")
     p.add_argument("--iterations", type=int, default=400, help="CatBoost trees per fit")
     p.add_argument("--threads", type=int, default=2, help="CatBoost threads")
@@ -550,7 +556,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds allowed for one dry run; rows over it are skipped and listed (default 600)",
     )
     args = p.parse_args(argv)
-    files = [Path(f) for f in args.data] or sorted((ROOT / "data").glob("**/*.jsonl.gz"))
+    files = [Path(f) for f in args.data] or sorted(
+        f for f in (ROOT / "data").glob("**/*.jsonl.gz") if ARCHIVE not in f.parts
+    )
     if not files:
         print("no data files: run `costaware collect` first (see data/README.md)", file=sys.stderr)
         return 2

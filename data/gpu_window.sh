@@ -7,6 +7,9 @@
 #   bash data/gpu_window.sh ops-held [MINUTES]     re-time the op cases of seed 0 held (opbench schema 2)
 #   bash data/gpu_window.sh corpus SEED SHARD [MINUTES]   measure one shard of the whole-model corpus,
 #                                                  or shards in turn (SHARD as FIRST-LAST) until MINUTES
+#   bash data/gpu_window.sh repeat SEED SHARD [N] [MINUTES]   measure the first N (default 40) configurations
+#                                                  of a committed shard again, into a file named after
+#                                                  today's date: how far two windows (or two machines) differ
 #
 # Files are named after the GPU (h100-..., h200-...: memory transfers across GPUs of one
 # generation, time does not) and each step first copies the committed file of the same
@@ -14,7 +17,8 @@
 # Order for a fresh 30-minute window: check, ops-held, then corpus 1 0-4, as often as the
 # window allows (a shard takes 4-5 minutes on an H100, so one command measures about two;
 # shards already complete are skipped in seconds). Seed 0's five shards are all measured
-# on the H100; on an H200 start at corpus 0 0-4.
+# on the H100; on an H200 start at corpus 0 0-4. Once per window, `repeat 0 0` (about 2
+# minutes) gives the noise between windows that the accuracy benchmark reports as repeats.
 #
 # For a test on a machine without a GPU: COSTAWARE_DEVICE=cpu (and COSTAWARE_CORPUS=cpu,
 # COSTAWARE_LIMIT=N, COSTAWARE_SHARDS=N) run the same steps on the CPU.
@@ -35,7 +39,7 @@ die() {
 step="${1:-}"
 case "$step" in
     -h | --help) usage; exit 0 ;;
-    check | ops-held | corpus) shift ;;
+    check | ops-held | corpus | repeat) shift ;;
     "") die "no step given" ;;
     *) die "unknown step '$step'" ;;
 esac
@@ -54,6 +58,14 @@ case "$step" in
             || die "SHARD must be a whole number or FIRST-LAST, not '$shard'"
         first="${shard%-*}" last="${shard#*-}"
         ((10#$first <= 10#$last)) || die "SHARD FIRST-LAST must not run backwards, not '$shard'"
+        is_number "$minutes" || die "MINUTES must be a number, not '$minutes'"
+        ;;
+    repeat)
+        [[ $# -ge 2 ]] || die "repeat needs SEED and SHARD"
+        seed="$1" shard="$2" count="${3:-40}" minutes="${4:-4}"
+        [[ "$seed" =~ ^[0-9]+$ && "$shard" =~ ^[0-9]+$ ]] \
+            || die "repeat's SEED and SHARD must be whole numbers, not '$seed' '$shard'"
+        [[ "$count" =~ ^[1-9][0-9]*$ ]] || die "N must be a whole number above 0, not '$count'"
         is_number "$minutes" || die "MINUTES must be a number, not '$minutes'"
         ;;
 esac
@@ -139,5 +151,19 @@ case "$step" in
                 --out "$out/$name" "${extra[@]}"
             summary "$out/$name"
         done
+        ;;
+    repeat)
+        if [[ "$seed" == 0 ]]; then base="shard$shard"; else base="seed$seed-shard$shard"; fi
+        [[ -f "data/gpu/$tag-$base.jsonl.gz" ]] \
+            || die "nothing to repeat: data/gpu/$tag-$base.jsonl.gz is not committed"
+        # the same configurations, a new file: the committed rows stay as they were measured
+        # (the latest row of a configuration is the one fit learns, the earlier one a repeat)
+        name="$tag-repeat-$(date -u +%Y%m%d)-$base.jsonl.gz"
+        resume "$name"
+        "$PY" -m costaware.collect --corpus "${COSTAWARE_CORPUS:-gpu}" --seed "$seed" \
+            --shard "$shard" --device "$device" --timeout 90 --max-minutes "$minutes" \
+            --limit "$count" --out "$out/$name" \
+            ${COSTAWARE_SHARDS:+--shards "$COSTAWARE_SHARDS"}
+        summary "$out/$name"
         ;;
 esac

@@ -68,3 +68,25 @@ def test_no_repeats_no_paragraph(tmp_path: Path) -> None:
     a = tmp_path / "seed0.jsonl.gz"
     append_row(a, _row("mlp-1", "CPU", 0.10, 10 * 2**20))
     assert accuracy._repeats(accuracy._read([a])) == {}
+
+
+def test_the_latest_measurement_counts_whatever_the_file_names(tmp_path: Path) -> None:
+    # a later window's repeat of a shard sorts before the shard's own file by name
+    gpu = "NVIDIA H100 80GB HBM3"
+    shard, repeat = (
+        tmp_path / "h100-shard0.jsonl.gz",
+        tmp_path / "h100-repeat-20261201-shard0.jsonl.gz",
+    )
+    append_row(
+        shard, {**_row("vgg-1", gpu, 0.05, 900 * 2**20), "finished_at": "2026-11-22T17:15:48+00:00"}
+    )
+    append_row(
+        repeat,
+        {**_row("vgg-1", gpu, 0.04, 900 * 2**20), "finished_at": "2026-12-01T09:00:00+00:00"},
+    )
+
+    raw = accuracy._read(sorted([shard, repeat]))
+
+    (latest,) = accuracy._load(raw)
+    assert latest["measurement"]["iteration_time"] == 0.04
+    assert accuracy._repeats(raw)["gpu"]["time"] == pytest.approx([0.25])  # first 0.05, last 0.04

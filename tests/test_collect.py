@@ -18,6 +18,7 @@ from costaware.collect import (
     append_row,
     collect,
     done_ids,
+    in_measured_order,
     observations,
     read_rows,
     reserved_before,
@@ -405,6 +406,13 @@ def test_observation_features_do_not_depend_on_the_rows_before() -> None:
     assert after[1].features == alone[0].features
 
 
+def test_rows_in_measured_order_whatever_the_order_read() -> None:
+    old, new = _cpu_row("a"), {**_cpu_row("a"), "finished_at": "2026-02-01T00:00:00+00:00"}
+    undated = {k: v for k, v in _cpu_row("b").items() if k != "finished_at"}
+    same_time = {**_cpu_row("c")}
+    assert in_measured_order([new, old, same_time, undated]) == [undated, old, same_time, new]
+
+
 # ------------------------------------------------------------- data/gpu_window.sh
 WINDOW = Path(__file__).resolve().parents[1] / "data" / "gpu_window.sh"
 
@@ -437,6 +445,9 @@ def test_gpu_window_checks_its_arguments_before_touching_a_device(tmp_path: Path
         (("corpus", "1", "a-2"), "a whole number or FIRST-LAST, not 'a-2'"),
         (("corpus", "1", "3-1"), "must not run backwards, not '3-1'"),
         (("ops-held", "soon"), "MINUTES must be a number, not 'soon'"),
+        (("repeat", "0"), "repeat needs SEED and SHARD"),
+        (("repeat", "0", "0-2"), "whole numbers, not '0' '0-2'"),
+        (("repeat", "0", "0", "0"), "N must be a whole number above 0, not '0'"),
     ):
         r = _window(tmp_path, *args)
         assert r.returncode == 2, (args, r.stderr)
@@ -481,6 +492,27 @@ def test_gpu_window_measures_shards_in_turn_until_its_minutes_are_spent(tmp_path
     assert r.returncode == 0, r.stderr
     assert "shards 2-3 wait for the next command" in r.stdout
     assert not (tmp_path / "later").exists() or not any((tmp_path / "later").iterdir())
+
+
+@pytest.mark.slow
+def test_gpu_window_repeats_a_committed_shard_into_a_dated_file(tmp_path: Path) -> None:
+    (tmp_path / "src").symlink_to(Path(__file__).resolve().parents[1] / "src")
+    committed = tmp_path / "data" / "gpu"
+    committed.mkdir(parents=True)
+    small = {"COSTAWARE_CORPUS": "cpu", "COSTAWARE_SHARDS": "4"}
+    r = _window(tmp_path, "repeat", "1", "0", "2", "3", env=small)
+    assert r.returncode == 2 and "cpu-seed1-shard0.jsonl.gz is not committed" in r.stderr
+
+    first = _window(tmp_path, "corpus", "1", "0", "3", env={**small, "COSTAWARE_LIMIT": "2"})
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "out" / "cpu-seed1-shard0.jsonl.gz").rename(committed / "cpu-seed1-shard0.jsonl.gz")
+    r = _window(tmp_path, "repeat", "1", "0", "2", "3", out="again", env=small)
+    assert r.returncode == 0, r.stderr
+    (repeat,) = (tmp_path / "again").glob("cpu-repeat-*-seed1-shard0.jsonl.gz")
+    assert [x["id"] for x in read_rows(repeat)] == [
+        x["id"] for x in read_rows(committed / "cpu-seed1-shard0.jsonl.gz")
+    ]
+    assert "2 rows" in r.stdout
 
 
 def test_features_cache_keeps_each_versions_features(

@@ -255,7 +255,7 @@ def _sha256(path: Path) -> str:
 
 def _cmd_fit(args: argparse.Namespace) -> int:
     import costaware as ca
-    from costaware.collect import observations, read_rows
+    from costaware.collect import in_measured_order, observations, read_rows
 
     files = [Path(p) for p in args.data]
     for f in files:
@@ -270,7 +270,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     if not rows:
         raise CliError(f"no rows in {', '.join(map(str, files))}.")
     seen: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in rows:  # the latest row of an (id, device) wins: re-measurements replace
+    for r in in_measured_order(rows):  # the latest row of an (id, device) wins
         seen[(str(r.get("id")), str(r.get("device_name")))] = r
     rows = list(seen.values())
     model = ca.CostModel(

@@ -83,6 +83,18 @@ def append_row(path: str | os.PathLike[str], row: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
+def in_measured_order(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` in the order they were measured (``finished_at``; a row without one first),
+    rows of equal time in the order given.
+
+    Where one configuration was measured more than once, the last row is the one that
+    counts (``costaware fit``, the accuracy benchmark). Reading files in name order is not
+    measured order: a later window's repeat of a shard (``data/gpu_window.sh repeat``,
+    ``h100-repeat-DATE-shard0``) sorts before the shard's own file.
+    """
+    return sorted(rows, key=lambda r: str(r.get("finished_at") or ""))
+
+
 def read_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """The rows of a ``.jsonl.gz`` file written by :func:`append_row`.
 
