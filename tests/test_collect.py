@@ -445,6 +445,8 @@ def test_gpu_window_checks_its_arguments_before_touching_a_device(tmp_path: Path
         (("corpus", "1", "a-2"), "a whole number or FIRST-LAST, not 'a-2'"),
         (("corpus", "1", "3-1"), "must not run backwards, not '3-1'"),
         (("ops-held", "soon"), "MINUTES must be a number, not 'soon'"),
+        (("small",), "small needs SEED"),
+        (("small", "x"), "small's SEED must be a whole number, not 'x'"),
         (("repeat", "0"), "repeat needs SEED and SHARD"),
         (("repeat", "0", "0-2"), "whole numbers, not '0' '0-2'"),
         (("repeat", "0", "0", "0"), "N must be a whole number above 0, not '0'"),
@@ -495,24 +497,38 @@ def test_gpu_window_measures_shards_in_turn_until_its_minutes_are_spent(tmp_path
 
 
 @pytest.mark.slow
+def test_gpu_window_small_measures_the_cpu_corpus_on_the_device(tmp_path: Path) -> None:
+    (tmp_path / "src").symlink_to(Path(__file__).resolve().parents[1] / "src")
+    (tmp_path / "data" / "gpu").mkdir(parents=True)
+    # seed 10's first configuration is a small MLP: a second's measurement here
+    r = _window(tmp_path, "small", "10", "3", env={"COSTAWARE_LIMIT": "1"})
+    assert r.returncode == 0, r.stderr
+    rows = list(read_rows(tmp_path / "out" / "cpu-small-seed10.jsonl.gz"))
+    assert [x["id"] for x in rows] == [corpus("cpu", seed=10)[0].id]
+    assert "cpu-small-seed10.jsonl.gz: 1 rows" in r.stdout
+
+
+@pytest.mark.slow
 def test_gpu_window_repeats_a_committed_shard_into_a_dated_file(tmp_path: Path) -> None:
     (tmp_path / "src").symlink_to(Path(__file__).resolve().parents[1] / "src")
     committed = tmp_path / "data" / "gpu"
     committed.mkdir(parents=True)
     small = {"COSTAWARE_CORPUS": "cpu", "COSTAWARE_SHARDS": "4"}
-    r = _window(tmp_path, "repeat", "1", "0", "2", "3", env=small)
+    r = _window(tmp_path, "repeat", "1", "0", "1", "3", env=small)
     assert r.returncode == 2 and "cpu-seed1-shard0.jsonl.gz is not committed" in r.stderr
 
-    first = _window(tmp_path, "corpus", "1", "0", "3", env={**small, "COSTAWARE_LIMIT": "2"})
-    assert first.returncode == 0, first.stderr
-    (tmp_path / "out" / "cpu-seed1-shard0.jsonl.gz").rename(committed / "cpu-seed1-shard0.jsonl.gz")
-    r = _window(tmp_path, "repeat", "1", "0", "2", "3", out="again", env=small)
+    first = corpus("cpu", shard=0, shards=4, seed=1)[0]
+    append_row(committed / "cpu-seed1-shard0.jsonl.gz", {"id": first.id, "status": "ok"})
+    r = _window(tmp_path, "repeat", "1", "0", "1", "3", out="again", env=small)
     assert r.returncode == 0, r.stderr
     (repeat,) = (tmp_path / "again").glob("cpu-repeat-*-seed1-shard0.jsonl.gz")
-    assert [x["id"] for x in read_rows(repeat)] == [
-        x["id"] for x in read_rows(committed / "cpu-seed1-shard0.jsonl.gz")
+    (row,) = read_rows(repeat)
+    assert row["id"] == first.id and row["status"] == "ok" and "measurement" in row
+    assert "1 rows" in r.stdout
+    # the committed shard is left as it was
+    assert list(read_rows(committed / "cpu-seed1-shard0.jsonl.gz")) == [
+        {"id": first.id, "status": "ok"}
     ]
-    assert "2 rows" in r.stdout
 
 
 def test_features_cache_keeps_each_versions_features(
