@@ -90,7 +90,9 @@ def in_measured_order(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     Where one configuration was measured more than once, the last row is the one that
     counts (``costaware fit``, the accuracy benchmark). Reading files in name order is not
     measured order: a later window's repeat of a shard (``data/gpu_window.sh repeat``,
-    ``h100-repeat-DATE-shard0``) sorts before the shard's own file.
+    ``h100-repeat-DATE-shard0``) sorts before the shard's own file. In this order, too,
+    ``fit`` gives the same model whatever order its files are named in (a CatBoost fit
+    depends on the order of its rows).
     """
     return sorted(rows, key=lambda r: str(r.get("finished_at") or ""))
 
