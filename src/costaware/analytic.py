@@ -28,13 +28,15 @@ measured figure or a documented assumption:
   default ``allow_tf32=True``), fp32 matmuls the fp32 peak (PyTorch's default).
 - CPU constants: a least-squares fit (of the relative error) of the measured step time
   on the roofline's compute part, memory part, kernel count and a constant, over the
-  1,218 fp32 CPU configurations of ``data/cpu`` (a shared 2-core EPYC container, 1 torch
-  thread; feature version 12, whose CPU dry run steps the optimizer one tensor at a
-  time, ten-odd kernels per tensor for Adam): compute ran at 0.26 of the assumed peak,
-  memory at 0.30 of the assumed bandwidth, 20 µs per kernel (eager dispatch + autograd)
-  and 1 ms per step; 27% mean error on those rows. (Fitted on 304 configurations with
-  the multi-tensor optimizer step in the trace, they were 0.22, 0.19, 45 µs and 2 ms.)
-  That is one machine: the learned step model and the online refit learn the user's.
+  1,218 fp32 CPU configurations of the first CPU collection (``data/archive/cpu-first``:
+  a shared 2-core EPYC container, 1 torch thread, on a host that ran whole steps about
+  twice as slowly as when ``data/cpu`` was measured again; feature version 12, whose CPU
+  dry run steps the optimizer one tensor at a time, ten-odd kernels per tensor for Adam):
+  compute ran at 0.26 of the assumed peak, memory at 0.30 of the assumed bandwidth, 20 µs
+  per kernel (eager dispatch + autograd) and 1 ms per step; 27% mean error on those rows.
+  (Fitted on 304 configurations with the multi-tensor optimizer step in the trace, they
+  were 0.22, 0.19, 45 µs and 2 ms.) That is one machine at one time: the learned step
+  model, the online refit and ``costaware calibrate`` learn the user's.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ MEMORY_EFFICIENCY = {"cuda": 0.75, "cpu": 0.30}
 LAUNCH_OVERHEAD_S = {
     "cuda": 5e-6,
     "cpu": 2e-5,
-}  # CPU: eager dispatch + autograd per op (fitted on data/cpu, see above)
+}  # CPU: eager dispatch + autograd per op (fitted on the first CPU collection, see above)
 #: fixed per-step cost outside kernels (Python, optimizer bookkeeping, loader hand-off)
 STEP_OVERHEAD_S = {"cuda": 2e-3, "cpu": 1e-3}
 #: the roofline ran -59%..+47% against measured step times on an H200: its heuristic upper

@@ -118,8 +118,9 @@ _CPU_BANDWIDTH_CAP = 200 * GIGA
 _CPU_FP32_PER_CORE = 50 * GIGA
 _CPU_FALLBACK_MEMORY = 8 * GiB
 # Without native bf16/fp16 arithmetic (AVX512-BF16 / AMX, AVX512-FP16), autocast bf16 steps
-# ran about 8x slower per FLOP than fp32 on this EPYC (data/cpu: a least-squares fit of 43
-# bf16 against 304 fp32 configurations): the half-precision peak is the fp32 peak / 8.
+# ran about 8x slower per FLOP than fp32 on this EPYC (the first CPU collection,
+# data/archive/cpu-first: a least-squares fit of 43 bf16 against 304 fp32 configurations):
+# the half-precision peak is the fp32 peak / 8.
 _CPU_HALF_SLOWDOWN = 8.0
 _CPU_HALF_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
 

@@ -558,10 +558,10 @@ class _CpuSteps(_StepModel):
     what it takes (held out, its steps were over-predicted at a median 1.6x). The five
     constants are fitted on the training rows' whole-step timings (mean absolute log
     error) from features every dry run has, so a family held out of the fit is predicted
-    by constants that never saw it. On the 1,295 CPU rows (feature version 12, whose
-    kernels include the optimizer's per-tensor ops) they come out at 6.7 us per kernel
-    (an elementwise op's cost, timed alone, is 3-6 us) and 0.21 ms per parameter tensor,
-    with no fixed cost. Fitted with one family left out at a time, they stayed within
+    by constants that never saw it. On the first collection's 1,295 CPU rows (feature
+    version 12, whose kernels include the optimizer's per-tensor ops) they came out at
+    6.7 us per kernel (an elementwise op's cost, timed alone, is 3-6 us) and 0.21 ms per
+    parameter tensor, with no fixed cost. Fitted with one family left out at a time, they stayed within
     5.7-7.4 us and 0.206-0.221 ms (0.3-3.5 us and 0.255-0.277 ms at version 11). A cost of
     its own per convolution fitted the rows better (0.22 ms each) but spread the conv
     families further apart held out (MobileNets 1.24x, random conv nets 0.67x), and was
@@ -570,11 +570,15 @@ class _CpuSteps(_StepModel):
     Where the rows carry a CPU's op-level sum (an op model fitted on the CPU's per-op
     timings, feature version 17), the step adds ``op_sum * optime_kernel_ms``: the
     roofline has one efficiency for every FLOP, the op model has what oneDNN makes of
-    each kernel's shape. The sum is a median 0.36x of a measured step (a step also pays
-    autograd's bookkeeping, allocations, cold caches), so it takes a factor of its own.
-    On the 1,295 CPU rows the six constants come out at 0.40 (compute), 1.06 (memory),
-    1.0 us per kernel, 0.088 ms per parameter tensor, 0.48 ms per step and 1.40 on the
-    op sum; held out by family the step model alone went from 26.1% to 23.8% error.
+    each kernel's shape. Its weight depends on the data being one host's at one time. On
+    the first CPU collection, whose whole steps were timed on a host about twice as slow
+    as its op cases (``data/README.md``), the sum was a median 0.35x of a measured step,
+    and the six constants came out at 0.40 (compute), 1.06 (memory), 1.0 us per kernel,
+    0.088 ms per parameter tensor, 0.48 ms per step and 1.40 on the op sum. On the 1,298
+    rows measured again with their op cases in one window (2026-11-25), the sum is a
+    median 0.79x of a step (p10 0.53x, p90 1.11x), and the op sum carries the step: 0.95
+    on it, 0.27 on the roofline's memory part, 0.027 ms per parameter tensor, 1.18 ms per
+    step, and no weight left on the roofline's compute part or the kernel count.
     """
 
     compute: float
