@@ -422,7 +422,7 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
                 "OOM capacities for CPU data: the median and the 75th percentile of the measured "
                 "peaks (GPU capacities such as 12/24 GiB would admit every CPU-scale row). "
                 "CPU memory is the peak of the bytes PyTorch's CPU allocator held (profiler "
-                "memory events; re-measured apart from the timings, see data/README.md); a row "
+                "memory events, see data/README.md); a row "
                 "measured as resident-set growth would count for time only. CPU times come "
                 "from a shared 2-core container (1 torch thread, under `nice`), so they carry "
                 "scheduling noise.",

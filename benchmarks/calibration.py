@@ -9,10 +9,11 @@
    a forward partly under ``no_grad``, einsum and FFT) with ``costaware.profile.measure``
    and prints their step time predicted by the shipped model and by the calibrated one.
 
-The shipped CPU model learned one 2-core container at one time, whose speed has since
-moved by 2x (``data/README.md``), so on a CPU this measures the calibration against a
-real drift, not a simulated one. On a GPU it measures it against whatever separates this
-GPU from the H100 the model learned.
+The shipped CPU model learned one 2-core container in one window (``data/README.md``),
+whose speed had moved 2x between its first collection and the second, and moves by tens
+of percent from one minute to the next; on a CPU this measures the calibration against
+that real drift, not a simulated one. On a GPU it measures it against whatever separates
+this GPU from the H100 the model learned.
 
 Usage:
     python benchmarks/calibration.py [--device auto|cpu|cuda] [-n 20] [--threads 1]
