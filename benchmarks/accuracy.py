@@ -132,8 +132,8 @@ def _repeat_lines(rep: dict[str, Any] | None) -> list[str]:
         "",
         f"**Repeat measurements.** {rep['n']} configurations were measured more than once "
         "(another seed drew the same configuration, or a later window measured it again: "
-        "`data/gpu_window.sh repeat`; the figures above use the latest measurement). The first and the last measurement of one configuration lie apart "
-        "by |a / b - 1|: "
+        "`data/gpu_window.sh repeat`; the figures above use the latest measurement). The "
+        "first and the last measurement of one configuration lie apart by |a / b - 1|: "
         f"step time {spread(rep['time'])}; peak memory {spread(rep['mem'])}. That is the "
         "measurements' own noise: with independent noise of this size, even a prediction of "
         "each configuration's true mean would be off by about 1/sqrt(2) of it against one "
