@@ -86,7 +86,7 @@ except ImportError as e:  # pragma: no cover - exercised only without ray
 from costaware.budget import Budget, Reason
 from costaware.devices import Device, get_device
 from costaware.errors import CostAwareWarning, first_line
-from costaware.gate import Gate
+from costaware.gate import Gate, open_store
 from costaware.model import CostModel
 from costaware.profile import CpuMemoryMeter, clear_cuda_cache
 from costaware.spec import TrainingSpec
@@ -109,10 +109,7 @@ HELD_BEFORE_KEYS = ("held_before_bytes", "held_before", "costaware/held_before")
 
 
 def _open_store(store: Any) -> Any:
-    if isinstance(store, (str, bytes)) or hasattr(store, "__fspath__"):
-        from costaware.store import ObservationStore
-
-        return ObservationStore(store)
+    store = open_store(store)
     if store is not None and not (
         hasattr(store, "record_prediction") and hasattr(store, "record_measurement")
     ):

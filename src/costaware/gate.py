@@ -20,11 +20,21 @@ from costaware.errors import CostAwareWarning, first_line
 from costaware.model import CostModel, Prediction
 from costaware.spec import TrainingSpec
 
-__all__ = ["CONSTRAINT_MEMORY", "CONSTRAINT_TIME", "Gate", "Verdict"]
+__all__ = ["CONSTRAINT_MEMORY", "CONSTRAINT_TIME", "Gate", "Verdict", "open_store"]
 
 #: names of the feasibility constraints (<= 0 is feasible) the integrations set
 CONSTRAINT_MEMORY = "costaware_memory"
 CONSTRAINT_TIME = "costaware_time"
+
+
+def open_store(store: Any) -> Any:
+    """``store`` as given, or the ``ObservationStore`` that a URL or path names (SQLAlchemy
+    is imported only then): how the Gate, Ray's integration and ``calibrate`` take one."""
+    if isinstance(store, (str, bytes)) or hasattr(store, "__fspath__"):
+        from costaware.store import ObservationStore
+
+        return ObservationStore(store)
+    return store
 
 
 @dataclass
@@ -68,11 +78,7 @@ class Gate:
         self._model = model
         self._device: Device | None = None
         self._lock = threading.Lock()
-        if isinstance(store, (str, bytes)) or hasattr(store, "__fspath__"):
-            from costaware.store import ObservationStore
-
-            store = ObservationStore(store)
-        self.store = store
+        self.store = open_store(store)
         self.refit: Any = None
         self._start_refit()
 
