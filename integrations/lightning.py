@@ -23,7 +23,9 @@ Record what a training run really costs, epoch by epoch, and stop one that blows
   epoch time. Where the profiler cannot run (another torch profiler is active, such as
   Lightning's ``profiler="pytorch"``) it falls back to the growth of the process's peak
   resident set since training started plus those bytes, while glibc serves every
-  allocation above 64 KiB with ``mmap`` so that freed tensors leave the resident set at once.
+  allocation above 64 KiB with ``mmap`` so that freed tensors leave the resident set at once
+  (which slows a CPU step: each large tensor faults its pages in again). Otherwise glibc's
+  settings are left alone, and training runs as it would without the callback.
   Peaks are running peaks: epoch ``k`` reports the highest figure of epochs ``0..k``.
   ``actual["memory_method"]`` says which method was used.
 - ``held_before`` (CUDA): on a GPU, training starts from a clean cache. Unreachable
@@ -119,7 +121,6 @@ trial=trial)``; the study and trial ids of the rows then come from the trial.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import json
 import os
@@ -135,14 +136,13 @@ from costaware.budget import Budget
 from costaware.devices import Device, cpu_device, detect_device, get_device
 from costaware.errors import CostAwareWarning, first_line
 from costaware.model import CostModel, Prediction
-from costaware.profile import CpuMemoryMeter, clear_cuda_cache, mmap_threshold
+from costaware.profile import CpuMemoryMeter, clear_cuda_cache, malloc_trim
 from costaware.spec import TrainingSpec
 
 if TYPE_CHECKING:
     from costaware.store import ObservationStore
 
 _INSTALL_HINT = "pip install 'costaware[lightning]'"
-_MMAP_THRESHOLD = 64 * 1024
 _MAX_REASON = 500
 _T = TypeVar("_T")
 
@@ -240,12 +240,6 @@ def _optimizer_bytes(optimizers: Any, device_type: str) -> int:
 #: training batches the CPU allocator's peak is profiled over: the second step is the
 #: first with the optimizer state allocated, the steady state's peak
 _MEMORY_STEPS = 2
-
-
-def _malloc_trim() -> None:
-    """Hand freed heap memory back to the OS, so the CPU baseline starts clean (glibc)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 # --------------------------------------------------------------------------------------
@@ -500,11 +494,6 @@ class _CostAwareCallbackBase:
         if self._rank_zero:
             self._open_store()
             self._predict()
-        if self._kind == "cpu":
-            # from here to the end of fit, frees of large blocks leave the resident set at
-            # once (set after the prediction, whose dry run must not shape the heap)
-            self._exit_stack = contextlib.ExitStack()
-            self._exit_stack.enter_context(mmap_threshold(_MMAP_THRESHOLD))
 
     def _resolve_device(self) -> Device | None:
         try:
@@ -651,10 +640,15 @@ class _CostAwareCallbackBase:
                 )
             self._sample_device_memory()
         elif self._kind == "cpu":
-            _malloc_trim()
+            malloc_trim()
             self._cpu_memory = CpuMemoryMeter(
                 f"over the first {_MEMORY_STEPS} training batches", "since on_train_start"
             ).start()
+            if not self._cpu_memory.profiling:
+                # the resident set is the memory figure: from here to the end of fit, frees
+                # of large blocks leave it at once (training runs slower meanwhile)
+                self._exit_stack = contextlib.ExitStack()
+                self._exit_stack.enter_context(self._cpu_memory.rss.freeing_large_blocks())
             # the parameters, buffers and any optimizer state were allocated before this
             # point; the prediction counts them, so they are added to what is measured
             self._module_nbytes = _module_bytes(pl_module, "cpu") + _optimizer_bytes(

@@ -250,3 +250,38 @@ def test_a_cpu_dry_run_steps_the_optimizer_as_a_cpu_does(foreach: bool | None) -
         assert one_at_a_time < 3 * layer < 8 * layer <= multi_tensor
     else:
         assert one_at_a_time == multi_tensor >= 8 * layer
+
+
+# under a user's profiler the resident set is the memory figure, and glibc's settings
+# change for the rest of the process: a child process keeps them from this one
+_UNDER_PROFILER = r"""
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from test_profile import _small_spec
+from costaware.profile import measure
+
+with torch.profiler.profile(profile_memory=True):
+    m = measure(_small_spec(), "cpu", warmup=1, steps=10)
+print(json.dumps({"status": m.status, "malloc": m.env.get("malloc"), "method": m.memory_method}))
+"""
+
+
+def test_cpu_steps_run_under_the_process_malloc_unless_the_resident_set_is_the_figure() -> None:
+    from costaware.profile import MALLOC_DEFAULT, measure
+
+    m = measure(_small_spec(), "cpu", warmup=1, steps=10)  # type: ignore[arg-type]
+    assert m.status == "ok", m.error
+    assert m.env["malloc"] == MALLOC_DEFAULT
+    assert "rss_growth" in m.memory_method and "malloc's default settings" in m.memory_method
+
+    out = subprocess.run(
+        [sys.executable, "-c", _UNDER_PROFILER, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["status"] == "ok"
+    assert r["malloc"] == "mmap threshold 64 KiB"
+    assert "another torch profiler is running" in r["method"] and "64 KiB" in r["method"]
