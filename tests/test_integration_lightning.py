@@ -156,13 +156,34 @@ def test_one_row_per_epoch_into_sqlite(name: str, db: str) -> None:
     )
 
 
+def _fit_watching_malloc(cb: Any, **kwargs: Any) -> list[bool]:
+    """Fit with ``cb``; per training batch, whether glibc's mmap threshold was set then."""
+    seen: list[bool] = []
+
+    class Watch(L.Callback):  # type: ignore[misc]
+        def on_train_batch_end(self, *args: Any) -> None:
+            seen.append(cb._exit_stack is not None)
+
+    make_trainer(L, [cb, Watch()], max_epochs=1, **kwargs).fit(make_module(L), loader(), loader(16))
+    return seen
+
+
+def test_cpu_training_runs_under_glibcs_own_settings(db: str) -> None:
+    # the mmap threshold makes every large tensor fault its pages in at each step
+    cb = CostAwareCallback(db, study="s", trial="malloc")
+    assert _fit_watching_malloc(cb) == [False] * 5
+    assert cb.measurements[-1]["actual"]["memory_method"].startswith(ALLOCATOR_METHOD)
+
+
 def test_cpu_memory_falls_back_to_the_resident_set_under_lightnings_profiler(
     db: str, tmp_path: Path
 ) -> None:
     from lightning.pytorch.profilers import PyTorchProfiler
 
     cb = CostAwareCallback(db, study="s", trial="prof")
-    fit(L, cb, max_epochs=1, profiler=PyTorchProfiler(dirpath=tmp_path, filename="trace"))
+    profiler = PyTorchProfiler(dirpath=tmp_path, filename="trace")
+    assert _fit_watching_malloc(cb, profiler=profiler) == [True] * 5  # frees leave the RSS
+    assert cb._exit_stack is None  # and the threshold is set back when fit ends
     a = cb.measurements[-1]["actual"]
     assert "another torch profiler is running" in a["memory_method"]
     assert "RssFile" in a["memory_method"] and "64 KiB" in a["memory_method"]
