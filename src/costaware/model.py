@@ -574,11 +574,14 @@ class _CpuSteps(_StepModel):
     the first CPU collection, whose whole steps were timed on a host about twice as slow
     as its op cases (``data/README.md``), the sum was a median 0.35x of a measured step,
     and the six constants came out at 0.40 (compute), 1.06 (memory), 1.0 us per kernel,
-    0.088 ms per parameter tensor, 0.48 ms per step and 1.40 on the op sum. On the 1,298
-    rows measured again with their op cases in one window (2026-11-25), the sum is a
-    median 0.79x of a step (p10 0.53x, p90 1.11x), and the op sum carries the step: 0.95
-    on it, 0.27 on the roofline's memory part, 0.027 ms per parameter tensor, 1.18 ms per
-    step, and no weight left on the roofline's compute part or the kernel count.
+    0.088 ms per parameter tensor, 0.48 ms per step and 1.40 on the op sum. Measured again
+    in one window with their op cases (2026-11-25), the sum was a median 0.79x of a step
+    (p10 0.53x, p90 1.11x). Those steps ran with glibc asked to ``mmap`` every block above
+    64 KiB, which made large tensors fault their pages in at each step; measured again
+    under glibc's defaults (1,392 rows), the sum is a median 0.88x of a step (p10 0.61x,
+    p90 1.18x). The op sum carries the step: 0.90 on it, 0.24 on the roofline's memory
+    part, 0.022 ms per parameter tensor, 0.92 ms per step, and no weight left on the
+    roofline's compute part or the kernel count.
     """
 
     compute: float
