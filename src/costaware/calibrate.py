@@ -26,9 +26,10 @@ was 0.625x; on the H100 data as measured, which the shipped model already fits, 
 took 8% of the calibrations (16.0% became 16.3%; always taking them: 18.3%). On this
 development CPU, while the shipped model had learned it at half its present speed,
 ``benchmarks/calibration.py`` took 11 architectures outside the corpus from 160% to 28%;
-once the CPU data was measured again, the shipped model alone was 13.5-23.8% off on them,
-and calibrations 19.6-52.5%: this container's speed moves by tens of percent from one
-minute to the next, and a calibration learns the minute it ran in.
+with the CPU data timed again under glibc's default malloc, the shipped model alone was
+26.2-29.7% off on them, at an hour when the container ran small ops 1.7x slower than when
+its data was timed, and calibrations 29.7-51.2%: this container's speed moves by tens of
+percent within the hour, and a calibration learns the minute it ran in.
 
 Example:
     >>> from costaware.calibrate import calibrate               # doctest: +SKIP
