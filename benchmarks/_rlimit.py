@@ -45,7 +45,10 @@ def cap_address_space(limit: int) -> None:
 
 def mmap_large_allocations() -> None:
     """glibc: serve every allocation above 64 KiB with ``mmap``, so that a freed tensor
-    gives its address space back at once (costaware's CPU measurements assume the same)."""
+    gives its address space back at once and the cap follows the live tensors. The price:
+    each large tensor faults its pages in again at every step, so these trials' steps run
+    slower than a user's. costaware's own measurements leave glibc alone
+    (:mod:`costaware.profile`)."""
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
