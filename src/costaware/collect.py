@@ -602,6 +602,17 @@ _CACHE_VERSIONS = 4
 
 
 def _cache_key(row: dict[str, Any]) -> str:
+    """What a row's features depend on: its configuration, its device and, on a CPU, the
+    torch threads it was traced with (:func:`_measured_threads`). Not when it was measured:
+    a configuration timed again (a repeat, a re-collection) has the features it had."""
+    config = json.dumps(row.get("config"), sort_keys=True, default=str)
+    digest = hashlib.sha1(config.encode()).hexdigest()[:12]
+    threads = row.get("env", {}).get("torch_threads") if isinstance(row.get("env"), dict) else None
+    return f"{row.get('id')}|{row.get('device_name')}|{digest}|threads={threads}"
+
+
+def _legacy_cache_key(row: dict[str, Any]) -> str:
+    """The key caches written before :func:`_cache_key` used (with the finish time)."""
     return f"{row.get('id')}|{row.get('device_name')}|{row.get('finished_at')}"
 
 
@@ -667,8 +678,9 @@ def observations(
     ``model`` defaults to an unfitted ``CostModel()``; this imports costaware.model, so it
     is not for the bare-GPU path. ``on_row(i, row)`` is called before each row that needs
     features, for progress. ``cache`` is a ``.json.gz`` file of features already computed
-    (keyed by row id, device and finish time, per features version: the feature version
-    and the op model); it is updated, and keeps the sections of up to ``_CACHE_VERSIONS``
+    (keyed by row id, configuration, device and, on a CPU, torch threads, per features
+    version: the feature version and the op model; a row measured again reuses its
+    features); it is updated, and keeps the sections of up to ``_CACHE_VERSIONS``
     versions, so that a run with another op model, or none, does not discard them.
     """
     from costaware.model import CostModel, Observation
@@ -715,6 +727,9 @@ def observations(
         try:
             dev = catalog_device(row)
             feats = feats_cache.get(key)
+            if feats is None and (feats := feats_cache.pop(_legacy_cache_key(row), None)):
+                feats_cache[key] = feats  # a cache written before: kept under the new key
+                dirty += 1
             if feats is None:
                 if on_row is not None:
                     on_row(i, row)
