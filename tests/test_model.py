@@ -647,7 +647,8 @@ def test_models_with_convolutions_get_their_own_bound() -> None:
                     Observation(features=feats, device="H100-SXM", peak_memory=peak, family=name)
                 )
     model.fit(obs)
-    assert set(model.memory_bounds_) == {"conv", "other"}
+    # each group, and within it the fp32 steps (the only precision here)
+    assert set(model.memory_bounds_) == {"conv", "other", "conv+fp32", "other+fp32"}
     for spec_model, batch in (
         (functools.partial(tiny_cnn, width=9), ca.ImageBatch((3, 32, 32), classes=10)),
         (functools.partial(zoo.mlp, 64, (100,), 10), ca.ImageBatch((64,), classes=10)),
@@ -658,6 +659,54 @@ def test_models_with_convolutions_get_their_own_bound() -> None:
             assert ratio < 1.15  # the MLPs' own 2% spread, not the CNNs' 150%
         else:
             assert ratio > 1.3  # peaks 1-2.5x the simulation, the point near the middle
+
+
+def test_steps_under_autocast_get_their_own_bound() -> None:
+    """Mixed precision's error differs in kind (on a CPU without bf16 arithmetic autocast
+    emulates it): pooled with fp32 steps, its bound covered 76% of held-out CPU bf16
+    steps against 98% of fp32 ones. Within each group, steps under autocast are
+    calibrated apart; a model saved before the split (coarse groups only) still finds its
+    group's bound."""
+    from costaware import zoo
+
+    model = ca.CostModel(iterations=50, depth=2, calibration_fraction=0.5)
+    rng = np.random.default_rng(5)
+    obs = []
+    for fam in range(10):
+        for bs in range(8, 168, 8):
+            for precision, spread in (("fp32", 0.02), ("bf16", 1.5)):
+                spec = ca.TrainingSpec(
+                    model=functools.partial(zoo.mlp, 64, (32 + 16 * fam,), 10),
+                    batch=ca.ImageBatch((64,), classes=10),
+                    batch_size=bs,
+                    precision=precision,
+                )
+                feats = model.features(spec, "cpu")
+                secs = feats["analytic_time_ms"] / 1e3 * (1.0 + rng.uniform(0.0, spread))
+                obs.append(
+                    Observation(
+                        features=feats, device="CPU", iteration_time=secs, family=f"mlp{fam}"
+                    )
+                )
+    model.fit(obs)
+    assert {"other+fp32", "other+amp", "other"} <= set(model.time_bounds_)
+
+    def ratio(precision: str) -> float:
+        spec = ca.TrainingSpec(
+            model=functools.partial(zoo.mlp, 64, (100,), 10),
+            batch=ca.ImageBatch((64,), classes=10),
+            batch_size=50,
+            precision=precision,
+        )
+        p = model.predict(spec, "cpu")
+        return p.iteration_time_upper / p.iteration_time
+
+    assert ratio("fp32") < 1.15  # fp32's own 2% spread, not bf16's 150%
+    assert ratio("bf16") > 1.3
+    # a manifest written before the split: the coarse group's bound serves both
+    model.time_bounds_ = {"other": (0.0, 0.5, 0.95), "conv": (0.0, 0.1, 0.95)}
+    assert ratio("fp32") == pytest.approx(math.exp(0.5), rel=1e-9)
+    assert ratio("bf16") == pytest.approx(math.exp(0.5), rel=1e-9)
 
 
 def test_refit_on_few_trials_moves_the_base_bound(

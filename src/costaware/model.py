@@ -722,11 +722,25 @@ def _family_folds(families: np.ndarray, k: int, rng: np.random.Generator) -> lis
 
 
 def _bound_group(feats: Mapping[str, float]) -> str:
-    """The calibration group of a feature row: models with convolutions ("conv") carry
-    cuDNN's workspace choices, the others do not ("other"); each group gets its own bound
-    when it has the rows for one (not the cross-conformal memory line: one bound)."""
+    """The coarse calibration group of a feature row: models with convolutions ("conv")
+    carry cuDNN's workspace choices, the others do not ("other"). See :func:`_bound_keys`
+    for the finer groups within each."""
     conv = feats.get("layers_conv", 0.0)
     return "conv" if conv == conv and conv > 0 else "other"
+
+
+def _bound_keys(feats: Mapping[str, float]) -> tuple[str, str]:
+    """The calibration groups of a feature row, finest first: its coarse group
+    (:func:`_bound_group`) split by whether the step runs under autocast ("conv+amp",
+    "conv+fp32"), then the coarse group. A bound is the finest group's that had the rows
+    for one when the model was fitted, else the coarse group's, else the pooled one (not
+    the cross-conformal memory line: one bound). Mixed precision is a group of its own
+    because its error differs in kind: on the CPU corpus' host (no bf16 arithmetic, so
+    autocast runs bf16 kernels in emulation) held-out bf16 steps were off by 28% against
+    13% for fp32, and one pooled bound covered 76% of them against 98% of fp32 steps."""
+    coarse = _bound_group(feats)
+    amp = max(feats.get("precision_is_bf16", 0.0), feats.get("precision_is_fp16", 0.0))
+    return f"{coarse}+{'amp' if amp == amp and amp > 0 else 'fp32'}", coarse
 
 
 def benchmark_search_peak(feats: Mapping[str, float]) -> bool:
@@ -739,12 +753,17 @@ def benchmark_search_peak(feats: Mapping[str, float]) -> bool:
     return gpu and bench == bench and bench > 0 and _bound_group(feats) == "conv"
 
 
-def _bound_groups(x: np.ndarray, names: Sequence[str]) -> np.ndarray:
-    """``_bound_group`` of each row of the feature matrix ``x``."""
-    if "layers_conv" not in names:
-        return np.full(len(x), "other")
-    conv = x[:, list(names).index("layers_conv")]
-    return np.where(np.nan_to_num(conv) > 0, "conv", "other")
+def _bound_groups(x: np.ndarray, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``_bound_keys`` of each row of the feature matrix ``x``: (fine, coarse) arrays."""
+    names = list(names)
+
+    def col(name: str) -> np.ndarray:
+        return np.nan_to_num(x[:, names.index(name)]) if name in names else np.zeros(len(x))
+
+    coarse = np.where(col("layers_conv") > 0, "conv", "other")
+    amp = (col("precision_is_bf16") > 0) | (col("precision_is_fp16") > 0)
+    fine = np.char.add(coarse.astype(str), np.where(amp, "+amp", "+fp32"))
+    return fine, coarse
 
 
 #: training rows below which the bound is one factor (no shift is chosen)
@@ -1234,13 +1253,19 @@ class CostModel:
         large ones: a 100 MiB model off by 50% and a 40 GiB one off by 2% are the same
         few hundred MiB of allocator and workspace, and as one factor the small models'
         spread would set every large model's bound. Models with and without convolutions
-        are calibrated apart when each has the rows for it (``_bound_group``).
+        are calibrated apart when each has the rows for it, and within each, steps under
+        autocast apart from fp32 ones (``_bound_keys``).
         """
         if (subs := self._by_kind()) and kind in subs:
             return subs[kind]._upper(which, point, kind, feats)
         groups: dict[str, tuple[float, float, float]] = self.__dict__.get(f"{which}_bounds_", {})
-        if feats is not None and (g := groups.get(_bound_group(feats))) is not None:
-            shift, q = g[0], max(0.0, g[1])
+        found = (
+            next((groups[k] for k in _bound_keys(feats) if k in groups), None)
+            if feats is not None and groups
+            else None
+        )
+        if found is not None:
+            shift, q = found[0], max(0.0, found[1])
         else:
             shift, q = float(self.__dict__.get(f"{which}_shift_", 0.0)), self._q(which, kind)
         return (point + shift) * math.exp(q) - shift
@@ -1493,17 +1518,19 @@ class CostModel:
             shape = None if pooled else train_rows
             shift, q, level = _shifted_quantile(cal_rows, shape, self.coverage)
             setattr(self, f"{which}_shift_", shift)
-            in_cal = _bound_groups(x_all[cal], names)
-            in_train = _bound_groups(x_all[train], names)
-            by_group = {
-                g: _shifted_quantile(
-                    (cal_rows[0][in_cal == g], cal_rows[1][in_cal == g]),
-                    (train_rows[0][in_train == g], train_rows[1][in_train == g]),
-                    self.coverage,
-                )
-                for g in np.unique(in_cal).tolist()
-                if np.sum(in_cal == g) >= _MIN_GROUP_ROWS and not pooled
-            }
+            by_group: dict[str, tuple[float, float, float]] = {}
+            for in_cal, in_train in zip(
+                _bound_groups(x_all[cal], names), _bound_groups(x_all[train], names)
+            ):  # the fine groups, then the coarse ones (see _bound_keys)
+                by_group |= {
+                    g: _shifted_quantile(
+                        (cal_rows[0][in_cal == g], cal_rows[1][in_cal == g]),
+                        (train_rows[0][in_train == g], train_rows[1][in_train == g]),
+                        self.coverage,
+                    )
+                    for g in np.unique(in_cal).tolist()
+                    if np.sum(in_cal == g) >= _MIN_GROUP_ROWS and not pooled
+                }
             self.__dict__.pop(f"{which}_bounds_", None)
             if len(by_group) > 1:
                 setattr(self, f"{which}_bounds_", by_group)
