@@ -206,6 +206,116 @@ def _mdre(pred: list[float], actual: list[float]) -> float:
     return float(np.median([abs(p - a) / a for p, a in zip(pred, actual, strict=True)]))
 
 
+def _capacities(obs: list[Any], kind: str) -> dict[str, float]:
+    """The simulated capacities the OOM decisions are judged at."""
+    if kind == "cpu":
+        peaks = sorted(o.peak_memory for o in obs if o.peak_memory)
+        return {
+            "p50 of peaks": float(np.percentile(peaks, 50)),
+            "p75 of peaks": float(np.percentile(peaks, 75)),
+        }
+    return {"12 GiB": 12.0 * GiB, "24 GiB": 24.0 * GiB}
+
+
+def _fit(
+    train: list[Any],
+    iterations: int,
+    threads: int,
+    time_baseline: str,
+    seed: int,
+    memory_model: str,
+) -> Any:
+    from costaware.model import CostModel
+
+    return CostModel(
+        iterations=iterations,
+        thread_count=threads,
+        time_baseline=time_baseline,
+        random_state=seed,
+        memory_model=memory_model,
+    ).fit(train)
+
+
+def _records(model: Any, fam: str, test: list[Any]) -> list[dict[str, Any]]:
+    """The held-out rows ``test`` of family ``fam`` as predicted by ``model``."""
+    from costaware.model import benchmark_search_peak
+
+    out = []
+    for o in test:
+        mem, mem_hi, secs, secs_hi, base_secs = _predict(model, o.features)
+        out.append(
+            {
+                "family": fam,
+                "id": o.meta.get("id"),
+                "device": o.device,
+                "status": o.status,
+                "mem": o.peak_memory,
+                "secs": o.iteration_time,
+                "p_mem": mem,
+                "p_mem_hi": mem_hi,
+                "p_secs": secs,
+                "p_secs_hi": secs_hi,
+                "a_mem": o.features["analytic_reserved_mib"] * MiB,
+                "a_secs": o.features["analytic_time_ms"] / 1e3,
+                # the fold's time baseline alone, uncorrected
+                "b_secs": base_secs,
+                # the peak holds cuDNN's benchmark search (sized to the free memory)
+                "search": bool(o.peak_memory) and benchmark_search_peak(o.features),
+                "precision": _precision(o.features),
+                "left_out": o.meta.get("memory_left_out"),
+                "recorded_mem": o.peak_memory or o.meta.get("measured_peak"),
+            }
+        )
+    return out
+
+
+def _summarise(recs: list[dict[str, Any]], caps: dict[str, float]) -> dict[str, Any]:
+    """Errors, bound coverage and OOM decisions of held-out predictions ``recs``."""
+    # memory rows: a peak that is the configuration's need (no CPU resident-set growth,
+    # no GPU peaks measured with memory held from before, no benchmark-search peaks)
+    m = [r for r in recs if r["mem"] and not r["search"]]
+    t = [r for r in recs if r["secs"]]
+    s: dict[str, Any] = {
+        "n": len(recs),
+        "mem_n": len(m),
+        "mem_mre": _mre([r["p_mem"] for r in m], [r["mem"] for r in m]),
+        "time_mre": _mre([r["p_secs"] for r in t], [r["secs"] for r in t]),
+        "mem_cov": float(np.mean([r["mem"] <= r["p_mem_hi"] for r in m])) if m else math.nan,
+        "time_cov": float(np.mean([r["secs"] <= r["p_secs_hi"] for r in t])) if t else math.nan,
+        "mem_mdre": _mdre([r["p_mem"] for r in m], [r["mem"] for r in m]),
+        "time_mdre": _mdre([r["p_secs"] for r in t], [r["secs"] for r in t]),
+        "a_mem_mre": _mre([r["a_mem"] for r in m], [r["mem"] for r in m]),
+        "a_time_mre": _mre([r["a_secs"] for r in t], [r["secs"] for r in t]),
+        # signed: the median of predicted / measured - 1 (below 0: under-predicted)
+        "time_bias": float(np.median([r["p_secs"] / r["secs"] - 1 for r in t])) if t else math.nan,
+    }
+    # OOM decisions: the rows whose need is known (a memory row, or a real OOM)
+    d = [*m, *(r for r in recs if r["status"] == "oom")]
+    s["decided"] = len(d)
+    for name, cap in caps.items():
+        oom = [r["status"] == "oom" or (r["mem"] or 0) > cap for r in d]
+        admitted = [r["p_mem_hi"] <= cap for r in d]
+        a_admitted = [r["a_mem"] <= cap for r in d]
+        misses = [
+            f"{r['id']} (measured {r['mem'] / MiB:,.1f} MiB, bound {r['p_mem_hi'] / MiB:,.1f} MiB)"
+            if r["mem"]
+            else f"{r['id']} (OOM)"
+            for r, a, o in zip(d, admitted, oom, strict=True)
+            if a and o
+        ]
+        s[f"cap:{name}"] = {
+            "misses": misses,
+            "would_oom": sum(oom),
+            "admitted_but_oom": sum(a and o for a, o in zip(admitted, oom, strict=True)),
+            "good_rejected": sum(not a and not o for a, o in zip(admitted, oom, strict=True)),
+            "analytic_admitted_but_oom": sum(a and o for a, o in zip(a_admitted, oom, strict=True)),
+            "analytic_good_rejected": sum(
+                not a and not o for a, o in zip(a_admitted, oom, strict=True)
+            ),
+        }
+    return s
+
+
 def _evaluate(
     obs: list[Any],
     kind: str,
@@ -215,105 +325,27 @@ def _evaluate(
     seed: int = 0,
     memory_model: str = "line",
 ) -> dict[str, Any]:
-    from costaware.model import CostModel, benchmark_search_peak
-
     families = sorted({o.family for o in obs})
-    if kind == "cpu":
-        peaks = sorted(o.peak_memory for o in obs if o.peak_memory)
-        caps = {
-            "p50 of peaks": float(np.percentile(peaks, 50)),
-            "p75 of peaks": float(np.percentile(peaks, 75)),
-        }
-    else:
-        caps = {"12 GiB": 12.0 * GiB, "24 GiB": 24.0 * GiB}
+    caps = _capacities(obs, kind)
     records: list[dict[str, Any]] = []
     for fam in families:
         train = [o for o in obs if o.family != fam]
         test = [o for o in obs if o.family == fam]
-        model = CostModel(
-            iterations=iterations,
-            thread_count=threads,
-            time_baseline=time_baseline,
-            random_state=seed,
-            memory_model=memory_model,
-        ).fit(train)
-        for o in test:
-            mem, mem_hi, secs, secs_hi, base_secs = _predict(model, o.features)
-            records.append(
-                {
-                    "family": fam,
-                    "id": o.meta.get("id"),
-                    "status": o.status,
-                    "mem": o.peak_memory,
-                    "secs": o.iteration_time,
-                    "p_mem": mem,
-                    "p_mem_hi": mem_hi,
-                    "p_secs": secs,
-                    "p_secs_hi": secs_hi,
-                    "a_mem": o.features["analytic_reserved_mib"] * MiB,
-                    "a_secs": o.features["analytic_time_ms"] / 1e3,
-                    # the fold's time baseline alone, uncorrected
-                    "b_secs": base_secs,
-                    # the peak holds cuDNN's benchmark search (sized to the free memory)
-                    "search": bool(o.peak_memory) and benchmark_search_peak(o.features),
-                    "precision": _precision(o.features),
-                    "left_out": o.meta.get("memory_left_out"),
-                    "recorded_mem": o.peak_memory or o.meta.get("measured_peak"),
-                }
-            )
+        model = _fit(train, iterations, threads, time_baseline, seed, memory_model)
+        records += _records(model, fam, test)
         print(f"  fold {fam}: {len(test)} held out, {len(train)} trained", file=sys.stderr)
 
-    def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
-        # memory rows: a peak that is the configuration's need (no CPU resident-set growth,
-        # no GPU peaks measured with memory held from before, no benchmark-search peaks)
-        m = [r for r in recs if r["mem"] and not r["search"]]
-        t = [r for r in recs if r["secs"]]
-        s: dict[str, Any] = {
-            "n": len(recs),
-            "mem_n": len(m),
-            "mem_mre": _mre([r["p_mem"] for r in m], [r["mem"] for r in m]),
-            "time_mre": _mre([r["p_secs"] for r in t], [r["secs"] for r in t]),
-            "mem_cov": float(np.mean([r["mem"] <= r["p_mem_hi"] for r in m])) if m else math.nan,
-            "time_cov": float(np.mean([r["secs"] <= r["p_secs_hi"] for r in t])) if t else math.nan,
-            "mem_mdre": _mdre([r["p_mem"] for r in m], [r["mem"] for r in m]),
-            "time_mdre": _mdre([r["p_secs"] for r in t], [r["secs"] for r in t]),
-            "a_mem_mre": _mre([r["a_mem"] for r in m], [r["mem"] for r in m]),
-            "a_time_mre": _mre([r["a_secs"] for r in t], [r["secs"] for r in t]),
-        }
-        # OOM decisions: the rows whose need is known (a memory row, or a real OOM)
-        d = [*m, *(r for r in recs if r["status"] == "oom")]
-        s["decided"] = len(d)
-        for name, cap in caps.items():
-            oom = [r["status"] == "oom" or (r["mem"] or 0) > cap for r in d]
-            admitted = [r["p_mem_hi"] <= cap for r in d]
-            a_admitted = [r["a_mem"] <= cap for r in d]
-            misses = [
-                f"{r['id']} (measured {r['mem'] / MiB:,.1f} MiB, bound {r['p_mem_hi'] / MiB:,.1f} MiB)"
-                if r["mem"]
-                else f"{r['id']} (OOM)"
-                for r, a, o in zip(d, admitted, oom, strict=True)
-                if a and o
-            ]
-            s[f"cap:{name}"] = {
-                "misses": misses,
-                "would_oom": sum(oom),
-                "admitted_but_oom": sum(a and o for a, o in zip(admitted, oom, strict=True)),
-                "good_rejected": sum(not a and not o for a, o in zip(admitted, oom, strict=True)),
-                "analytic_admitted_but_oom": sum(
-                    a and o for a, o in zip(a_admitted, oom, strict=True)
-                ),
-                "analytic_good_rejected": sum(
-                    not a and not o for a, o in zip(a_admitted, oom, strict=True)
-                ),
-            }
-        return s
-
-    per_family = {f: summarise([r for r in records if r["family"] == f]) for f in families}
+    per_family = {f: _summarise([r for r in records if r["family"] == f], caps) for f in families}
+    devices = sorted({r["device"] for r in records})
     measured = [r for r in records if r["recorded_mem"]]
     return {
         "records": records,
         "families": per_family,
-        "overall": summarise(records),
+        "overall": _summarise(records, caps),
+        # the same held-out predictions, by the device they were measured on
+        "devices": {d: _summarise([r for r in records if r["device"] == d], caps) for d in devices}
+        if len(devices) > 1
+        else {},
         "capacities": caps,
         "rows": len(obs),
         "left_out": [f"{r['id']} ({r['left_out']})" for r in records if r["left_out"]],
@@ -327,6 +359,58 @@ def _evaluate(
             else math.nan,
         },
     }
+
+
+def _evaluate_unseen_devices(
+    obs: list[Any],
+    kind: str,
+    iterations: int,
+    threads: int,
+    time_baseline: str = "roofline",
+    seed: int = 0,
+    memory_model: str = "line",
+) -> dict[str, Any]:
+    """Each device of a kind with more than one, predicted by models that never saw it.
+
+    Two ways per held-out device: a model fitted on every other device's rows (the families
+    were seen, on another GPU: what the shipped model does on a GPU it has no rows of), and
+    for each family a model fitted on the other devices' rows of the other families (neither
+    the device nor the family seen).
+    """
+    devices = sorted({o.device for o in obs})
+    caps = _capacities(obs, kind)
+    out: dict[str, Any] = {}
+    if len(devices) < 2:
+        return out
+    for dev in devices:
+        test = [o for o in obs if o.device == dev]
+        others = [o for o in obs if o.device != dev]
+        trained_on = sorted({o.device for o in others})
+        model = _fit(others, iterations, threads, time_baseline, seed, memory_model)
+        seen = [
+            r
+            for f in sorted({o.family for o in test})
+            for r in _records(model, f, [o for o in test if o.family == f])
+        ]
+        unseen: list[dict[str, Any]] = []
+        for fam in sorted({o.family for o in test}):
+            train = [o for o in others if o.family != fam]
+            if not train:
+                continue
+            fold = _fit(train, iterations, threads, time_baseline, seed, memory_model)
+            unseen += _records(fold, fam, [o for o in test if o.family == fam])
+        print(f"  unseen device {dev}: {len(test)} rows, trained on {trained_on}", file=sys.stderr)
+        out[dev] = {
+            "trained_on": trained_on,
+            "families_seen": _summarise(seen, caps),
+            "families_unseen": _summarise(unseen, caps),
+            "per_family": {
+                f: _summarise([r for r in unseen if r["family"] == f], caps)
+                for f in sorted({r["family"] for r in unseen})
+            },
+            "records": {"families_seen": seen, "families_unseen": unseen},
+        }
+    return out
 
 
 def _precision(feats: dict[str, float]) -> str:
@@ -461,10 +545,77 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
             misses = res["overall"][f"cap:{name}"]["misses"]
             if misses:
                 lines += ["", f"Admitted but OOM at {_cap_label(name, cap)}: " + "; ".join(misses)]
+        lines += _device_lines(res)
+        lines += _unseen_device_lines(meta.get("unseen_devices", {}).get(kind))
         lines += _repeat_lines(meta.get("repeats", {}).get(kind))
         lines += _left_out_lines(res)
         lines.append("")
     return "\n".join(lines)
+
+
+_SUMMARY_HEAD = [
+    "| | n | mem MRE | mem median RE | time MRE | time median RE | time bias (median) "
+    "| mem cov | time cov | admitted but OOM (12 / 24 GiB) |",
+    "|" + "---|" * 10,
+]
+
+
+def _summary_row(name: str, s: dict[str, Any]) -> str:
+    ooms = " / ".join(str(v["admitted_but_oom"]) for k, v in s.items() if k.startswith("cap:"))
+    return (
+        f"| {name} | {s['n']} | {_pct(s['mem_mre'])} | {_pct(s['mem_mdre'])} | "
+        f"{_pct(s['time_mre'])} | {_pct(s['time_mdre'])} | {s['time_bias'] * 100:+.1f}% | "
+        f"{_pct(s['mem_cov'])} | {_pct(s['time_cov'])} | {ooms} |"
+    )
+
+
+def _device_lines(res: dict[str, Any]) -> list[str]:
+    """The leave-family-out figures above, by the GPU the rows were measured on."""
+    if not res.get("devices"):
+        return []
+    return [
+        "",
+        "The same held-out predictions by device (each fold's model learned the other "
+        "families on every device; time bias is the median of predicted / measured - 1):",
+        "",
+        *_SUMMARY_HEAD,
+        *(_summary_row(d, s) for d, s in res["devices"].items()),
+    ]
+
+
+def _unseen_device_lines(unseen: dict[str, Any] | None) -> list[str]:
+    """Each device predicted by models fitted on the other devices' rows alone."""
+    if not unseen:
+        return []
+    lines = [
+        "",
+        "### A device the model never saw",
+        "",
+        "Each device's rows predicted by models fitted without a single row of that device "
+        "(the op-level time model stays the one learned from per-op timings, scaled to the "
+        "device by the roofline's ratio where it was timed on another). *Families seen*: one "
+        "model fitted on every row of the other devices, so the same configurations were "
+        "learned as measured on another GPU: what the shipped model does on a GPU it has no "
+        "rows of. *Families unseen*: for each family a model fitted on the other devices' "
+        "rows of the other families, so neither the device nor the family was seen.",
+        "",
+        *_SUMMARY_HEAD,
+    ]
+    for dev, u in unseen.items():
+        trained = ", ".join(u["trained_on"])
+        lines.append(
+            _summary_row(f"{dev}, families seen (trained on {trained})", u["families_seen"])
+        )
+        lines.append(_summary_row(f"{dev}, families unseen", u["families_unseen"]))
+    for dev, u in unseen.items():
+        lines += [
+            "",
+            f"{dev} by family, neither the device nor the family seen:",
+            "",
+            *_SUMMARY_HEAD,
+            *(_summary_row(f, s) for f, s in u["per_family"].items()),
+        ]
+    return lines
 
 
 def _left_out_lines(res: dict[str, Any]) -> list[str]:
@@ -493,8 +644,8 @@ def _left_out_lines(res: dict[str, Any]) -> list[str]:
         lines += [
             f"{n} GPU rows are conv nets measured with cuDNN's benchmark mode on. Its algorithm "
             "search takes a workspace sized to the free memory (PyTorch keeps the plans that fit "
-            "the largest free block and halves the allocation on OOM), so their peak on this "
-            "80 GB card measures the card, not what the step needs: it is no memory target, "
+            "the largest free block and halves the allocation on OOM), so their peak on an "
+            "80 or 141 GB card measures the card, not what the step needs: it is no memory target, "
             "and the model predicts the need. Measured peak over the predicted need:",
             "",
             "| precision | n | median | min | max | above the upper bound |",
@@ -577,7 +728,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for k, v in by_kind.items()
     }
+    unseen = {
+        k: _evaluate_unseen_devices(
+            v, k, args.iterations, args.threads, args.time_baseline, args.seed, args.memory_model
+        )
+        for k, v in by_kind.items()
+    }
     meta = {
+        "unseen_devices": unseen,
         "date": time.strftime("%Y-%m-%d"),
         "files": [str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f) for f in files],
         "devices": devices,
@@ -598,6 +756,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for kind, res in results.items():
                 for r in res["records"]:
                     f.write(json.dumps({"kind": kind, **r}) + "\n")
+            # the unseen-device predictions, marked by how they were made
+            for kind, per_dev in unseen.items():
+                for u in per_dev.values():
+                    for how, recs in u["records"].items():
+                        for r in recs:
+                            f.write(json.dumps({"kind": kind, "unseen_device": how, **r}) + "\n")
         print(f"wrote {args.rows}", file=sys.stderr)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(md)

@@ -17,6 +17,10 @@
 # Files are named after the GPU (h100-..., h200-...: memory transfers across GPUs of one
 # generation, time does not) and each step first copies the committed file of the same
 # name from data/gpu/ into $OUT, so an interrupted shard resumes where it stopped.
+# On 2026-11-26 an H200 window (15 minutes of device time, one start) measured corpus 0
+# shard 0 and 96 of shard 1's 115 (4m22s a shard there) and 2,195 held op cases: the
+# next H200 window resumes with corpus 0 1-4, then ops-held. Plan a 15-minute window as
+# one command of about 9 minutes (the start takes 1-2 minutes of it), check last.
 # Order for a fresh 30-minute window: check; ops-held; small 0 (350 small models of every
 # family; at the 1-2 s each the GPU corpus took, one or two commands. Held out by family,
 # the GPU model's worst error is the MLPs', whose host-bound steps no other family of the
@@ -127,7 +131,16 @@ case "$step" in
         "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'cudnn', torch.backends.cudnn.version())" | tee "$out/env.txt"
         if "$PY" -c "import pytest" 2>/dev/null; then
-            "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_opbench.py tests/test_profile.py \
+            # costaware as pip lays it out, without pip (the GPU machine has no network):
+            # src/costaware with integrations/ as its subpackage costaware.integrations
+            site="$(mktemp -d)"
+            trap 'rm -rf "$site"' EXIT
+            cp -r src/costaware "$site/costaware"
+            cp -r integrations "$site/costaware/integrations"
+            PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c \
+                "import costaware.integrations as i; print('gpu_window: costaware from', i.__file__)"
+            PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest -m gpu -q \
+                -p no:cacheprovider tests/test_opbench.py tests/test_profile.py \
                 tests/test_gpu_lightning.py \
                 2>&1 | tee "$out/gpu-tests.txt"
         else

@@ -90,3 +90,58 @@ def test_the_latest_measurement_counts_whatever_the_file_names(tmp_path: Path) -
     (latest,) = accuracy._load(raw)
     assert latest["measurement"]["iteration_time"] == 0.04
     assert accuracy._repeats(raw)["gpu"]["time"] == pytest.approx([0.25])  # first 0.05, last 0.04
+
+
+def test_each_gpu_is_also_predicted_by_models_that_never_saw_it() -> None:
+    """With rows of two GPUs, the GPU section gives the leave-family-out figures by device,
+    and each device is predicted by models fitted on the other device's rows alone: of every
+    family (the families seen), and of the other families (neither seen)."""
+    import functools
+
+    import costaware as ca
+    from costaware.model import CostModel, Observation
+    from tests.conftest import tiny_cnn
+
+    model = CostModel()
+    obs = []
+    for device, speed in (("H100", 1.0), ("H200", 0.9)):
+        for fam, widths in (("a", (4, 8)), ("b", (12, 16)), ("c", (20, 24))):
+            for w in widths:
+                for bs in (4, 16, 64):
+                    spec = ca.TrainingSpec(
+                        model=functools.partial(tiny_cnn, width=w),
+                        batch=ca.ImageBatch((3, 32, 32), classes=10),
+                        batch_size=bs,
+                        optimizer="sgd",
+                    )
+                    f = model.features(spec, device)
+                    obs.append(
+                        Observation(
+                            features=f,
+                            device=device,
+                            peak_memory=f["analytic_reserved_mib"] * 2**20 * 1.1,
+                            iteration_time=speed * (1e-3 + f["analytic_time_ms"] / 1e3),
+                            family=fam,
+                            meta={"id": f"{fam}-{w}-{bs}"},
+                        )
+                    )
+    res = accuracy._evaluate(obs, "gpu", iterations=20, threads=1)
+    assert sorted(res["devices"]) == ["H100", "H200"]
+    assert {d: s["n"] for d, s in res["devices"].items()} == {"H100": 18, "H200": 18}
+    unseen = accuracy._evaluate_unseen_devices(obs, "gpu", iterations=20, threads=1)
+    assert sorted(unseen) == ["H100", "H200"]
+    for dev, other in (("H100", "H200"), ("H200", "H100")):
+        u = unseen[dev]
+        assert u["trained_on"] == [other]
+        assert u["families_seen"]["n"] == u["families_unseen"]["n"] == 18
+        assert sorted(u["per_family"]) == ["a", "b", "c"]
+        assert {r["device"] for r in u["records"]["families_unseen"]} == {dev}
+    md = accuracy._markdown(
+        {"gpu": res}, {"date": "d", "files": [], "devices": ["H100", "H200"], "iterations": 20,
+                       "unseen_devices": {"gpu": unseen}},
+    )  # fmt: skip
+    assert "### A device the model never saw" in md
+    assert "| H200, families seen (trained on H100) | 18 |" in md
+    assert "| H200, families unseen | 18 |" in md
+    # one device alone: nothing to hold out
+    assert accuracy._evaluate_unseen_devices(obs[:18], "gpu", iterations=20, threads=1) == {}

@@ -459,6 +459,24 @@ def test_gpu_window_checks_its_arguments_before_touching_a_device(tmp_path: Path
 
 
 @pytest.mark.slow
+def test_gpu_window_check_runs_the_gpu_tests_with_the_integrations_importable(
+    tmp_path: Path,
+) -> None:
+    """The GPU machine has no pip install of costaware: the check step lays the package out
+    as pip would (integrations/ as costaware.integrations), or the Lightning GPU tests fail
+    to import. Here, without a GPU, they are collected and skipped."""
+    root = WINDOW.parents[1]
+    r = _window(root, "check", out=str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("gpu_window: costaware from")]
+    used = Path(line.split(" from ", 1)[1])
+    assert used.parts[-3:] == ("costaware", "integrations", "__init__.py")
+    assert not used.is_relative_to(root) and not used.exists()  # a copy, removed afterwards
+    tests = (tmp_path / "out" / "gpu-tests.txt").read_text()
+    assert "error" not in tests.lower() and "skipped" in tests, tests
+
+
+@pytest.mark.slow
 def test_gpu_window_names_by_device_and_resumes_the_committed_file(tmp_path: Path) -> None:
     (tmp_path / "src").symlink_to(Path(__file__).resolve().parents[1] / "src")
     committed = tmp_path / "data" / "gpu"

@@ -309,12 +309,20 @@ def test_op_models_are_fitted_per_device_kind_and_saved_side_by_side(
     # too few CPU timings for a model: the GPU's is fitted, and the reason is given
     models, skipped = fit_op_models([*_op_rows(), *_cpu_rows(3)], iterations=20, depth=3)
     assert [m.kind for m in models] == ["cuda"] and "no cpu op model" in skipped[0]
-    # one model per kind: two GPUs' rows cannot make one
+    # one model per kind: of two GPUs' rows, the one with more timings is learned, and the
+    # other's rows are left out and said so, whichever order the rows come in
     a100 = [
         {**r, "id": f"a-{r['id']}", "device_name": "NVIDIA A100-SXM4-80GB"} for r in _op_rows(20)
     ]
-    with pytest.raises(ValueError, match="one device"):
-        fit_op_models([*_op_rows(), *a100])
+    for rows in ([*_op_rows(), *a100], [*a100, *_op_rows()]):
+        models, skipped = fit_op_models(rows, iterations=20, depth=3)
+        assert [(m.kind, m.info_["device"], m.info_["rows"]) for m in models] == [
+            ("cuda", "H100-SXM", 241)
+        ]
+        assert len(skipped) == 1 and skipped[0].startswith("21 cuda op rows of A100-80GB left out")
+    # the larger device's rows are too few: no model for the kind, and both reasons are given
+    models, skipped = fit_op_models([*_op_rows(3), *a100[:2]], iterations=20, depth=3)
+    assert models == [] and len(skipped) == 2 and "no cuda op model" in skipped[1]
 
     model = ca.CostModel(iterations=30, depth=3)
     model.add_op_model(op_model)

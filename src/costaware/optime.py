@@ -14,7 +14,8 @@ features of the whole-model cost model.
 A node whose group has no op data is costed by the elementwise (memory-bound) model from
 its bytes. One model's op data comes from one device, and a model is fitted per device
 kind (:func:`fit_op_models`): another device of the same kind is scaled by the ratio of
-its roofline time to the measured one's, and a device of another kind gets NaN features.
+its roofline time to the measured one's (where op data of several GPUs is given, the one
+with the most timings is learned), and a device of another kind gets NaN features.
 
 The model is saved as a CatBoost ``.cbm`` file (no pickle).
 """
@@ -554,38 +555,43 @@ def fit_op_models(
     rows: Iterable[Mapping[str, Any]], **params: Any
 ) -> tuple[list[OpTimeModel], list[str]]:
     """One :class:`OpTimeModel` per device kind in opbench ``rows`` (a GPU's op rows, a
-    CPU's), each fitted on its own rows with ``params``; and why a kind got none (fewer
-    than :data:`MIN_OP_SAMPLES` usable timings). Raises ValueError where the rows of one
-    kind come from several devices."""
+    CPU's), each fitted on its own rows with ``params``; and what got no model, and why.
+
+    One model's op data comes from one device. Where the rows of one kind come from several
+    devices (an H100's op timings and an H200's), the device with the most usable timings
+    gives that kind's model, and the other devices' rows are left out and said so: a model
+    of the same kind scales its kernel times to another device by the roofline's ratio. A
+    kind with fewer than :data:`MIN_OP_SAMPLES` usable timings gets no model.
+    """
     from costaware.collect import catalog_device
 
-    by_kind: dict[str, list[Mapping[str, Any]]] = {}
-    names: dict[str, set[str]] = {}
+    by_device: dict[str, dict[str, list[Mapping[str, Any]]]] = {}
     for r in rows:
         if r.get("kind") != "op":
             continue
         name = catalog_device(dict(r))
-        kind = device_kind(name)
-        by_kind.setdefault(kind, []).append(r)
-        if r.get("status") == "ok":
-            names.setdefault(kind, set()).add(name)
+        by_device.setdefault(device_kind(name), {}).setdefault(name, []).append(r)
     models: list[OpTimeModel] = []
     skipped: list[str] = []
-    for kind, got in sorted(by_kind.items()):
-        if len(names.get(kind, ())) > 1:
-            raise ValueError(
-                f"{kind} op rows must come from one device, but they come from "
-                f"{sorted(names[kind])}."
-            )
-        usable = len(op_samples(got)[1])
-        if usable < MIN_OP_SAMPLES:
+    for kind, devices in sorted(by_device.items()):
+        usable = {name: len(op_samples(got)[1]) for name, got in devices.items()}
+        # the most timings first; a tie goes to the name that sorts first, so it is stable
+        ranked = sorted(devices, key=lambda n: (-usable[n], n))
+        name = ranked[0]
+        for other in ranked[1:]:
             skipped.append(
-                f"{len(got)} {kind} op rows hold {usable} usable timings, fewer than "
-                f"{MIN_OP_SAMPLES}: no {kind} op model"
+                f"{len(devices[other])} {kind} op rows of {other} left out: one op model per "
+                f"device kind, and {name}'s has more usable timings ({usable[name]} against "
+                f"{usable[other]})"
+            )
+        if usable[name] < MIN_OP_SAMPLES:
+            skipped.append(
+                f"{len(devices[name])} {kind} op rows hold {usable[name]} usable timings, fewer "
+                f"than {MIN_OP_SAMPLES}: no {kind} op model"
             )
             continue
         # the device is known already: fit need not look every row's name up again
-        models.append(OpTimeModel(**params).fit(got, device=names[kind].pop()))
+        models.append(OpTimeModel(**params).fit(devices[name], device=name))
     return models, skipped
 
 
