@@ -112,6 +112,100 @@ def _repeats(raw: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _same_configurations(raw: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Configurations measured on two GPUs: how far the two measurements lie apart.
+
+    For each pair of GPUs with configurations in common (the latest ok row of each): the
+    second's step time over the first's, by family and overall, and how often the peaks
+    are the same to the byte. Peaks measured with memory held from before, and those of
+    runs with cuDNN's benchmark mode on (its search is sized to the card's free memory),
+    are no memory targets and are left out of the memory comparison.
+    """
+    from costaware.collect import catalog_device, reserved_before
+    from costaware.store import MAX_HELD_BEFORE
+
+    latest: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in raw:
+        if r.get("kind") == "op" or r.get("status") != "ok":
+            continue
+        if not str(r.get("device", "")).startswith("cuda"):
+            continue
+        latest.setdefault(str(r.get("id")), {})[catalog_device(r)] = r
+    pairs: dict[tuple[str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for by_dev in latest.values():
+        devs = sorted(by_dev)
+        for i, a in enumerate(devs):
+            for b in devs[i + 1 :]:
+                pairs.setdefault((a, b), []).append((by_dev[a], by_dev[b]))
+    out = []
+    for (a, b), got in sorted(pairs.items()):
+        ratio: dict[str, list[float]] = {}
+        alloc_same = reserved_same = 0
+        mem_dev: list[float] = []
+        for ra, rb in got:
+            ma, mb = ra["measurement"], rb["measurement"]
+            ratio.setdefault(str(ra.get("family")), []).append(
+                mb["iteration_time"] / ma["iteration_time"]
+            )
+            held = max(reserved_before(ma) or 0, reserved_before(mb) or 0) > MAX_HELD_BEFORE
+            if held or (ra.get("config") or {}).get("cudnn_benchmark"):
+                continue
+            alloc_same += ma.get("max_allocated") == mb.get("max_allocated")
+            reserved_same += ma.get("max_reserved") == mb.get("max_reserved")
+            if ma.get("max_reserved") and mb.get("max_reserved"):
+                mem_dev.append(mb["max_reserved"] / ma["max_reserved"])
+        every = [x for xs in ratio.values() for x in xs]
+        out.append(
+            {
+                "devices": [a, b],
+                "n": len(got),
+                "time_ratio": [float(np.quantile(every, q)) for q in (0.1, 0.5, 0.9)],
+                "time_ratio_by_family": {
+                    f: float(np.median(xs)) for f, xs in sorted(ratio.items())
+                },
+                "mem_n": len(mem_dev),
+                "alloc_same": alloc_same,
+                "reserved_same": reserved_same,
+                "reserved_ratio": [
+                    float(np.quantile(mem_dev, q)) for q in (0.0, 0.1, 0.5, 0.9, 1.0)
+                ]
+                if mem_dev
+                else [],
+                "reserved_within_1pct": sum(abs(x - 1) <= 0.01 for x in mem_dev),
+            }
+        )
+    return out
+
+
+def _same_configuration_lines(same: list[dict[str, Any]]) -> list[str]:
+    lines: list[str] = []
+    for c in same:
+        a, b = c["devices"]
+        t10, t50, t90 = c["time_ratio"]
+        lines += [
+            "",
+            f"### The same configurations on {a} and {b}",
+            "",
+            f"{c['n']} configurations were measured on both. Step time on {b} over {a}: median "
+            f"{t50:.2f}x (10th-90th percentile {t10:.2f}-{t90:.2f}x). By family (median): "
+            + ", ".join(f"{f} {r:.2f}x" for f, r in c["time_ratio_by_family"].items())
+            + ".",
+        ]
+        if c["reserved_ratio"]:
+            lo, p10, med, p90, hi = c["reserved_ratio"]
+            lines += [
+                "",
+                f"Memory, over the {c['mem_n']} of them that are memory targets on both "
+                "(cuDNN's benchmark mode off, no memory held from before): the allocated peak is "
+                f"the same to the byte in {c['alloc_same']}, the reserved peak in "
+                f"{c['reserved_same']} and within 1% in {c['reserved_within_1pct']}; the reserved "
+                f"peak on {b} over {a} ran {lo:.2f}-{hi:.2f}x (median {med:.2f}x, 10th-90th percentile "
+                f"{p10:.2f}-{p90:.2f}x). The libraries pick kernels, and so workspaces, per GPU, "
+                "so a peak measured on one GPU is not exactly another's, even of one generation.",
+            ]
+    return lines
+
+
 def _repeat_lines(rep: dict[str, Any] | None) -> list[str]:
     if not rep:
         return []
@@ -546,6 +640,8 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
             if misses:
                 lines += ["", f"Admitted but OOM at {_cap_label(name, cap)}: " + "; ".join(misses)]
         lines += _device_lines(res)
+        if kind == "gpu":
+            lines += _same_configuration_lines(meta.get("same_configurations", []))
         lines += _unseen_device_lines(meta.get("unseen_devices", {}).get(kind))
         lines += _repeat_lines(meta.get("repeats", {}).get(kind))
         lines += _left_out_lines(res)
@@ -745,6 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "memory_model": args.memory_model,
         "trace_timeout": args.trace_timeout,
         "repeats": _repeats(raw),
+        "same_configurations": _same_configurations(raw),
     }
     md = _markdown(results, meta)
     if skipped:
