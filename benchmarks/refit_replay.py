@@ -24,9 +24,14 @@ fitted on them, and applied to the family only where ``costaware.calibrate.judge
 that it cuts their leave-one-out error enough (``--record auto``); the table gives both,
 and how often the correction was taken.
 
+``--unseen-device`` replays both on a real other GPU instead of simulated ones: where the
+data holds two GPUs, accuracy.py also writes each GPU's rows as predicted by models fitted
+on the other GPU's rows alone (of every family, and of the other families).
+
 Usage:
     python benchmarks/accuracy.py --rows rows.jsonl   # about 25 minutes
     python benchmarks/refit_replay.py rows.jsonl [--orders 40] [--seed 0] [--calibration]
+        [--unseen-device]
 """
 
 from __future__ import annotations
@@ -64,15 +69,22 @@ SCENARIOS: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
 }
 
 
-def load(paths: list[str]) -> list[dict[str, Any]]:
+def load(paths: list[str], unseen_device: bool = False) -> list[dict[str, Any]]:
+    """The timed held-out rows of ``paths``: the leave-family-out ones, or with
+    ``unseen_device`` those of a GPU predicted by models that never saw it."""
     rows = []
     for path in paths:
         for line in Path(path).read_text().splitlines():
             r = json.loads(line)
+            if bool(r.get("unseen_device")) != unseen_device:
+                continue
             if r.get("secs") and r.get("p_secs") and r.get("family"):
                 rows.append(r)
     if not rows:
-        raise SystemExit(f"no timed rows in {paths}: write them with accuracy.py --rows")
+        what = "unseen-device rows (accuracy.py writes them with two GPUs' data)" * unseen_device
+        raise SystemExit(
+            f"no timed {what or 'rows'} in {paths}: write them with accuracy.py --rows"
+        )
     return rows
 
 
@@ -175,12 +187,24 @@ def main() -> None:
         action="store_true",
         help="replay costaware calibrate (rows of other families) instead of a study's refit",
     )
+    p.add_argument(
+        "--unseen-device",
+        action="store_true",
+        help="replay on a real other GPU instead of simulated ones: each GPU's rows as "
+        "predicted by models fitted on the other GPUs' rows alone (accuracy.py writes them "
+        "when the data holds two GPUs)",
+    )
     args = p.parse_args()
-    rows = load(args.rows)
+    rows = load(args.rows, args.unseen_device)
+    scenarios = SCENARIOS
+    groups = _by_kind
+    if args.unseen_device:  # the device is real: no simulated one on top
+        scenarios = {"as measured": SCENARIOS["as measured"]}
+        groups = _by_unseen_device
     if args.calibration:
-        print_calibration(rows, args.orders, args.seed)
+        print_calibration(rows, args.orders, args.seed, scenarios, groups)
         return
-    for mine in _by_kind(rows, f"{args.orders} orders each"):
+    for mine in groups(rows, f"{args.orders} orders each"):
         print(
             "\nMean relative error of the time predictions of a family's other rows, "
             "after k of its rows refit the shipped model:\n"
@@ -188,7 +212,7 @@ def main() -> None:
         names = ("no refit", *RULES)
         print("| scenario | k | " + " | ".join(names) + " |")
         print("|---|---|" + "---|" * len(names))
-        for scenario, shift in SCENARIOS.items():
+        for scenario, shift in scenarios.items():
             res = replay(mine, shift, args.orders, args.seed)
             for k in STEPS:
                 cells = " | ".join(f"{100 * res[n][k]:.1f}%" for n in names)
@@ -204,15 +228,33 @@ def _by_kind(rows: list[dict[str, Any]], each: str) -> Iterator[list[dict[str, A
         yield mine
 
 
-def print_calibration(rows: list[dict[str, Any]], orders: int, seed: int) -> None:
-    for mine in _by_kind(rows, f"{orders} draws each"):
+def _by_unseen_device(rows: list[dict[str, Any]], each: str) -> Iterator[list[dict[str, Any]]]:
+    """Each GPU's rows as predicted by models that never saw it, the families seen (on
+    another GPU) and unseen apart, after a heading that counts them."""
+    for dev, how in sorted({(r["device"], r["unseen_device"]) for r in rows}):
+        mine = [r for r in rows if (r["device"], r["unseen_device"]) == (dev, how)]
+        fams = len({r["family"] for r in mine})
+        seen = "seen on other GPUs" if how == "families_seen" else "unseen"
+        print(f"\n## {dev}, never seen by the model, families {seen}: {len(mine)} rows, "
+              f"{fams} families, {each}")  # fmt: skip
+        yield mine
+
+
+def print_calibration(
+    rows: list[dict[str, Any]],
+    orders: int,
+    seed: int,
+    scenarios: dict[str, Callable[[np.ndarray, float], np.ndarray]] = SCENARIOS,
+    groups: Callable[[list[dict[str, Any]], str], Iterator[list[dict[str, Any]]]] = _by_kind,
+) -> None:
+    for mine in groups(rows, f"{orders} draws each"):
         print(
             "\nMean relative error of the time predictions of a family after k calibration "
             "rows of the other families (always corrected, or as --record auto decides):\n"
         )
         print("| scenario | k | no refit | always | auto | auto took it |")
         print("|---|---|---|---|---|---|")
-        for scenario, shift in SCENARIOS.items():
+        for scenario, shift in scenarios.items():
             res = replay_calibration(mine, shift, orders, seed)
             for k in CALIBRATION_STEPS:
                 print(

@@ -83,3 +83,34 @@ def test_command_line_calibration_table(tmp_path: Path) -> None:
     ).stdout  # fmt: skip
     assert "| scenario | k | no refit | always | auto | auto took it |" in out
     assert out.count("| 1.6x slower |") == len(refit_replay.CALIBRATION_STEPS)
+
+
+def test_unseen_device_rows_are_replayed_apart_and_only_when_asked(tmp_path: Path) -> None:
+    """accuracy.py writes a GPU's rows as predicted by models that never saw it beside the
+    leave-family-out rows: the plain replay leaves them out, --unseen-device replays them
+    alone, by device and by whether the families were seen."""
+    plain = _rows(0.2)
+    unseen = [
+        {**r, "device": "H200", "unseen_device": how}
+        for how in ("families_seen", "families_unseen")
+        for r in _rows(0.3)
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [*plain, *unseen]) + "\n")
+    assert len(refit_replay.load([str(path)])) == len(plain)
+    assert len(refit_replay.load([str(path)], unseen_device=True)) == len(unseen)
+    script = str(ROOT / "benchmarks" / "refit_replay.py")
+    for extra in ([], ["--calibration"]):
+        out = subprocess.run(
+            [sys.executable, script, str(path), "--orders", "2", "--unseen-device", *extra],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert "## H200, never seen by the model, families seen on other GPUs: 48 rows" in out
+        assert "## H200, never seen by the model, families unseen: 48 rows" in out
+        assert "1.6x slower" not in out  # the other device is real: nothing simulated
+    # no unseen-device rows: one clear line, not a traceback
+    path.write_text("\n".join(json.dumps(r) for r in plain) + "\n")
+    bad = subprocess.run(
+        [sys.executable, script, str(path), "--unseen-device"], capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "no timed unseen-device rows" in bad.stderr
