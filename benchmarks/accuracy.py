@@ -311,23 +311,11 @@ def _capacities(obs: list[Any], kind: str) -> dict[str, float]:
     return {"12 GiB": 12.0 * GiB, "24 GiB": 24.0 * GiB}
 
 
-def _fit(
-    train: list[Any],
-    iterations: int,
-    threads: int,
-    time_baseline: str,
-    seed: int,
-    memory_model: str,
-) -> Any:
+def _fit(train: list[Any], settings: dict[str, Any]) -> Any:
+    """A CostModel fitted on ``train`` with ``settings`` (CostModel's keyword arguments)."""
     from costaware.model import CostModel
 
-    return CostModel(
-        iterations=iterations,
-        thread_count=threads,
-        time_baseline=time_baseline,
-        random_state=seed,
-        memory_model=memory_model,
-    ).fit(train)
+    return CostModel(**settings).fit(train)
 
 
 def _records(model: Any, fam: str, test: list[Any]) -> list[dict[str, Any]]:
@@ -410,22 +398,14 @@ def _summarise(recs: list[dict[str, Any]], caps: dict[str, float]) -> dict[str, 
     return s
 
 
-def _evaluate(
-    obs: list[Any],
-    kind: str,
-    iterations: int,
-    threads: int,
-    time_baseline: str = "roofline",
-    seed: int = 0,
-    memory_model: str = "line",
-) -> dict[str, Any]:
+def _evaluate(obs: list[Any], kind: str, settings: dict[str, Any]) -> dict[str, Any]:
     families = sorted({o.family for o in obs})
     caps = _capacities(obs, kind)
     records: list[dict[str, Any]] = []
     for fam in families:
         train = [o for o in obs if o.family != fam]
         test = [o for o in obs if o.family == fam]
-        model = _fit(train, iterations, threads, time_baseline, seed, memory_model)
+        model = _fit(train, settings)
         records += _records(model, fam, test)
         print(f"  fold {fam}: {len(test)} held out, {len(train)} trained", file=sys.stderr)
 
@@ -455,15 +435,7 @@ def _evaluate(
     }
 
 
-def _evaluate_unseen_devices(
-    obs: list[Any],
-    kind: str,
-    iterations: int,
-    threads: int,
-    time_baseline: str = "roofline",
-    seed: int = 0,
-    memory_model: str = "line",
-) -> dict[str, Any]:
+def _evaluate_unseen_devices(obs: list[Any], kind: str, settings: dict[str, Any]) -> dict[str, Any]:
     """Each device of a kind with more than one, predicted by models that never saw it.
 
     Two ways per held-out device: a model fitted on every other device's rows (the families
@@ -480,7 +452,7 @@ def _evaluate_unseen_devices(
         test = [o for o in obs if o.device == dev]
         others = [o for o in obs if o.device != dev]
         trained_on = sorted({o.device for o in others})
-        model = _fit(others, iterations, threads, time_baseline, seed, memory_model)
+        model = _fit(others, settings)
         seen = [
             r
             for f in sorted({o.family for o in test})
@@ -491,7 +463,7 @@ def _evaluate_unseen_devices(
             train = [o for o in others if o.family != fam]
             if not train:
                 continue
-            fold = _fit(train, iterations, threads, time_baseline, seed, memory_model)
+            fold = _fit(train, settings)
             unseen += _records(fold, fam, [o for o in test if o.family == fam])
         print(f"  unseen device {dev}: {len(test)} rows, trained on {trained_on}", file=sys.stderr)
         out[dev] = {
@@ -818,18 +790,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for o in obs:
         by_kind.setdefault(_kind(o.device), []).append(o)
     devices = sorted({str(r.get("device_name")) for r in rows})
-    results = {
-        k: _evaluate(
-            v, k, args.iterations, args.threads, args.time_baseline, args.seed, args.memory_model
-        )
-        for k, v in by_kind.items()
+    settings = {
+        "iterations": args.iterations,
+        "thread_count": args.threads,
+        "time_baseline": args.time_baseline,
+        "random_state": args.seed,
+        "memory_model": args.memory_model,
     }
-    unseen = {
-        k: _evaluate_unseen_devices(
-            v, k, args.iterations, args.threads, args.time_baseline, args.seed, args.memory_model
-        )
-        for k, v in by_kind.items()
-    }
+    results = {k: _evaluate(v, k, settings) for k, v in by_kind.items()}
+    unseen = {k: _evaluate_unseen_devices(v, k, settings) for k, v in by_kind.items()}
     meta = {
         "unseen_devices": unseen,
         "date": time.strftime("%Y-%m-%d"),

@@ -125,10 +125,10 @@ def test_each_gpu_is_also_predicted_by_models_that_never_saw_it() -> None:
                             meta={"id": f"{fam}-{w}-{bs}"},
                         )
                     )
-    res = accuracy._evaluate(obs, "gpu", iterations=20, threads=1)
+    res = accuracy._evaluate(obs, "gpu", {"iterations": 20, "thread_count": 1})
     assert sorted(res["devices"]) == ["H100", "H200"]
     assert {d: s["n"] for d, s in res["devices"].items()} == {"H100": 18, "H200": 18}
-    unseen = accuracy._evaluate_unseen_devices(obs, "gpu", iterations=20, threads=1)
+    unseen = accuracy._evaluate_unseen_devices(obs, "gpu", {"iterations": 20, "thread_count": 1})
     assert sorted(unseen) == ["H100", "H200"]
     for dev, other in (("H100", "H200"), ("H200", "H100")):
         u = unseen[dev]
@@ -144,4 +144,4 @@ def test_each_gpu_is_also_predicted_by_models_that_never_saw_it() -> None:
     assert "| H200, families seen (trained on H100) | 18 |" in md
     assert "| H200, families unseen | 18 |" in md
     # one device alone: nothing to hold out
-    assert accuracy._evaluate_unseen_devices(obs[:18], "gpu", iterations=20, threads=1) == {}
+    assert accuracy._evaluate_unseen_devices(obs[:18], "gpu", {"iterations": 20}) == {}
