@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import costaware as ca
 from costaware import zoo
 from costaware.cli import main
 from costaware.collect import (
@@ -24,8 +26,9 @@ from costaware.collect import (
     reserved_before,
 )
 from costaware.corpus import Config, corpus, full_corpus, recommended_shards, shard_estimates
-from costaware.model import Observation
+from costaware.model import CostModel, Observation
 from costaware.store import MAX_HELD_BEFORE
+from tests.conftest import tiny_cnn
 
 
 def _tiny(name: str, batch_size: int = 8, **kw: object) -> Config:
@@ -581,7 +584,6 @@ def test_features_cache_outlives_measuring_a_configuration_again(tmp_path: Path)
     # on when a row was measured: timing the CPU corpus again (new finish times) once cost
     # 34 minutes of dry runs, unless the cache was carried over by hand
     from costaware.collect import _legacy_cache_key, features_version
-    from costaware.model import CostModel
 
     cache = tmp_path / "feats.json.gz"
     first = {**_cpu_row("a"), "env": {"torch_threads": 1}}
@@ -617,16 +619,60 @@ def test_features_cache_outlives_measuring_a_configuration_again(tmp_path: Path)
 
 
 def test_a_cpu_row_is_traced_with_the_threads_it_was_measured_with() -> None:
-    from costaware.collect import _measured_threads
+    from costaware.collect import _as_measured
 
     before = torch.get_num_threads()
     other = 1 if before != 1 else 2
     row = {"env": {"torch_threads": other}}
-    with _measured_threads(row, "CPU"):
+    with _as_measured(row, "CPU"):
         # PyTorch picks a CPU convolution's kernel by the thread count
         assert torch.get_num_threads() == other
     assert torch.get_num_threads() == before
-    with _measured_threads(row, "H100"):  # a GPU row's trace does not depend on them
+    with _as_measured(row, "H100"):  # a GPU row's trace does not depend on them
         assert torch.get_num_threads() == before
-    with _measured_threads({"env": {}}, "CPU"):  # an older row without the field
+    with _as_measured({"env": {}}, "CPU"):  # an older row without the field
         assert torch.get_num_threads() == before
+
+
+def test_a_cpu_row_is_traced_as_the_instruction_set_it_was_measured_on() -> None:
+    """oneDNN pads a convolution's channels to 8 floats with AVX2 and 16 with AVX-512: a
+    row's features are its CPU's, whichever CPU computes them (features of the AVX2 rows
+    computed on an AVX-512 CPU put the U-Net's CPU memory 6.8% off instead of 0.0%)."""
+    from costaware.collect import (
+        LEGACY_CPU_CAPABILITY,
+        _as_measured,
+        _cache_key,
+        measured_cpu_capability,
+    )
+    from costaware.trace import cpu_capability
+
+    here = cpu_capability()
+    cfg = corpus("cpu", seed=0)[0]
+    avx2 = {"id": "x", "device": "cpu", "config": cfg.to_dict(), "env": {"torch_threads": 1}}
+    avx512 = {**avx2, "env": {"torch_threads": 1, "cpu_capability": "AVX512"}}
+    gpu = {**avx2, "device": "cuda:0"}
+    assert measured_cpu_capability(avx2) == LEGACY_CPU_CAPABILITY == "AVX2"
+    assert measured_cpu_capability(avx512) == "AVX512" and measured_cpu_capability(gpu) is None
+    # the instruction set is part of what a CPU row's cached features depend on
+    assert _cache_key(avx2) != _cache_key(avx512) and "isa" not in _cache_key(gpu)
+    for row, isa in ((avx2, "AVX2"), (avx512, "AVX512")):
+        with _as_measured(row, "CPU"):
+            assert cpu_capability() == isa
+        assert cpu_capability() == here
+    with _as_measured(gpu, "H100"):
+        assert cpu_capability() == here
+
+    # a conv net of 20 and 40 channels: padded to 24 and 40 under AVX2, 32 and 48 under
+    # AVX-512 (4 MiB more at this size)
+    spec = ca.TrainingSpec(
+        model=functools.partial(tiny_cnn, width=20),
+        batch=ca.ImageBatch((3, 64, 64), classes=10),
+        batch_size=16,
+        optimizer="sgd",
+    )
+    model = CostModel()
+    peaks = {}
+    for row, isa in ((avx2, "AVX2"), (avx512, "AVX512")):
+        with _as_measured(row, "CPU"):
+            peaks[isa] = model.features(spec, "CPU", exact=True)["analytic_reserved_mib"]
+    assert peaks["AVX512"] > peaks["AVX2"]

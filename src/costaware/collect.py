@@ -351,6 +351,8 @@ def collect(
     is_cuda = device.startswith("cuda")
     extra_env = {
         "torch_threads": torch.get_num_threads(),
+        # oneDNN's kernels, and so a CPU step's buffers, depend on the instruction set
+        "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
         "hostname_hash": _host_hash(),
         "collector": "costaware.collect",
         "schema": SCHEMA_VERSION,
@@ -601,14 +603,34 @@ def reserved_before(measurement: dict[str, Any]) -> int | None:
 _CACHE_VERSIONS = 4
 
 
+#: the instruction set of the CPU that measured the CPU rows collected before rows
+#: recorded it (``env.cpu_capability``): every one of them came from the development
+#: container's AVX2 CPU (2026-11-22 to 2026-11-25), whose oneDNN buffers the CPU dry run
+#: was fitted to
+LEGACY_CPU_CAPABILITY = "AVX2"
+
+
+def measured_cpu_capability(row: dict[str, Any]) -> str | None:
+    """The instruction set a CPU row was measured on (None for a GPU row): the row's
+    ``env.cpu_capability``, or :data:`LEGACY_CPU_CAPABILITY` for rows from before it was
+    recorded."""
+    if str(row.get("device", "cpu")).startswith("cuda"):
+        return None
+    env = row.get("env") if isinstance(row.get("env"), dict) else {}
+    return str(env.get("cpu_capability") or LEGACY_CPU_CAPABILITY)
+
+
 def _cache_key(row: dict[str, Any]) -> str:
     """What a row's features depend on: its configuration, its device and, on a CPU, the
-    torch threads it was traced with (:func:`_measured_threads`). Not when it was measured:
-    a configuration timed again (a repeat, a re-collection) has the features it had."""
+    torch threads it was traced with and the instruction set it was measured on
+    (:func:`_as_measured`). Not when it was measured: a configuration timed again (a
+    repeat, a re-collection) has the features it had."""
     config = json.dumps(row.get("config"), sort_keys=True, default=str)
     digest = hashlib.sha1(config.encode()).hexdigest()[:12]
     threads = row.get("env", {}).get("torch_threads") if isinstance(row.get("env"), dict) else None
-    return f"{row.get('id')}|{row.get('device_name')}|{digest}|threads={threads}"
+    key = f"{row.get('id')}|{row.get('device_name')}|{digest}|threads={threads}"
+    isa = measured_cpu_capability(row)
+    return key if isa is None else f"{key}|isa={isa}"
 
 
 def _legacy_cache_key(row: dict[str, Any]) -> str:
@@ -640,18 +662,24 @@ def features_version(model: Any) -> str:
 
 
 @contextlib.contextmanager
-def _measured_threads(row: dict[str, Any], device: str) -> Iterator[None]:
-    """Trace a CPU row with the torch threads it was measured with: PyTorch picks a CPU
-    convolution's kernel by the thread count (a 1x1 one on one thread is its own, not
-    oneDNN's), and the kernels' buffers are features."""
-    threads = row.get("env", {}).get("torch_threads")
-    if device != "CPU" or not isinstance(threads, int) or threads < 1:
+def _as_measured(row: dict[str, Any], device: str) -> Iterator[None]:
+    """Trace a CPU row as the CPU that measured it ran the step: with the torch threads it
+    was measured with (PyTorch picks a CPU convolution's kernel by the thread count: a 1x1
+    one on one thread is its own, not oneDNN's) and its instruction set (oneDNN's blocked
+    layouts pad channels to 8 floats with AVX2, 16 with AVX-512), whatever CPU computes
+    the features: the kernels' buffers are features."""
+    if device != "CPU":
         yield
         return
+    from costaware.trace import simulated_cpu_capability
+
+    threads = row.get("env", {}).get("torch_threads")
     before = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    if isinstance(threads, int) and threads >= 1:
+        torch.set_num_threads(threads)
     try:
-        yield
+        with simulated_cpu_capability(measured_cpu_capability(row)):
+            yield
     finally:
         torch.set_num_threads(before)
 
@@ -734,7 +762,7 @@ def observations(
                 if on_row is not None:
                     on_row(i, row)
                 spec = Config.from_dict(row["config"]).to_spec()
-                with _measured_threads(row, dev):
+                with _as_measured(row, dev):
                     feats = cm.features(spec, dev, exact=True)  # never a rescale
                 feats_cache[key] = feats
                 dirty += 1

@@ -50,7 +50,7 @@ from costaware.features import (
 )
 from costaware.optime import OpTimeModel, node_table
 from costaware.spec import PRECISIONS, TrainingSpec
-from costaware.trace import Trace, build_model, dry_run, rescale
+from costaware.trace import Trace, build_model, cpu_conditions, dry_run, rescale
 
 __all__ = ["CostModel", "Observation", "Prediction", "benchmark_search_peak", "features_for"]
 
@@ -987,6 +987,8 @@ class CostModel:
         """
         cache = self._cache()
         key = _arch_key(spec) + f"|attention={attention}"
+        if attention == "native":  # a CPU target: its dry run depends on the CPU too
+            key += "|" + cpu_conditions()
         entry = cache.get(key)
         if entry is not None:
             for t in entry.traces:

@@ -298,10 +298,49 @@ def _cudnn_rnn_transient(args: tuple[Any, ...]) -> tuple[int, int]:
     return _round(int(fixed + sum(sized[_CUDNN_RNN_FIXED:]))), int(fixed)
 
 
+#: the CPU instruction set a CPU dry run simulates, where not this CPU's (see
+#: :func:`simulated_cpu_capability`)
+_SIMULATED_CPU_CAPABILITY: list[str] = []
+
+
+def cpu_capability() -> str:
+    """The CPU instruction set a CPU dry run simulates oneDNN's kernels for: this CPU's
+    (``torch.backends.cpu.get_cpu_capability()``: "AVX2", "AVX512", ...), unless
+    :func:`simulated_cpu_capability` names another."""
+    if _SIMULATED_CPU_CAPABILITY:
+        return _SIMULATED_CPU_CAPABILITY[-1]
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
+@contextlib.contextmanager
+def simulated_cpu_capability(capability: str | None) -> Any:
+    """Dry-run a CPU step as a CPU of ``capability`` runs it (None: this CPU).
+
+    oneDNN's blocked layouts, and so a CPU step's buffers, depend on the instruction set: a
+    row measured on an AVX2 CPU is traced as AVX2 runs it when its features are computed
+    on an AVX-512 one (:func:`costaware.collect.observations`).
+    """
+    if capability is None:
+        yield
+        return
+    _SIMULATED_CPU_CAPABILITY.append(str(capability))
+    try:
+        yield
+    finally:
+        _SIMULATED_CPU_CAPABILITY.pop()
+
+
+def cpu_conditions() -> str:
+    """What a CPU dry run depends on besides the spec: torch's threads (PyTorch picks a
+    convolution's kernel by them) and the instruction set simulated."""
+    return f"threads={torch.get_num_threads()}|isa={cpu_capability()}"
+
+
 def _onednn_channels(channels: int) -> int:
-    """``channels`` rounded up to oneDNN's channel block on this CPU (8 floats with AVX2,
-    16 with AVX-512): the blocked layouts oneDNN reorders tensors into are padded to it."""
-    block = 16 if "AVX512" in torch.backends.cpu.get_cpu_capability() else 8
+    """``channels`` rounded up to oneDNN's channel block on the CPU simulated (8 floats
+    with AVX2, 16 with AVX-512; :func:`cpu_capability`): the blocked layouts oneDNN
+    reorders tensors into are padded to it."""
+    block = 16 if "AVX512" in cpu_capability() else 8
     return -(-channels // block) * block
 
 
