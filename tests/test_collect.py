@@ -643,6 +643,7 @@ def test_a_cpu_row_is_traced_as_the_instruction_set_it_was_measured_on() -> None
         _as_measured,
         _cache_key,
         measured_cpu_capability,
+        measured_cpu_device,
     )
     from costaware.trace import cpu_capability
 
@@ -655,6 +656,14 @@ def test_a_cpu_row_is_traced_as_the_instruction_set_it_was_measured_on() -> None
     assert measured_cpu_capability(avx512) == "AVX512" and measured_cpu_capability(gpu) is None
     # the instruction set is part of what a CPU row's cached features depend on
     assert _cache_key(avx2) != _cache_key(avx512) and "isa" not in _cache_key(gpu)
+    # and so is the CPU's half-precision speed: an AVX2 row's bf16 runs at an eighth of
+    # fp32 whatever CPU computes its features; a row that records native bf16 does not
+    slow = measured_cpu_device({**avx2, "env": {"cpu_count": 2}})
+    assert slow.flops["bf16"] == slow.flops["fp32"] / 8 and slow.sm_count == 2
+    native = {**avx512, "env": {**avx512["env"], "cpu_half_flags": ["avx512_bf16"]}}
+    fast = measured_cpu_device(native)
+    assert fast.flops["bf16"] == fast.flops["fp32"] and fast.flops["fp16"] < fast.flops["fp32"]
+    assert _cache_key(native) != _cache_key(avx512)
     for row, isa in ((avx2, "AVX2"), (avx512, "AVX512")):
         with _as_measured(row, "CPU"):
             assert cpu_capability() == isa

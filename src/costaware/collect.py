@@ -49,6 +49,7 @@ from typing import Any, TextIO
 import torch
 
 from costaware.corpus import KINDS, Config, corpus, recommended_shards, shard_estimates
+from costaware.devices import cpu_half_flags
 from costaware.profile import ALLOCATOR_METHOD, Measurement, host_speed, measure
 
 __all__ = [
@@ -353,6 +354,8 @@ def collect(
         "torch_threads": torch.get_num_threads(),
         # oneDNN's kernels, and so a CPU step's buffers, depend on the instruction set
         "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+        # and a CPU's half-precision speed on its native bf16/fp16 arithmetic
+        "cpu_half_flags": cpu_half_flags(),
         "hostname_hash": _host_hash(),
         "collector": "costaware.collect",
         "schema": SCHEMA_VERSION,
@@ -616,8 +619,25 @@ def measured_cpu_capability(row: dict[str, Any]) -> str | None:
     recorded."""
     if str(row.get("device", "cpu")).startswith("cuda"):
         return None
-    env = row.get("env") if isinstance(row.get("env"), dict) else {}
+    env: dict[str, Any] = row["env"] if isinstance(row.get("env"), dict) else {}
     return str(env.get("cpu_capability") or LEGACY_CPU_CAPABILITY)
+
+
+def measured_cpu_device(row: dict[str, Any]) -> Any:
+    """The CPU a CPU row was measured on, as a :class:`~costaware.devices.Device`: its
+    logical cores (``env.cpu_count``) and half-precision flags (``env.cpu_half_flags``;
+    none for rows from before it was recorded, which :data:`LEGACY_CPU_CAPABILITY`'s
+    AVX2 CPU lacks), whatever CPU computes the features. A row without a core count gets
+    this CPU's."""
+    from costaware.devices import cpu_device
+
+    env: dict[str, Any] = row["env"] if isinstance(row.get("env"), dict) else {}
+    cores = env.get("cpu_count")
+    flags = env.get("cpu_half_flags")
+    return cpu_device(
+        cores=cores if isinstance(cores, int) and cores >= 1 else None,
+        flags=flags if isinstance(flags, list) else (),
+    )
 
 
 def _cache_key(row: dict[str, Any]) -> str:
@@ -630,7 +650,11 @@ def _cache_key(row: dict[str, Any]) -> str:
     threads = row.get("env", {}).get("torch_threads") if isinstance(row.get("env"), dict) else None
     key = f"{row.get('id')}|{row.get('device_name')}|{digest}|threads={threads}"
     isa = measured_cpu_capability(row)
-    return key if isa is None else f"{key}|isa={isa}"
+    if isa is None:
+        return key
+    cpu = measured_cpu_device(row)
+    half = ",".join(h for h in ("bf16", "fp16") if cpu.flops[h] == cpu.flops["fp32"])
+    return f"{key}|isa={isa}|cores={cpu.sm_count}|half={half}"
 
 
 def _legacy_cache_key(row: dict[str, Any]) -> str:
@@ -762,8 +786,10 @@ def observations(
                 if on_row is not None:
                     on_row(i, row)
                 spec = Config.from_dict(row["config"]).to_spec()
+                # a CPU row's features are its own CPU's, not this one's
+                target = measured_cpu_device(row) if dev == "CPU" else dev
                 with _as_measured(row, dev):
-                    feats = cm.features(spec, dev, exact=True)  # never a rescale
+                    feats = cm.features(spec, target, exact=True)  # never a rescale
                 feats_cache[key] = feats
                 dirty += 1
                 if dirty % 50 == 0:  # an interrupted run keeps what it traced

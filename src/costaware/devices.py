@@ -38,7 +38,7 @@ import contextlib
 import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -50,6 +50,7 @@ __all__ = [
     "Device",
     "UnknownDeviceError",
     "cpu_device",
+    "cpu_half_flags",
     "detect_device",
     "device_kind",
     "get_device",
@@ -518,7 +519,13 @@ def _physical_memory_bytes() -> int:
     return total if total > 0 else _CPU_FALLBACK_MEMORY
 
 
-def cpu_device() -> Device:
+def cpu_half_flags() -> list[str]:
+    """This CPU's flags for native half-precision arithmetic (of ``avx512_bf16``,
+    ``amx_bf16``, ``avx512_fp16``, ``amx_fp16``), sorted: what :func:`cpu_device` reads."""
+    return sorted(_cpu_flags() & {f for fs in _CPU_HALF_FLAGS.values() for f in fs})
+
+
+def cpu_device(*, cores: int | None = None, flags: Iterable[str] | None = None) -> Device:
     """Describe the local CPU as a :class:`Device` named ``"CPU"``.
 
     Cores come from :func:`os.cpu_count` and memory from ``os.sysconf`` (page size times
@@ -529,10 +536,14 @@ def cpu_device() -> Device:
     ``avx512_bf16``/``amx_bf16``, ``avx512_fp16``/``amx_fp16``); without it they get an
     eighth of it (measured here: PyTorch converts to fp32 and back).  The context
     overhead is 0.
+
+    ``cores`` and ``flags`` describe another CPU instead of this one (a measurement's, see
+    :func:`costaware.collect.measured_cpu_device`): its logical cores and instruction-set
+    flags.
     """
-    cores = max(1, os.cpu_count() or 1)
+    cores = max(1, cores if cores is not None else os.cpu_count() or 1)
     fp32 = cores * _CPU_FP32_PER_CORE
-    flags = _cpu_flags()
+    flags = frozenset(flags) if flags is not None else _cpu_flags()
     flops = dict.fromkeys(FLOPS_KEYS, fp32)
     for half, native in _CPU_HALF_FLAGS.items():
         if not flags & set(native):
