@@ -625,3 +625,28 @@ def test_a_batch_whose_labels_or_ids_overrun_the_model_is_a_spec_error(attention
         loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1] % 10),
     )
     assert mapped.peak_live
+
+
+def test_a_simulated_cpu_without_avx512_runs_a_half_convolution_as_pytorchs_own() -> None:
+    """PyTorch asks the CPU it runs on whether oneDNN has native half precision: a row
+    measured on an AVX2 CPU ran its bf16 convolutions as PyTorch's own (im2col columns
+    inside the op), and its dry run must too on an AVX-512 CPU, where oneDNN would take
+    them (the committed AVX2 rows' bf16 U-Nets came out 37% under)."""
+    from costaware.trace import (
+        _cpu_conv_transient,
+        _onednn_conv_transient,
+        simulated_cpu_capability,
+    )
+
+    inp = torch.zeros(2, 8, 16, 16, dtype=torch.bfloat16)
+    weight = torch.zeros(8, 8, 3, 3, dtype=torch.bfloat16)
+    out = torch.zeros(2, 8, 16, 16, dtype=torch.bfloat16)
+    args = (inp, weight, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    columns = 2 * 8 * 3 * 3 * 16 * 16 * 2  # batch x in x kernel area x positions x 2 bytes
+    with simulated_cpu_capability("AVX2"):
+        assert _cpu_conv_transient(args, False, out) == columns
+    # fp32 is oneDNN's on either instruction set: blocked copies, not columns
+    f32 = (inp.float(), weight.float(), None, *args[3:])
+    blocked = _onednn_conv_transient(inp.float(), weight.float(), out.float(), 1, False, None)
+    with simulated_cpu_capability("AVX2"):
+        assert _cpu_conv_transient(f32, False, out.float()) == blocked != 2 * columns

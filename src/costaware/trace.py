@@ -455,11 +455,16 @@ def _cpu_conv_transient(args: tuple[Any, ...], backward: bool, output: Any) -> i
         )
     except (RuntimeError, TypeError, ValueError):
         return 0
-    if backend.name == "Mkldnn" and not transposed and inp.dtype == torch.float32:
+    name = backend.name
+    if name == "Mkldnn" and inp.dtype != torch.float32 and "AVX512" not in cpu_capability():
+        # PyTorch asks this CPU whether oneDNN has native half precision (AVX-512 at the
+        # least); a simulated CPU without AVX-512 runs a half convolution as its own
+        name = "Slow2d"
+    if name == "Mkldnn" and not transposed and inp.dtype == torch.float32:
         input_grad = bool(args[10][0]) if backward else None
         strided = any(int(st) > 1 for st in stride)
         return _onednn_conv_transient(inp, weight, output, int(groups), strided, input_grad)
-    if backend.name != "Slow2d":
+    if name != "Slow2d":
         return 0
     kh, kw = weight.shape[2:]
     if (kh, kw) == (1, 1) and tuple(stride) == (1, 1) and tuple(padding) == (0, 0):
