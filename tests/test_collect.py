@@ -664,6 +664,12 @@ def test_a_cpu_row_is_traced_as_the_instruction_set_it_was_measured_on() -> None
     fast = measured_cpu_device(native)
     assert fast.flops["bf16"] == fast.flops["fp32"] and fast.flops["fp16"] < fast.flops["fp32"]
     assert _cache_key(native) != _cache_key(avx512)
+    # its physical memory is a feature too, where the row records it
+    big = {**avx512, "env": {**avx512["env"], "cpu_memory_bytes": 2**40}}
+    assert (
+        measured_cpu_device(big).memory_bytes == 2**40 != measured_cpu_device(avx512).memory_bytes
+    )
+    assert _cache_key(big) != _cache_key(avx512)
     for row, isa in ((avx2, "AVX2"), (avx512, "AVX512")):
         with _as_measured(row, "CPU"):
             assert cpu_capability() == isa

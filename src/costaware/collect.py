@@ -49,7 +49,7 @@ from typing import Any, TextIO
 import torch
 
 from costaware.corpus import KINDS, Config, corpus, recommended_shards, shard_estimates
-from costaware.devices import cpu_half_flags
+from costaware.devices import cpu_device, cpu_half_flags
 from costaware.profile import ALLOCATOR_METHOD, Measurement, host_speed, measure
 
 __all__ = [
@@ -356,6 +356,8 @@ def collect(
         "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
         # and a CPU's half-precision speed on its native bf16/fp16 arithmetic
         "cpu_half_flags": cpu_half_flags(),
+        # the host's physical memory: a CPU device's memory is a feature
+        "cpu_memory_bytes": cpu_device().memory_bytes,
         "hostname_hash": _host_hash(),
         "collector": "costaware.collect",
         "schema": SCHEMA_VERSION,
@@ -625,18 +627,22 @@ def measured_cpu_capability(row: dict[str, Any]) -> str | None:
 
 def measured_cpu_device(row: dict[str, Any]) -> Any:
     """The CPU a CPU row was measured on, as a :class:`~costaware.devices.Device`: its
-    logical cores (``env.cpu_count``) and half-precision flags (``env.cpu_half_flags``;
-    none for rows from before it was recorded, which :data:`LEGACY_CPU_CAPABILITY`'s
-    AVX2 CPU lacks), whatever CPU computes the features. A row without a core count gets
-    this CPU's."""
-    from costaware.devices import cpu_device
-
+    logical cores (``env.cpu_count``), half-precision flags (``env.cpu_half_flags``; none
+    for rows from before it was recorded, which :data:`LEGACY_CPU_CAPABILITY`'s AVX2 CPU
+    lacks) and physical memory (``env.cpu_memory_bytes``), whatever CPU computes the
+    features. A row without a core count or memory gets this CPU's (the committed CPU rows
+    record no memory: their features take this machine's, a feature the trees can split on,
+    so a CPU time model refitted on another machine can differ a little)."""
     env: dict[str, Any] = row["env"] if isinstance(row.get("env"), dict) else {}
-    cores = env.get("cpu_count")
-    flags = env.get("cpu_half_flags")
+    cores, flags, memory = (
+        env.get("cpu_count"),
+        env.get("cpu_half_flags"),
+        env.get("cpu_memory_bytes"),
+    )
     return cpu_device(
         cores=cores if isinstance(cores, int) and cores >= 1 else None,
         flags=flags if isinstance(flags, list) else (),
+        memory_bytes=memory if isinstance(memory, int) and memory > 0 else None,
     )
 
 
@@ -654,7 +660,7 @@ def _cache_key(row: dict[str, Any]) -> str:
         return key
     cpu = measured_cpu_device(row)
     half = ",".join(h for h in ("bf16", "fp16") if cpu.flops[h] == cpu.flops["fp32"])
-    return f"{key}|isa={isa}|cores={cpu.sm_count}|half={half}"
+    return f"{key}|isa={isa}|cores={cpu.sm_count}|half={half}|mem={cpu.memory_bytes}"
 
 
 def _legacy_cache_key(row: dict[str, Any]) -> str:

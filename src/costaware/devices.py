@@ -525,7 +525,9 @@ def cpu_half_flags() -> list[str]:
     return sorted(_cpu_flags() & {f for fs in _CPU_HALF_FLAGS.values() for f in fs})
 
 
-def cpu_device(*, cores: int | None = None, flags: Iterable[str] | None = None) -> Device:
+def cpu_device(
+    *, cores: int | None = None, flags: Iterable[str] | None = None, memory_bytes: int | None = None
+) -> Device:
     """Describe the local CPU as a :class:`Device` named ``"CPU"``.
 
     Cores come from :func:`os.cpu_count` and memory from ``os.sysconf`` (page size times
@@ -537,9 +539,9 @@ def cpu_device(*, cores: int | None = None, flags: Iterable[str] | None = None) 
     eighth of it (measured here: PyTorch converts to fp32 and back).  The context
     overhead is 0.
 
-    ``cores`` and ``flags`` describe another CPU instead of this one (a measurement's, see
-    :func:`costaware.collect.measured_cpu_device`): its logical cores and instruction-set
-    flags.
+    ``cores``, ``flags`` and ``memory_bytes`` describe another CPU instead of this one (a
+    measurement's, see :func:`costaware.collect.measured_cpu_device`): its logical cores,
+    instruction-set flags and physical memory.
     """
     cores = max(1, cores if cores is not None else os.cpu_count() or 1)
     fp32 = cores * _CPU_FP32_PER_CORE
@@ -551,7 +553,7 @@ def cpu_device(*, cores: int | None = None, flags: Iterable[str] | None = None) 
     return Device(
         name="CPU",
         kind="cpu",
-        memory_bytes=_physical_memory_bytes(),
+        memory_bytes=memory_bytes if memory_bytes is not None else _physical_memory_bytes(),
         bandwidth=min(cores * _CPU_BANDWIDTH_PER_CORE, _CPU_BANDWIDTH_CAP),
         flops=flops,
         sm_count=cores,
