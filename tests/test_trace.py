@@ -435,12 +435,18 @@ def test_a_cpu_trace_holds_onednns_buffers_inside_a_convolution(
         batch_size=batch_size,
         optimizer="sgd",
     )
+    from costaware.trace import cpu_capability
+
     tr = ca.dry_run(spec)
-    assert tr.transients[:, 1].max() >= 4 * torch_threads * weight
+    # with AVX-512 a small kernel larger than its input holds one weight-sized buffer,
+    # not four per thread (the 16x16 patch embedding holds them on both)
+    small = model is not _PatchEmbedding and "AVX512" in cpu_capability()
+    assert tr.transients[:, 1].max() >= (1 if small else 4 * torch_threads) * weight
     measured = allocator_peak(spec).peak
     assert measured is not None
     assert estimate(tr, spec, cpu_device()).reserved == pytest.approx(measured, rel=0.03)
-    assert exact_live_peak(tr.events) < 0.8 * measured  # the tensors alone: far under
+    # the tensors alone: far under (15% under with AVX-512's one buffer)
+    assert exact_live_peak(tr.events) < (0.9 if small else 0.8) * measured
 
 
 @pytest.mark.skipif(

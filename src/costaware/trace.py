@@ -368,7 +368,8 @@ def _onednn_conv_transient(
       on a side (ResNet's 3x3 convolutions at 1x1 and 2x2 on a 32x32 image) or of 14
       pixels or more (a ViT's patch embedding; 12 and under did not), the weight gradient
       takes four weight-sized buffers per torch thread, so the last term is
-      ``4 x threads x w + out``. A depthwise convolution holds ``out + in`` at 3x3
+      ``4 x threads x w + out`` (on an AVX-512 CPU only for the large kernel: a kernel
+      larger than its input held one weight-sized buffer there). A depthwise convolution holds ``out + in`` at 3x3
       (strided or not) and only ``in`` (when the input takes a gradient) past 3x3. Over
       1-3 input channels the weight's are not padded, and a stem convolution (kernel
       above 1x1) leaves its input in place unless it takes a gradient.
@@ -401,8 +402,12 @@ def _onednn_conv_transient(
         return max(o + i, w)
     # a kernel larger than the input on a side (ResNet's 3x3 convolutions at 1x1 and 2x2
     # on a 32x32 image), or of 14 pixels or more (a ViT's patch embedding), takes four
-    # weight-sized buffers per thread for its weight gradient
-    overhang = kh > int(inp.shape[2]) or kw > int(inp.shape[3])
+    # weight-sized buffers per thread for its weight gradient; with AVX-512 only the large
+    # kernel does (measured 2026-11-26 on an AVX-512 EPYC: a 3x3 kernel at 2x2 held one
+    # weight-sized buffer, on one thread and on two)
+    overhang = (kh > int(inp.shape[2]) or kw > int(inp.shape[3])) and (
+        "AVX512" not in cpu_capability()
+    )
     return max(
         o + w if input_grad else 0,
         (2 if strided else 1) * i if input_grad else 0,
