@@ -648,9 +648,10 @@ def measured_cpu_device(row: dict[str, Any]) -> Any:
 
 def _cache_key(row: dict[str, Any]) -> str:
     """What a row's features depend on: its configuration, its device and, on a CPU, the
-    torch threads it was traced with and the instruction set it was measured on
-    (:func:`_as_measured`). Not when it was measured: a configuration timed again (a
-    repeat, a re-collection) has the features it had."""
+    torch threads it was traced with and the CPU that measured it (instruction set, cores,
+    native half precision, memory: :func:`_as_measured`, :func:`measured_cpu_device`). Not
+    when it was measured: a configuration timed again (a repeat, a re-collection) has the
+    features it had."""
     config = json.dumps(row.get("config"), sort_keys=True, default=str)
     digest = hashlib.sha1(config.encode()).hexdigest()[:12]
     threads = row.get("env", {}).get("torch_threads") if isinstance(row.get("env"), dict) else None

@@ -40,7 +40,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -313,7 +313,7 @@ def cpu_capability() -> str:
 
 
 @contextlib.contextmanager
-def simulated_cpu_capability(capability: str | None) -> Any:
+def simulated_cpu_capability(capability: str | None) -> Iterator[None]:
     """Dry-run a CPU step as a CPU of ``capability`` runs it (None: this CPU).
 
     oneDNN's blocked layouts, and so a CPU step's buffers, depend on the instruction set: a
@@ -369,8 +369,9 @@ def _onednn_conv_transient(
       pixels or more (a ViT's patch embedding; 12 and under did not), the weight gradient
       takes four weight-sized buffers per torch thread, so the last term is
       ``4 x threads x w + out`` (on an AVX-512 CPU only for the large kernel: a kernel
-      larger than its input held one weight-sized buffer there). A depthwise convolution holds ``out + in`` at 3x3
-      (strided or not) and only ``in`` (when the input takes a gradient) past 3x3. Over
+      larger than its input held one weight-sized buffer there). A depthwise convolution
+      holds ``out + in`` at 3x3 (strided or not) and only ``in`` (when the input takes a
+      gradient) past 3x3. Over
       1-3 input channels the weight's are not padded, and a stem convolution (kernel
       above 1x1) leaves its input in place unless it takes a gradient.
 
