@@ -318,8 +318,8 @@ def _fit(train: list[Any], settings: dict[str, Any]) -> Any:
     return CostModel(**settings).fit(train)
 
 
-def _records(model: Any, fam: str, test: list[Any]) -> list[dict[str, Any]]:
-    """The held-out rows ``test`` of family ``fam`` as predicted by ``model``."""
+def _records(model: Any, test: list[Any]) -> list[dict[str, Any]]:
+    """The held-out rows ``test`` as predicted by ``model``."""
     from costaware.model import benchmark_search_peak
 
     out = []
@@ -327,7 +327,7 @@ def _records(model: Any, fam: str, test: list[Any]) -> list[dict[str, Any]]:
         mem, mem_hi, secs, secs_hi, base_secs = _predict(model, o.features)
         out.append(
             {
-                "family": fam,
+                "family": o.family,
                 "id": o.meta.get("id"),
                 "device": o.device,
                 "status": o.status,
@@ -406,7 +406,7 @@ def _evaluate(obs: list[Any], kind: str, settings: dict[str, Any]) -> dict[str, 
         train = [o for o in obs if o.family != fam]
         test = [o for o in obs if o.family == fam]
         model = _fit(train, settings)
-        records += _records(model, fam, test)
+        records += _records(model, test)
         print(f"  fold {fam}: {len(test)} held out, {len(train)} trained", file=sys.stderr)
 
     per_family = {f: _summarise([r for r in records if r["family"] == f], caps) for f in families}
@@ -453,18 +453,14 @@ def _evaluate_unseen_devices(obs: list[Any], kind: str, settings: dict[str, Any]
         others = [o for o in obs if o.device != dev]
         trained_on = sorted({o.device for o in others})
         model = _fit(others, settings)
-        seen = [
-            r
-            for f in sorted({o.family for o in test})
-            for r in _records(model, f, [o for o in test if o.family == f])
-        ]
+        seen = _records(model, sorted(test, key=lambda o: o.family))  # by family, as below
         unseen: list[dict[str, Any]] = []
         for fam in sorted({o.family for o in test}):
             train = [o for o in others if o.family != fam]
             if not train:
                 continue
             fold = _fit(train, settings)
-            unseen += _records(fold, fam, [o for o in test if o.family == fam])
+            unseen += _records(fold, [o for o in test if o.family == fam])
         print(f"  unseen device {dev}: {len(test)} rows, trained on {trained_on}", file=sys.stderr)
         out[dev] = {
             "trained_on": trained_on,

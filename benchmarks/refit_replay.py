@@ -81,10 +81,12 @@ def load(paths: list[str], unseen_device: bool = False) -> list[dict[str, Any]]:
             if r.get("secs") and r.get("p_secs") and r.get("family"):
                 rows.append(r)
     if not rows:
-        what = "unseen-device rows (accuracy.py writes them with two GPUs' data)" * unseen_device
-        raise SystemExit(
-            f"no timed {what or 'rows'} in {paths}: write them with accuracy.py --rows"
+        what = (
+            "unseen-device rows (accuracy.py writes them with two GPUs' data)"
+            if unseen_device
+            else "rows"
         )
+        raise SystemExit(f"no timed {what} in {paths}: write them with accuracy.py --rows")
     return rows
 
 
