@@ -656,3 +656,28 @@ def test_a_simulated_cpu_without_avx512_runs_a_half_convolution_as_pytorchs_own(
     with simulated_cpu_capability("AVX2"):
         blocked = _onednn_conv_transient(inp.float(), weight.float(), out.float(), 1, False, None)
         assert _cpu_conv_transient(f32, False, out.float()) == blocked != 2 * columns
+
+
+def test_a_simulated_cpu_is_each_threads_own_and_reaches_the_dry_runs_helper_thread() -> None:
+    """Two threads featurizing rows of different CPUs at once each dry-run as their own
+    row's CPU, and a dry run under a time limit outside the main thread (its worker
+    thread) still sees the CPU its caller simulates."""
+    import threading
+
+    from costaware.trace import _call_with_timeout, cpu_capability, simulated_cpu_capability
+
+    both_inside = threading.Barrier(2, timeout=30)
+    seen: dict[str, list[str]] = {}
+
+    def run(isa: str) -> None:
+        with simulated_cpu_capability(isa):
+            both_inside.wait()  # the other thread has set its own by now
+            seen[isa] = [cpu_capability(), _call_with_timeout(cpu_capability, 30.0)]  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=run, args=(isa,)) for isa in ("AVX2", "DEFAULT")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert seen == {"AVX2": ["AVX2", "AVX2"], "DEFAULT": ["DEFAULT", "DEFAULT"]}
+    assert cpu_capability() == str(torch.backends.cpu.get_cpu_capability())

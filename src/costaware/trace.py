@@ -29,6 +29,7 @@ convolution, where it runs one, and oneDNN's LSTM buffers.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import dataclasses
 import hashlib
@@ -299,16 +300,21 @@ def _cudnn_rnn_transient(args: tuple[Any, ...]) -> tuple[int, int]:
 
 
 #: the CPU instruction set a CPU dry run simulates, where not this CPU's (see
-#: :func:`simulated_cpu_capability`)
-_SIMULATED_CPU_CAPABILITY: list[str] = []
+#: :func:`simulated_cpu_capability`): a context variable, so that threads (and asyncio
+#: tasks) that dry-run at once each see their own; the dry run's helper threads run in a
+#: copy of the caller's context
+_SIMULATED_CPU_CAPABILITY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "costaware_simulated_cpu_capability", default=None
+)
 
 
 def cpu_capability() -> str:
     """The CPU instruction set a CPU dry run simulates oneDNN's kernels for: this CPU's
     (``torch.backends.cpu.get_cpu_capability()``: "AVX2", "AVX512", ...), unless
     :func:`simulated_cpu_capability` names another."""
-    if _SIMULATED_CPU_CAPABILITY:
-        return _SIMULATED_CPU_CAPABILITY[-1]
+    simulated = _SIMULATED_CPU_CAPABILITY.get()
+    if simulated is not None:
+        return simulated
     return str(torch.backends.cpu.get_cpu_capability())
 
 
@@ -323,11 +329,11 @@ def simulated_cpu_capability(capability: str | None) -> Iterator[None]:
     if capability is None:
         yield
         return
-    _SIMULATED_CPU_CAPABILITY.append(str(capability))
+    token = _SIMULATED_CPU_CAPABILITY.set(str(capability))
     try:
         yield
     finally:
-        _SIMULATED_CPU_CAPABILITY.pop()
+        _SIMULATED_CPU_CAPABILITY.reset(token)
 
 
 def cpu_conditions() -> str:
@@ -855,7 +861,10 @@ def _call_with_timeout(fn: Callable[[], Trace], timeout: float | None) -> Trace:
         except BaseException as e:  # handed to the caller's thread
             box["error"] = e
 
-    worker = threading.Thread(target=_target, name="costaware-dry-run", daemon=True)
+    context = contextvars.copy_context()  # the caller's simulated CPU, for one
+    worker = threading.Thread(
+        target=context.run, args=(_target,), name="costaware-dry-run", daemon=True
+    )
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
@@ -992,7 +1001,8 @@ def _in_clean_thread(fn: Callable[[], Any]) -> Any:
         except BaseException as e:  # handed to the caller's thread
             box["error"] = e
 
-    worker = threading.Thread(target=target, name="costaware-rnn-reference")
+    context = contextvars.copy_context()
+    worker = threading.Thread(target=context.run, args=(target,), name="costaware-rnn-reference")
     worker.start()
     worker.join()
     if "error" in box:
