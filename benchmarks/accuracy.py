@@ -684,6 +684,8 @@ def _unseen_device_lines(unseen: dict[str, Any] | None) -> list[str]:
 
 def _left_out_lines(res: dict[str, Any]) -> list[str]:
     """What the memory figures leave out, and how the prediction does on it."""
+    from costaware.analytic import CUBLAS_WORKSPACE_BYTES
+    from costaware.collect import HELD_WORKSPACE_NOTE
     from costaware.store import MAX_HELD_BEFORE
 
     lines: list[str] = []
@@ -691,16 +693,28 @@ def _left_out_lines(res: dict[str, Any]) -> list[str]:
     if not left and not search:
         return lines
     lines += ["", "### Peaks left out of the memory figures", ""]
-    if left:
+    workspace = [x for x in left if HELD_WORKSPACE_NOTE in x]
+    held = [x for x in left if HELD_WORKSPACE_NOTE not in x]
+
+    def some(xs: list[str]) -> str:
+        return "; ".join(xs[:6]) + ("; ..." if len(xs) > 6 else "") + "."
+
+    if held:
         lines += [
-            f"{len(left)} GPU rows were measured while the collector's process already held "
+            f"{len(held)} GPU rows were measured while the collector's process already held "
             f"more than {MAX_HELD_BEFORE >> 20} MiB reserved from an earlier configuration "
             "(a cached segment pinned "
             "by a workspace; see `costaware.collect.reserved_before`). Their reserved peak is "
-            "partly that earlier configuration's, so they count for time only: "
-            + "; ".join(left[:6])
-            + ("; ..." if len(left) > 6 else "")
-            + ".",
+            "partly that earlier configuration's, so they count for time only: " + some(held),
+            "",
+        ]
+    if workspace:
+        lines += [
+            f"{len(workspace)} GPU rows are models that call no cuBLAS (convolutions only), "
+            "measured while the collector's process still held the cuBLAS workspace of an "
+            f"earlier configuration ({CUBLAS_WORKSPACE_BYTES >> 20} MiB; the H100 collector "
+            "kept it, the H200 one drops it first). Their peak is that much over what the "
+            "step needs in a fresh process, so they count for time only: " + some(workspace),
             "",
         ]
     if search:

@@ -386,6 +386,58 @@ def test_observations_leave_out_gpu_peaks_measured_over_held_memory(tmp_path: Pa
         assert o.meta["measured_peak"] == 900 * mib
 
 
+def test_observations_leave_out_a_held_cublas_workspace_only_where_the_step_calls_no_cublas() -> (
+    None
+):
+    """The H100 collector kept cuBLAS's workspace between configurations: a U-Net (no
+    matmul) measured after it peaked that much over its need; an MLP reuses it."""
+    mib = 1 << 20
+    unet = _tiny(
+        "t-unet",
+        family="unet",
+        factory="unet",
+        kwargs={"in_channels": 1, "classes": 2, "base": 4, "depth": 2},
+        batch_kind="segmentation",
+        batch_shape=[1, 16, 16],
+        classes=2,
+    )
+
+    def row(name: str, cfg: Config, held: int) -> dict[str, object]:
+        return {
+            "schema": 1,
+            "id": name,
+            "family": cfg.family,
+            "status": "ok",
+            "device": "cuda",
+            "device_name": "NVIDIA H100 80GB HBM3",
+            "config": {**cfg.to_dict(), "id": name},
+            "measurement": {
+                "status": "ok",
+                "iteration_time": 0.002,
+                "max_reserved": 140 * mib,
+                "max_allocated": 120 * mib,
+                "reserved_before": held * mib,
+            },
+            "finished_at": "2026-01-01T00:00:00+00:00",
+        }
+
+    rows = [
+        row("unet-held", unet, 64),  # the workspace (65 MiB) as NVML rounds it
+        row("unet-fresh", unet, 42),  # what the H200 collector held: no workspace
+        row("mlp-held", _tiny("t-mlp"), 64),  # calls cuBLAS: its own workspace anyway
+    ]
+    obs, skipped = observations(rows)
+    assert not skipped
+    by_id = {o.meta["id"]: o for o in obs}
+    held = by_id["unet-held"]
+    assert held.peak_memory is None and held.iteration_time == 0.002
+    assert "cuBLAS workspace" in held.meta["memory_left_out"]
+    assert held.meta["measured_peak"] == 140 * mib
+    for name in ("unet-fresh", "mlp-held"):
+        assert by_id[name].peak_memory == 140 * mib
+        assert "memory_left_out" not in by_id[name].meta
+
+
 def _cpu_row(name: str, batch_size: int = 8) -> dict[str, object]:
     """A measured CPU row of a tiny MLP configuration."""
     return {

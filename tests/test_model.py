@@ -52,6 +52,34 @@ def test_default_model_and_cpu_device(cnn_spec: ca.TrainingSpec) -> None:
     assert auto.device in ca.known_devices() or auto.device
 
 
+def test_a_gpu_step_holds_cublas_workspace_only_where_it_calls_cublas(
+    cnn_spec: ca.TrainingSpec,
+) -> None:
+    """The H100 and H200 peaks of models without a matmul differed by cuBLAS's workspace:
+    a step that calls no cuBLAS never allocates it, one with a linear layer does."""
+    from costaware.analytic import CUBLAS_WORKSPACE_BYTES, WORKSPACE_BYTES
+
+    def conv_only() -> torch.nn.Module:  # the classifier is a 1x1 convolution
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 10, 1),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+        )
+
+    convs = dataclasses.replace(cnn_spec, model=conv_only)
+    model = ca.CostModel()
+    with_linear = model.predict(cnn_spec, device="H100")
+    without = model.predict(convs, device="H100")
+    assert with_linear.basis["workspace"] == WORKSPACE_BYTES + CUBLAS_WORKSPACE_BYTES
+    assert without.basis["workspace"] == WORKSPACE_BYTES
+    assert model.predict(convs, device="cpu").basis["workspace"] == 0
+    assert without.peak_memory < with_linear.peak_memory
+    for spec, calls in ((cnn_spec, 1.0), (convs, 0.0)):
+        assert model.features(spec, "H100", exact=True)["calls_cublas"] == calls
+
+
 def test_unknown_device_lists_the_catalog(cnn_spec: ca.TrainingSpec) -> None:
     with pytest.raises(ca.UnknownDeviceError, match="H100-SXM"):
         ca.CostModel().predict(cnn_spec, device="H1000")

@@ -4,9 +4,16 @@ These are the baseline the learned model corrects (it learns ``log(actual / anal
 and the whole prediction when no learned model is available. Every constant is a
 measured figure or a documented assumption:
 
-- ``WORKSPACE_BYTES``: on an H200 the real ``max_memory_allocated`` was the fake-tensor
-  peak plus 66-107 MiB (cuBLAS/cuDNN workspaces and handles allocated through the caching
-  allocator); 80 MiB is the middle of that range.
+- Workspaces a CUDA step allocates through the caching allocator besides its tensors
+  (:func:`workspace_bytes`): ``CUBLAS_WORKSPACE_BYTES`` (65 MiB) where the step calls
+  cuBLAS (a matmul, linear or bmm: :data:`CUBLAS_OPS`), plus ``WORKSPACE_BYTES`` (6 MiB)
+  for every step. On the H200 rows, the measured ``max_memory_allocated`` less the
+  simulated peak was a median 71.6 MiB for the 164 steps that call cuBLAS and 5.7 MiB for
+  the 20 that do not (U-Nets, SqueezeNets: convolutions only). Every such pair measured on
+  both GPUs differed by 65.0 MiB: the H100 collector kept the workspace of an earlier
+  configuration (the H200 collector drops it before each), so the H100 peaks of those
+  models include it (see :func:`costaware.collect.observations`). One flat 80 MiB, the
+  constant before this, over-predicted the U-Nets and SqueezeNets on the H200 by up to 2x.
 - The allocator replay adds the block cuDNN takes and frees again in the backward of each
   convolution larger than 1x1 that is not depthwise (input plus output gradient; see
   :attr:`~costaware.trace.Trace.transients`). It barely moves the allocated peak but adds
@@ -54,17 +61,46 @@ from costaware.trace import Trace, exact_live_peak
 __all__ = [
     "BENCHMARK_NOTE",
     "COMPUTE_EFFICIENCY",
+    "CUBLAS_OPS",
+    "CUBLAS_WORKSPACE_BYTES",
     "LAUNCH_OVERHEAD_S",
     "MEMORY_EFFICIENCY",
     "ROOFLINE_UNDER",
     "WORKSPACE_BYTES",
     "AnalyticEstimate",
+    "calls_cublas",
     "estimate",
     "time_upper",
+    "workspace_bytes",
 ]
 
 MiB = 2**20
-WORKSPACE_BYTES = 80 * MiB
+#: what a CUDA step allocates besides its tensors, whatever it runs (cuDNN's handles and
+#: small workspaces; see the module docstring)
+WORKSPACE_BYTES = 6 * MiB
+#: cuBLAS's workspace, allocated through the caching allocator at a process's first
+#: cuBLAS call on a stream and kept until ``torch._C._cuda_clearCublasWorkspaces()``
+CUBLAS_WORKSPACE_BYTES = 65 * MiB
+#: aten ops whose CUDA kernels PyTorch runs through cuBLAS or cuBLASLt (a fused attention
+#: kernel, a convolution and an RNN go through their own libraries)
+CUBLAS_OPS = frozenset(
+    {
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "addbmm",
+        "matmul",
+        "linear",
+        "_scaled_mm",
+        "mv",
+        "addmv",
+        "dot",
+        "vdot",
+        "_addmm_activation",
+        "addr",
+    }
+)
 BENCHMARK_NOTE = (
     "cudnn.benchmark on a conv net: the peak is what the step needs; the first step's "
     "algorithm search may briefly take more, up to the free memory (PyTorch sizes its "
@@ -103,6 +139,21 @@ class AnalyticEstimate:
     memory_time: float
     overhead_time: float
     notes: tuple[str, ...] = field(default=())
+    #: of ``allocated`` and ``reserved``: the workspaces (:func:`workspace_bytes`)
+    workspace: int = 0
+
+
+def calls_cublas(trace: Trace) -> bool:
+    """Whether the traced step runs an op of :data:`CUBLAS_OPS`."""
+    return any(op in CUBLAS_OPS for _, op in trace.graph.nodes(data="op"))
+
+
+def workspace_bytes(trace: Trace, device: Device) -> int:
+    """Bytes the step allocates on ``device`` besides its tensors: cuBLAS's workspace
+    where it calls cuBLAS, and :data:`WORKSPACE_BYTES`; 0 on a CPU."""
+    if device.kind != "cuda":
+        return 0
+    return WORKSPACE_BYTES + (CUBLAS_WORKSPACE_BYTES if calls_cublas(trace) else 0)
 
 
 def node_seconds(
@@ -149,13 +200,14 @@ def estimate(trace: Trace, spec: TrainingSpec, device: Device) -> AnalyticEstima
     notes: list[str] = []
     if device.kind == "cpu":
         allocated = reserved = exact_live_peak(trace.allocator_events())
-        segments = 0
+        segments = workspace = 0
         upper = int(reserved * 1.25)
         notes.append("CPU: no caching allocator; the peak is the live-tensor peak, unrounded")
     else:
         sim = simulate(trace.allocator_events(), mode=spec.allocator)
-        allocated = sim.peak_allocated + WORKSPACE_BYTES
-        reserved = sim.peak_reserved + WORKSPACE_BYTES
+        workspace = workspace_bytes(trace, device)
+        allocated = sim.peak_allocated + workspace
+        reserved = sim.peak_reserved + workspace
         segments = sim.num_segments
         # H200 cross-check: reserved ran up to 1.75x allocated with the default allocator
         upper = int(reserved * (1.25 if spec.allocator == "default" else 1.1))
@@ -173,4 +225,5 @@ def estimate(trace: Trace, spec: TrainingSpec, device: Device) -> AnalyticEstima
         memory_time=memory,
         overhead_time=overhead,
         notes=tuple(notes),
+        workspace=workspace,
     )

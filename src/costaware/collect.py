@@ -604,6 +604,30 @@ def reserved_before(measurement: dict[str, Any]) -> int | None:
     return max(0, int(peak) - int(growth))
 
 
+#: why :func:`observations` left a peak out that :func:`_held_cublas_workspace` holds
+HELD_WORKSPACE_NOTE = "room for a cuBLAS workspace, which this step does not call"
+#: How far :func:`reserved_before` may fall short of a cuBLAS workspace held before a
+#: measurement: NVML's and the caching allocator's 2 MiB granularities (it is a lower
+#: bound for rows that did not record it).
+_HELD_SLACK_BYTES = 4 << 20
+
+
+def _held_cublas_workspace(held: int, feats: Mapping[str, float]) -> bool:
+    """Whether a GPU peak measured with ``held`` bytes reserved before it includes a
+    cuBLAS workspace that the step itself never allocates (``calls_cublas`` is 0).
+
+    The H100 collector kept the workspace from one configuration to the next: 64-162 MiB
+    were held before each U-Net and SqueezeNet, whose steps call no cuBLAS, and every such
+    pair also measured on the H200 (whose collector drops the workspace first, holding
+    16-42 MiB) peaked 65.0 MiB higher on the H100.
+    """
+    from costaware.analytic import CUBLAS_WORKSPACE_BYTES  # not on the bare-GPU path
+
+    return (
+        held >= CUBLAS_WORKSPACE_BYTES - _HELD_SLACK_BYTES and feats.get("calls_cublas", 1.0) == 0.0
+    )
+
+
 #: features versions a features cache keeps, the most recently written first
 _CACHE_VERSIONS = 4
 
@@ -730,7 +754,8 @@ def observations(
     growth, recorded before :func:`cpu_allocator_peak`) is dropped (kept as a time row). So
     is a GPU peak measured while
     the process already held more than :data:`costaware.store.MAX_HELD_BEFORE` reserved
-    (:func:`reserved_before`; the same limit the store applies to a trial's peak);
+    (:func:`reserved_before`; the same limit the store applies to a trial's peak), or held
+    a cuBLAS workspace that the step never calls (:func:`_held_cublas_workspace`);
     ``meta["memory_left_out"]`` says so. Returns ``(observations,
     reasons for each skipped row)``.
 
@@ -813,9 +838,14 @@ def observations(
         if peak is not None and dev == "CPU" and not cpu_allocator_peak(m):
             meta["memory_left_out"] = "a resident-set growth, not the CPU allocator's peak"
             peak = None  # another quantity than the one learned: a time row only
-        held = reserved_before(m) if dev != "CPU" else None
-        if peak is not None and held is not None and held > MAX_HELD_BEFORE:
+        held = reserved_before(m) if dev != "CPU" and peak is not None else None
+        if held is not None and held > MAX_HELD_BEFORE:
             meta["memory_left_out"] = f"{held / 2**20:,.0f} MiB reserved before it began"
+        elif held is not None and _held_cublas_workspace(held, feats):
+            meta["memory_left_out"] = (
+                f"{held / 2**20:,.0f} MiB reserved before it began: {HELD_WORKSPACE_NOTE}"
+            )
+        if held is not None and peak is not None and "memory_left_out" in meta:
             meta["measured_peak"] = float(peak)  # as recorded, for reports that show it
             peak = None  # the peak is partly an earlier configuration's: a time row only
         secs = m.get("iteration_time") if ok else None

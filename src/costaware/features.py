@@ -62,6 +62,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from costaware.analytic import calls_cublas
 from costaware.devices import Device
 from costaware.spec import OPTIMIZERS, PRECISIONS, TrainingSpec
 from costaware.trace import CATEGORIES, Trace
@@ -77,7 +78,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "17"
+FEATURE_VERSION = "18"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}
@@ -96,7 +97,8 @@ _GROUP_MEMBERS: dict[str, Iterable[str]] = {
                    "cudnn_batch_norm", "_native_batch_norm_legit_no_training", "batch_norm"),
     "batch_norm_bwd": ("native_batch_norm_backward", "cudnn_batch_norm_backward"),
     "layer_norm": ("native_layer_norm", "native_group_norm", "_fused_rms_norm", "rms_norm"),
-    "layer_norm_bwd": ("native_layer_norm_backward", "native_group_norm_backward", "_fused_rms_norm_backward"),
+    "layer_norm_bwd": ("native_layer_norm_backward", "native_group_norm_backward", "_fused_rms_norm_backward",
+                       "rms_norm_backward"),
     "activation": ("relu", "relu_", "gelu", "silu", "sigmoid", "tanh", "hardtanh", "hardswish", "hardsigmoid",
                    "leaky_relu", "elu", "mish", "softplus", "clamp", "clamp_min", "hardtanh_", "silu_",
                    "hardswish_", "leaky_relu_", "elu_"),
@@ -221,6 +223,8 @@ def trace_features(trace: Trace) -> dict[str, float]:
         "arithmetic_intensity": trace.flops / max(trace.bytes_moved, 1.0),
         "kernels": float(np.count_nonzero(trace.node_class < 3)),
         "graph_nodes": float(trace.graph.number_of_nodes()),
+        # whether a GPU step allocates cuBLAS's workspace (see costaware.analytic)
+        "calls_cublas": float(calls_cublas(trace)),
     }
     for cat in CATEGORIES:
         feats[f"peak_{cat}_mib"] = trace.peak_breakdown.get(cat, 0) / mib

@@ -1076,7 +1076,7 @@ class CostModel:
             "live_peak": trace.peak_live,
             "simulated_allocated": est.allocated,
             "simulated_reserved": est.reserved,
-            "workspace": _analytic.WORKSPACE_BYTES if dev.kind == "cuda" else 0,
+            "workspace": est.workspace,
             "breakdown": dict(trace.peak_breakdown),
             "params": trace.param_count,
             "flops": trace.flops,
