@@ -686,9 +686,7 @@ def test_a_simulated_cpu_is_each_threads_own_and_reaches_the_dry_runs_helper_thr
 class _RMSNet(torch.nn.Module):
     """Two pre-norm blocks with RMSNorm, as Llama-style models have them."""
 
-    def __init__(
-        self, dim: int = 64, classes: int = 10, weight_dtype: torch.dtype | None = None
-    ) -> None:
+    def __init__(self, dim: int = 64, classes: int = 10, weight_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.norms = torch.nn.ModuleList(torch.nn.RMSNorm(dim) for _ in range(2))
         self.mlps = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(2))
@@ -740,30 +738,3 @@ def test_fused_rmsnorm_computes_what_torch_computes(weighted: bool) -> None:
     g = torch.randn_like(ref)
     wrt = [x, w] if w is not None else [x]
     torch.testing.assert_close(torch.autograd.grad(ours, wrt, g), torch.autograd.grad(ref, wrt, g))
-
-
-def test_fused_dropout_is_cudas_one_kernel_with_a_one_byte_mask() -> None:
-    """On a CUDA tensor ``F.dropout`` is one ``native_dropout`` kernel keeping a bool mask;
-    this CPU draws fp32 noise in three kernels and keeps it (4 bytes an element)."""
-    from costaware import zoo
-
-    spec = ca.TrainingSpec(
-        model=lambda: zoo.mlp(in_features=256, hidden=[512, 512], classes=10, dropout=0.5),
-        batch=ca.ImageBatch((256,), classes=10),
-        batch_size=64,
-    )
-    native = ca.dry_run(spec)
-    fused = ca.dry_run(spec, attention="fused")
-    assert native.op_counts["bernoulli_"] == 2 and native.op_counts["native_dropout"] == 0
-    assert fused.op_counts["native_dropout"] == 2 and fused.op_counts["bernoulli_"] == 0
-    assert fused.op_counts["native_dropout_backward"] == 2
-    masks = 2 * 64 * 512 * 3  # the fp32 noise less the bool mask, of two layers
-    assert fused.phase_peaks["forward"] <= native.phase_peaks["forward"] - masks
-    assert any("native_dropout" in n for n in fused.notes)
-    # a fused recurrent layer's inter-layer dropout (inside another mode's handler) too
-    lstm = ca.TrainingSpec(
-        model=lambda: zoo.rnn("lstm", vocab=100, embed=32, hidden=32, layers=2, dropout=0.2),
-        batch=ca.TokenBatch(seq_len=16, vocab=100),
-        batch_size=4,
-    )
-    assert ca.dry_run(lstm, attention="fused").op_counts["bernoulli_"] == 0

@@ -1122,45 +1122,6 @@ class _FusedRMSNorm(TorchFunctionMode):
 _RMS_SIGNATURE = inspect.signature(torch.nn.functional.rms_norm)
 
 
-class _FusedDropout(TorchFunctionMode):
-    """Routes ``F.dropout`` (``nn.Dropout``) to ``native_dropout``, as a CUDA GPU runs it.
-
-    On a CUDA tensor a training dropout that is not in place is one ``native_dropout``
-    kernel that keeps a one-byte mask for the backward (``native_dropout_backward``). This
-    CPU build draws the noise in the input's dtype (``empty_like``, ``bernoulli_``,
-    ``div_``, ``mul``: three kernels, and a 4-byte mask for fp32) and keeps that. The mode
-    sits below the other fused modes, so that a fused recurrent layer's inter-layer
-    dropout reaches it too.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fused = 0
-
-    def __torch_function__(
-        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.dropout:
-            bound = _DROPOUT_SIGNATURE.bind(*args, **kwargs)
-            bound.apply_defaults()
-            x, p = bound.arguments["input"], bound.arguments["p"]
-            training, inplace = bound.arguments["training"], bound.arguments["inplace"]
-            if (
-                training
-                and not inplace
-                and isinstance(x, torch.Tensor)
-                and x.numel() > 0
-                and 0 < p < 1
-            ):
-                self.fused += 1
-                return torch.ops.aten.native_dropout(x, float(p), True)[0]
-        return func(*args, **kwargs)
-
-
-_DROPOUT_SIGNATURE = inspect.signature(torch.nn.functional.dropout)
-
-
 # --------------------------------------------------------------------------------------
 # fused recurrent layers (the "fused" mode)
 # --------------------------------------------------------------------------------------
@@ -1552,7 +1513,6 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
     fused = _FusedAttention() if attention == "fused" else contextlib.nullcontext()
     fused_rnn = _FusedRNN() if attention == "fused" else contextlib.nullcontext()
     fused_norm = _FusedRMSNorm() if attention == "fused" else contextlib.nullcontext()
-    fused_dropout = _FusedDropout() if attention == "fused" else contextlib.nullcontext()
     loss_fn = spec.loss or default_loss
     batch_spec = spec.batch_spec
     bs = spec.batch_size
@@ -1569,7 +1529,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
     with fm:
         _to_fake(model)
         model.train()
-        with rec, fused_dropout, fused, fused_rnn, fused_norm:
+        with rec, fused, fused_rnn, fused_norm:
             rec.label(list(model.parameters()), "parameters")
             rec.label(list(model.buffers()), "buffers")
             try:
@@ -1680,11 +1640,6 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
                 f"; {sum(fused_rnn.fallbacks.values())} ran natively ({dict(fused_rnn.fallbacks)})"
             )
         notes.append(note)
-    if isinstance(fused_dropout, _FusedDropout) and fused_dropout.fused:
-        notes.append(
-            f"dropout traced as CUDA's one native_dropout kernel with a one-byte mask "
-            f"({fused_dropout.fused} calls per step)"
-        )
     if isinstance(fused_norm, _FusedRMSNorm) and (fused_norm.fused or fused_norm.fallbacks):
         note = (
             f"RMSNorm traced as one fused kernel, as a CUDA GPU runs it ({fused_norm.fused} "
