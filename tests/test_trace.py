@@ -686,7 +686,9 @@ def test_a_simulated_cpu_is_each_threads_own_and_reaches_the_dry_runs_helper_thr
 class _RMSNet(torch.nn.Module):
     """Two pre-norm blocks with RMSNorm, as Llama-style models have them."""
 
-    def __init__(self, dim: int = 64, classes: int = 10, weight_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, dim: int = 64, classes: int = 10, weight_dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__()
         self.norms = torch.nn.ModuleList(torch.nn.RMSNorm(dim) for _ in range(2))
         self.mlps = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(2))

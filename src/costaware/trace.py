@@ -885,7 +885,18 @@ _UNTRACEABLE_HINT = (
 )
 
 
-class _FusedAttention(TorchFunctionMode):
+class _FusedMode(TorchFunctionMode):
+    """A mode that routes some calls to the fused kernels a CUDA GPU runs: ``fused``
+    counts the calls it routed, ``fallbacks`` the others it saw, by why they ran
+    natively."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fused = 0
+        self.fallbacks: Counter[str] = Counter()
+
+
+class _FusedAttention(_FusedMode):
     """Routes ``F.scaled_dot_product_attention`` to the fused flash kernel.
 
     On a CUDA GPU SDPA runs as flash or memory-efficient attention even with dropout: the
@@ -898,11 +909,6 @@ class _FusedAttention(TorchFunctionMode):
     op does not take (GQA, differing head dims, a mask together with ``is_causal``) run
     natively, and are counted in ``fallbacks``.
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fused = 0
-        self.fallbacks: Counter[str] = Counter()
 
     def __torch_function__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
@@ -1086,15 +1092,10 @@ def _rms_norm_backward(
 _rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_context)
 
 
-class _FusedRMSNorm(TorchFunctionMode):
+class _FusedRMSNorm(_FusedMode):
     """Routes ``F.rms_norm`` (``nn.RMSNorm``) to :func:`_rms_norm_op` where a CUDA GPU
     runs the fused kernel: input and weight of one dtype. Other calls run natively, as
     CUDA's composite does, and are counted in ``fallbacks``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fused = 0
-        self.fallbacks: Counter[str] = Counter()
 
     def __torch_function__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
