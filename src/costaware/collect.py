@@ -619,7 +619,7 @@ def _held_cublas_workspace(held: int, feats: Mapping[str, float]) -> bool:
     The H100 collector kept the workspace from one configuration to the next: 64-162 MiB
     were held before each U-Net and SqueezeNet, whose steps call no cuBLAS, and every such
     pair also measured on the H200 (whose collector drops the workspace first, holding
-    16-42 MiB) peaked 65.0 MiB higher on the H100.
+    16-42 MiB) allocated 65.0-67.5 MiB more on the H100 (65.0 in 17 of the 20 pairs).
     """
     from costaware.analytic import CUBLAS_WORKSPACE_BYTES  # not on the bare-GPU path
 
