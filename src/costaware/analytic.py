@@ -12,8 +12,9 @@ measured figure or a documented assumption:
   the 20 that do not (U-Nets, SqueezeNets: convolutions only). The 20 such configurations
   measured on both GPUs allocated 65.0-67.5 MiB more on the H100 (65.0 in 17): the H100
   collector kept the workspace of an earlier configuration (the H200 collector drops it
-  before each), so the H100 peaks of those models include it (see :func:`costaware.collect.observations`). One flat 80 MiB, the
-  constant before this, over-predicted the U-Nets and SqueezeNets on the H200 by up to 2x.
+  before each), so the H100 peaks of those models include it (see
+  :func:`costaware.collect.observations`). One flat 80 MiB, the constant before this,
+  over-predicted the U-Nets and SqueezeNets on the H200 by up to 2x.
 - The allocator replay adds the block cuDNN takes and frees again in the backward of each
   convolution larger than 1x1 that is not depthwise (input plus output gradient; see
   :attr:`~costaware.trace.Trace.transients`). It barely moves the allocated peak but adds
