@@ -75,7 +75,6 @@ def test_a_gpu_step_holds_cublas_workspace_only_where_it_calls_cublas(
     assert with_linear.basis["workspace"] == WORKSPACE_BYTES + CUBLAS_WORKSPACE_BYTES
     assert without.basis["workspace"] == WORKSPACE_BYTES
     assert model.predict(convs, device="cpu").basis["workspace"] == 0
-    assert without.peak_memory < with_linear.peak_memory
     for spec, calls in ((cnn_spec, 1.0), (convs, 0.0)):
         assert model.features(spec, "H100", exact=True)["calls_cublas"] == calls
 
