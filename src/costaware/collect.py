@@ -839,13 +839,13 @@ def observations(
             meta["memory_left_out"] = "a resident-set growth, not the CPU allocator's peak"
             peak = None  # another quantity than the one learned: a time row only
         held = reserved_before(m) if dev != "CPU" and peak is not None else None
+        why = None
         if held is not None and held > MAX_HELD_BEFORE:
-            meta["memory_left_out"] = f"{held / 2**20:,.0f} MiB reserved before it began"
+            why = f"{held / 2**20:,.0f} MiB reserved before it began"
         elif held is not None and _held_cublas_workspace(held, feats):
-            meta["memory_left_out"] = (
-                f"{held / 2**20:,.0f} MiB reserved before it began: {HELD_WORKSPACE_NOTE}"
-            )
-        if held is not None and peak is not None and "memory_left_out" in meta:
+            why = f"{held / 2**20:,.0f} MiB reserved before it began: {HELD_WORKSPACE_NOTE}"
+        if why is not None and peak is not None:
+            meta["memory_left_out"] = why
             meta["measured_peak"] = float(peak)  # as recorded, for reports that show it
             peak = None  # the peak is partly an earlier configuration's: a time row only
         secs = m.get("iteration_time") if ok else None

@@ -895,6 +895,15 @@ class _FusedMode(TorchFunctionMode):
         self.fused = 0
         self.fallbacks: Counter[str] = Counter()
 
+    def note(self, routed: str, fallen: str) -> str | None:
+        """The trace's note on this mode: ``routed`` (what the routed calls became), and
+        how many ran ``fallen`` and why; None when it saw no call."""
+        if not (self.fused or self.fallbacks):
+            return None
+        if self.fallbacks:
+            routed += f"; {sum(self.fallbacks.values())} {fallen} ({dict(self.fallbacks)})"
+        return routed
+
 
 class _FusedAttention(_FusedMode):
     """Routes ``F.scaled_dot_product_attention`` to the fused flash kernel.
@@ -1070,7 +1079,6 @@ def _rms_norm_backward_fake(
 def _rms_norm_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
     input, normalized_shape, weight, _eps = inputs
     ctx.normalized_shape = list(normalized_shape)
-    ctx.has_weight = weight is not None
     ctx.need_weight = weight is not None and weight.requires_grad
     ctx.save_for_backward(input, output[1], weight)  # what the CUDA backward reads
     ctx.mark_non_differentiable(output[1])
@@ -1622,13 +1630,13 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
         )
     if rec.unsupported:
         notes.append(f"FLOPs not counted for ops whose formula failed: {dict(rec.unsupported)}")
-    if isinstance(fused, _FusedAttention) and (fused.fused or fused.fallbacks):
-        note = (
+    if isinstance(fused, _FusedAttention) and (
+        note := fused.note(
             f"attention traced as a fused flash kernel, as a CUDA GPU runs it "
-            f"({fused.fused} SDPA calls per step; no score matrix or dropout mask)"
+            f"({fused.fused} SDPA calls per step; no score matrix or dropout mask)",
+            "ran natively",
         )
-        if fused.fallbacks:
-            note += f"; {sum(fused.fallbacks.values())} ran natively ({dict(fused.fallbacks)})"
+    ):
         notes.append(note)
     if isinstance(fused_rnn, _FusedRNN) and (fused_rnn.calls or fused_rnn.fallbacks):
         note = (
@@ -1641,16 +1649,13 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
                 f"; {sum(fused_rnn.fallbacks.values())} ran natively ({dict(fused_rnn.fallbacks)})"
             )
         notes.append(note)
-    if isinstance(fused_norm, _FusedRMSNorm) and (fused_norm.fused or fused_norm.fallbacks):
-        note = (
+    if isinstance(fused_norm, _FusedRMSNorm) and (
+        note := fused_norm.note(
             f"RMSNorm traced as one fused kernel, as a CUDA GPU runs it ({fused_norm.fused} "
-            "calls per step; the backward keeps the input and the inverse RMS)"
+            "calls per step; the backward keeps the input and the inverse RMS)",
+            "ran as the composite, as CUDA runs them",
         )
-        if fused_norm.fallbacks:
-            note += (
-                f"; {sum(fused_norm.fallbacks.values())} ran as the composite, as CUDA runs "
-                f"them ({dict(fused_norm.fallbacks)})"
-            )
+    ):
         notes.append(note)
     return Trace(
         batch_size=bs,
