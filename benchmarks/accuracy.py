@@ -112,6 +112,60 @@ def _repeats(raw: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _step_noise(rows: Sequence[dict[str, Any]], draws: int = 1000) -> dict[str, dict[str, Any]]:
+    """How far each row's step time (the median of its timed steps) moves when its timed
+    steps are resampled, by device kind: the noise within one measurement.
+
+    For each ok row that recorded its timed steps, ``draws`` bootstrap resamples of them
+    give the mean |resampled median / median - 1|; the figure is its mean over the rows,
+    overall and by family (seeded: the same data gives the same figures). It leaves out
+    what moves a whole run (the host's load, the clocks), which only repeat measurements
+    show (:func:`_repeats`).
+    """
+    rng = np.random.default_rng(0)
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        m = r.get("measurement") or {}
+        steps = np.asarray(m.get("step_times") or [], dtype=np.float64)
+        if r.get("status") != "ok" or len(steps) < 2 or not np.all(steps > 0):
+            continue
+        med = float(np.median(steps))
+        resampled = np.median(rng.choice(steps, size=(draws, len(steps))), axis=1)
+        dev = float(np.mean(np.abs(resampled / med - 1)))
+        d = out.setdefault(
+            _kind(str(r.get("device_name"))), {"all": [], "by_family": {}, "steps": []}
+        )
+        d["all"].append(dev)
+        d["by_family"].setdefault(str(r.get("family")), []).append(dev)
+        d["steps"].append(len(steps))
+    return {
+        k: {
+            "n": len(d["all"]),
+            "mean": float(np.mean(d["all"])),
+            "steps": int(np.median(d["steps"])),
+            "by_family": {f: float(np.mean(v)) for f, v in sorted(d["by_family"].items())},
+        }
+        for k, d in out.items()
+    }
+
+
+def _step_noise_lines(noise: dict[str, Any] | None, time_mre: float) -> list[str]:
+    if not noise:
+        return []
+    worst = sorted(noise["by_family"].items(), key=lambda kv: -kv[1])[:3]
+    return [
+        "",
+        f"**Noise within a measurement.** Each row's step time is the median of its timed "
+        f"steps (a median {noise['steps']} per row). Resampled (bootstrap, over the "
+        f"{noise['n']} rows that recorded their steps), that median moves by a mean "
+        f"{_pct(noise['mean'])}; the most in "
+        + ", ".join(f"{f} ({_pct(v)})" for f, v in worst)
+        + f". Against the time MRE of {_pct(time_mre)}, the measurements' own spread within a "
+        "run is a small part of the error; what moves a whole run (the host's load, its "
+        "clocks) only repeat measurements show.",
+    ]
+
+
 def _same_configurations(raw: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Configurations measured on two GPUs: how far the two measurements lie apart.
 
@@ -345,6 +399,7 @@ def _records(model: Any, test: list[Any]) -> list[dict[str, Any]]:
                 "search": bool(o.peak_memory) and benchmark_search_peak(o.features),
                 "precision": _precision(o.features),
                 "left_out": o.meta.get("memory_left_out"),
+                "left_out_kind": o.meta.get("memory_left_out_kind"),
                 "recorded_mem": o.peak_memory or o.meta.get("measured_peak"),
             }
         )
@@ -422,7 +477,9 @@ def _evaluate(obs: list[Any], kind: str, settings: dict[str, Any]) -> dict[str, 
         else {},
         "capacities": caps,
         "rows": len(obs),
-        "left_out": [f"{r['id']} ({r['left_out']})" for r in records if r["left_out"]],
+        "left_out": [
+            (r["left_out_kind"], f"{r['id']} ({r['left_out']})") for r in records if r["left_out"]
+        ],
         "search": _search_summary([r for r in records if r["search"]]),
         # every measured peak, the left-out kinds included, as the collector recorded it
         "as_measured": {
@@ -612,6 +669,7 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
             lines += _same_configuration_lines(meta.get("same_configurations", []))
         lines += _unseen_device_lines(meta.get("unseen_devices", {}).get(kind))
         lines += _repeat_lines(meta.get("repeats", {}).get(kind))
+        lines += _step_noise_lines(meta.get("step_noise", {}).get(kind), res["overall"]["time_mre"])
         lines += _left_out_lines(res)
         lines.append("")
     return "\n".join(lines)
@@ -685,7 +743,7 @@ def _unseen_device_lines(unseen: dict[str, Any] | None) -> list[str]:
 def _left_out_lines(res: dict[str, Any]) -> list[str]:
     """What the memory figures leave out, and how the prediction does on it."""
     from costaware.analytic import CUBLAS_WORKSPACE_BYTES
-    from costaware.collect import HELD_WORKSPACE_NOTE
+    from costaware.collect import LEFT_OUT_RSS, LEFT_OUT_WORKSPACE
     from costaware.store import MAX_HELD_BEFORE
 
     lines: list[str] = []
@@ -693,8 +751,9 @@ def _left_out_lines(res: dict[str, Any]) -> list[str]:
     if not left and not search:
         return lines
     lines += ["", "### Peaks left out of the memory figures", ""]
-    workspace = [x for x in left if HELD_WORKSPACE_NOTE in x]
-    held = [x for x in left if HELD_WORKSPACE_NOTE not in x]
+    workspace = [text for kind, text in left if kind == LEFT_OUT_WORKSPACE]
+    rss = [text for kind, text in left if kind == LEFT_OUT_RSS]
+    held = [text for kind, text in left if kind not in (LEFT_OUT_WORKSPACE, LEFT_OUT_RSS)]
 
     def some(xs: list[str]) -> str:
         return "; ".join(xs[:6]) + ("; ..." if len(xs) > 6 else "") + "."
@@ -706,6 +765,13 @@ def _left_out_lines(res: dict[str, Any]) -> list[str]:
             "(a cached segment pinned "
             "by a workspace; see `costaware.collect.reserved_before`). Their reserved peak is "
             "partly that earlier configuration's, so they count for time only: " + some(held),
+            "",
+        ]
+    if rss:
+        lines += [
+            f"{len(rss)} CPU rows were measured as the process's resident-set growth, before "
+            "the collector read the CPU allocator's peak: another quantity than the one "
+            "learned, so they count for time only: " + some(rss),
             "",
         ]
     if workspace:
@@ -820,6 +886,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "memory_model": args.memory_model,
         "trace_timeout": args.trace_timeout,
         "repeats": _repeats(raw),
+        "step_noise": _step_noise(rows),
         "same_configurations": _same_configurations(raw),
     }
     md = _markdown(results, meta)

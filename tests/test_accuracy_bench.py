@@ -145,3 +145,57 @@ def test_each_gpu_is_also_predicted_by_models_that_never_saw_it() -> None:
     assert "| H200, families unseen | 18 |" in md
     # one device alone: nothing to hold out
     assert accuracy._evaluate_unseen_devices(obs[:18], "gpu", {"iterations": 20}) == {}
+
+
+def test_left_out_peaks_are_sorted_by_their_reason_code_not_their_wording() -> None:
+    """Each kind of left-out peak gets its own paragraph, from the code the collector
+    sets (``meta["memory_left_out_kind"]``), whatever its words say."""
+    from costaware.collect import LEFT_OUT_HELD, LEFT_OUT_RSS, LEFT_OUT_WORKSPACE
+
+    res: dict[str, Any] = {
+        "left_out": [
+            (LEFT_OUT_HELD, "a-1 (820 MiB reserved before it began)"),
+            (LEFT_OUT_WORKSPACE, "unet-2 (64 MiB reserved before it began)"),  # same words
+            (LEFT_OUT_WORKSPACE, "squeezenet-3 (66 MiB reserved before it began)"),
+            (LEFT_OUT_RSS, "mlp-4 (a resident-set growth)"),
+        ],
+        "search": {},
+        "as_measured": {"n": 10, "mem_mre": 0.05, "mem_cov": 0.95},
+    }
+    text = "\n".join(accuracy._left_out_lines(res))
+    paragraphs = {p.split(" ", 1)[0] + " " + p.split(" ")[1]: p for p in text.split("\n") if p}
+    assert paragraphs["1 GPU"].endswith("a-1 (820 MiB reserved before it began).")
+    assert "cuBLAS" not in paragraphs["1 GPU"]
+    assert paragraphs["2 GPU"].startswith("2 GPU rows are models that call no cuBLAS")
+    assert "unet-2" in paragraphs["2 GPU"] and "squeezenet-3" in paragraphs["2 GPU"]
+    assert paragraphs["1 CPU"].startswith("1 CPU rows were measured as the process's resident")
+    assert "mlp-4" in paragraphs["1 CPU"]
+
+
+def test_step_noise_is_the_spread_of_each_rows_own_timed_steps() -> None:
+    """Steady steps give no noise, scattered ones some; rows without their steps and
+    failed rows are left out, and the figure is the same on every run."""
+
+    def row(cid: str, device: str, steps: list[float] | None, status: str = "ok") -> Any:
+        r = _row(cid, device, 0.01, 1 << 20, status=status)
+        if steps is not None:
+            r["measurement"]["step_times"] = steps
+        return r
+
+    rows = [
+        row("mlp-a", "NVIDIA H100 80GB HBM3", [0.01] * 10),
+        row("vgg-b", "NVIDIA H100 80GB HBM3", [0.01, 0.012, 0.009, 0.015, 0.01] * 2),
+        row("vgg-c", "NVIDIA H100 80GB HBM3", None),  # recorded no steps
+        row("vgg-d", "NVIDIA H100 80GB HBM3", [0.5, 0.01] * 5, status="oom"),
+        row("mlp-e", "CPU", [0.02] * 10),
+    ]
+    noise = accuracy._step_noise(rows)
+    gpu = noise["gpu"]
+    assert gpu["n"] == 2 and gpu["steps"] == 10
+    assert gpu["by_family"]["mlp"] == 0.0
+    assert 0.0 < gpu["by_family"]["vgg"] < 0.2
+    assert gpu["mean"] == pytest.approx(gpu["by_family"]["vgg"] / 2)
+    assert noise["cpu"]["n"] == 1 and noise["cpu"]["mean"] == 0.0
+    assert accuracy._step_noise(rows) == noise  # seeded
+    text = "\n".join(accuracy._step_noise_lines(gpu, 0.17))
+    assert "a mean" in text and "17.0%" in text and "vgg" in text

@@ -17,6 +17,8 @@ import costaware as ca
 from costaware import zoo
 from costaware.cli import main
 from costaware.collect import (
+    LEFT_OUT_HELD,
+    LEFT_OUT_WORKSPACE,
     append_row,
     collect,
     done_ids,
@@ -383,6 +385,7 @@ def test_observations_leave_out_gpu_peaks_measured_over_held_memory(tmp_path: Pa
         assert o.peak_memory is None and o.peak_allocated is None
         assert o.iteration_time == 0.002  # still a time row
         assert o.meta["memory_left_out"] == f"{held} MiB reserved before it began"
+        assert o.meta["memory_left_out_kind"] == LEFT_OUT_HELD
         assert o.meta["measured_peak"] == 900 * mib
 
 
@@ -432,10 +435,12 @@ def test_observations_leave_out_a_held_cublas_workspace_only_where_the_step_call
     held = by_id["unet-held"]
     assert held.peak_memory is None and held.iteration_time == 0.002
     assert "cuBLAS workspace" in held.meta["memory_left_out"]
+    assert held.meta["memory_left_out_kind"] == LEFT_OUT_WORKSPACE
     assert held.meta["measured_peak"] == 140 * mib
     for name in ("unet-fresh", "mlp-held"):
         assert by_id[name].peak_memory == 140 * mib
         assert "memory_left_out" not in by_id[name].meta
+        assert "memory_left_out_kind" not in by_id[name].meta
 
 
 def _cpu_row(name: str, batch_size: int = 8) -> dict[str, object]:

@@ -606,6 +606,11 @@ def reserved_before(measurement: dict[str, Any]) -> int | None:
 
 #: why :func:`observations` left a peak out that :func:`_held_cublas_workspace` holds
 HELD_WORKSPACE_NOTE = "room for a cuBLAS workspace, which this step does not call"
+#: ``Observation.meta["memory_left_out_kind"]``: why :func:`observations` kept a row for
+#: time only, as a code (``meta["memory_left_out"]`` says it in words, with the figures)
+LEFT_OUT_RSS = "rss_growth"  # a CPU row's resident-set growth, not its allocator's peak
+LEFT_OUT_HELD = "held_memory"  # more than MAX_HELD_BEFORE reserved before the step
+LEFT_OUT_WORKSPACE = "held_cublas_workspace"  # a cuBLAS workspace the step never calls
 #: How far :func:`reserved_before` may fall short of a cuBLAS workspace held before a
 #: measurement: NVML's and the caching allocator's 2 MiB granularities (it is a lower
 #: bound for rows that did not record it).
@@ -756,7 +761,9 @@ def observations(
     the process already held more than :data:`costaware.store.MAX_HELD_BEFORE` reserved
     (:func:`reserved_before`; the same limit the store applies to a trial's peak), or held
     a cuBLAS workspace that the step never calls (:func:`_held_cublas_workspace`);
-    ``meta["memory_left_out"]`` says so. Returns ``(observations,
+    ``meta["memory_left_out"]`` says so, and ``meta["memory_left_out_kind"]`` which of
+    these it is (:data:`LEFT_OUT_RSS`, :data:`LEFT_OUT_HELD`,
+    :data:`LEFT_OUT_WORKSPACE`). Returns ``(observations,
     reasons for each skipped row)``.
 
     ``model`` defaults to an unfitted ``CostModel()``; this imports costaware.model, so it
@@ -837,15 +844,17 @@ def observations(
             peak = None
         if peak is not None and dev == "CPU" and not cpu_allocator_peak(m):
             meta["memory_left_out"] = "a resident-set growth, not the CPU allocator's peak"
+            meta["memory_left_out_kind"] = LEFT_OUT_RSS
             peak = None  # another quantity than the one learned: a time row only
         held = reserved_before(m) if dev != "CPU" and peak is not None else None
-        why = None
+        why = kind = None
         if held is not None and held > MAX_HELD_BEFORE:
-            why = f"{held / 2**20:,.0f} MiB reserved before it began"
+            why, kind = f"{held / 2**20:,.0f} MiB reserved before it began", LEFT_OUT_HELD
         elif held is not None and _held_cublas_workspace(held, feats):
             why = f"{held / 2**20:,.0f} MiB reserved before it began: {HELD_WORKSPACE_NOTE}"
+            kind = LEFT_OUT_WORKSPACE
         if why is not None and peak is not None:
-            meta["memory_left_out"] = why
+            meta["memory_left_out"], meta["memory_left_out_kind"] = why, kind
             meta["measured_peak"] = float(peak)  # as recorded, for reports that show it
             peak = None  # the peak is partly an earlier configuration's: a time row only
         secs = m.get("iteration_time") if ok else None
