@@ -18,17 +18,17 @@
 # generation, time does not) and each step first copies the committed file of the same
 # name from data/gpu/ into $OUT, so an interrupted shard resumes where it stopped.
 # On 2026-11-26 an H200 window (15 minutes of device time, one start) measured corpus 0
-# shard 0 and 96 of shard 1's 115 (4m22s a shard there) and 2,195 held op cases: the
-# next H200 window resumes with corpus 0 1-4, then ops-held. Plan a 15-minute window as
-# one command of about 9 minutes (the start takes 1-2 minutes of it), check last.
-# Order for a fresh 30-minute window: check; ops-held; small 0 (350 small models of every
-# family; at the 1-2 s each the GPU corpus took, one or two commands. Held out by family,
-# the GPU model's worst error is the MLPs', whose host-bound steps no other family of the
-# GPU corpus has); repeat 0 0 (about 2 minutes: the noise between windows, which the
-# accuracy benchmark reports as repeats); then corpus 1 0-4 as often as the window allows
-# (a shard takes 4-5 minutes on an H100, so one command measures about two; shards already
-# complete are skipped in seconds). Seed 0's five shards are all measured on the H100; on
-# an H200 start at corpus 0 0-4.
+# shard 0 and 96 of shard 1's 115 (4m22s a shard there) and 2,195 held op cases.
+# Next window, whichever GPU: small 0 first. Its 350 small models of every family add to
+# the whole-model rows and are the host-bound steps the time model lacks: held out by
+# family, its worst error is the MLPs', the only family of the GPU corpus whose steps
+# are that small (docs/predictions.md, "The GPU issue-time model, probed offline"). At
+# the corpus's 2.3 s a configuration it takes about 13 minutes, two commands (it resumes).
+# Then repeat 0 0 (about 2 minutes: the noise between windows, which the accuracy
+# benchmark reports as repeats), then on an H200 corpus 0 1-4 and ops-held, on an H100
+# corpus 1 0-4 (a shard takes 4-5 minutes, so one command measures about two; shards
+# already complete are skipped in seconds). Plan a 15-minute window as one command of
+# about 9 minutes (the start takes 1-2 minutes of it); a 30-minute one starts with check.
 #
 # For a test on a machine without a GPU: COSTAWARE_DEVICE=cpu (and COSTAWARE_CORPUS=cpu,
 # COSTAWARE_LIMIT=N, COSTAWARE_SHARDS=N) run the same steps on the CPU.
