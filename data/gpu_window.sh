@@ -12,7 +12,8 @@
 #                                                  the MLP family has in the GPU corpus
 #   bash data/gpu_window.sh repeat SEED SHARD [N] [MINUTES]   measure the first N (default 40) configurations
 #                                                  of a committed shard again, into a file named after
-#                                                  today's date: how far two windows (or two machines) differ
+#                                                  today's date: how far two windows (or two machines) differ;
+#                                                  each row also profiles its ops in the step (--in-context)
 #
 # Files are named after the GPU (h100-..., h200-...: memory transfers across GPUs of one
 # generation, time does not) and each step first copies the committed file of the same
@@ -24,9 +25,10 @@
 # family, its worst error is the MLPs', the only family of the GPU corpus whose steps
 # are that small (docs/predictions.md, "The GPU issue-time model, probed offline"). At
 # the corpus's 2.3 s a configuration it takes about 13 minutes, two commands (it resumes).
-# Then repeat 0 0 (about 2 minutes: the noise between windows, which the accuracy
-# benchmark reports as repeats), then on an H200 corpus 0 1-4 and ops-held, on an H100
-# corpus 1 0-4 (a shard takes 4-5 minutes, so one command measures about two; shards
+# Then repeat 0 0 (the noise between windows, which the accuracy benchmark reports as
+# repeats, and each op's time inside the step, which benchmarks/in_context.py sets against
+# the op model; about 2 minutes without the profiles, and its 4 minutes stop it cleanly),
+# then on an H200 corpus 0 1-4 and ops-held, on an H100 corpus 1 0-4 (a shard takes 4-5 minutes, so one command measures about two; shards
 # already complete are skipped in seconds). Plan a 15-minute window as one command of
 # about 9 minutes (the start takes 1-2 minutes of it); a 30-minute one starts with check.
 #
@@ -194,9 +196,10 @@ case "$step" in
         # (the latest row of a configuration is the one fit learns, the earlier one a repeat)
         name="$tag-repeat-$(date -u +%Y%m%d)-$base.jsonl.gz"
         resume "$name"
+        # --in-context: each op's time inside the step, beside the repeat (benchmarks/in_context.py)
         "$PY" -m costaware.collect --corpus "${COSTAWARE_CORPUS:-gpu}" --seed "$seed" \
             --shard "$shard" --device "$device" --timeout 90 --max-minutes "$minutes" \
-            --limit "$count" --out "$out/$name" \
+            --limit "$count" --in-context --out "$out/$name" \
             ${COSTAWARE_SHARDS:+--shards "$COSTAWARE_SHARDS"}
         summary "$out/$name"
         ;;

@@ -8,6 +8,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -602,6 +603,7 @@ def test_gpu_window_repeats_a_committed_shard_into_a_dated_file(tmp_path: Path) 
     (repeat,) = (tmp_path / "again").glob("cpu-repeat-*-seed1-shard0.jsonl.gz")
     (row,) = read_rows(repeat)
     assert row["id"] == first.id and row["status"] == "ok" and "measurement" in row
+    assert row["in_context"]["status"] == "ok" and row["in_context"]["ops"]  # profiled too
     assert "1 rows" in r.stdout
     # the committed shard is left as it was
     assert list(read_rows(committed / "cpu-seed1-shard0.jsonl.gz")) == [
@@ -748,3 +750,56 @@ def test_a_cpu_row_is_traced_as_the_instruction_set_it_was_measured_on() -> None
         with _as_measured(row, "CPU"):
             peaks[isa] = model.features(spec, "CPU", exact=True)["analytic_reserved_mib"]
     assert peaks["AVX512"] > peaks["AVX2"]
+
+
+def test_collect_in_context_keeps_each_ops_time_beside_the_measurement(tmp_path: Path) -> None:
+    """With ``in_context`` a row that measured ok also carries the profiled ops of its
+    step; without it rows stay as they were. benchmarks/in_context.py reads them back and
+    costs the same configuration with the op model."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import in_context
+
+    out = tmp_path / "ctx.jsonl.gz"
+    collect([_tiny("ctx")], out, "cpu", warmup=1, steps=10, progress=False, in_context=True)
+    collect([_tiny("plain")], out, "cpu", warmup=1, steps=10, progress=False)
+    rows = {r["id"]: r for r in read_rows(out)}
+    ctx = rows["ctx"]["in_context"]
+    assert rows["ctx"]["status"] == "ok" and ctx["status"] == "ok", ctx.get("error")
+    assert "in_context" not in rows["plain"]
+    chains = {(ph, chain) for ph, chain, _, _ in ctx["ops"]}
+    assert ("forward", "linear>addmm") in chains
+    groups = in_context.measured_groups(ctx)
+    assert groups[("forward", "matmul")] > 0 and groups[("optimizer", "optimizer")] > 0
+
+    res = in_context.compare([rows["ctx"]], CostModel.default())
+    assert not res["skipped"]
+    matmul = res["groups"][("forward", "matmul")]
+    assert matmul["rows"] == 1 and matmul["predicted"] > 0 and matmul["ratios"]
+    (step,) = res["steps"]
+    assert step["op_sum"] > 0 and step["profiled_ops"] > 0
+    text = in_context.markdown(res)
+    assert "| forward | matmul | 1 |" in text and "| mlp | 1 |" in text
+    assert in_context.main([str(out)]) == 0
+    assert in_context.main([str(tmp_path / "none.jsonl.gz"), "--out", str(tmp_path / "x.md")]) == 2
+
+
+def test_a_profile_over_the_time_limit_keeps_its_measurement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limit covers the measurement and the profile after it: a profile that runs
+    out of time is a timed-out profile, not a timed-out measurement."""
+    import costaware.collect as collect_mod
+
+    def endless(*args: object, **kw: object) -> dict[str, object]:
+        time.sleep(60)  # the alarm interrupts it
+        raise AssertionError("the limit did not stop the profile")
+
+    monkeypatch.setattr(collect_mod, "in_context_op_times", endless)
+    out = tmp_path / "rows.jsonl.gz"
+    collect(
+        [_tiny("m")], out, "cpu", warmup=1, steps=10, progress=False, timeout_s=5, in_context=True
+    )
+    (row,) = read_rows(out)
+    assert row["status"] == "ok" and row["measurement"]["iteration_time"] > 0
+    assert row["in_context"]["status"] == "timeout"
+    assert "limit of 5 s" in row["in_context"]["error"]

@@ -285,3 +285,40 @@ def test_cpu_steps_run_under_the_process_malloc_unless_the_resident_set_is_the_f
     assert r["status"] == "ok"
     assert r["malloc"] == "mmap threshold 64 KiB"
     assert "another torch profiler is running" in r["method"] and "64 KiB" in r["method"]
+
+
+def test_in_context_op_times_puts_each_op_in_its_phase_once(cnn_spec: object) -> None:
+    """A profiled CPU step: the convolution's chain in the forward, its backward op in the
+    backward, the optimizer's ops in the optimizer; each op counted once, so the ops and
+    the time outside them add up to no more than the profiled step."""
+    from costaware.profile import STEP_PHASES, in_context_op_times
+
+    r = in_context_op_times(cnn_spec, "cpu", warmup=1, steps=2)  # type: ignore[arg-type]
+    assert r["status"] == "ok", r["error"]
+    assert r["steps"] == 2 and "self_cpu_time_total" in r["timer"]
+    ops = {(ph, chain): (calls, secs) for ph, chain, calls, secs in r["ops"]}
+    assert {ph for ph, _ in ops} <= set(STEP_PHASES)
+    assert {"forward", "backward", "optimizer"} <= {ph for ph, _ in ops}
+    fwd_conv = [c for ph, c in ops if ph == "forward" and c.startswith("conv2d>convolution")]
+    assert fwd_conv, sorted(ops)
+    assert ops[("forward", "conv2d>convolution")][0] == 2  # two convolutions a step
+    assert any(ph == "backward" and c.startswith("convolution_backward") for ph, c in ops)
+    assert all(secs >= 0 for _, secs in ops.values())
+    total = sum(secs for _, secs in ops.values()) + sum(r["unattributed_s"].values())
+    assert 0 < total <= 1.05 * r["step_s"]
+
+
+def test_in_context_op_times_reports_a_failing_step_instead_of_raising() -> None:
+    import torch
+
+    import costaware as ca
+    from costaware.profile import in_context_op_times
+
+    def broken() -> torch.nn.Module:
+        raise RuntimeError("no such layer")
+
+    spec = ca.TrainingSpec(model=broken, batch=ca.ImageBatch((3, 8, 8), classes=2), batch_size=2)
+    r = in_context_op_times(spec, "cpu")
+    assert r["status"] == "error" and "no such layer" in r["error"] and r["ops"] == []
+    with pytest.raises(ValueError, match="steps must be at least 1"):
+        in_context_op_times(spec, "cpu", steps=0)

@@ -50,7 +50,13 @@ import torch
 
 from costaware.corpus import KINDS, Config, corpus, recommended_shards, shard_estimates
 from costaware.devices import cpu_device, cpu_half_flags
-from costaware.profile import ALLOCATOR_METHOD, Measurement, host_speed, measure
+from costaware.profile import (
+    ALLOCATOR_METHOD,
+    Measurement,
+    host_speed,
+    in_context_op_times,
+    measure,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -322,6 +328,7 @@ def collect(
     spawn: bool | None = None,
     stream: TextIO | None = None,
     timeout_s: float | None = None,
+    in_context: bool = False,
 ) -> CollectSummary:
     """Measure ``configs`` on ``device`` and append one row per configuration to ``out_path``.
 
@@ -341,6 +348,11 @@ def collect(
         timeout_s: stop one configuration after this many seconds (a ``SIGALRM`` raised
             between operations, main thread on Unix only); its row gets
             ``status="timeout"``.
+        in_context: after each measurement that succeeds, profile a few more steps of the
+            configuration and keep each op's time in the step
+            (:func:`costaware.profile.in_context_op_times`) in the row's ``in_context``:
+            what an op costs inside a model, against the op model's isolated timings
+            (``benchmarks/in_context.py``). The profiled steps are not the timed ones.
 
     Returns:
         A :class:`CollectSummary`.
@@ -372,7 +384,7 @@ def collect(
         spawn = is_cuda
     if spawn:
         return _collect_spawned(
-            todo, out, device, max_minutes, warmup, steps, progress, summary, timeout_s
+            todo, out, device, max_minutes, warmup, steps, progress, summary, timeout_s, in_context
         )
     deferred = [c for c in todo if is_cuda and not _alloc_matches(c)]
     if deferred:
@@ -403,20 +415,32 @@ def collect(
             speed = host_speed()
             speeds.append(speed)
             grad_was = torch.is_grad_enabled()
+            context: dict[str, Any] | None = None
+            profiling = False  # the alarm fired in the profile, not the measurement
             with _time_limit(timeout_s) as fired:
                 try:
                     m = measure(spec, device, warmup=warmup, steps=steps)
+                    if in_context and m.status == "ok" and not fired[0]:
+                        profiling = True
+                        # the measurement warmed the process: one warm-up step, two profiled
+                        context = in_context_op_times(spec, device, warmup=1, steps=2)
                 except _ConfigTimeout:  # fired outside measure's own guard
-                    m = Measurement(status="timeout", device=device)
+                    if not profiling:
+                        m = Measurement(status="timeout", device=device)
                 finally:
                     fired[1] = False  # disarmed: a late alarm is ignored
                     # an alarm between a grad-mode switch and its ``try`` (an optimizer's
                     # step turns gradients off) would leave them off for what follows
                     torch.set_grad_enabled(grad_was)
             if fired[0]:
-                m.status = "timeout"
-                m.error = f"stopped after the per-configuration limit of {timeout_s:g} s"
+                limit = f"stopped after the per-configuration limit of {timeout_s:g} s"
+                if not profiling:
+                    m.status, m.error = "timeout", limit
+                else:  # the measurement stands; the profile ran out of time
+                    context = {"status": "timeout", "error": limit, "device": device}
             row = _row(cfg, m, device, started, {**extra_env, "host_speed": speed})
+            if context is not None:
+                row["in_context"] = context
         append_row(out, row)
         marker.unlink(missing_ok=True)
         took = time.perf_counter() - c0
@@ -484,6 +508,7 @@ def _collect_spawned(
     progress: bool,
     summary: CollectSummary,
     timeout_s: float | None = None,
+    in_context: bool = False,
 ) -> CollectSummary:
     """Run each allocator group in a child process (``python -m costaware.collect``)."""
     t0 = time.perf_counter()
@@ -536,6 +561,8 @@ def _collect_spawned(
                     cmd.append("--quiet")
                 if timeout_s is not None:
                     cmd += ["--timeout", str(timeout_s)]
+                if in_context:
+                    cmd.append("--in-context")
                 rows_before = len(done_ids(out))
                 rc = subprocess.call(cmd, env=env)
                 if rc == 0:
@@ -901,6 +928,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds allowed per configuration (status 'timeout' beyond); default none",
     )
+    p.add_argument(
+        "--in-context",
+        action="store_true",
+        help="also profile a few steps of each configuration that succeeds and keep each op's "
+        "time inside the step in the row ('in_context'; benchmarks/in_context.py compares it "
+        "with the op model)",
+    )
     p.add_argument("--limit", type=int, default=None, help="measure at most this many configs")
     p.add_argument("--no-resume", action="store_true", help="measure ids already in the file again")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -959,6 +993,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         spawn=False if args.no_spawn else None,
         timeout_s=args.timeout,
+        in_context=args.in_context,
     )
     if not args.quiet:
         print(f"[collect] {summary}", flush=True)

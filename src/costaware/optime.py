@@ -458,6 +458,25 @@ class OpTimeModel:
         out: np.ndarray = np.maximum(over, 1.0)
         return out
 
+    def node_times(self, table: NodeTable, device: Any) -> tuple[_Arrays, np.ndarray]:
+        """The rows of ``table`` (:func:`_arrays`: the optimizer's nodes as one row) and
+        the seconds each row's kernels take on ``device``, counts applied, launch
+        overhead not. Backward nodes of :data:`FORWARD_KERNEL_GROUPS` are costed as the
+        forward kernels they are; another device of the op data's kind is scaled by the
+        ratio of the roofline sums. The caller checks that ``device`` is of this model's
+        kind."""
+        from costaware.devices import get_device
+
+        a = _arrays(table)
+        same = np.isin(a.group, _FORWARD_KERNEL_INDEX)
+        as_kernels = dataclasses.replace(a, phase=np.where((a.phase == 1) & same, 0, a.phase))
+        per = self.predict_kernels(as_kernels) * a.count
+        if device.name != self.info_["device"]:
+            ref = get_device(self.info_["device"])
+            scale = _roofline_nodes(a, device).sum() / max(_roofline_nodes(a, ref).sum(), 1e-12)
+            per = per * scale
+        return a, per
+
     def step_features(
         self,
         table: NodeTable,
@@ -480,18 +499,10 @@ class OpTimeModel:
         if device.kind != self.kind:
             return nan_features()
         from costaware.analytic import LAUNCH_OVERHEAD_S, STEP_OVERHEAD_S
-        from costaware.devices import get_device
 
-        a = _arrays(table)
-        same = np.isin(a.group, _FORWARD_KERNEL_INDEX)
-        as_kernels = dataclasses.replace(a, phase=np.where((a.phase == 1) & same, 0, a.phase))
-        per = self.predict_kernels(as_kernels) * a.count
+        a, per = self.node_times(table, device)
         gpu = device.kind == "cuda"
         launch = LAUNCH_OVERHEAD_S["cuda"] * a.count if gpu else np.zeros(len(a.count))
-        if device.name != self.info_["device"]:
-            ref = get_device(self.info_["device"])
-            scale = _roofline_nodes(a, device).sum() / max(_roofline_nodes(a, ref).sum(), 1e-12)
-            per = per * scale
         micro = min(grad_accumulation, 2)
         fwd = float((per + launch)[a.phase == 0].sum()) / micro
         bwd = float((per + launch)[a.phase == 1].sum()) / micro

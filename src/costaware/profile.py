@@ -39,6 +39,7 @@ that :func:`costaware.dry_run` traces (forward, loss, backward, optimizer step,
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import gc
@@ -49,7 +50,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -67,6 +68,7 @@ __all__ = [
     "clear_cuda_cache",
     "environment",
     "host_speed",
+    "in_context_op_times",
     "malloc_trim",
     "measure",
     "mmap_threshold",
@@ -560,24 +562,37 @@ def _build(
     return model, spec.optimizer_class(model.parameters(), **kwargs)
 
 
+def _no_mark(name: str) -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext()
+
+
 def _train_step(
-    spec: TrainingSpec, model: torch.nn.Module, opt: torch.optim.Optimizer, dev: torch.device
+    spec: TrainingSpec,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    dev: torch.device,
+    mark: Callable[[str], contextlib.AbstractContextManager[Any]] = _no_mark,
 ) -> None:
-    """One optimizer step of ``spec``, as the dry run traces it (not synchronised)."""
+    """One optimizer step of ``spec``, as the dry run traces it (not synchronised).
+    ``mark(phase)`` wraps each of :data:`STEP_PHASES` (a profiler range; none by default)."""
     loss_fn = spec.loss or default_loss
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
     for _ in range(spec.grad_accumulation):
-        with torch.device(dev):
+        with mark("input"), torch.device(dev):
             batch = spec.batch_spec.make(spec.batch_size)
-        if amp is not None:
-            with torch.autocast(dev.type, dtype=amp):
+        with mark("forward"):
+            if amp is not None:
+                with torch.autocast(dev.type, dtype=amp):
+                    loss = loss_fn(model, batch)
+            else:
                 loss = loss_fn(model, batch)
-        else:
-            loss = loss_fn(model, batch)
-        loss.backward()  # type: ignore[no-untyped-call]
+        with mark("backward"):
+            loss.backward()  # type: ignore[no-untyped-call]
         del loss, batch
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    with mark("optimizer"):
+        opt.step()
+    with mark("zero_grad"):
+        opt.zero_grad(set_to_none=True)
 
 
 def allocator_peak(spec: TrainingSpec, steps: int = 3) -> AllocatorPeak:
@@ -719,3 +734,131 @@ def measure(
             result.issue_time = statistics.median(issues)
     result.wall_s = time.perf_counter() - t_start
     return result
+
+
+#: the parts of a training step that :func:`in_context_op_times` tells apart, in order
+STEP_PHASES = ("input", "forward", "backward", "optimizer", "zero_grad")
+_MARK = "costaware::"
+
+
+def in_context_op_times(
+    spec: TrainingSpec,
+    device: str = "cuda",
+    *,
+    warmup: int = 2,
+    steps: int = 3,
+) -> dict[str, Any]:
+    """What each operator of ``spec``'s training step costs inside the step: the per-op
+    times that :mod:`costaware.opbench` measures one op at a time, here in context.
+
+    Runs ``warmup`` steps, then ``steps`` steps under ``torch.profiler``, each part of a
+    step (:data:`STEP_PHASES`) in a range of its own. On CUDA an op's time is the GPU time
+    of the kernels it launched itself (``self_device_time_total``), on a CPU the CPU time
+    it spent itself (``self_cpu_time_total``), so that each kernel or microsecond counts
+    once. Ops are named by their chain of aten calls, outermost first
+    (``"conv2d>convolution>_convolution>cudnn_convolution"``), which lets an analysis find
+    the op a dry run records (:mod:`costaware.features` groups them) whatever level the
+    kernels come from. Backward ops run on autograd's thread and are placed by time: an op
+    belongs to the phase whose range holds its start.
+
+    Returns a dict: ``status`` ("ok", "oom", "error"), ``error``, ``device``, ``steps``,
+    ``timer`` (what the seconds are), ``ops`` (rows ``[phase, chain, calls, seconds]``,
+    per step), ``unattributed_s`` (per phase: time of events outside any aten op: the
+    autograd engine, Python between ops on a CPU, kernels launched outside an op on a
+    GPU) and ``step_s`` (the median wall time of a profiled step; the profiler slows the
+    CPU side, so it is not a step time to learn). It never raises for a failed run.
+    """
+    from torch._C._autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    if steps < 1 or warmup < 0:
+        raise ValueError(
+            f"steps must be at least 1 and warmup at least 0, got {steps=}, {warmup=}."
+        )
+    dev = torch.device(device)
+    is_cuda = dev.type == "cuda"
+    if is_cuda and not torch.cuda.is_available():
+        raise RuntimeError("in_context_op_times(device='cuda') needs a visible CUDA GPU.")
+    out: dict[str, Any] = {
+        "status": "ok",
+        "error": None,
+        "device": str(dev),
+        "steps": steps,
+        "timer": "GPU time of each op's own kernels (torch.profiler self_device_time_total)"
+        if is_cuda
+        else "CPU time of each op itself (torch.profiler self_cpu_time_total)",
+        "ops": [],
+        "unattributed_s": {},
+        "step_s": None,
+    }
+
+    def mark(name: str) -> contextlib.AbstractContextManager[Any]:
+        return record_function(_MARK + name)
+
+    model: torch.nn.Module | None = None
+    opt: torch.optim.Optimizer | None = None
+    try:
+        if is_cuda:
+            torch.backends.cudnn.benchmark = spec.cudnn_benchmark
+        model, opt = _build(spec, dev)
+        for _ in range(warmup):
+            _train_step(spec, model, opt, dev)
+            _sync(dev)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if is_cuda else [])
+        walls: list[float] = []
+        with _quiet_stderr(), profile(activities=acts) as prof:
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                _train_step(spec, model, opt, dev, mark)
+                _sync(dev)
+                walls.append(time.perf_counter() - t0)
+        events = [e for e in prof.events() if e.device_type == DeviceType.CPU]
+    except torch.cuda.OutOfMemoryError as e:
+        out.update(status="oom", error=str(e).splitlines()[0][:500])
+        return out
+    except Exception as e:  # a profile never crashes the collector
+        msg = str(e).splitlines()[0][:500] if str(e) else ""
+        out.update(status="error", error=f"{type(e).__name__}: {msg}")
+        return out
+    finally:
+        del model, opt
+    out["step_s"] = statistics.median(walls)
+    ranges = sorted(
+        (ev.time_range.start, ev.time_range.end, ev.name[len(_MARK) :])
+        for ev in events
+        if ev.name.startswith(_MARK) and ev.name[len(_MARK) :] in STEP_PHASES
+    )
+    starts = [r[0] for r in ranges]
+
+    def phase_of(t: float) -> str | None:
+        i = bisect.bisect_right(starts, t) - 1
+        return ranges[i][2] if i >= 0 and t <= ranges[i][1] else None
+
+    totals: dict[tuple[str, str], list[float]] = {}
+    other: dict[str, float] = {}
+    for ev in events:
+        own = float(ev.self_device_time_total if is_cuda else ev.self_cpu_time_total) / 1e6
+        if ev.name.startswith(_MARK) and not is_cuda:
+            # a phase's own CPU time is the Python between its ops
+            ph = ev.name[len(_MARK) :]
+            other[ph] = other.get(ph, 0.0) + own
+            continue
+        ph = phase_of(ev.time_range.start)
+        if ph is None or own <= 0:
+            continue
+        if not ev.name.startswith("aten::"):
+            other[ph] = other.get(ph, 0.0) + own
+            continue
+        chain = [ev.name[6:]]
+        parent = ev.cpu_parent
+        while parent is not None and parent.name.startswith("aten::"):
+            chain.append(parent.name[6:])
+            parent = parent.cpu_parent
+        acc = totals.setdefault((ph, ">".join(reversed(chain))), [0.0, 0.0])
+        acc[0] += 1
+        acc[1] += own
+    out["ops"] = [
+        [ph, chain, n / steps, secs / steps] for (ph, chain), (n, secs) in sorted(totals.items())
+    ]
+    out["unattributed_s"] = {ph: secs / steps for ph, secs in sorted(other.items())}
+    return out
