@@ -322,3 +322,22 @@ def test_in_context_op_times_reports_a_failing_step_instead_of_raising() -> None
     assert r["status"] == "error" and "no such layer" in r["error"] and r["ops"] == []
     with pytest.raises(ValueError, match="steps must be at least 1"):
         in_context_op_times(spec, "cpu", steps=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_in_context_op_times_on_cuda_are_each_ops_own_kernels(cnn_spec: object) -> None:
+    """On a GPU an op's time is its kernels': the convolution's in the forward, its
+    backward's in the backward, never counted twice (the kernels of a step add up to
+    no more than the step)."""
+    from costaware.profile import in_context_op_times
+
+    r = in_context_op_times(cnn_spec, "cuda", warmup=2, steps=3)  # type: ignore[arg-type]
+    assert r["status"] == "ok", r["error"]
+    assert "self_device_time_total" in r["timer"]
+    fwd = {c: s for ph, c, _, s in r["ops"] if ph == "forward"}
+    bwd = {c: s for ph, c, _, s in r["ops"] if ph == "backward"}
+    assert sum(s for c, s in fwd.items() if c.startswith("conv2d>convolution")) > 0, sorted(fwd)
+    assert sum(s for c, s in bwd.items() if c.startswith("convolution_backward")) > 0, sorted(bwd)
+    kernels = sum(s for _, _, _, s in r["ops"]) + sum(r["unattributed_s"].values())
+    assert 0 < kernels <= r["step_s"]
