@@ -416,7 +416,7 @@ def collect(
             speeds.append(speed)
             grad_was = torch.is_grad_enabled()
             context: dict[str, Any] | None = None
-            profiling = False  # the alarm fired in the profile, not the measurement
+            profiling = False  # set once the measurement is done and the profile runs
             with _time_limit(timeout_s) as fired:
                 try:
                     m = measure(spec, device, warmup=warmup, steps=steps)
