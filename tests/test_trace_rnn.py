@@ -247,7 +247,7 @@ def test_fused_layers_compute_what_torch_computes(
 
     ref, _ = run(False)
     got, mode = run(True)
-    assert mode is not None and mode.calls == 1 and mode.layers == 2 and not mode.fallbacks
+    assert mode is not None and mode.fused == 1 and mode.layers == 2 and not mode.fallbacks
     for a, b in zip(ref, got):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b)
@@ -267,4 +267,4 @@ def test_unsupported_calls_run_natively_and_are_noted() -> None:
     with _FusedRNN() as mode:
         out, _ = rnn(packed)
     assert isinstance(out, nn.utils.rnn.PackedSequence)
-    assert mode.calls == 0 and mode.fallbacks == {"packed sequence": 1}
+    assert mode.fused == 0 and mode.fallbacks == {"packed sequence": 1}

@@ -1395,7 +1395,7 @@ def _rnn_weights_fit(
     return True
 
 
-class _FusedRNN(TorchFunctionMode):
+class _FusedRNN(_FusedMode):
     """Routes ``torch._VF.lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu`` to fused layers.
 
     Each call (one ``nn.LSTM``, ``nn.GRU`` or ``nn.RNN`` forward) runs layer by layer as
@@ -1404,14 +1404,13 @@ class _FusedRNN(TorchFunctionMode):
     states and weights are cast to the autocast dtype first, as CUDA's autocast casts them
     for cuDNN (it takes fp16 whatever the autocast dtype; the sizes are the same), and the
     weights' copies live until the backward. Packed sequences and LSTMs with projections
-    (``proj_size``) run natively and are counted in ``fallbacks``.
+    (``proj_size``) run natively and are counted in ``fallbacks``; ``fused`` counts the
+    calls routed, ``layers`` the layer kernels they became.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls = 0
         self.layers = 0
-        self.fallbacks: Counter[str] = Counter()
 
     def __torch_function__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
@@ -1421,7 +1420,7 @@ class _FusedRNN(TorchFunctionMode):
         if name in _RNN_VF and func == getattr(torch._VF, name):
             out = self._fused(name, args, kwargs)
             if out is not None:
-                self.calls += 1
+                self.fused += 1
                 return out
         return func(*args, **kwargs)
 
@@ -1638,16 +1637,14 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
         )
     ):
         notes.append(note)
-    if isinstance(fused_rnn, _FusedRNN) and (fused_rnn.calls or fused_rnn.fallbacks):
-        note = (
+    if isinstance(fused_rnn, _FusedRNN) and (
+        note := fused_rnn.note(
             f"recurrent layers traced as fused cuDNN kernels, as a CUDA GPU runs them "
-            f"({fused_rnn.calls} RNN calls per step, {fused_rnn.layers} layer kernels; "
-            "no per-timestep cells)"
+            f"({fused_rnn.fused} RNN calls per step, {fused_rnn.layers} layer kernels; "
+            "no per-timestep cells)",
+            "ran natively",
         )
-        if fused_rnn.fallbacks:
-            note += (
-                f"; {sum(fused_rnn.fallbacks.values())} ran natively ({dict(fused_rnn.fallbacks)})"
-            )
+    ):
         notes.append(note)
     if isinstance(fused_norm, _FusedRMSNorm) and (
         note := fused_norm.note(
