@@ -19,6 +19,7 @@ from costaware.optime import (
     HARNESS_FLOOR_S,
     HELD_TIMER,
     OPTIME_FEATURES,
+    OPTIMIZER_STEP,
     OpTimeModel,
     fit_op_models,
     node_table,
@@ -353,3 +354,73 @@ def test_op_models_are_fitted_per_device_kind_and_saved_side_by_side(
     a, b = model.predict(_spec(10, 8), "CPU"), loaded.predict(_spec(10, 8), "CPU")
     assert b.iteration_time == pytest.approx(a.iteration_time, rel=1e-6)
     assert b.basis["op_sum_time"] == pytest.approx(a.basis["op_sum_time"], rel=1e-6)
+
+
+def _optimizer_rows(n: int = 300, seed: int = 2) -> list[dict[str, Any]]:
+    """CPU opbench optimizer cases as opbench describes them: an analytic count per
+    parameter (SGD with momentum 3 FLOPs and 5 elements, Adam 12 and 7) and a time of
+    bandwidth plus a cost per parameter tensor."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        op = ("sgd", "adam")[i % 2]
+        numel = round(10 ** rng.uniform(2, 6.5))
+        tensors = min(numel, round(10 ** rng.uniform(0, 2)))
+        flops, nbytes = (3 * numel, 20 * numel) if op == "sgd" else (12 * numel, 28 * numel)
+        rows.append(
+            {
+                "kind": "op",
+                "id": f"{op}-opt-{i}",
+                "op": op,
+                "params": {"numel": numel, "tensors": tensors, "split_seed": i},
+                "dtype": "fp32",
+                "direction": "step",
+                "flops": {"step": flops},
+                "bytes": {"step": nbytes},
+                "times": {"total_s": 2e-5 * tensors + nbytes / 2e10, "timer": "perf_counter"},
+                "status": "ok",
+                "device": "cpu",
+                "device_name": "CPU",
+            }
+        )
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "kwargs", "per_param"),
+    [("adam", {}, (12, 28)), ("sgd", {"momentum": 0.9}, (3, 20))],
+)
+def test_the_optimizer_step_is_priced_as_opbench_describes_it(
+    optimizer: str, kwargs: dict[str, Any], per_param: tuple[int, int]
+) -> None:
+    """A trace's optimizer nodes are elementwise ops without FLOPs that count every pass
+    over the parameters; the op model learned opbench's analytic count of a whole step.
+    The node table's step row gives it that count, so a step costs what its cases did."""
+    model = OpTimeModel(iterations=300, depth=4).fit(_optimizer_rows())
+    spec = ca.TrainingSpec(
+        model=functools.partial(tiny_cnn, width=32),
+        batch=ca.ImageBatch((3, 32, 32), classes=10),
+        batch_size=4,
+        optimizer=optimizer,
+        optimizer_kwargs=kwargs,
+    )
+    trace = ca.dry_run(spec)
+    table = node_table(trace)
+    steps = [t for t in table if t[0] == OPTIMIZER_STEP]
+    n = trace.stepped_numel
+    assert n == trace.param_count > 0
+    assert len(steps) == 1
+    _, phase, _, _, flops, nbytes, serial, count = steps[0]
+    assert (phase, flops, nbytes) == (2, per_param[0] * n, per_param[1] * n)
+    assert (serial, count) == (trace.param_tensors, 0)
+    feats = model.step_features(table, get_device("CPU"))
+    expected_ms = (2e-5 * trace.param_tensors + per_param[1] * n / 2e10) * 1e3
+    assert feats["optime_opt_ms"] == pytest.approx(expected_ms, rel=0.3)
+    # the step row is no kernel: the optimizer's kernels are its nodes
+    assert feats["kernels_opt"] == sum(t[7] for t in table if t[1] == 2 and t[0] != OPTIMIZER_STEP)
+
+
+def test_an_optimizer_sample_runs_its_tensors_in_sequence() -> None:
+    rows = _optimizer_rows(4)
+    x, _ = op_samples(rows)
+    assert x[:, 6].tolist() == pytest.approx([math.log10(r["params"]["tensors"]) for r in rows])

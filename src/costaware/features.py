@@ -53,6 +53,11 @@ trained on one version refuses features of another.
   (:meth:`costaware.optime.OpTimeModel.predict_kernels`); CPU features are unchanged.
   Version 17: a CPU gets op-level time features too, from an op model fitted on a CPU's
   per-op timings (one op model per device kind); GPU features are unchanged.
+  Version 19: the op-level sum prices the optimizer step from what opbench's cases
+  describe (an analytic count of FLOPs and bytes over the stepped parameters, and the
+  parameter tensors as its serial steps: :func:`costaware.optime.optimizer_step_row`),
+  not from the trace's optimizer nodes, whose elementwise ops carry no FLOPs: an Adam
+  step was priced at a fifth of what it costs.
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "18"
+FEATURE_VERSION = "19"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}

@@ -180,6 +180,9 @@ class Trace:
     #: parameter tensors the optimizer steps (those that got a gradient): each costs the
     #: CPU an autograd gradient accumulation and a share of every ``_foreach`` op
     param_tensors: int = 0
+    #: elements of the parameters the optimizer steps (0 in a trace from before it was
+    #: recorded: :attr:`param_count` stands in)
+    stepped_numel: int = 0
 
     @property
     def flops(self) -> float:
@@ -1575,6 +1578,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
             rec.mark("optimizer")
             params = list({id(p): p for p in model.parameters() if p.grad is not None}.values())
             param_tensors = len(params)
+            stepped_numel = sum(p.numel() for p in params)
             if _flat_optimizer_ok(spec, opt_kwargs, params):
                 state_bytes = _flat_optimizer_step(rec, opt_cls, opt_kwargs, params)
             else:
@@ -1689,6 +1693,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
         notes=notes,
         transients=np.asarray(transients, dtype=np.int64).reshape(-1, 3),
         param_tensors=param_tensors,
+        stepped_numel=int(stepped_numel),
     )
 
 
