@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from pathlib import Path
@@ -147,3 +148,62 @@ def test_first_refits_come_early(tmp_path: Path) -> None:
     refit.maybe_refit()
     assert [h["rows"] for h in refit.history] == [2, 4, 8]
     assert refit.due_after() == 5 and refit.pending() == 1
+
+
+def _measure(store: ObservationStore, number: int, spec: ca.TrainingSpec, seconds: float) -> None:
+    """Record a trial of ``spec`` that measured ``seconds`` per step."""
+    model = ca.CostModel()
+    store.record_prediction(
+        study="s",
+        trial=number,
+        spec=spec.summary(),
+        features=model.features(spec, "cpu"),
+        prediction=model.predict(spec, "cpu").to_dict(),
+        decision=None,
+        device="CPU",
+        status="admitted",
+    )
+    store.record_measurement(
+        study="s",
+        trial=number,
+        status="ok",
+        device="CPU",
+        epoch=0,
+        actual={"peak_memory": 1e6, "iteration_time": seconds, "epoch_time": seconds * 16},
+    )
+
+
+def _with_lr(spec: ca.TrainingSpec, lr: float) -> ca.TrainingSpec:
+    return dataclasses.replace(spec, optimizer_kwargs={"lr": lr})
+
+
+def test_a_configuration_measured_before_is_predicted_as_measured(tmp_path: Path) -> None:
+    """A study runs one architecture and batch at several learning rates: once measured,
+    the refit predicts that configuration's step as measured, at any learning rate."""
+    store = ObservationStore(tmp_path / "obs.db")
+    seen = _spec(8, 16)
+    for i, (lr, secs) in enumerate([(1e-3, 0.030), (1e-2, 0.034), (3e-4, 0.031)]):
+        _measure(store, i, _with_lr(seen, lr), secs)
+    _measure(store, 3, _spec(12, 16), 0.050)
+    _measure(store, 4, _spec(4, 32), 0.020)
+    refit = OnlineRefit(store, base=ca.CostModel(), background=False, study="s")
+    model = refit.refit_now()
+    again = model.predict(_with_lr(seen, 5e-3), "cpu")
+    assert again.iteration_time == pytest.approx(0.031)  # the median of its three trials
+    assert again.basis["time_measured_trials"] == 3
+    assert again.iteration_time_upper >= again.iteration_time
+    assert any("as measured" in n and "3 earlier trials" in n for n in again.notes)
+    # a configuration measured once is its measurement too, whatever the model predicts
+    once = model.predict(_spec(4, 32), "cpu")
+    assert once.iteration_time == pytest.approx(0.020)
+    assert once.basis["time_measured_trials"] == 1
+    assert abs(once.basis["time_predicted"] / 0.020 - 1) > 0.01
+    # another batch size is another configuration: the model predicts it
+    other = model.predict(_spec(8, 32), "cpu")
+    assert "time_measured_trials" not in other.basis
+    # kept where the refit is saved: another worker's copy predicts the same
+    loaded = ca.CostModel.load(refit.directory / refit.history[-1]["version"])
+    assert loaded.predict(_with_lr(seen, 0.1), "cpu").iteration_time == pytest.approx(0.031)
+    # a model fitted without a base (the shipped kind) predicts every configuration
+    plain = ca.CostModel().fit(store.observations(study="s"))
+    assert "time_measured_trials" not in plain.predict(seen, "cpu").basis

@@ -61,6 +61,27 @@ MANIFEST = "manifest.json"
 #: line, and their few calibration rows gave bounds no wider than the point
 SMALL_SAMPLE = 30
 FORMAT_VERSION = 1
+#: the features that say which configuration a step is (:func:`repeat_key`): what the
+#: model, batch, optimizer, precision and device are, from the dry run's structure and the
+#: spec. Not the learning rate or the epochs, which do not change a step's cost, and not
+#: the simulated allocator's or the bytes' figures, which a trace rescaled from another
+#: batch size gets a little off where a dry run at this size gets them exactly
+_REPEAT_PREFIXES = ("nsm", "ops:", "layers_", "batch_", "optimizer_is_", "precision_is_", "device_")
+_REPEAT_NAMES = frozenset(
+    {
+        "params_m",
+        "param_tensors",
+        "graph_nodes",
+        "kernels",
+        "gflops",
+        "gflops_forward",
+        "grad_accumulation",
+        "optimizer_states",
+        "cudnn_benchmark",
+        "expandable_segments",
+        "calls_cublas",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -841,6 +862,29 @@ def _conformal_quantile(residuals: np.ndarray, coverage: float) -> tuple[float, 
     return float(np.sort(residuals)[k - 1]), coverage
 
 
+def repeat_key(feats: Mapping[str, float], device: str) -> str:
+    """What identifies a configuration on a device for :meth:`CostModel.measured_time`:
+    the features that describe it (:data:`_REPEAT_NAMES`, :data:`_REPEAT_PREFIXES`: its
+    layers, operators and their pairs, parameters, FLOPs, batch, optimizer, precision, to
+    6 significant digits) and the device. Two models that differ only where none of these
+    do (an activation function swapped for another) count as one."""
+    items = sorted(
+        (k, "nan" if v != v else f"{float(v):.6g}")
+        for k, v in feats.items()
+        if k in _REPEAT_NAMES or k.startswith(_REPEAT_PREFIXES)
+    )
+    return hashlib.sha1(json.dumps([device, items]).encode()).hexdigest()[:20]
+
+
+def _measured_times(obs: Sequence[Observation]) -> dict[str, tuple[float, int]]:
+    """Per :func:`repeat_key`, the median measured iteration time and how many trials."""
+    times: dict[str, list[float]] = {}
+    for o in obs:
+        if o.iteration_time is not None and o.iteration_time > 0 and o.status in ("ok", None):
+            times.setdefault(repeat_key(o.features, o.device), []).append(float(o.iteration_time))
+    return {k: (float(np.median(v)), len(v)) for k, v in times.items()}
+
+
 class CostModel:
     """Predicts peak memory and iteration/epoch time of a :class:`TrainingSpec`.
 
@@ -1096,6 +1140,16 @@ class CostModel:
         if learned_here:
             feats = features_for(trace, spec, dev, est, graph_feats, self._op_model_for(dev.kind))
             peak, peak_hi, it, it_hi = self._learned(feats, est, dev.kind)
+            if (repeat := self.measured_time(feats, dev.name)) is not None:
+                secs, trials = repeat
+                basis["time_predicted"] = it
+                basis["time_measured_trials"] = trials
+                it_hi, it = max(it_hi * secs / it, secs), secs
+                notes.append(
+                    f"iteration time as measured: this configuration ran in {trials} earlier "
+                    f"trial{'s' if trials > 1 else ''} (median {fmt_seconds(secs)}; the model "
+                    "alone predicts " + fmt_seconds(float(basis["time_predicted"])) + ")"
+                )
             if "optime_ms" in feats and feats["optime_ms"] == feats["optime_ms"]:
                 basis["op_sum_time"] = feats["optime_ms"] / 1e3
             steps = self._by_kind().get(dev.kind, self).__dict__.get("cpu_steps_")
@@ -1338,7 +1392,9 @@ class CostModel:
         line in log space per precision (a precision measured once or never keeps the
         baseline's prediction and bound). Their bounds come from leave-one-out residuals;
         with fewer than ``_MIN_BOUND_ROWS`` of them and a ``base``, the base's bound is
-        kept, moved by the same correction as the point.
+        kept, moved by the same correction as the point. A fit with a ``base`` (fitted or
+        not) also keeps each configuration's measured iteration time, which
+        :meth:`predict` gives for that configuration again (:meth:`measured_time`).
         """
         obs = [o if isinstance(o, Observation) else Observation.from_dict(o) for o in observations]
         if not obs:
@@ -1353,6 +1409,7 @@ class CostModel:
         present = sorted({device_kind(o.device) for o in obs})
         if len(present) > 1:
             return self._fit_by_kind(obs, base, present)
+        refit = base is not None  # even over an unfitted base, which is then the analytic one
         if base is not None and not base.is_fitted:
             base = None  # an unfitted base is the analytic estimate, the default baseline
         if base is not None:
@@ -1544,6 +1601,10 @@ class CostModel:
             raise NotEnoughObservations(
                 "fit needs at least 2 observations with a measured peak memory or iteration time."
             )
+        self.__dict__.pop("time_measured_", None)
+        if refit:
+            # a refit remembers what each configuration it saw measured (see predict)
+            self.time_measured_ = _measured_times(obs)
         digest = hashlib.sha1(x_all.tobytes()).hexdigest()[:16]
         self.training_ = {
             "rows": len(obs),
@@ -1555,6 +1616,23 @@ class CostModel:
             "base": None if base is None else base.training_,
         }
         return self
+
+    def measured_time(self, feats: Mapping[str, float], device: str) -> tuple[float, int] | None:
+        """(median seconds, trials) of the iteration time this refit measured for the
+        configuration ``feats`` describes on ``device``, or None.
+
+        A study runs the same configuration again and again: a search over architecture,
+        batch size and learning rate measures one architecture and batch at several
+        learning rates, which do not change what a step costs. Replayed over four quickstart
+        studies (21-32 measured trials, about half of them repeats), predicting a repeat
+        by its earlier measurements took the epoch-time error from 27%, 16%, 32% and 23% to
+        18%, 12%, 19% and 19% (``docs/predictions.md``, "Online refit"). Only a refit (a
+        model fitted over a ``base``) keeps them."""
+        sub = self._by_kind().get(device_kind(device), self)
+        measured: dict[str, tuple[float, int]] | None = sub.__dict__.get("time_measured_")
+        if not measured:
+            return None
+        return measured.get(repeat_key(feats, device))
 
     def _fit_by_kind(
         self, obs: list[Observation], base: CostModel | None, kinds: list[str]
@@ -1703,6 +1781,8 @@ class CostModel:
             "cpu_steps": asdict(c) if (c := self.__dict__.get("cpu_steps_")) is not None else None,
             "training": self.training_,
         }
+        if (measured := self.__dict__.get("time_measured_")) is not None:
+            manifest["time_measured"] = measured
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
         return out
 
@@ -1763,6 +1843,8 @@ class CostModel:
             self.dispatch_ = _Dispatch(**manifest["dispatch"])
         if manifest.get("cpu_steps"):
             self.cpu_steps_ = _CpuSteps(**manifest["cpu_steps"])
+        if (measured := manifest.get("time_measured")) is not None:
+            self.time_measured_ = {str(k): (float(v[0]), int(v[1])) for k, v in measured.items()}
         kinds = manifest.get("kinds") or []
         if kinds:
             self.kinds_ = {str(k): cls.load(root / str(k)) for k in kinds}
