@@ -30,11 +30,18 @@ def _hardware(pred: ca.Prediction, spec: ca.TrainingSpec) -> tuple[float, float]
     return pred.peak_memory * 1.2, pred.iteration_time * (6.0 + 0.02 * spec.batch_size)
 
 
-def _record(
-    store: ObservationStore, model: ca.CostModel, number: int, spec: ca.TrainingSpec
-) -> float:
-    pred = model.predict(spec, device="cpu")
-    peak, seconds = _hardware(ca.CostModel().predict(spec, device="cpu"), spec)
+def _store_trial(
+    store: ObservationStore,
+    number: int,
+    spec: ca.TrainingSpec,
+    model: ca.CostModel,
+    pred: ca.Prediction,
+    measured: tuple[float, float],
+    steps: int,
+) -> None:
+    """Record trial ``number`` of ``spec`` as the integrations do: ``model``'s features
+    and prediction, then a measured (peak, seconds per step) over ``steps`` steps."""
+    peak, seconds = measured
     store.record_prediction(
         study="s",
         trial=number,
@@ -51,8 +58,16 @@ def _record(
         status="ok",
         device="CPU",
         epoch=0,
-        actual={"peak_memory": peak, "iteration_time": seconds, "epoch_time": seconds * 8},
+        actual={"peak_memory": peak, "iteration_time": seconds, "epoch_time": seconds * steps},
     )
+
+
+def _record(
+    store: ObservationStore, model: ca.CostModel, number: int, spec: ca.TrainingSpec
+) -> float:
+    pred = model.predict(spec, device="cpu")
+    peak, seconds = _hardware(ca.CostModel().predict(spec, device="cpu"), spec)
+    _store_trial(store, number, spec, model, pred, (peak, seconds), 8)
     return abs(pred.iteration_time - seconds) / seconds
 
 
@@ -153,24 +168,7 @@ def test_first_refits_come_early(tmp_path: Path) -> None:
 def _measure(store: ObservationStore, number: int, spec: ca.TrainingSpec, seconds: float) -> None:
     """Record a trial of ``spec`` that measured ``seconds`` per step."""
     model = ca.CostModel()
-    store.record_prediction(
-        study="s",
-        trial=number,
-        spec=spec.summary(),
-        features=model.features(spec, "cpu"),
-        prediction=model.predict(spec, "cpu").to_dict(),
-        decision=None,
-        device="CPU",
-        status="admitted",
-    )
-    store.record_measurement(
-        study="s",
-        trial=number,
-        status="ok",
-        device="CPU",
-        epoch=0,
-        actual={"peak_memory": 1e6, "iteration_time": seconds, "epoch_time": seconds * 16},
-    )
+    _store_trial(store, number, spec, model, model.predict(spec, "cpu"), (1e6, seconds), 16)
 
 
 def _with_lr(spec: ca.TrainingSpec, lr: float) -> ca.TrainingSpec:
