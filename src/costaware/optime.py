@@ -100,7 +100,7 @@ def optimizer_step_row(
     optimizer nodes are elementwise ops without FLOPs whose bytes count every pass: a
     CPU's single-tensor Adam moves 76 bytes per fp32 parameter, in about ten ops. Fed
     the trace's sums, the op model put the Adam step of a 2.1M-parameter CNN at 1.4 ms on
-    the corpus CPU; the same step runs 4.9 ms there alone. The update is priced here by
+    the corpus CPU; the same step runs 4.9 ms alone on this kind of 2-core machine. The update is priced here by
     the optimizer state per parameter, so an optimizer without op cases of its own gets
     the nearest: under two states per parameter SGD's count, else Adam's. None without
     optimizer nodes.
@@ -253,9 +253,9 @@ def op_samples(rows: Iterable[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarra
 
     A ``fwd+bwd`` row gives a forward and a backward sample, an optimizer ``step`` row one
     optimizer sample. An LSTM case runs its ``T`` time steps in sequence (its serial
-    steps), an optimizer step its parameter tensors; every other case one. The harness floor is taken off unheld timings (see
-    :data:`HARNESS_FLOOR_S`). A case timed both ways (a schema 1 file and its held re-run)
-    gives only its held samples.
+    steps), an optimizer step its parameter tensors; every other case one. The harness
+    floor is taken off unheld timings (see :data:`HARNESS_FLOOR_S`). A case timed both
+    ways (a schema 1 file and its held re-run) gives only its held samples.
     """
     g: list[int] = []
     ph: list[int] = []
