@@ -562,6 +562,15 @@ def _build(
     return model, spec.optimizer_class(model.parameters(), **kwargs)
 
 
+def _failure(e: Exception) -> tuple[str, str]:
+    """A failed run's ``(status, error)``: "oom" and the message's first line for a CUDA
+    out-of-memory error, else "error" and the exception's type and first line."""
+    first = str(e).splitlines()[0][:500] if str(e) else ""
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return "oom", first
+    return "error", f"{type(e).__name__}: {first}"
+
+
 def _no_mark(name: str) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
@@ -704,12 +713,8 @@ def measure(
                 peak = allocator.peak if allocator.peak is not None else result.rss_growth
                 result.max_allocated = result.max_reserved = peak
                 result.memory_method = _cpu_memory_method(allocator, rss)
-    except torch.cuda.OutOfMemoryError as e:
-        result.status = "oom"
-        result.error = str(e).splitlines()[0][:500]
     except Exception as e:  # a measurement never crashes the collector
-        result.status = "error"
-        result.error = f"{type(e).__name__}: {str(e).splitlines()[0][:500] if str(e) else ''}"
+        result.status, result.error = _failure(e)
     finally:
         allocator.stop()  # if a warm-up step failed
         del model, opt
@@ -813,12 +818,8 @@ def in_context_op_times(
                 _sync(dev)
                 walls.append(time.perf_counter() - t0)
         events = [e for e in prof.events() if e.device_type == DeviceType.CPU]
-    except torch.cuda.OutOfMemoryError as e:
-        out.update(status="oom", error=str(e).splitlines()[0][:500])
-        return out
     except Exception as e:  # a profile never crashes the collector
-        msg = str(e).splitlines()[0][:500] if str(e) else ""
-        out.update(status="error", error=f"{type(e).__name__}: {msg}")
+        out["status"], out["error"] = _failure(e)
         return out
     finally:
         del model, opt
