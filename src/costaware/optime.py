@@ -341,7 +341,6 @@ def _arrays(table: NodeTable) -> _Arrays:
     from costaware.features import op_group
 
     fb = [t for t in table if t[1] in (0, 1)]
-    opt = [t for t in table if t[1] == 2 and t[0] != OPTIMIZER_STEP]
     step = next((t for t in table if t[0] == OPTIMIZER_STEP), None)
     groups: list[int] = []
     fallback: list[bool] = []
@@ -350,14 +349,10 @@ def _arrays(table: NodeTable) -> _Arrays:
         fallback.append(name not in _GROUP_INDEX)
         groups.append(_GROUP_INDEX.get(name, _GROUP_INDEX[FALLBACK_GROUP]))
     rows = [t[1:] for t in fb]  # phase, dtype, class, flops, bytes, serial steps, count
-    if step is not None:  # the optimizer step is one sample, as opbench describes it
+    # the optimizer step is one sample, as opbench describes it (node_table's step row;
+    # its optimizer nodes are costed through it, not one by one)
+    if step is not None:
         rows.append((2, step[2], 0, step[4], step[5], step[6], 1))
-        groups.append(_GROUP_INDEX["optimizer"])
-        fallback.append(False)
-    elif opt:  # a table from before the step row: the optimizer nodes' sums
-        w = np.asarray([t[5] * t[7] for t in opt])
-        dcode = opt[int(np.argmax(w))][2]
-        rows.append((2, dcode, 0, sum(t[4] * t[7] for t in opt), float(w.sum()), 1, 1))
         groups.append(_GROUP_INDEX["optimizer"])
         fallback.append(False)
     a = np.asarray(rows, dtype=np.float64).reshape(-1, 7)
