@@ -10,6 +10,13 @@
 #   bash data/gpu_window.sh small SEED [MINUTES]   measure the CPU corpus (350 small models of every
 #                                                  family) on the GPU: the host-bound steps that only
 #                                                  the MLP family has in the GPU corpus
+#   bash data/gpu_window.sh oom [MINUTES] [CAPS]   bisect the batch size at which one configuration of
+#                                                  each corpus family stops fitting under memory caps
+#                                                  (GiB, default 12,24,8,40; set_per_process_memory_fraction),
+#                                                  every run a labelled row (costaware.oomprobe); with
+#                                                  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True set,
+#                                                  the same into a file of its own (COSTAWARE_FAMILIES=a,b
+#                                                  narrows the families)
 #   bash data/gpu_window.sh repeat SEED SHARD [N] [MINUTES]   measure the first N (default 40) configurations
 #                                                  of a committed shard again, into a file named after
 #                                                  today's date: how far two windows (or two machines) differ;
@@ -51,7 +58,7 @@ die() {
 step="${1:-}"
 case "$step" in
     -h | --help) usage; exit 0 ;;
-    check | ops-held | corpus | small | repeat) shift ;;
+    check | ops-held | corpus | small | repeat | oom) shift ;;
     "") die "no step given" ;;
     *) die "unknown step '$step'" ;;
 esac
@@ -77,6 +84,12 @@ case "$step" in
         seed="$1" minutes="${2:-8.5}"
         [[ "$seed" =~ ^[0-9]+$ ]] || die "small's SEED must be a whole number, not '$seed'"
         is_number "$minutes" || die "MINUTES must be a number, not '$minutes'"
+        ;;
+    oom)
+        minutes="${1:-6}" caps="${2:-12,24,8,40}"
+        is_number "$minutes" || die "MINUTES must be a number, not '$minutes'"
+        [[ "$caps" =~ ^[0-9]+([.][0-9]+)?(,[0-9]+([.][0-9]+)?)*$ ]] \
+            || die "CAPS must be GiB numbers separated by commas, such as 12,24; not '$caps'"
         ;;
     repeat)
         [[ $# -ge 2 ]] || die "repeat needs SEED and SHARD"
@@ -186,6 +199,18 @@ case "$step" in
         "$PY" -m costaware.collect --corpus cpu --seed "$seed" --shard 0 --shards 1 \
             --device "$device" --timeout 90 --max-minutes "$minutes" --out "$out/$name" \
             ${COSTAWARE_LIMIT:+--limit "$COSTAWARE_LIMIT"}
+        summary "$out/$name"
+        ;;
+    oom)
+        # one file per allocator mode: the mode is fixed when CUDA starts
+        conf="$(echo "${PYTORCH_CUDA_ALLOC_CONF:-}" | tr -d ' ' | tr '[:upper:]' '[:lower:]')"
+        if [[ "$conf" == *expandable_segments:true* ]]; then name="$tag-oom-expandable-seed0.jsonl.gz"
+        else name="$tag-oom-seed0.jsonl.gz"; fi
+        resume "$name"
+        "$PY" -m costaware.oomprobe --device "$device" --corpus "${COSTAWARE_CORPUS:-gpu}" \
+            --caps "$caps" --max-minutes "$minutes" --out "$out/$name" \
+            ${COSTAWARE_LIMIT:+--limit "$COSTAWARE_LIMIT"} \
+            ${COSTAWARE_FAMILIES:+--families "$COSTAWARE_FAMILIES"}
         summary "$out/$name"
         ;;
     repeat)
