@@ -322,7 +322,7 @@ def _done(path: str) -> set[tuple[str, int]]:
     return {
         (str(r["config_id"]), int(r["cap_bytes"]))
         for r in read_rows(path)
-        if r.get("kind") == "search_end"
+        if r.get("kind") == "search_end" and not str(r.get("status")).startswith("build_")
     }
 
 
@@ -348,6 +348,8 @@ def run(args: argparse.Namespace) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("costaware oomprobe: error: no CUDA GPU here; use --device cpu.", file=sys.stderr)
         return 2
+    if device.type == "cuda" and device.index is None:  # the memory fraction wants an index
+        device = torch.device("cuda", 0)
     caps = _parse_caps(args.caps)
     allocator = (
         "expandable_segments"
