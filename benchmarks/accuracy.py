@@ -50,6 +50,8 @@ MiB = 1024**2
 GiB = 1024**3
 #: rows superseded by a later measurement of the same host (kept for the record, not learned)
 ARCHIVE = "archive"
+#: OOM-boundary probes (data/oom/): labelled runs under a cap, not whole-model measurements
+PROBES = "oom"
 
 
 def _read(files: Sequence[Path]) -> list[dict[str, Any]]:
@@ -852,7 +854,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     files = [Path(f) for f in args.data] or sorted(
-        f for f in (ROOT / "data").glob("**/*.jsonl.gz") if ARCHIVE not in f.parts
+        f
+        for f in (ROOT / "data").glob("**/*.jsonl.gz")
+        if ARCHIVE not in f.parts and PROBES not in f.parts
     )
     if not files:
         print("no data files: run `costaware collect` first (see data/README.md)", file=sys.stderr)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One step of ground-truth collection on a lent GPU machine, torch-only, run from the
 # repository root. Each step fits in one 10-minute device command and writes under $OUT
-# (./gpu-out when $OUT is unset); copy what comes back to data/gpu/ and commit it.
+# (./gpu-out when $OUT is unset); copy what comes back to data/gpu/ (data/oom/ for the oom
+# step's probes) and commit it.
 #
 #   bash data/gpu_window.sh check                  GPU tests (if pytest is installed) and the environment
 #   bash data/gpu_window.sh ops-held [MINUTES]     re-time the op cases of seed 0 held (opbench schema 2)
@@ -123,10 +124,10 @@ EOF
 )"
 
 resume() {  # copy the committed file into $OUT so that the run appends to it
-    local name="$1"
-    if [[ -f "data/gpu/$name" && ! -f "$out/$name" ]]; then
-        cp "data/gpu/$name" "$out/$name"
-        echo "gpu_window: resuming data/gpu/$name"
+    local name="$1" dir="${2:-data/gpu}"
+    if [[ -f "$dir/$name" && ! -f "$out/$name" ]]; then
+        cp "$dir/$name" "$out/$name"
+        echo "gpu_window: resuming $dir/$name"
     fi
 }
 
@@ -206,7 +207,7 @@ case "$step" in
         conf="$(echo "${PYTORCH_CUDA_ALLOC_CONF:-}" | tr -d ' ' | tr '[:upper:]' '[:lower:]')"
         if [[ "$conf" == *expandable_segments:true* ]]; then name="$tag-oom-expandable-seed0.jsonl.gz"
         else name="$tag-oom-seed0.jsonl.gz"; fi
-        resume "$name"
+        resume "$name" data/oom
         "$PY" -m costaware.oomprobe --device "$device" --corpus "${COSTAWARE_CORPUS:-gpu}" \
             --caps "$caps" --max-minutes "$minutes" --out "$out/$name" \
             ${COSTAWARE_LIMIT:+--limit "$COSTAWARE_LIMIT"} \
