@@ -26,6 +26,8 @@ from costaware.errors import UntraceableModelError as UntraceableModelError
 
 if TYPE_CHECKING:
     from costaware._format import fmt_bytes as fmt_bytes
+    from costaware.batch_size import BatchSizeResult as BatchSizeResult
+    from costaware.batch_size import NothingFitsError as NothingFitsError
     from costaware._format import fmt_seconds as fmt_seconds
     from costaware.budget import Budget as Budget
     from costaware.budget import BudgetError as BudgetError
@@ -63,6 +65,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "fmt_bytes": "costaware._format",
     "fmt_seconds": "costaware._format",
+    "BatchSizeResult": "costaware.batch_size",
+    "NothingFitsError": "costaware.batch_size",
     "Budget": "costaware.budget",
     "BudgetError": "costaware.budget",
     "Decision": "costaware.budget",
@@ -94,6 +98,7 @@ _LAZY = {
 
 __all__ = [
     "CATALOG",
+    "BatchSizeResult",
     "Budget",
     "BudgetError",
     "CostAwareWarning",
@@ -104,6 +109,7 @@ __all__ = [
     "ImageBatch",
     "NotEnoughObservations",
     "NotFittedError",
+    "NothingFitsError",
     "Observation",
     "ObservationStore",
     "OnlineRefit",

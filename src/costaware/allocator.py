@@ -68,6 +68,7 @@ __all__ = [
     "K_SMALL_SIZE",
     "AllocatorResult",
     "allocation_size",
+    "min_capacity",
     "round_size",
     "simulate",
 ]
@@ -119,6 +120,12 @@ class AllocatorResult:
     number of mapped pages at the end (2 MiB small-pool pages plus 20 MiB large-pool pages)."""
     num_allocs: int
     """Number of non-empty allocations replayed (zero-byte allocations are not counted)."""
+    fits: bool = True
+    """Whether every allocation was served within the replay's ``capacity`` (always True
+    without one). False: the replay stopped at the allocation that raised out of memory."""
+    num_alloc_retries: int = 0
+    """Allocations that fitted only after the cached, unused memory was released
+    (``num_alloc_retries`` of ``torch.cuda.memory_stats``), or that failed even then."""
 
 
 def round_size(nbytes: int) -> int:
@@ -180,7 +187,9 @@ def _double_alloc(key: int) -> ValueError:
     return ValueError(f"allocation of storage key {key!r}, which is still allocated")
 
 
-def simulate(events: EventsLike, mode: str = "default") -> AllocatorResult:
+def simulate(
+    events: EventsLike, mode: str = "default", capacity: int | None = None
+) -> AllocatorResult:
     """Replay allocation events through the CUDA caching allocator model.
 
     Args:
@@ -191,6 +200,11 @@ def simulate(events: EventsLike, mode: str = "default") -> AllocatorResult:
             its later free is ignored. A key must be unique while allocated and may be reused
             once freed.
         mode: ``"default"`` or ``"expandable_segments"`` (see :data:`ALLOC_MODES`).
+        capacity: the bytes the allocator may reserve (a card's free memory, or the limit
+            ``torch.cuda.set_per_process_memory_fraction`` sets), or None for no limit.
+            Where reserving more memory would pass it, the replay does what the allocator
+            does before it raises out of memory (see :func:`min_capacity`); if that does
+            not make room, the replay stops there with ``fits=False``.
 
     Returns:
         The peaks of allocated, reserved and requested bytes, and segment/allocation counts.
@@ -201,10 +215,12 @@ def simulate(events: EventsLike, mode: str = "default") -> AllocatorResult:
     """
     if mode not in ALLOC_MODES:
         raise ValueError(f"unknown allocator mode {mode!r}; valid modes are {list(ALLOC_MODES)}")
+    if capacity is not None and capacity < 0:
+        raise ValueError(f"capacity must be at least 0 bytes, but got {capacity=}.")
     rows = _rows(events)
     if mode == "default":
-        return _simulate_default(rows)
-    return _simulate_expandable(rows)
+        return _simulate_default(rows, capacity)
+    return _simulate_expandable(rows, capacity)
 
 
 def _compact(free_list: list[int], free_start: dict[int, int]) -> int:
@@ -238,8 +254,10 @@ _MIN_COMPACT_LEN = 256
 _ZERO_BYTES: tuple[int, int, int] = (0, 0, 0)
 
 
-def _simulate_default(rows: Iterable[Sequence[int]]) -> AllocatorResult:
-    """Default mode: a new ``cudaMalloc``'d segment per pool miss, never released."""
+def _simulate_default(rows: Iterable[Sequence[int]], capacity: int | None) -> AllocatorResult:
+    """Default mode: a new ``cudaMalloc``'d segment per pool miss, released only when a
+    new one would pass ``capacity`` (``release_cached_blocks``: every segment that is one
+    free block goes back to the driver, then the allocation is tried once more)."""
     shift = _SHIFT
     mask = _MASK
     small_size = K_SMALL_SIZE
@@ -263,6 +281,9 @@ def _simulate_default(rows: Iterable[Sequence[int]]) -> AllocatorResult:
     peak_allocated = peak_reserved = peak_requested = 0
     num_segments = 0
     num_allocs = 0
+    retries = 0
+    fits = True
+    segments: dict[int, int] = {}  # address -> size of every segment held
 
     for key, nbytes in rows:
         if nbytes > 0:
@@ -290,8 +311,16 @@ def _simulate_default(rows: Iterable[Sequence[int]]) -> AllocatorResult:
                         bsize = K_LARGE_BUFFER
                     else:
                         bsize = (size + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
+                    if capacity is not None and reserved + bsize > capacity:
+                        retries += 1
+                        reserved -= _release_free_segments(segments, free_start, free_end)
+                        num_segments = len(segments)
+                        if reserved + bsize > capacity:
+                            fits = False
+                            break
                     addr = next_addr
                     next_addr += bsize + _SEGMENT_GAP
+                    segments[addr] = bsize
                     reserved += bsize
                     num_segments += 1
                     if reserved > peak_reserved:
@@ -320,6 +349,8 @@ def _simulate_default(rows: Iterable[Sequence[int]]) -> AllocatorResult:
                     else:
                         del free_end[addr + bsize]
                     break
+            if not fits:
+                break
             live[key] = (addr, bsize, req)
             num_allocs += 1
             allocated += bsize
@@ -368,11 +399,37 @@ def _simulate_default(rows: Iterable[Sequence[int]]) -> AllocatorResult:
         peak_requested=peak_requested,
         num_segments=num_segments,
         num_allocs=num_allocs,
+        fits=fits,
+        num_alloc_retries=retries,
     )
 
 
-def _simulate_expandable(rows: Iterable[Sequence[int]]) -> AllocatorResult:
-    """Expandable segments: one growing segment per pool, mapped page by page."""
+def _release_free_segments(
+    segments: dict[int, int], free_start: dict[int, int], free_end: dict[int, int]
+) -> int:
+    """Give back every segment that is one free block (``release_blocks``: a block with
+    no neighbours); returns the bytes released. The blocks' entries in the sorted free
+    lists go stale (their address is no longer in ``free_start``) and are dropped when a
+    search meets them: addresses are never reused."""
+    released = 0
+    for addr, size in list(segments.items()):
+        if free_start.get(addr) == size:
+            del free_start[addr]
+            del free_end[addr + size]
+            del segments[addr]
+            released += size
+    return released
+
+
+def _simulate_expandable(rows: Iterable[Sequence[int]], capacity: int | None) -> AllocatorResult:
+    """Expandable segments: one growing segment per pool, mapped page by page.
+
+    With a ``capacity``, a request is refused first as ``alloc_block`` refuses it under a
+    memory fraction: when the reserved bytes plus the request's allocation size
+    (:func:`allocation_size`) would pass the capacity. Then the free pages at the end of
+    each pool's segment are unmapped and it is tried once more. PyTorch also unmaps the
+    whole pages inside free blocks in the middle of a segment; that is not modelled, so
+    under a capacity the replay needs at least as much memory as PyTorch does."""
     shift = _SHIFT
     mask = _MASK
     small_size = K_SMALL_SIZE
@@ -395,6 +452,8 @@ def _simulate_expandable(rows: Iterable[Sequence[int]]) -> AllocatorResult:
     allocated = reserved = requested = 0
     peak_allocated = peak_reserved = peak_requested = 0
     num_allocs = 0
+    retries = 0
+    fits = True
 
     for key, nbytes in rows:
         if nbytes > 0:
@@ -416,6 +475,15 @@ def _simulate_expandable(rows: Iterable[Sequence[int]]) -> AllocatorResult:
                 except IndexError:
                     # Nothing fits: map whole pages at the end of the segment, merged with the
                     # free block already there, if any (try_allocate_expandable_block).
+                    if capacity is not None and reserved + allocation_size(size) > capacity:
+                        retries += 1
+                        for pool in (0, 1):
+                            reserved -= _unmap_free_tail(
+                                pool, mapped_end, base, page, free_lists, free_start, free_end
+                            )
+                        if reserved + allocation_size(size) > capacity:
+                            fits = False
+                            break
                     end = mapped_end[small]
                     if end in free_end:
                         addr = free_end[end]
@@ -464,6 +532,8 @@ def _simulate_expandable(rows: Iterable[Sequence[int]]) -> AllocatorResult:
                 del fl[i]
                 del free_start[addr]
                 end = addr + bsize
+                break
+            if not fits:
                 break
             # free_end[end] == addr here; free_start has no entry for the block.
             rem = bsize - size
@@ -526,4 +596,75 @@ def _simulate_expandable(rows: Iterable[Sequence[int]]) -> AllocatorResult:
         peak_requested=peak_requested,
         num_segments=num_pages,
         num_allocs=num_allocs,
+        fits=fits,
+        num_alloc_retries=retries,
     )
+
+
+def _unmap_free_tail(
+    pool: int,
+    mapped_end: list[int],
+    base: tuple[int, int],
+    page: tuple[int, int],
+    free_lists: tuple[list[int], list[int]],
+    free_start: dict[int, int],
+    free_end: dict[int, int],
+) -> int:
+    """Unmap the whole pages of the free block at the end of ``pool``'s mapped segment;
+    returns the bytes unmapped. What is left of the block (under one page) stays free."""
+    end = mapped_end[pool]
+    if end not in free_end:
+        return 0
+    addr = free_end[end]
+    pg = page[pool]
+    keep_to = base[pool] + (addr - base[pool] + pg - 1) // pg * pg  # first page boundary
+    if keep_to >= end:
+        return 0
+    del free_end[end]
+    del free_start[addr]  # its list entry goes stale
+    if keep_to > addr:
+        free_start[addr] = keep_to - addr
+        free_end[keep_to] = addr
+        insort(free_lists[pool], (keep_to - addr) << _SHIFT | addr)
+    mapped_end[pool] = keep_to
+    return end - keep_to
+
+
+def min_capacity(
+    events: EventsLike,
+    mode: str = "default",
+    *,
+    uncapped: AllocatorResult | None = None,
+    tolerance: float = 0.005,
+) -> int:
+    """The smallest capacity (bytes the allocator may reserve) at which the replay of
+    ``events`` runs without running out of memory.
+
+    Under a limit, PyTorch's caching allocator does not fail when a new segment would
+    pass it: it first gives back its cached, unused memory and tries again (``malloc``:
+    ``alloc_block``, then ``release_cached_blocks`` and ``alloc_block`` once more; with
+    expandable segments, the free pages are unmapped). So a step whose reserved peak,
+    unlimited, is above a card's memory can still run on it, with its reserved memory held
+    at the limit. The capacity that decides whether a step fits therefore lies between
+    the allocated peak (no capacity below it can hold the live blocks) and the unlimited
+    reserved peak (at which nothing is ever released). It is found by bisection over
+    capped replays, to within ``tolerance`` of itself (and at least 2 MiB, the
+    allocator's smallest segment). ``uncapped``: the replay's result without a limit,
+    where the caller has it.
+
+    Whether a step fits is close to monotone in the capacity but not exactly (a release
+    changes where later blocks go); the bisection returns a capacity at which the replay
+    was seen to fit.
+    """
+    if not 0 < tolerance < 1:
+        raise ValueError(f"tolerance must be between 0 and 1, but got {tolerance=}.")
+    full = uncapped if uncapped is not None else simulate(events, mode)
+    hi = full.peak_reserved
+    lo = full.peak_allocated - 1  # the live blocks alone need this much
+    while hi - lo > max(K_SMALL_BUFFER, tolerance * hi):
+        mid = (lo + hi) // 2
+        if simulate(events, mode, capacity=mid).fits:
+            hi = mid
+        else:
+            lo = mid
+    return max(hi, 0)

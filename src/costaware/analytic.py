@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costaware.allocator import simulate
+from costaware.allocator import min_capacity, simulate
 from costaware.devices import Device
 from costaware.flops import CONV, VIEW
 from costaware.spec import TrainingSpec
@@ -142,6 +142,9 @@ class AnalyticEstimate:
     notes: tuple[str, ...] = field(default=())
     #: of ``allocated`` and ``reserved``: the workspaces (:func:`workspace_bytes`)
     workspace: int = 0
+    #: the smallest capacity the step runs in (:func:`~costaware.allocator.min_capacity`,
+    #: workspaces included): between ``allocated`` and ``reserved``. On a CPU, the peak
+    min_capacity: int = 0
 
 
 def calls_cublas(trace: Trace) -> bool:
@@ -200,15 +203,18 @@ def estimate(trace: Trace, spec: TrainingSpec, device: Device) -> AnalyticEstima
     """Allocator-simulated peak and roofline time of ``trace`` on ``device``."""
     notes: list[str] = []
     if device.kind == "cpu":
-        allocated = reserved = exact_live_peak(trace.allocator_events())
+        allocated = reserved = capacity = exact_live_peak(trace.allocator_events())
         segments = workspace = 0
         upper = int(reserved * 1.25)
         notes.append("CPU: no caching allocator; the peak is the live-tensor peak, unrounded")
     else:
-        sim = simulate(trace.allocator_events(), mode=spec.allocator)
+        events = trace.allocator_events()
+        sim = simulate(events, mode=spec.allocator)
         workspace = workspace_bytes(trace, device)
         allocated = sim.peak_allocated + workspace
         reserved = sim.peak_reserved + workspace
+        # the workspaces are held throughout: they take their bytes off any capacity
+        capacity = min_capacity(events, spec.allocator, uncapped=sim) + workspace
         segments = sim.num_segments
         # H200 cross-check: reserved ran up to 1.75x allocated with the default allocator
         upper = int(reserved * (1.25 if spec.allocator == "default" else 1.1))
@@ -227,4 +233,5 @@ def estimate(trace: Trace, spec: TrainingSpec, device: Device) -> AnalyticEstima
         overhead_time=overhead,
         notes=tuple(notes),
         workspace=workspace,
+        min_capacity=int(capacity),
     )

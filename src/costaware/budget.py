@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +97,20 @@ def _memory_message(what: str, label: str, peak: float, context: float, limit: f
     return f"{what} {n}{label} exceeds the {lim} budget"
 
 
+#: (max_memory, device) pairs already warned about being above the device's memory
+_WARNED_OVER: set[tuple[Any, str]] = set()
+
+
+def _capacity(prediction: Any, *, upper: bool) -> float:
+    """The memory ``prediction`` says the step needs: its smallest capacity (upper bound
+    or point); a prediction without one (an older record), its reserved peak."""
+    name = "min_capacity_upper" if upper else "min_capacity"
+    value = getattr(prediction, name, None)
+    if not value:
+        value = prediction.peak_memory_upper if upper else prediction.peak_memory
+    return float(value)
+
+
 @dataclass(frozen=True)
 class Reason:
     """Why a trial was rejected: which limit, the predicted figure, and the limit."""
@@ -147,14 +162,17 @@ class Budget:
     Args:
         max_memory: the most GPU memory the training process may use, CUDA context
             included: bytes, ``"24GiB"``, ``"90%"`` of the device, or ``"auto"`` (all of
-            the device). The check is ``predicted reserved peak + context overhead``.
+            the device). The device's own memory is always a limit, whatever this says
+            (a limit above it is warned about once). The check is ``the memory the step
+            needs (its smallest capacity, :attr:`~costaware.Prediction.min_capacity_upper`)
+            + the device's CUDA context``.
         max_epoch_time, max_trial_time, max_total_time: seconds or ``"10min"``-style
             strings; the trial time is the epoch time times the spec's epochs, and the
             total time adds what the study has already spent.
         price_per_hour, max_cost: a price per GPU-hour and a cap on the study's cost.
         safety_margin: a fraction added to every predicted figure before comparing.
-        bound: which memory figure is checked: ``"upper"`` (the calibrated upper bound,
-            default) or ``"point"`` (the prediction).
+        bound: which memory figure is checked: ``"upper"`` (the calibrated upper bound of
+            the memory the step needs, default) or ``"point"`` (the prediction).
         time_bound: which time figure is checked (epoch, trial and total time, cost):
             ``"point"`` (default) or ``"upper"``. The defaults differ on purpose. An OOM
             crashes the trial the moment it happens and cannot be caught early, so memory
@@ -229,6 +247,24 @@ class Budget:
             )
         return int(get_device(device).memory_bytes * frac)
 
+    def _memory_limit(self, dev: Device) -> tuple[int, str]:
+        """The memory a trial may use on ``dev`` and where the figure comes from
+        (``"budget"`` or ``"device"``): the budget's limit, never more than the device's
+        memory. A budget above the device's memory is warned about once per budget and
+        device."""
+        own = self.max_memory_bytes(dev)
+        if own is None or own < dev.memory_bytes:
+            return (own, "budget") if own is not None else (dev.memory_bytes, "device")
+        if own > dev.memory_bytes and (key := (self.max_memory, dev.name)) not in _WARNED_OVER:
+            _WARNED_OVER.add(key)
+            warnings.warn(
+                f"max_memory={self.max_memory!r} is more than the {dev.name}'s "
+                f"{fmt_bytes(dev.memory_bytes)}: the device's memory is the limit.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return dev.memory_bytes, "device"
+
     def decide(
         self,
         prediction: Any,
@@ -255,21 +291,27 @@ class Budget:
             "safety_margin": self.safety_margin,
         }
 
-        limit = self.max_memory_bytes(dev)
-        if limit is not None:
-            peak = (prediction.peak_memory_upper if upper_mem else prediction.peak_memory) * grow
-            need = peak + dev.context_overhead_bytes
-            checked["limits"].append("memory")
-            checked["memory"] = {"predicted": need, "limit": limit}
-            if need > limit:
-                msg = _memory_message(
-                    "predicted peak memory",
-                    f" ({label_mem})",
-                    peak,
-                    dev.context_overhead_bytes,
-                    limit,
-                )
-                reasons.append(Reason("memory", need, limit, msg))
+        limit, limit_name = self._memory_limit(dev)
+        peak = (
+            _capacity(prediction, upper=True) if upper_mem else _capacity(prediction, upper=False)
+        ) * grow
+        need = peak + dev.context_overhead_bytes
+        checked["limits"].append("memory")
+        checked["memory"] = {
+            "predicted": need,
+            "limit": limit,
+            "limit_from": limit_name,
+            "figure": "min_capacity_upper" if upper_mem else "min_capacity",
+            "context": dev.context_overhead_bytes,
+        }
+        if need > limit:
+            msg = _memory_message(
+                "predicted memory need", f" ({label_mem})", peak, dev.context_overhead_bytes,
+                limit,
+            )
+            if limit_name == "device":
+                msg += f" (all of the {dev.name}'s memory)"
+            reasons.append(Reason("memory", need, limit, msg))
         epoch = prediction.epoch_time_upper if upper_time else prediction.epoch_time
         if epoch is not None:
             epoch *= grow

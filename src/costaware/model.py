@@ -29,7 +29,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,7 +40,7 @@ from torch import nn
 from costaware import analytic as _analytic
 from costaware._format import fmt_bytes, fmt_seconds
 from costaware.devices import Device, device_kind, get_device
-from costaware.errors import CostawareError, NotEnoughObservations, NotFittedError
+from costaware.errors import CostawareError, NotEnoughObservations, NotFittedError, TraceError
 from costaware.features import (
     FEATURE_VERSION,
     device_features,
@@ -88,8 +88,18 @@ _REPEAT_NAMES = frozenset(
 class Prediction:
     """Predicted cost of one training configuration on one device.
 
-    ``peak_memory`` is the caching allocator's reserved peak (``max_memory_reserved``,
-    what decides an OOM), in bytes; ``peak_memory_upper`` its calibrated upper bound.
+    Memory, in bytes:
+
+    - ``peak_memory``: the caching allocator's reserved peak (``max_memory_reserved``) on
+      a device with room to spare, the figure a run reports; ``peak_memory_upper`` its
+      calibrated upper bound.
+    - ``min_capacity``: the smallest memory the step runs in, the figure that decides an
+      OOM. Under a limit the allocator gives back its cached, unused memory before it
+      raises, so a step runs in less than its unlimited reserved peak (at least its
+      allocated peak). ``min_capacity_upper`` is its calibrated upper bound, which a
+      :class:`~costaware.Budget` compares with the memory it allows.
+
+    Neither includes the CUDA context (the device's ``context_overhead_bytes``).
     Times are seconds; ``epoch_time`` is None when the spec has no ``dataset_size``.
     """
 
@@ -107,6 +117,16 @@ class Prediction:
     basis: Mapping[str, Any]
     notes: tuple[str, ...] = ()
     latency_s: float = 0.0
+    min_capacity: int = 0
+    min_capacity_upper: int = 0
+
+    def __post_init__(self) -> None:
+        # a Prediction built without the capacity figures (an older record) decides on
+        # the reserved peak, which is never below them
+        if not self.min_capacity:
+            object.__setattr__(self, "min_capacity", self.peak_memory)
+        if not self.min_capacity_upper:
+            object.__setattr__(self, "min_capacity_upper", self.peak_memory_upper)
 
     def explain(self) -> str:
         """What the numbers rest on, in words a person can check."""
@@ -114,8 +134,10 @@ class Prediction:
         lines = [
             f"{self.spec.get('name', 'model')} on {self.device}: batch {self.spec.get('batch_size')}, "
             f"{self.spec.get('optimizer')}, {self.spec.get('precision')}, allocator {self.spec.get('allocator')}",
-            f"  peak memory (reserved): {fmt_bytes(self.peak_memory)}  "
+            f"  peak memory (reserved, with room to spare): {fmt_bytes(self.peak_memory)}  "
             f"upper bound: {fmt_bytes(self.peak_memory_upper)}",
+            f"  memory it needs (the smallest capacity it runs in): {fmt_bytes(self.min_capacity)}  "
+            f"upper bound: {fmt_bytes(self.min_capacity_upper)}  (what a budget checks)",
             f"  iteration time: {fmt_seconds(self.iteration_time)}  "
             f"upper bound: {fmt_seconds(self.iteration_time_upper)}",
         ]
@@ -132,7 +154,9 @@ class Prediction:
         else:
             lines.append(
                 f"  model: learned residual over the analytic estimate, trained on {b.get('trained_rows')} "
-                f"measurements; upper bounds split-conformal, guaranteed coverage {self.coverage:.0%}"
+                f"measurements; upper bounds conformal, calibrated on families held out of the "
+                f"fit to cover {self.coverage:.0%} of measurements (a target, not a guarantee "
+                "for an architecture unlike any it learned)"
             )
         lines += [
             "  based on:",
@@ -223,10 +247,14 @@ class Observation:
 class _ArchEntry:
     traces: list[Trace]
     graph_feats: dict[str, float]
+    #: a second batch size was dry-run (kept in ``traces`` where it runs the same ops)
+    second_tried: bool = False
+    #: why there is no second trace, where its dry run failed
+    second_why: str = ""
 
 
 class _TraceCache:
-    """LRU of traces per architecture; a new batch size is rescaled, not re-traced."""
+    """LRU of traces per architecture: two batch sizes each, the others interpolated."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -862,6 +890,42 @@ def _conformal_quantile(residuals: np.ndarray, coverage: float) -> tuple[float, 
     return float(np.sort(residuals)[k - 1]), coverage
 
 
+#: the capacity bound's coverage. Higher than the other bounds': the capacity decides
+#: whether a trial runs out of memory, which costs the trial, where a bound that is too
+#: wide costs one configuration of a search that has many
+CAPACITY_COVERAGE = 0.99
+#: the capacity bound's shift (bytes): the measured allocated peak lies within a few
+#: hundred MiB of the simulated one whatever the model's size (workspaces and library
+#: buffers the dry run does not see), and within a few percent of it for large models; a
+#: bound ``(point + shift) * exp(q) - shift`` is an offset on small models and a factor on
+#: models of several GiB, which are the ones near a card's capacity
+CAPACITY_SHIFT = 2 * 2**30
+
+
+def capacity_quantile(
+    rows: Sequence[tuple[float, float]],
+    *,
+    coverage: float = CAPACITY_COVERAGE,
+    shift: float = CAPACITY_SHIFT,
+) -> tuple[float, float] | None:
+    """The quantile ``q`` of the capacity bound ``(point + shift) * exp(q) - shift``, and
+    the coverage it achieves, from ``(predicted, measured)`` allocated peaks (bytes).
+
+    A step's smallest capacity lies a little above its allocated peak (what the
+    allocator's cached, unused blocks cannot give back): the capacity is simulated, and
+    its error is the allocated peak's, which a measurement records. So the bound is
+    calibrated on the spread of measured allocated peaks around predicted ones. The
+    simulation learns nothing from the rows, so every row's residual is out of sample.
+    None with fewer than two rows.
+    """
+    pairs = [(p, m) for p, m in rows if p > 0 and m > 0]
+    if len(pairs) < 2:
+        return None
+    predicted = np.asarray([p for p, _ in pairs], dtype=np.float64)
+    measured = np.asarray([m for _, m in pairs], dtype=np.float64)
+    return _conformal_quantile(np.log((measured + shift) / (predicted + shift)), coverage)
+
+
 def repeat_key(feats: Mapping[str, float], device: str) -> str:
     """What identifies a configuration on a device for :meth:`CostModel.measured_time`:
     the features that describe it (:data:`_REPEAT_NAMES`, :data:`_REPEAT_PREFIXES`: its
@@ -1023,9 +1087,13 @@ class CostModel:
     ) -> tuple[Trace, dict[str, float], str]:
         """The spec's trace (cached per architecture), its graph features, and its source.
 
-        The first spec of an architecture is traced; another batch size of the same
-        architecture is rescaled from the cached trace (linear in the batch size, exact
-        once two batch sizes have been traced). ``exact=True`` always traces.
+        The first two batch sizes of an architecture are traced; every other batch size is
+        interpolated from those two traces, storage by storage (exact for every size that
+        is affine in the batch size, which is all of them in the models we know). One
+        trace alone cannot tell a storage that grows with the batch from one that does not
+        (under autocast, the half-precision weight gradients of the backward look like
+        activation gradients), so a second batch size is always traced; where that dry run
+        fails, the one trace is rescaled and the note says so. ``exact=True`` always traces.
         ``attention`` is the dry run's SDPA mode (:func:`~costaware.trace.dry_run`):
         "fused" for a CUDA target, "native" for a CPU; the cache keeps them apart.
         """
@@ -1038,11 +1106,34 @@ class CostModel:
             for t in entry.traces:
                 if t.batch_size == spec.batch_size:
                     return t, entry.graph_feats, "cached"
+            if not exact and len(entry.traces) > 1:
+                src = "rescaled (two traces)"
+                return rescale(entry.traces[0], spec.batch_size, entry.traces[1]), entry.graph_feats, src
+            if not exact and not entry.second_tried:  # the architecture's second batch size
+                entry.second_tried = True
+                try:
+                    t = dry_run(spec, timeout=self.trace_timeout, attention=attention)
+                except TraceError as e:
+                    entry.second_why = f"a second batch size could not be dry-run: {e}"
+                else:
+                    return self._cached_trace(key, entry, t)
             if not exact:
-                other = entry.traces[1] if len(entry.traces) > 1 else None
-                src = "rescaled (two traces)" if other is not None else "rescaled (one trace)"
-                return rescale(entry.traces[0], spec.batch_size, other), entry.graph_feats, src
+                r = rescale(entry.traces[0], spec.batch_size)
+                why = entry.second_why or "a second batch size runs other ops"
+                note = (
+                    "rescaled from one trace, with the storages that grow with the batch told "
+                    f"apart by kind only ({why})"
+                )
+                return replace(r, notes=[*r.notes, note]), entry.graph_feats, "rescaled (one trace)"
         t = dry_run(spec, timeout=self.trace_timeout, attention=attention)
+        return self._cached_trace(key, entry, t)
+
+    def _cached_trace(
+        self, key: str, entry: _ArchEntry | None, t: Trace
+    ) -> tuple[Trace, dict[str, float], str]:
+        """Keep the fresh trace ``t`` under ``key`` (the first or second of its
+        architecture); its graph features and source ("traced")."""
+        cache = self._cache()
         if entry is None:
             entry = _ArchEntry(traces=[t], graph_feats=self._graph_features(t))
         elif t.op_signature != entry.traces[0].op_signature:
@@ -1172,6 +1263,8 @@ class CostModel:
             it_hi = _analytic.time_upper(it)
             kind, coverage = "analytic", None
             basis["features_used"] = 0
+        capacity, capacity_hi = self._capacity(est, peak, peak_hi, dev.kind, learned_here)
+        basis["simulated_min_capacity"] = est.min_capacity
         steps = spec.steps_per_epoch
         epoch = it * steps if steps is not None else None
         epoch_hi = max(it_hi, it) * steps if steps is not None else None
@@ -1192,7 +1285,63 @@ class CostModel:
             basis=basis,
             notes=tuple(notes),
             latency_s=time.perf_counter() - t0,
+            min_capacity=int(capacity),
+            min_capacity_upper=int(max(capacity_hi, capacity)),
         )
+
+    def max_batch_size(
+        self,
+        spec: TrainingSpec,
+        device: str | Device = "auto",
+        budget: Any = None,
+        *,
+        limit: int = 65_536,
+    ) -> Any:
+        """The largest batch size of ``spec`` that ``budget`` (default ``Budget()``: the
+        device's memory alone) admits on ``device``: a
+        :class:`~costaware.batch_size.BatchSizeResult`. No step runs; see
+        :func:`costaware.batch_size.max_batch_size`."""
+        from costaware.batch_size import max_batch_size
+
+        return max_batch_size(self, spec, device, budget, limit=limit)
+
+    def _capacity(
+        self,
+        est: _analytic.AnalyticEstimate,
+        peak: float,
+        peak_hi: float,
+        kind: str,
+        learned: bool,
+    ) -> tuple[float, float]:
+        """The smallest capacity the step runs in, and its upper bound.
+
+        The point is the simulated capacity (:func:`~costaware.allocator.min_capacity`)
+        moved by the same learned correction as the reserved peak. The bound is the point
+        times the capacity quantile (:attr:`capacity_q_`: the spread of the measured
+        allocated peaks around the simulated ones, which the capacity follows, where the
+        model was fitted with it), and never above the reserved peak's own bound (no step
+        needs more than its unlimited reserved peak). Without a learned model, the point
+        is the simulated capacity and the bound a heuristic 10% above it.
+        """
+        point = est.min_capacity * (peak / max(est.reserved, 1)) if learned else est.min_capacity
+        point = min(point, peak)
+        bound = self._capacity_bound(kind) if learned else None
+        if bound is None:
+            upper = point * (peak_hi / max(peak, 1.0)) if learned else point * 1.1
+        else:
+            q, shift = bound
+            upper = (point + shift) * math.exp(q) - shift
+        return point, min(max(upper, point), max(peak_hi, point))
+
+    def _capacity_bound(self, kind: str | None) -> tuple[float, float] | None:
+        """``(q, shift)`` of the capacity's upper bound for ``kind`` (see
+        :func:`capacity_quantile`), or None where the fit had no allocated peaks."""
+        if (subs := self._by_kind()) and kind in subs:
+            return subs[kind]._capacity_bound(kind)
+        q = self.__dict__.get("capacity_q_")
+        if q is None:
+            return None
+        return float(q), float(self.__dict__.get("capacity_shift_", CAPACITY_SHIFT))
 
     def covers(self, device: str | Device) -> bool:
         """Whether the learned part applies to ``device``: fitted on that kind (GPU or CPU).

@@ -1,0 +1,288 @@
+"""The memory decision at a card's edge: OOM-boundary probes, two decision rules, held out
+by family.
+
+The probes (``data/oom/*.jsonl.gz``, measured by ``bash data/gpu_window.sh oom`` with
+:mod:`costaware.oomprobe`) are training runs of one configuration per corpus family under
+a memory cap (``torch.cuda.set_per_process_memory_fraction``), at batch sizes bisected to
+within 6% of the largest that runs: every run either fitted or raised out of memory. A
+rule is scored on both kinds: how many runs that ran out of memory it admits (must be 0)
+and what share of the runs that fitted it rejects.
+
+- **old**: admit when the calibrated upper bound of the *reserved peak* fits the cap
+  (``Prediction.peak_memory_upper``).
+- **new**: admit when the calibrated upper bound of the *smallest capacity the step runs
+  in* fits the cap (``Prediction.min_capacity_upper``, what ``Budget`` decides on): the
+  allocator gives back its cached blocks before it raises, so a step runs in less than
+  its unlimited reserved peak.
+
+**Held out by family:** for each probed family, the memory line and both bounds are
+fitted on the corpus rows (``data/gpu/*-shard*.jsonl.gz``) of the *other* families, as
+``CostModel.fit`` fits them: a Theil-Sen line over the simulated reserved peak; its bound
+cross-conformal by family at 95%; the capacity bound (:func:`costaware.model.capacity_quantile`)
+over the measured allocated peaks. Then the family's probes are predicted from their own
+dry runs. The probes themselves are never fitted on. The shipped model (fitted on every
+corpus family) is shown beside it. A cap is the memory left to PyTorch's allocator (the
+fraction does not cover the CUDA context), so no context is added here.
+
+Usage:
+    python benchmarks/oom_boundary.py [PROBES.jsonl.gz ...] [--json OUT.json] [--update-docs]
+
+The corpus rows' features come from the accuracy benchmark's cache in the temp folder
+(``benchmarks/accuracy.py`` fills it; without it, each corpus row is dry-run once, about
+20 minutes on 2 cores). With ``--update-docs`` the table replaces the marked section of
+``docs/accuracy.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+GiB = 1024**3
+MiB = 1024**2
+START = "<!-- oom_boundary:start -->"
+END = "<!-- oom_boundary:end -->"
+
+
+def _probes(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    from costaware.collect import read_rows
+
+    rows = []
+    for path in paths:
+        gpu = ""
+        for r in read_rows(path):
+            if r.get("kind") == "context":  # each process's header: the GPU it ran on
+                gpu = str(r.get("env", {}).get("gpu", ""))
+            if r.get("kind") == "probe" and r.get("status") in ("fits", "oom"):
+                rows.append({**r, "gpu_name": gpu})
+    return rows
+
+
+def _corpus_observations() -> list[Any]:
+    """The GPU corpus rows with their features (the accuracy benchmark's cache)."""
+    from costaware.collect import observations, read_rows
+    from costaware.model import CostModel
+    from costaware.optime import fit_op_models
+
+    rows = [r for f in sorted(glob.glob(str(ROOT / "data/gpu/*-shard*.jsonl.gz"))) for r in read_rows(f)]
+    op_rows = [r for f in sorted(glob.glob(str(ROOT / "data/*/*-ops-*.jsonl.gz"))) for r in read_rows(f)]
+    model = CostModel(trace_timeout=600.0)
+    for op_model in fit_op_models(op_rows)[0]:  # the accuracy cache's features version
+        model.add_op_model(op_model)
+    cache = Path(tempfile.gettempdir()) / "costaware-accuracy" / "features.json.gz"
+    t0 = time.perf_counter()
+
+    def progress(i: int, row: dict[str, Any]) -> None:
+        print(f"  dry run of corpus row {i} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+
+    obs, _ = observations(rows, model=model, cache=cache, on_row=progress)
+    return obs
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fitted:
+    """What the decision needs, fitted on some corpus rows."""
+
+    line: Any  # the memory line (costaware.model._Affine)
+    mem_q: float  # log factor of the reserved peak's bound
+    cap_q: float  # the capacity bound's quantile
+    rows: int
+
+
+def _fit(obs: list[Any]) -> _Fitted:
+    from costaware.model import (
+        _conformal_quantile,
+        _fit_affine,
+        benchmark_search_peak,
+        capacity_quantile,
+    )
+
+    mem = [o for o in obs if o.peak_memory and not benchmark_search_peak(o.features)]
+    base = np.asarray([o.features["analytic_reserved_mib"] * MiB for o in mem])
+    measured = np.asarray([o.peak_memory for o in mem])
+    fams = np.asarray([o.family for o in mem])
+    line = _fit_affine(base, measured)
+    oof = np.zeros(len(mem))  # cross-conformal by family, as fit does
+    for fam in np.unique(fams).tolist():
+        rest, out = fams != fam, fams == fam
+        held = _fit_affine(base[rest], measured[rest])
+        oof[out] = [held.correction(b) for b in base[out]]
+    mem_q, _ = _conformal_quantile(np.log(measured / base) - oof, 0.95)
+    pairs = [
+        (o.features["analytic_allocated_mib"] * MiB * math.exp(line.correction(b)), o.peak_allocated)
+        for o, b in zip(mem, base, strict=True)
+        if o.peak_allocated
+    ]
+    cap = capacity_quantile(pairs)
+    assert cap is not None
+    return _Fitted(line=line, mem_q=float(mem_q), cap_q=float(cap[0]), rows=len(mem))
+
+
+def _decide(fitted: _Fitted, basis: dict[str, Any]) -> tuple[float, float]:
+    """(old upper bound, new upper bound) in bytes from a prediction's simulated figures."""
+    from costaware.model import CAPACITY_SHIFT
+
+    sim_res = float(basis["simulated_reserved"])
+    point = sim_res * math.exp(fitted.line.correction(sim_res))
+    old = point * math.exp(max(fitted.mem_q, 0.0))
+    capacity = min(float(basis["simulated_min_capacity"]) * point / sim_res, point)
+    new = (capacity + CAPACITY_SHIFT) * math.exp(fitted.cap_q) - CAPACITY_SHIFT
+    return old, min(max(new, capacity), old)
+
+
+def _score(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    fits = [r for r in rows if r["status"] == "fits"]
+    ooms = [r for r in rows if r["status"] == "oom"]
+    admitted_oom = sum(1 for r in ooms if r[key] <= r["cap"])
+    rejected_fit = sum(1 for r in fits if r[key] > r["cap"])
+    return {
+        "oom": len(ooms),
+        "fits": len(fits),
+        "admitted_oom": admitted_oom,
+        "rejected_fit": rejected_fit,
+        "rejected_share": rejected_fit / len(fits) if fits else math.nan,
+    }
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x != x else f"{100 * x:.1f}%"
+
+
+def _table(results: list[dict[str, Any]], group: str, groups: Sequence[Any]) -> list[str]:
+    lines = [
+        f"| {group} | runs (fits / OOM) | old: admitted OOM | old: fits rejected | "
+        "new: admitted OOM | new: fits rejected | shipped model, new: admitted OOM | "
+        "shipped model, new: fits rejected |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for g in groups:
+        rows = [r for r in results if g == "all" or r[group] == g]
+        if not rows:
+            continue
+        old, new, shipped = (_score(rows, k) for k in ("old", "new", "shipped_new"))
+        name = f"{g} GiB" if group == "cap_gib" and g != "all" else str(g)
+        lines.append(
+            f"| {name} | {new['fits']} / {new['oom']} | {old['admitted_oom']} | "
+            f"{old['rejected_fit']} ({_pct(old['rejected_share'])}) | {new['admitted_oom']} | "
+            f"{new['rejected_fit']} ({_pct(new['rejected_share'])}) | {shipped['admitted_oom']} | "
+            f"{shipped['rejected_fit']} ({_pct(shipped['rejected_share'])}) |"
+        )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("probes", nargs="*", help="probe files (default data/oom/*.jsonl.gz)")
+    p.add_argument("--json", help="write every probe's figures and the scores here")
+    p.add_argument(
+        "--update-docs", action="store_true", help="replace the marked section of docs/accuracy.md"
+    )
+    args = p.parse_args(argv)
+    from costaware.corpus import Config
+    from costaware.model import CostModel
+
+    paths = [Path(f) for f in args.probes] or sorted((ROOT / "data" / "oom").glob("*.jsonl.gz"))
+    probes = _probes(paths)
+    if not probes:
+        print("no probe rows: run `bash data/gpu_window.sh oom` on a GPU first", file=sys.stderr)
+        return 2
+    print(f"{len(probes)} probe runs from {len(paths)} file(s); corpus features", file=sys.stderr)
+    obs = [o for o in _corpus_observations() if o.device != "CPU"]
+    families = sorted({str(r["family"]) for r in probes})
+    fitted = {f: _fit([o for o in obs if o.family != f]) for f in families}
+    analytic, shipped = CostModel(trace_timeout=600.0), CostModel.default()
+    results = []
+    t0 = time.perf_counter()
+    for i, r in enumerate(probes):
+        cfg = dataclasses.replace(Config.from_dict(r["config"]), batch_size=int(r["batch_size"]))
+        spec = cfg.to_spec()
+        device = r["gpu_name"] or "H200"
+        basis = analytic.predict(spec, device).basis
+        old, new = _decide(fitted[r["family"]], dict(basis))
+        ship = shipped.predict(spec, device)
+        results.append(
+            {
+                "family": r["family"],
+                "config_id": r["config_id"],
+                "allocator": r.get("allocator", "default"),
+                "cap": int(r["cap_bytes"]),
+                "cap_gib": round(r["cap_bytes"] / GiB),
+                "batch_size": int(r["batch_size"]),
+                "status": r["status"],
+                "measured_allocated": r.get("max_allocated"),
+                "measured_reserved": r.get("max_reserved"),
+                "old": old,
+                "new": new,
+                "shipped_old": ship.peak_memory_upper,
+                "shipped_new": ship.min_capacity_upper,
+                "simulated_min_capacity": basis["simulated_min_capacity"],
+                "simulated_allocated": basis["simulated_allocated"],
+            }
+        )
+        if (i + 1) % 50 == 0:
+            print(f"  {i + 1} probes ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+    default = [x for x in results if x["allocator"] == "default"]
+    expandable = [x for x in results if x["allocator"] != "default"]
+    caps = sorted({x["cap_gib"] for x in default})
+    lines = [
+        START,
+        "## The memory decision at the card's edge (OOM-boundary probes)",
+        "",
+        f"Generated by `python benchmarks/oom_boundary.py --update-docs` from "
+        f"{', '.join(p.relative_to(ROOT).as_posix() for p in paths)}: {len(default)} runs "
+        "with the default allocator, one configuration per corpus family, each at batch "
+        "sizes bisected to within 6% of the largest that runs under a cap "
+        "(`set_per_process_memory_fraction`). Held out by family: the memory line and both "
+        "bounds were fitted on the corpus rows of the other families (`docs` of the script). "
+        "*old* admits when the reserved peak's upper bound fits the cap, *new* when the "
+        "upper bound of the smallest capacity the step runs in does (what `Budget` "
+        "checks). The target is 0 admitted OOMs and at most 5% of the fitting runs rejected.",
+        "",
+        *_table(default, "cap_gib", [*caps, "all"]),
+        "",
+        "By family (held out), all caps:",
+        "",
+        *_table(default, "family", families),
+        "",
+    ]
+    if expandable:
+        lines += [
+            f"With `expandable_segments:True` ({len(expandable)} runs, six families at 12 GiB):",
+            "",
+            *_table(expandable, "cap_gib", ["all"]),
+            "",
+        ]
+    lines.append(END)
+    text = "\n".join(lines)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"probes": results, "fitted": {f: dataclasses.asdict(v) | {"line": vars(v.line)}
+                                                      for f, v in fitted.items()}}, indent=1)
+        )
+    if args.update_docs:
+        doc = ROOT / "docs" / "accuracy.md"
+        current = doc.read_text()
+        if START in current and END in current:
+            head, rest = current.split(START, 1)
+            current = head + text + rest.split(END, 1)[1]
+        else:
+            current = current.rstrip("\n") + "\n\n" + text + "\n"
+        doc.write_text(current)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
