@@ -1829,7 +1829,7 @@ class CostModel:
             from costaware.graph2vec import ARRAYS_NAME, JSON_NAME
 
             listed += [f"graph2vec/{JSON_NAME}", f"graph2vec/{ARRAYS_NAME}"]
-        listed += [f"{k}/{MANIFEST}" for k in manifest["kinds"]]
+        listed += [f"{k}/{MANIFEST}" for k in sorted(self._by_kind())]
         if base is not None:
             listed.append(f"base/{MANIFEST}")
         manifest["sha256"] = {name: _sha256(out / name) for name in sorted(listed)}
