@@ -1913,6 +1913,15 @@ class CostModel:
                 f"{mpath}: 'sha256' must map file names to hex sha256 digests, but got "
                 f"{str(sums)[:120]}; the manifest is damaged."
             )
+        kinds = manifest.get("kinds") or []
+        if not isinstance(kinds, list) or not all(
+            isinstance(k, str) and _KIND_NAME.fullmatch(k) for k in kinds
+        ):
+            raise CostawareError(
+                f"{mpath}: 'kinds' must list device kinds like ['cpu', 'cuda'] (each a "
+                f"sub-folder of the model), but got {str(kinds)[:120]}; the manifest is "
+                "malformed."
+            )
 
         def read(name: Any) -> bytes:
             """The bytes of ``name`` (a file of this model), verified against ``sums``."""
@@ -1997,15 +2006,6 @@ class CostModel:
                 self.time_measured_ = {
                     str(k): (float(v[0]), int(v[1])) for k, v in measured.items()
                 }
-            kinds = manifest.get("kinds") or []
-            if not isinstance(kinds, list) or not all(
-                isinstance(k, str) and _KIND_NAME.fullmatch(k) for k in kinds
-            ):
-                raise CostawareError(
-                    f"{mpath}: 'kinds' must list device kinds like ['cpu', 'cuda'] (each a "
-                    f"sub-folder of the model), but got {str(kinds)[:120]}; the manifest is "
-                    "malformed."
-                )
             if kinds:
                 for k in kinds:
                     read(f"{k}/{MANIFEST}")
