@@ -44,9 +44,11 @@ Example:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -209,8 +211,31 @@ class CostAwareHyperbandPruner(HyperbandPruner, _PrunerGate):
         return bool(super().prune(study, trial))
 
 
-_GATES: dict[tuple[int, int, int, str, bool], Gate] = {}
+#: the gates ``admit`` keeps, least recently used first: an objective that builds its
+#: Budget (or store URL) anew on every trial finds its gate again, as budgets and URLs are
+#: keyed by value, and one that passes a new model or store object every trial finds the
+#: oldest gates dropped, so the number held never grows past this
+_GATES_MAX = 16
+_GATES: OrderedDict[tuple[Any, ...], Gate] = OrderedDict()
 _GATES_LOCK = threading.Lock()
+
+
+def _gate_key(
+    budget: Budget, model: CostModel | None, store: Any, device: str | Device, fail_open: bool
+) -> tuple[Any, ...]:
+    """What makes two ``admit`` calls judge alike: a Budget by value (a frozen dataclass),
+    a store URL or path by value, a model or store object by identity (the gate keeps a
+    reference, so the id is not reused while the gate is held)."""
+    budget_key: Any = ("value", budget)
+    try:
+        hash(budget)
+    except TypeError:  # a field of an unhashable type
+        budget_key = ("id", id(budget))
+    if isinstance(store, (str, bytes, os.PathLike)):
+        store_key: Any = ("value", os.fsdecode(store) if not isinstance(store, str) else store)
+    else:
+        store_key = ("id", id(store))
+    return (budget_key, id(model), store_key, str(device), bool(fail_open))
 
 
 def admit(
@@ -233,11 +258,14 @@ def admit(
         ...     spec = build_spec(trial)          # doctest: +SKIP
         ...     admit(trial, spec, ca.Budget(max_memory="24GiB"), device="A10")  # doctest: +SKIP
     """
-    key = (id(budget), id(model), id(store), str(device), fail_open)
+    key = _gate_key(budget, model, store, device, fail_open)
     with _GATES_LOCK:
         gate = _GATES.get(key)
         if gate is None:
             gate = _GATES[key] = Gate(budget, device, model, store, None, fail_open)
+            while len(_GATES) > _GATES_MAX:
+                _GATES.popitem(last=False)
+        _GATES.move_to_end(key)
     t0 = time.perf_counter()
     verdict = gate.judge(
         spec, study=trial.study.study_name, trial=trial.number, spent_time=_spent(trial.study)

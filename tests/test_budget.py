@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -59,7 +60,7 @@ def test_parse_duration(text: str | int, expected: float) -> None:
         ({"max_memory": -3}, "must be positive"),
         ({"max_epoch_time": "soon"}, "expected a duration like 90s"),
         ({"max_cost": 10.0}, "max_cost needs price_per_hour"),
-        ({"price_per_hour": -1.0}, "non-negative"),
+        ({"price_per_hour": -1.0}, r"price_per_hour must be >= 0, but got price_per_hour=-1\.0"),
         ({"bound": "lower"}, "'upper' or 'point'"),
         ({"safety_margin": -0.1}, "safety_margin"),
     ],
@@ -147,6 +148,63 @@ def test_cost_budget_and_several_reasons() -> None:
     upper = replace(budget, time_bound="upper").decide(_pred(epoch=100.0), spent_cost=0.8)
     cost = next(r for r in upper.reasons if r.kind == "cost")
     assert cost.predicted == pytest.approx(0.8 + 450 / 3600 * 3.6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        # past a float's range: an OverflowError from int(inf) before
+        (
+            {"max_memory": "1e400GB"},
+            r"expected a finite memory size like 24GiB, but got '1e400GB', which is too large",
+        ),
+        ({"max_memory": 10**400}, r"but got 100000000000\.\.\. \(401 digits\), which is too large"),
+        ({"max_memory": math.inf}, "expected a finite memory size like 24GiB, but got inf"),
+        ({"max_memory": math.nan}, "expected a memory size like 24GiB, but got nan, which is NaN"),
+        # under one byte: a 0-byte limit before
+        (
+            {"max_memory": "0.4B"},
+            r"at least 1 byte, but got '0\.4B' \(0\.4 bytes\)",
+        ),
+        ({"max_memory": 0.4}, r"at least 1 byte, but got 0\.4\."),
+        ({"max_memory": "0GiB"}, "at least 1 byte, but got '0GiB'"),
+        ({"max_epoch_time": "1e400s"}, "expected a finite duration like 10min, but got '1e400s'"),
+        ({"max_trial_time": math.nan}, "expected a duration like 10min, but got nan, which is NaN"),
+        ({"max_total_time": 10**400}, "expected a finite duration like 10min"),
+        ({"max_epoch_time": "0min"}, "a duration must be positive, but got '0min'"),
+        # NaN compares False with everything: the cost cap was silently off
+        (
+            {"price_per_hour": math.nan, "max_cost": 10.0},
+            "expected a price_per_hour like 2.5, but got price_per_hour=nan, which is NaN",
+        ),
+        (
+            {"price_per_hour": 2.0, "max_cost": math.nan},
+            "expected a max_cost like 2.5, but got max_cost=nan, which is NaN",
+        ),
+        ({"price_per_hour": math.inf}, "expected a finite price_per_hour like 2.5"),
+        ({"price_per_hour": 2.0, "max_cost": 0}, "max_cost must be positive, but got max_cost=0"),
+        (
+            {"price_per_hour": 0, "max_cost": 10.0},
+            "max_cost=10.0 needs a positive price_per_hour, but got price_per_hour=0",
+        ),
+        ({"price_per_hour": "3"}, "price_per_hour must be a number, but got price_per_hour='3'"),
+        ({"safety_margin": math.nan}, "safety_margin must be a fraction >= 0, but got nan"),
+        ({"safety_margin": True}, "safety_margin must be a fraction >= 0, but got True"),
+    ],
+)
+def test_budgets_refuse_overflow_zero_and_nan(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ca.BudgetError, match=message):
+        ca.Budget(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_relative_limit_under_one_byte_is_refused() -> None:
+    budget = ca.Budget(max_memory="1e-12%")
+    with pytest.raises(
+        ca.BudgetError, match=r"max_memory='1e-12%' of the T4's .* less than 1 byte"
+    ):
+        budget.max_memory_bytes("T4")
+    assert ca.Budget(max_memory="1B").max_memory_bytes() == 1
+    assert ca.Budget(price_per_hour=0).price_per_hour == 0  # a free device: costs show as 0
 
 
 def test_budget_is_frozen_and_hashable() -> None:

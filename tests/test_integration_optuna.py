@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
+import shutil
 import warnings
+from collections import OrderedDict
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -268,3 +272,95 @@ def test_trials_say_whether_the_shipped_model_or_a_refit_predicted(tmp_path: Pat
     rows = [t.user_attrs["costaware:refit_rows"] for t in study.trials]
     assert rows[0] == 0 and rows[1] == 0
     assert max(rows) >= 2 and rows == sorted(rows)
+
+
+def _rss_mib() -> float:
+    """This process's resident memory (Linux)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.fixture
+def shipped_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """As in a fresh process: the shipped model not yet loaded, admit's gates not yet
+    made; returns a list that grows by one on every load of the shipped model."""
+    import costaware.integrations.optuna as co
+    import costaware.model as cm
+
+    loads: list[int] = []
+    real = cm._load_shipped
+
+    def counted() -> ca.CostModel | None:
+        loads.append(1)
+        return real()
+
+    monkeypatch.setattr(cm, "_load_shipped", counted)
+    monkeypatch.setattr(cm, "_shipped", None)
+    monkeypatch.setattr(co, "_GATES", OrderedDict())
+    return loads
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc for RSS")
+def test_admit_with_a_budget_built_in_every_trial_does_not_leak(shipped_loads: list[int]) -> None:
+    """``admit(trial, spec, ca.Budget(...))``, the Budget built inline as admit's docstring
+    does: one gate for them all and one load of the shipped model, and no memory growth
+    per trial (each trial cost a gate and a copy of the shipped model, ~13 MiB)."""
+    import costaware.integrations.optuna as co
+
+    def objective(trial: optuna.Trial) -> float:
+        width = trial.suggest_categorical("width", [64, 128])
+        budget = ca.Budget(max_memory="1.25GiB", max_epoch_time="1h")
+        admit(trial, spec_fn({"width": width, "batch_size": 16}), budget, device="T4")
+        return 1.0
+
+    study = optuna.create_study()
+    study.optimize(objective, n_trials=5)
+    before = _rss_mib()
+    study.optimize(objective, n_trials=40)
+    grown = _rss_mib() - before
+    assert len(co._GATES) == 1 and len(shipped_loads) == 1
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    assert grown < 100, f"resident memory grew {grown:.0f} MiB over 40 trials"
+
+    # a new model object in every trial: the gates kept stay bounded, the load is shared
+    def with_a_model(trial: optuna.Trial) -> float:
+        spec = spec_fn({"width": 64, "batch_size": 16})
+        admit(trial, spec, BUDGET, device="T4", model=ca.CostModel.default())
+        return 1.0
+
+    study.optimize(with_a_model, n_trials=co._GATES_MAX + 4)
+    assert len(co._GATES) == co._GATES_MAX and len(shipped_loads) == 1
+
+
+def test_a_damaged_shipped_model_admits_trials_with_the_reason(
+    shipped_loads: list[int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The shipped model is costaware's own: a damaged file fails open, in the pruner (with
+    a store, whose refit has no base then) and in admit, every trial saying why."""
+    import costaware.model as cm
+
+    with resources.as_file(resources.files("costaware") / "data" / "default_model") as src:
+        shutil.copytree(src, tmp_path / "shipped")
+    cbm = tmp_path / "shipped" / "cpu" / "time.cbm"
+    data = bytearray(cbm.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    cbm.write_bytes(bytes(data))
+    monkeypatch.setattr(cm, "_load_shipped", lambda: ca.CostModel.load(tmp_path / "shipped"))
+    pruner = CostAwarePruner(spec_fn, BUDGET, device="T4", store=f"sqlite:///{tmp_path / 'o.db'}")
+    assert pruner.refit is None  # no base to refit over; constructing it did not fail
+    study = optuna.create_study(pruner=pruner)
+    with pytest.warns(CostAwareWarning, match="could not judge trial"):
+        _run(study, 3)
+
+    def objective(trial: optuna.Trial) -> float:
+        admit(trial, spec_fn({"width": 8192, "batch_size": 256}), BUDGET, device="T4")
+        return 1.0
+
+    with pytest.warns(CostAwareWarning, match="could not judge trial"):
+        study.optimize(objective, n_trials=2)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 5
+    for t in study.trials:
+        assert t.user_attrs["costaware:admit"] is True
+        error = t.user_attrs["costaware:error"]
+        assert "shipped with costaware cannot be used" in error
+        assert f"{cbm} is damaged" in error

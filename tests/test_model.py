@@ -2,9 +2,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import math
+import random
+import re
+import shutil
+import threading
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -959,3 +967,308 @@ def test_cpu_step_model_recovers_its_constants_and_saves_with_the_model(
     roofline = ca.CostModel(iterations=50, depth=3, time_baseline="roofline").fit(obs)
     assert "cpu_steps_" not in roofline.__dict__
     assert roofline._baseline(feats, "cpu")[1] == pytest.approx(feats["analytic_time_ms"] / 1e3)
+
+
+# --------------------------------------------------------------------------------------
+# persistence: checksums, damaged and malformed files, the shipped model loaded once
+# --------------------------------------------------------------------------------------
+SHIPPED_CBM = ("optime.cbm", "optime-cpu.cbm", "cpu/time.cbm", "cuda/time.cbm")
+
+
+def _shipped_copy(tmp_path: Path) -> Path:
+    """A writable copy of the shipped model's folder."""
+    from importlib import resources
+
+    out = tmp_path / "shipped"
+    with resources.as_file(resources.files("costaware") / "data" / "default_model") as src:
+        shutil.copytree(src, out)
+    return out
+
+
+def _flip(path: Path, rng: random.Random) -> int:
+    """Flip one random bit of the file at ``path``; returns the byte's offset."""
+    data = bytearray(path.read_bytes())
+    pos = rng.randrange(len(data))
+    data[pos] ^= 1 << rng.randrange(8)
+    path.write_bytes(bytes(data))
+    return pos
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((path / "manifest.json").read_text())
+    return loaded
+
+
+@pytest.fixture
+def catboost_reads(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], set[str]]:
+    """The sha256 of every file or blob handed to CatBoost's ``load_model``, and a set of
+    digests that are stopped there (with an AssertionError) instead of being parsed: a
+    damaged .cbm that got this far could crash the test process inside CatBoost."""
+    from catboost import CatBoost
+
+    real = CatBoost.load_model
+    seen: list[str] = []
+    stopped: set[str] = set()
+
+    def guarded(
+        self: Any, fname: Any = None, format: str = "cbm", stream: Any = None, blob: Any = None
+    ) -> Any:
+        data = blob if blob is not None else Path(fname).read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        seen.append(digest)
+        if digest in stopped:
+            raise AssertionError("a damaged model file reached CatBoost's load_model")
+        return real(self, fname=fname, format=format, stream=stream, blob=blob)
+
+    monkeypatch.setattr(CatBoost, "load_model", guarded)
+    return seen, stopped
+
+
+def test_save_records_the_sha256_of_each_file(fitted: tuple[ca.CostModel, Path]) -> None:
+    _, path = fitted
+    sums = _manifest(path)["sha256"]
+    assert sums == {
+        name: hashlib.sha256((path / name).read_bytes()).hexdigest()
+        for name in ("memory.cbm", "time.cbm")
+    }
+
+
+def test_the_shipped_model_verifies_and_predicts_as_before(
+    tmp_path: Path, cnn_spec: ca.TrainingSpec
+) -> None:
+    from importlib import resources
+
+    with resources.as_file(resources.files("costaware") / "data" / "default_model") as root:
+        for folder in (root, root / "cpu", root / "cuda"):  # every file it reads is listed
+            sums = _manifest(folder)["sha256"]
+            listed = [e["file"] for e in _manifest(folder)["models"].values() if "file" in e]
+            listed += [f"{k}/manifest.json" for k in _manifest(folder)["kinds"]]
+            assert sorted(sums) == sorted(listed)
+            for name, digest in sums.items():
+                assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ca.CostAwareWarning)  # verified: no warning
+            verified = ca.CostModel.load(root)
+    # the same files read unverified, as a model saved without checksums is: the
+    # checksums change nothing the model predicts
+    legacy = _shipped_copy(tmp_path)
+    for folder in (legacy, legacy / "cpu", legacy / "cuda"):
+        manifest = _manifest(folder)
+        del manifest["sha256"]
+        (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    with pytest.warns(ca.CostAwareWarning, match="saved without checksums"):
+        unverified = ca.CostModel.load(legacy)
+    for device in ("H100", "cpu"):
+        a, b = (
+            verified.predict(cnn_spec, device=device),
+            unverified.predict(cnn_spec, device=device),
+        )
+        assert a.kind == b.kind == "learned"
+        assert (a.peak_memory, a.peak_memory_upper) == (b.peak_memory, b.peak_memory_upper)
+        assert (a.iteration_time, a.iteration_time_upper) == (
+            b.iteration_time,
+            b.iteration_time_upper,
+        )
+
+
+def test_byte_flips_in_the_shipped_model_are_refused_before_catboost_reads_them(
+    tmp_path: Path, catboost_reads: tuple[list[str], set[str]]
+) -> None:
+    seen, stopped = catboost_reads
+    root = _shipped_copy(tmp_path)
+    rng = random.Random(46)
+    for name in SHIPPED_CBM:
+        intact = (root / name).read_bytes()
+        for _ in range(2):
+            pos = _flip(root / name, rng)
+            stopped.add(hashlib.sha256((root / name).read_bytes()).hexdigest())
+            with pytest.raises(ca.CostawareError) as err:
+                ca.CostModel.load(root)
+            message = str(err.value)
+            assert f"{root / name} is damaged" in message, (pos, message)
+            assert "sha256" in message and "manifest.json" in message
+            (root / name).write_bytes(intact)
+    assert seen and not stopped & set(seen)  # the intact files were read, no damaged one
+    # a per-kind manifest is itself checked by the manifest above it
+    _flip(root / "cpu" / "manifest.json", rng)
+    with pytest.raises(
+        ca.CostawareError, match=re.escape(f"{root / 'cpu' / 'manifest.json'} is damaged")
+    ):
+        ca.CostModel.load(root)
+
+
+def test_a_model_saved_without_checksums_loads_with_a_warning_until_saved_again(
+    fitted: tuple[ca.CostModel, Path], tmp_path: Path, cnn_spec: ca.TrainingSpec
+) -> None:
+    model, path = fitted
+    shutil.copytree(path, tmp_path / "m")
+    manifest = _manifest(tmp_path / "m")
+    del manifest["sha256"]
+    (tmp_path / "m" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.warns(ca.CostAwareWarning, match=r"without checksums.*\.save\(path\) adds them"):
+        loaded = ca.CostModel.load(tmp_path / "m")
+    expected = model.predict(cnn_spec, device="H100")
+    peak = loaded.predict(cnn_spec, device="H100").peak_memory
+    assert peak == pytest.approx(expected.peak_memory, rel=1e-4)  # as the round trip above
+    loaded.save(tmp_path / "m")
+    assert set(_manifest(tmp_path / "m")["sha256"]) == {"memory.cbm", "time.cbm"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ca.CostAwareWarning)
+        again = ca.CostModel.load(tmp_path / "m")
+    assert again.predict(cnn_spec, device="H100").peak_memory == peak
+
+
+def test_a_manifest_that_lists_its_own_folder_is_refused_at_once(
+    fitted: tuple[ca.CostModel, Path], tmp_path: Path
+) -> None:
+    _, path = fitted
+    model = tmp_path / "m"
+    shutil.copytree(path, model)
+    manifest = _manifest(model)
+    for kinds in (["."], [".."], ["cpu/.."], ["/tmp"]):
+        (model / "manifest.json").write_text(json.dumps({**manifest, "kinds": kinds}))
+        with pytest.raises(ca.CostawareError, match="'kinds' must list device kinds"):
+            ca.CostModel.load(model)
+    # a kind's folder that is the model's own folder (a link), in a manifest without
+    # checksums (with them, the link's manifest fails its own checksum first)
+    (model / "cpu").symlink_to(".")
+    del manifest["sha256"]
+    (model / "manifest.json").write_text(json.dumps({**manifest, "kinds": ["cpu"]}))
+    with pytest.raises(
+        ca.CostawareError, match=r"lists a part at .*cpu, which is .*the model itself"
+    ):
+        ca.CostModel.load(model)
+    (model / "manifest.json").write_text(json.dumps({**manifest, "base": True}))
+    (model / "base").symlink_to(".")
+    with pytest.raises(ca.CostawareError, match="the model itself or a folder it is in"):
+        ca.CostModel.load(model)
+    # folders nested deeper than any saved model's: refused, not followed
+    deep = tmp_path / "deep"
+    part = deep
+    for _ in range(20):
+        part.mkdir()
+        (part / "manifest.json").write_text(
+            json.dumps({**manifest, "models": {}, "kinds": ["cpu"]})
+        )
+        part = part / "cpu"
+    with pytest.raises(ca.CostawareError, match="nested 16 parts deep"):
+        ca.CostModel.load(deep)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda m: "{not json", "is not valid JSON"),
+        (lambda m: [1, 2], "holds a JSON list"),
+        (lambda m: {**m, "models": 5}, "not a CostModel manifest this costaware can read"),
+        (
+            lambda m: {**m, "params": {"bogus": 1}},
+            "not a CostModel manifest this costaware can read",
+        ),
+        (
+            lambda m: {**m, "feature_names": None},
+            "not a CostModel manifest this costaware can read",
+        ),
+        (
+            lambda m: {
+                **m,
+                "models": {**m["models"], "time": {**m["models"]["time"], "file": "../time.cbm"}},
+            },
+            "plain names inside its folder",
+        ),
+        (lambda m: {**m, "sha256": "abc"}, "'sha256' must map file names"),
+        (
+            lambda m: {**m, "sha256": {"memory.cbm": m["sha256"]["memory.cbm"]}},
+            "records no sha256 for time.cbm",
+        ),
+    ],
+    ids=[
+        "not-json",
+        "a-list",
+        "models-not-a-dict",
+        "unknown-param",
+        "no-feature-names",
+        "file-outside-the-folder",
+        "sha256-not-a-dict",
+        "a-file-without-sha256",
+    ],
+)
+def test_a_malformed_manifest_is_a_clear_error(
+    fitted: tuple[ca.CostModel, Path],
+    tmp_path: Path,
+    change: Callable[[dict[str, Any]], Any],
+    message: str,
+) -> None:
+    _, path = fitted
+    shutil.copytree(path, tmp_path / "m")
+    new = change(_manifest(tmp_path / "m"))
+    (tmp_path / "m" / "manifest.json").write_text(new if isinstance(new, str) else json.dumps(new))
+    with pytest.raises(ca.CostawareError, match=message) as err:
+        ca.CostModel.load(tmp_path / "m")
+    assert str(tmp_path / "m") in str(err.value)  # it names the model
+
+
+def test_the_shipped_model_is_loaded_once_per_process_and_shared_read_only(
+    monkeypatch: pytest.MonkeyPatch, cnn_spec: ca.TrainingSpec
+) -> None:
+    import costaware.model as cm
+
+    loads: list[int] = []
+    real = cm._load_shipped
+
+    def counted() -> ca.CostModel | None:
+        loads.append(1)
+        return real()
+
+    monkeypatch.setattr(cm, "_load_shipped", counted)
+    monkeypatch.setattr(cm, "_shipped", None)  # as in a fresh process
+    start = threading.Barrier(6)
+    got: list[ca.CostModel] = []
+
+    def worker() -> None:
+        start.wait(timeout=60)
+        got.append(ca.CostModel.default())
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(got) == 6 and len(loads) == 1
+    assert len({id(m) for m in got}) == 6  # each caller its own model object ...
+    assert all(m._by_kind()["cpu"] is got[0]._by_kind()["cpu"] for m in got)  # ... one load
+    before = got[1].predict(cnn_spec, device="cpu")
+    # refitting the one a caller got leaves everybody else's as it was
+    rows = _observations(ca.CostModel(), [4], "a")
+    got[0].fit(rows)
+    assert got[0].training_["rows"] == len(rows)
+    for m in (got[1], ca.CostModel.default()):
+        assert m.training_["rows"] > len(rows) and set(m._by_kind()) == {"cpu", "cuda"}
+        assert m.predict(cnn_spec, device="cpu").peak_memory == before.peak_memory
+    assert len(loads) == 1
+
+
+def test_a_damaged_shipped_model_is_refused_once_with_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, catboost_reads: tuple[list[str], set[str]]
+) -> None:
+    import costaware.model as cm
+
+    root = _shipped_copy(tmp_path)
+    _flip(root / "cuda" / "time.cbm", random.Random(0))
+    catboost_reads[1].add(hashlib.sha256((root / "cuda" / "time.cbm").read_bytes()).hexdigest())
+    loads: list[int] = []
+
+    def damaged() -> ca.CostModel:
+        loads.append(1)
+        return ca.CostModel.load(root)
+
+    monkeypatch.setattr(cm, "_load_shipped", damaged)
+    monkeypatch.setattr(cm, "_shipped", None)
+    for _ in range(3):
+        with pytest.raises(ca.CostawareError) as err:
+            ca.CostModel.default()
+        message = str(err.value)
+        assert message.startswith("the cost model shipped with costaware cannot be used")
+        assert f"{root / 'cuda' / 'time.cbm'} is damaged" in message
+        assert "pip install --force-reinstall costaware" in message
+    assert len(loads) == 1  # remembered: the files are not read again

@@ -43,44 +43,76 @@ _NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z
 
 
 def parse_bytes(value: int | float | str) -> int:
-    """Bytes from ``25769803776``, ``"24GiB"``, ``"24 GB"`` (powers of 1000) or ``"512MiB"``."""
+    """Bytes from ``25769803776``, ``"24GiB"``, ``"24 GB"`` (powers of 1000) or ``"512MiB"``.
+
+    Raises:
+        BudgetError: not a size, or not a finite size of at least one byte (``"0.4B"``,
+            ``"1e400GB"``, NaN), saying what was expected and what arrived.
+    """
     if isinstance(value, bool):
         raise BudgetError(f"expected a memory size like 24GiB, but got {value!r}.")
     if isinstance(value, (int, float)):
-        if value <= 0 or not math.isfinite(value):
-            raise BudgetError(f"a memory size must be positive, but got {value!r}.")
-        return int(value)
-    m = _NUMBER_UNIT.match(str(value))
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in _BYTE_UNITS:
+        n = _finite(value, "memory size", "24GiB")
+    else:
+        m = _NUMBER_UNIT.match(str(value))
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _BYTE_UNITS:
+            raise BudgetError(
+                f"expected a memory size like 24GiB, 80GB or 512MiB (or bytes, or a percentage "
+                f"like 90%), but got {value!r}."
+            )
+        n = _finite(float(m.group(1)) * _BYTE_UNITS[unit], "memory size", "24GiB", repr(value))
+    if n < 1:
+        bytes_ = f" ({n:g} bytes)" if isinstance(value, str) and n > 0 else ""
         raise BudgetError(
-            f"expected a memory size like 24GiB, 80GB or 512MiB (or bytes, or a percentage like 90%), "
-            f"but got {value!r}."
+            f"a memory size must be positive and at least 1 byte, but got {value!r}{bytes_}."
         )
-    n = float(m.group(1)) * _BYTE_UNITS[unit]
-    if n <= 0:
-        raise BudgetError(f"a memory size must be positive, but got {value!r}.")
     return int(n)
 
 
 def parse_duration(value: int | float | str) -> float:
-    """Seconds from ``90``, ``"90s"``, ``"5min"``, ``"1.5h"`` or ``"2 days"``."""
+    """Seconds from ``90``, ``"90s"``, ``"5min"``, ``"1.5h"`` or ``"2 days"``.
+
+    Raises:
+        BudgetError: not a duration, or not a finite positive one, saying what was
+            expected and what arrived.
+    """
     if isinstance(value, bool):
         raise BudgetError(f"expected a duration like 10min, but got {value!r}.")
     if isinstance(value, (int, float)):
-        if value <= 0 or not math.isfinite(value):
-            raise BudgetError(f"a duration must be positive, but got {value!r}.")
-        return float(value)
-    m = _NUMBER_UNIT.match(str(value))
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in _TIME_UNITS:
-        raise BudgetError(
-            f"expected a duration like 90s, 10min or 1.5h (or seconds), but got {value!r}."
-        )
-    seconds = float(m.group(1)) * _TIME_UNITS[unit]
+        seconds = _finite(value, "duration", "10min")
+    else:
+        m = _NUMBER_UNIT.match(str(value))
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _TIME_UNITS:
+            raise BudgetError(
+                f"expected a duration like 90s, 10min or 1.5h (or seconds), but got {value!r}."
+            )
+        seconds = _finite(float(m.group(1)) * _TIME_UNITS[unit], "duration", "10min", repr(value))
     if seconds <= 0:
         raise BudgetError(f"a duration must be positive, but got {value!r}.")
     return seconds
+
+
+def _finite(number: int | float, what: str, example: str, shown: str | None = None) -> float:
+    """``number`` as a float, or a BudgetError where it is NaN, infinite or too large for
+    one. ``shown``: what the user wrote (default ``repr(number)``), for the message."""
+    if shown is None:
+        shown = repr(number)
+        if len(shown) > 40:  # an int of hundreds of digits
+            shown = f"{shown[:12]}... ({len(shown)} digits)"
+    try:
+        x = float(number)
+    except OverflowError:  # an int past a float's range
+        x = math.inf if number > 0 else -math.inf
+    if math.isnan(x):
+        raise BudgetError(f"expected a {what} like {example}, but got {shown}, which is NaN.")
+    if math.isinf(x):
+        raise BudgetError(
+            f"expected a finite {what} like {example}, but got {shown}, which is too "
+            "large to be one."
+        )
+    return x
 
 
 def _memory_message(what: str, label: str, peak: float, context: float, limit: float) -> str:
@@ -203,11 +235,27 @@ class Budget:
                 parse_duration(v)
         for name in ("price_per_hour", "max_cost"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
-                raise BudgetError(f"{name} must be a non-negative number, but got {name}={v!r}.")
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise BudgetError(f"{name} must be a number, but got {name}={v!r}.")
+            # NaN passes every comparison as False, so a NaN price or cap would turn the
+            # cost check off without a word
+            f = _finite(v, name, "2.5", f"{name}={v!r}")
+            if f < 0 or (f == 0 and name == "max_cost"):
+                raise BudgetError(
+                    f"{name} must be {'positive' if name == 'max_cost' else '>= 0'}, "
+                    f"but got {name}={v!r}."
+                )
         if self.max_cost is not None and self.price_per_hour is None:
             raise BudgetError("max_cost needs price_per_hour, to turn GPU time into cost.")
-        if not (isinstance(self.safety_margin, (int, float)) and 0 <= self.safety_margin < 10):
+        if self.max_cost is not None and self.price_per_hour == 0:
+            raise BudgetError(
+                f"max_cost={self.max_cost!r} needs a positive price_per_hour, but got "
+                "price_per_hour=0, at which no trial costs anything and the cap never applies."
+            )
+        margin = self.safety_margin
+        if isinstance(margin, bool) or not (isinstance(margin, (int, float)) and 0 <= margin < 10):
             raise BudgetError(
                 f"safety_margin must be a fraction >= 0, but got {self.safety_margin!r}."
             )
@@ -245,7 +293,14 @@ class Budget:
             raise BudgetError(
                 f"max_memory={self.max_memory!r} is relative to a device; pass device=."
             )
-        return int(get_device(device).memory_bytes * frac)
+        dev = get_device(device)
+        limit = int(dev.memory_bytes * frac)
+        if limit < 1:
+            raise BudgetError(
+                f"max_memory={self.max_memory!r} of the {dev.name}'s {fmt_bytes(dev.memory_bytes)} "
+                "is less than 1 byte; expected a percentage like 90%."
+            )
+        return limit
 
     def _memory_limit(self, dev: Device) -> tuple[int, str]:
         """The memory a trial may use on ``dev`` and where the figure comes from

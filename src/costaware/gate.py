@@ -16,7 +16,7 @@ from typing import Any
 
 from costaware.budget import Budget, Decision
 from costaware.devices import Device, get_device
-from costaware.errors import CostAwareWarning, first_line
+from costaware.errors import CostawareError, CostAwareWarning, first_line
 from costaware.model import CostModel, Prediction
 from costaware.spec import TrainingSpec
 
@@ -86,7 +86,15 @@ class Gate:
         if self.store is not None and self.refit_every:
             from costaware.refit import OnlineRefit
 
-            self.refit = OnlineRefit(self.store, base=self._model, every=self.refit_every)
+            base = self._model
+            if base is None:
+                try:
+                    base = CostModel.default()
+                except CostawareError:
+                    # a damaged shipped model: no base to refit over. Each judge raises
+                    # this again through model() and admits the trial with the reason
+                    return
+            self.refit = OnlineRefit(self.store, base=base, every=self.refit_every)
 
     # frameworks (Ray Tune) pickle what they are given: no locks or threads in the state
     def __getstate__(self) -> dict[str, Any]:
@@ -108,6 +116,8 @@ class Gate:
             return refitted
         with self._lock:
             if self._model is None:
+                # one shared load per process (CostModel.default); a damaged shipped
+                # model raises here, every time, and judge fails open with the reason
                 self._model = CostModel.default()
             return self._model
 

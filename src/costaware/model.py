@@ -25,8 +25,10 @@ import hashlib
 import json
 import math
 import os
+import re
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -40,7 +42,14 @@ from torch import nn
 from costaware import analytic as _analytic
 from costaware._format import fmt_bytes, fmt_seconds
 from costaware.devices import Device, device_kind, get_device
-from costaware.errors import CostawareError, NotEnoughObservations, NotFittedError, TraceError
+from costaware.errors import (
+    CostawareError,
+    CostAwareWarning,
+    NotEnoughObservations,
+    NotFittedError,
+    TraceError,
+    first_line,
+)
 from costaware.features import (
     FEATURE_VERSION,
     device_features,
@@ -56,6 +65,14 @@ __all__ = ["CostModel", "Observation", "Prediction", "benchmark_search_peak", "f
 
 MiB = 2**20
 MANIFEST = "manifest.json"
+#: the most parts (per-kind models, bases) deep a saved model's folders may nest: a refit
+#: over the shipped model nests three (kind / base / kind); deeper, a manifest is malformed
+_MAX_NESTING = 16
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+#: a device kind's sub-folder name ("cpu", "cuda"): one plain name, never "." or ".."
+_KIND_NAME = re.compile(r"[A-Za-z0-9_-]+")
+#: a file's name inside a model's folder: no path separator, no leading dot
+_FILE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 #: below this many measurements of a target, fit learns a line, not trees: replayed on
 #: the HPO benchmark's studies, trees on 8-12 trials were twice as far off on memory as the
 #: line, and their few calibration rows gave bounds no wider than the point
@@ -1047,15 +1064,25 @@ class CostModel:
     # -- construction ---------------------------------------------------------------------
     @classmethod
     def default(cls) -> CostModel:
-        """The shipped model: learned when the package carries one, else analytic."""
-        try:
-            root = resources.files("costaware") / "data" / "default_model"
-            with resources.as_file(root) as path:
-                if (Path(path) / MANIFEST).is_file():
-                    return cls.load(path)
-        except (FileNotFoundError, ModuleNotFoundError):
-            pass
-        return cls()
+        """The shipped model: learned when the package carries one, else analytic.
+
+        The package's files are read and verified once per process, by the first call
+        (others wait for it); each call returns a new :class:`CostModel` that shares the
+        loaded regressors, read-only, with every other call's. So a study that builds a
+        gate, a callback or a refit per trial holds one copy of the shipped model, and
+        fitting or extending the returned model changes no other caller's.
+
+        Raises:
+            CostawareError: the shipped files are damaged (a file does not match the
+                checksum its manifest records, or the manifest is malformed), naming the
+                file. The failure is remembered for the process: every call raises it
+                again without reading the files, and the integrations admit their trials
+                with a warning that gives this reason.
+        """
+        shipped = _shipped_model()
+        if shipped is None:
+            return cls()
+        return shipped._shared(cls)
 
     # -- state helpers --------------------------------------------------------------------
     @property
@@ -1074,6 +1101,18 @@ class CostModel:
         state = self.__dict__.copy()
         state.pop("_trace_cache", None)
         return state
+
+    def _shared(self, cls: type[CostModel]) -> CostModel:
+        """A new model of class ``cls`` over this one's fitted parts (regressors, op
+        models, per-kind models, shared as they are, never written to by ``predict``),
+        with its own trace cache and its own dicts of per-kind and op models, so that
+        ``fit`` or ``add_op_model`` on it leaves this one as it was."""
+        new = cls.__new__(cls)
+        new.__dict__.update(self.__getstate__())
+        for name in ("kinds_", "op_models_"):
+            if name in new.__dict__:
+                new.__dict__[name] = dict(new.__dict__[name])
+        return new
 
     def _cache(self) -> _TraceCache:
         cache = self.__dict__.get("_trace_cache")
@@ -1932,77 +1971,272 @@ class CostModel:
         }
         if (measured := self.__dict__.get("time_measured_")) is not None:
             manifest["time_measured"] = measured
+        # every file load reads from this level, verified before anything parses it: the
+        # .cbm files (a damaged one can crash CatBoost), graph2vec's, and the per-kind and
+        # base manifests (each verifies its own files in turn)
+        listed = [e["file"] for e in files.values() if "file" in e]
+        if g2v is not None:
+            from costaware.graph2vec import ARRAYS_NAME, JSON_NAME
+
+            listed += [f"graph2vec/{JSON_NAME}", f"graph2vec/{ARRAYS_NAME}"]
+        listed += [f"{k}/{MANIFEST}" for k in sorted(self._by_kind())]
+        if base is not None:
+            listed.append(f"base/{MANIFEST}")
+        manifest["sha256"] = {name: _sha256(out / name) for name in sorted(listed)}
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
         return out
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostModel:
-        """Load a model saved by :meth:`save` (no pickle involved)."""
-        from catboost import CatBoostRegressor
+        """Load a model saved by :meth:`save` (no pickle involved).
 
-        root = Path(path)
+        Each file is checked against the sha256 its manifest records before anything
+        parses it, so a damaged ``.cbm`` is refused here rather than handed to CatBoost
+        (which can crash the process on one). A model whose manifest records no
+        checksums still loads, unverified, with a
+        :class:`~costaware.errors.CostAwareWarning`; ``CostModel.load(p).save(p)`` adds
+        them.
+
+        Raises:
+            FileNotFoundError: ``path`` (or a part its manifest lists) has no manifest.
+            CostawareError: a file does not match its checksum; the manifest is not a
+                CostModel manifest (bad JSON, wrong types, a part that names the model
+                itself or a folder outside it); or it was written for another feature
+                version.
+        """
+        unverified: list[Path] = []
+        model = cls._load(Path(path), (), unverified)
+        if unverified:
+            warnings.warn(
+                f"the model at {path} was saved without checksums ({MANIFEST} has no "
+                "'sha256'), so its files are read unverified and a damaged one could crash "
+                "the process; CostModel.load(path).save(path) adds them.",
+                CostAwareWarning,
+                stacklevel=2,
+            )
+        return model
+
+    @classmethod
+    def _load(cls, root: Path, seen: tuple[Path, ...], unverified: list[Path]) -> CostModel:
+        """:meth:`load` for the model in ``root``, a part (per-kind, base) of the models in
+        ``seen`` (their resolved folders), adding the folders without checksums to
+        ``unverified``."""
+        from catboost import CatBoostError, CatBoostRegressor
+
         mpath = root / MANIFEST
         if not mpath.is_file():
             raise FileNotFoundError(f"no {MANIFEST} in {root}: not a saved CostModel directory.")
-        manifest = json.loads(mpath.read_text())
+        here = root.resolve()
+        if here in seen:
+            raise CostawareError(
+                f"{seen[-1] / MANIFEST} lists a part at {root}, which is {here}: the model "
+                "itself or a folder it is in. A saved model's 'kinds' and 'base' name "
+                "sub-folders of it; this manifest is malformed."
+            )
+        if len(seen) >= _MAX_NESTING:
+            raise CostawareError(
+                f"{mpath} is nested {len(seen)} parts deep (kinds, bases), more than any "
+                f"saved model has ({_MAX_NESTING}); its manifests are malformed."
+            )
+        try:
+            manifest = json.loads(mpath.read_bytes())
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise CostawareError(f"{mpath} is not valid JSON ({e}): the model is damaged.") from e
+        if not isinstance(manifest, dict):
+            raise CostawareError(
+                f"{mpath} holds a JSON {type(manifest).__name__}, but a CostModel manifest "
+                "is an object; the model is damaged."
+            )
         if manifest.get("feature_version") != FEATURE_VERSION:
             raise CostawareError(
                 f"the model at {root} uses feature version {manifest.get('feature_version')!r}, "
                 f"but this costaware computes version {FEATURE_VERSION!r}; refit it with `costaware fit`."
             )
-        self = cls(**manifest["params"])
-        self.feature_names_ = list(manifest["feature_names"])
-        self.training_ = manifest.get("training", {})
-        for which, info in manifest["models"].items():
-            m: Any
-            if which.startswith("op_time"):
-                self.add_op_model(OpTimeModel.load(root, info))
-                continue
-            if "affine" in info:
-                m = _Affine(float(info["affine"]["intercept"]), float(info["affine"]["slope"]))
-            elif "by_precision" in info:
-                m = _PrecisionLine(
-                    {str(g): float(v) for g, v in info["by_precision"].items()},
-                    _group_columns(self.feature_names_),
-                    float(info.get("log_slope", 0.0)),
-                )
-            elif "constant" in info:
-                m = _Constant(float(info["constant"]))
-            else:
-                m = CatBoostRegressor()
-                m.load_model(str(root / info["file"]), format="cbm")
-            setattr(self, f"{which}_model_", m)
-            q = info["conformal_quantile"]
-            setattr(self, f"{which}_q_", math.nan if q is None else float(q))
-            if info.get("bound") == "base":
-                setattr(self, f"{which}_bound_", "base")
-            setattr(self, f"{which}_shift_", float(info.get("shift", 0.0)))
-            if bounds := info.get("bounds_by_group"):
-                setattr(
-                    self,
-                    f"{which}_bounds_",
-                    {
-                        str(g): (float(b["shift"]), float(b["quantile"]), float(b["coverage"]))
-                        for g, b in bounds.items()
-                    },
-                )
-            setattr(self, f"{which}_coverage_", float(info.get("coverage", self.coverage)))
-        self.base_ = cls.load(root / "base") if manifest.get("base") else None
-        if manifest.get("dispatch"):
-            self.dispatch_ = _Dispatch(**manifest["dispatch"])
-        if manifest.get("cpu_steps"):
-            self.cpu_steps_ = _CpuSteps(**manifest["cpu_steps"])
-        if (measured := manifest.get("time_measured")) is not None:
-            self.time_measured_ = {str(k): (float(v[0]), int(v[1])) for k, v in measured.items()}
+        sums = manifest.get("sha256")
+        if sums is None:
+            unverified.append(root)
+        elif not (
+            isinstance(sums, dict)
+            and all(isinstance(v, str) and _SHA256.fullmatch(v) for v in sums.values())
+        ):
+            raise CostawareError(
+                f"{mpath}: 'sha256' must map file names to hex sha256 digests, but got "
+                f"{str(sums)[:120]}; the manifest is damaged."
+            )
         kinds = manifest.get("kinds") or []
-        if kinds:
-            self.kinds_ = {str(k): cls.load(root / str(k)) for k in kinds}
-        if manifest.get("graph2vec"):
-            from costaware.graph2vec import Graph2Vec
+        if not isinstance(kinds, list) or not all(
+            isinstance(k, str) and _KIND_NAME.fullmatch(k) for k in kinds
+        ):
+            raise CostawareError(
+                f"{mpath}: 'kinds' must list device kinds like ['cpu', 'cuda'] (each a "
+                f"sub-folder of the model), but got {str(kinds)[:120]}; the manifest is "
+                "malformed."
+            )
 
-            self.graph2vec_ = Graph2Vec.load(root / "graph2vec")
+        def read(name: Any) -> bytes:
+            """The bytes of ``name`` (a file of this model), verified against ``sums``."""
+            if not isinstance(name, str) or not _part_name(name):
+                raise CostawareError(
+                    f"{mpath} lists the file {name!r}, but a saved model's files are plain "
+                    "names inside its folder; the manifest is malformed."
+                )
+            data = (root / name).read_bytes()
+            if sums is not None:
+                want = sums.get(name)
+                if want is None:
+                    raise CostawareError(
+                        f"{mpath} records no sha256 for {name}, which it lists: the manifest "
+                        "is malformed, and the file is not read unverified."
+                    )
+                got = hashlib.sha256(data).hexdigest()
+                if got != want:
+                    raise CostawareError(
+                        f"{root / name} is damaged: its sha256 is {got[:16]}..., but {mpath} "
+                        f"records {want[:16]}... for it. The file changed after the model was "
+                        "saved; it is not read. Restore the model from an intact copy, or "
+                        "refit it."
+                    )
+            return data
+
+        try:
+            self = cls(**manifest["params"])
+            self.feature_names_ = [str(n) for n in manifest["feature_names"]]
+            self.training_ = dict(manifest.get("training") or {})
+            for which, info in dict(manifest["models"]).items():
+                m: Any
+                if which.startswith("op_time"):
+                    read(info["file"])  # verified here, then read by OpTimeModel.load
+                    self.add_op_model(OpTimeModel.load(root, info))
+                    continue
+                if "affine" in info:
+                    m = _Affine(float(info["affine"]["intercept"]), float(info["affine"]["slope"]))
+                elif "by_precision" in info:
+                    m = _PrecisionLine(
+                        {str(g): float(v) for g, v in info["by_precision"].items()},
+                        _group_columns(self.feature_names_),
+                        float(info.get("log_slope", 0.0)),
+                    )
+                elif "constant" in info:
+                    m = _Constant(float(info["constant"]))
+                else:
+                    blob = read(info["file"])
+                    m = CatBoostRegressor()
+                    try:
+                        m.load_model(blob=blob)
+                    except CatBoostError as e:
+                        raise CostawareError(
+                            f"CatBoost could not read {root / info['file']}: {first_line(e)}"
+                        ) from e
+                setattr(self, f"{which}_model_", m)
+                q = info["conformal_quantile"]
+                setattr(self, f"{which}_q_", math.nan if q is None else float(q))
+                if info.get("bound") == "base":
+                    setattr(self, f"{which}_bound_", "base")
+                setattr(self, f"{which}_shift_", float(info.get("shift", 0.0)))
+                if bounds := info.get("bounds_by_group"):
+                    setattr(
+                        self,
+                        f"{which}_bounds_",
+                        {
+                            str(g): (float(b["shift"]), float(b["quantile"]), float(b["coverage"]))
+                            for g, b in bounds.items()
+                        },
+                    )
+                setattr(self, f"{which}_coverage_", float(info.get("coverage", self.coverage)))
+            parts = (*seen, here)
+            self.base_ = None
+            if manifest.get("base"):
+                read(f"base/{MANIFEST}")
+                self.base_ = cls._load(root / "base", parts, unverified)
+            if manifest.get("dispatch"):
+                self.dispatch_ = _Dispatch(**manifest["dispatch"])
+            if manifest.get("cpu_steps"):
+                self.cpu_steps_ = _CpuSteps(**manifest["cpu_steps"])
+            if (measured := manifest.get("time_measured")) is not None:
+                self.time_measured_ = {
+                    str(k): (float(v[0]), int(v[1])) for k, v in measured.items()
+                }
+            if kinds:
+                for k in kinds:
+                    read(f"{k}/{MANIFEST}")
+                self.kinds_ = {k: cls._load(root / k, parts, unverified) for k in kinds}
+            if manifest.get("graph2vec"):
+                from costaware.graph2vec import ARRAYS_NAME, JSON_NAME, Graph2Vec
+
+                read(f"graph2vec/{JSON_NAME}")
+                read(f"graph2vec/{ARRAYS_NAME}")
+                self.graph2vec_ = Graph2Vec.load(root / "graph2vec")
+        except (CostawareError, OSError):
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise CostawareError(
+                f"{mpath} is not a CostModel manifest this costaware can read "
+                f"({first_line(e)}); the model is damaged or malformed."
+            ) from e
         return self
 
     def __repr__(self) -> str:
         state = f"fitted on {self.training_.get('rows')} rows" if self.is_fitted else "analytic"
         return f"CostModel({state})"
+
+
+def _sha256(path: Path) -> str:
+    """The hex sha256 of the file at ``path``."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _part_name(name: str) -> bool:
+    """Whether ``name`` is a file inside a model's folder as :meth:`CostModel.save` names
+    one: a plain name, or a sub-folder's (a kind, ``base``, ``graph2vec``) plain name;
+    never absolute, never ``..``."""
+    parts = name.split("/")
+    return 1 <= len(parts) <= 2 and all(_FILE_NAME.fullmatch(p) for p in parts)
+
+
+# the shipped model, read once per process (CostModel.default): None until the first call,
+# then (model or None where the package carries none, the error that stopped it or None)
+_shipped: tuple[CostModel | None, str | None] | None = None
+_shipped_lock = threading.Lock()
+
+
+def _reset_shipped_lock() -> None:
+    # a child forked while another thread was loading would find the lock held for ever
+    global _shipped_lock
+    _shipped_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_shipped_lock)
+
+
+def _load_shipped() -> CostModel | None:
+    """Read the model in the package's ``data/default_model`` (None: there is none)."""
+    root = resources.files("costaware") / "data" / "default_model"
+    with resources.as_file(root) as path:
+        if not (Path(path) / MANIFEST).is_file():
+            return None
+        return CostModel.load(path)
+
+
+def _shipped_model() -> CostModel | None:
+    """The process's one loaded copy of the shipped model (None: the package carries
+    none); raises the :class:`CostawareError` that loading it raised, every time."""
+    global _shipped
+    with _shipped_lock:
+        if _shipped is None:
+            try:
+                _shipped = (_load_shipped(), None)
+            except Exception as e:  # damaged: remembered, so that no later call reads it
+                _shipped = (None, first_line(e))
+        model, error = _shipped
+    if error is not None:
+        raise CostawareError(
+            f"the cost model shipped with costaware cannot be used ({error.rstrip('.')}); "
+            "reinstall costaware (pip install --force-reinstall costaware), or pass model= "
+            "a model of your own."
+        )
+    return model
