@@ -16,6 +16,7 @@ from costaware.allocator import (
     ALLOC_MODES,
     AllocatorResult,
     allocation_size,
+    min_capacity,
     round_size,
     simulate,
 )
@@ -610,3 +611,75 @@ def test_repeated_training_steps_match_literal_model(mode: str) -> None:
             key += 1
     expected = _RefAllocator(expandable=mode == EXP).run(events)
     assert simulate(events, mode) == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# under a capacity: release the cache and retry, as the allocator does before it raises
+
+
+def test_a_step_that_fits_only_after_the_cache_is_released() -> None:
+    # A's 30 MiB segment stays cached once A is freed; B needs a 40 MiB segment of its own.
+    events: Events = [(1, 30 * MiB), (1, -1), (2, 40 * MiB)]
+    free = simulate(events)
+    assert free.peak_reserved == 70 * MiB and free.peak_allocated == 40 * MiB
+    capped = simulate(events, capacity=50 * MiB)
+    # 30 + 40 > 50: A's segment (one free block) goes back, then 0 + 40 fits
+    assert capped.fits and capped.num_alloc_retries == 1
+    assert capped.peak_reserved == 40 * MiB
+    assert min_capacity(events) == 40 * MiB
+
+
+def test_a_step_that_cannot_fit_even_after_the_release() -> None:
+    # A and B are both live at the end: 70 MiB is the least they can be held in
+    events: Events = [(1, 30 * MiB), (2, 40 * MiB)]
+    capped = simulate(events, capacity=60 * MiB)
+    assert not capped.fits and capped.num_alloc_retries == 1
+    assert simulate(events, capacity=70 * MiB).fits
+    assert min_capacity(events) == 70 * MiB
+
+
+def test_a_split_segment_is_not_released_but_expandable_segments_fit() -> None:
+    # X takes a 40 MiB segment and frees it; Y (15 MiB) splits it and stays live, so the
+    # segment cannot go back. Z (30 MiB) needs a new 30 MiB segment: 70 MiB.
+    events: Events = [(1, 40 * MiB), (1, -1), (2, 15 * MiB), (3, 30 * MiB)]
+    assert simulate(events).peak_reserved == 70 * MiB
+    default = simulate(events, capacity=60 * MiB)
+    assert not default.fits
+    # Expandable segments: X maps two 20 MiB pages, Y takes 15 MiB of them. Z is refused
+    # first (40 mapped + its 30 MiB allocation size > 60), the free tail's whole page
+    # [20, 40) MiB is unmapped, and then Z maps two pages after the 5 MiB left free:
+    # 20 + 40 = 60 MiB.
+    expandable = simulate(events, "expandable_segments", capacity=60 * MiB)
+    assert expandable.fits and expandable.num_alloc_retries == 1
+    assert expandable.peak_reserved == 60 * MiB
+    assert min_capacity(events) == 70 * MiB
+    assert min_capacity(events, "expandable_segments") <= 60 * MiB
+
+
+def test_no_capacity_and_a_large_one_replay_alike() -> None:
+    rng = np.random.default_rng(3)
+    events = _random_events(rng, 400)
+    for mode in ALLOC_MODES:
+        free = simulate(events, mode)
+        big = simulate(events, mode, capacity=free.peak_reserved)
+        assert big == free  # the limit is never reached: nothing is released
+
+
+def test_min_capacity_is_at_least_the_allocated_peak_and_fits() -> None:
+    rng = np.random.default_rng(4)
+    for _ in range(5):
+        events = _random_events(rng, 300)
+        for mode in ALLOC_MODES:
+            free = simulate(events, mode)
+            need = min_capacity(events, mode, uncapped=free)
+            assert free.peak_allocated <= need
+            assert simulate(events, mode, capacity=need).fits
+            if mode == "default":  # nothing is ever released at the unlimited peak
+                assert need <= free.peak_reserved
+
+
+def test_a_negative_capacity_or_tolerance_is_refused() -> None:
+    with pytest.raises(ValueError, match="capacity must be at least 0"):
+        simulate([(1, MiB)], capacity=-1)
+    with pytest.raises(ValueError, match="tolerance must be between 0 and 1"):
+        min_capacity([(1, MiB)], tolerance=0)

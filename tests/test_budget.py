@@ -72,24 +72,81 @@ def test_bad_budgets_say_what_was_expected(kwargs: dict[str, object], message: s
 
 def test_memory_limit_counts_the_cuda_context() -> None:
     a10 = ca.get_device("A10")
-    budget = ca.Budget(max_memory="24GiB")
-    ok = budget.decide(_pred(upper=20 * GiB))
+    budget = ca.Budget(max_memory="16GiB")
+    ok = budget.decide(_pred(upper=12 * GiB))
     assert ok.admit and "memory ok" in str(ok)
-    near = budget.decide(_pred(upper=24 * GiB - a10.context_overhead_bytes // 2))
-    assert not near.admit  # fits the card alone, not with the context
+    near = budget.decide(_pred(upper=16 * GiB - a10.context_overhead_bytes // 2))
+    assert not near.admit  # fits the limit alone, not with the context
     (reason,) = near.reasons
-    assert reason.kind == "memory" and reason.limit == 24 * GiB
+    assert reason.kind == "memory" and reason.limit == 16 * GiB
     assert (
-        reason.predicted == 24 * GiB - a10.context_overhead_bytes // 2 + a10.context_overhead_bytes
+        reason.predicted == 16 * GiB - a10.context_overhead_bytes // 2 + a10.context_overhead_bytes
     )
-    assert "CUDA context" in reason.message and "exceeds the 24.00 GiB budget" in reason.message
+    assert "CUDA context" in reason.message and "exceeds the 16.00 GiB budget" in reason.message
+
+
+def _capacity_pred(need: float, reserved: float) -> Prediction:
+    """A prediction whose step needs ``need`` bytes (upper bound) but reserves ``reserved``
+    with room to spare."""
+    return replace(
+        _pred(peak=reserved * 0.9, upper=reserved), min_capacity=int(need * 0.9),
+        min_capacity_upper=int(need),
+    )
+
+
+def test_the_decision_is_on_the_memory_the_step_needs_not_its_reserved_peak() -> None:
+    # reserved 26 GiB with room to spare, but it runs in 18 GiB: a 24 GiB budget admits it
+    pred = _capacity_pred(need=18 * GiB, reserved=26 * GiB)
+    decision = ca.Budget(max_memory="24GiB").decide(pred, device="H100")
+    assert decision.admit
+    assert decision.checked["memory"]["figure"] == "min_capacity_upper"
+    assert decision.checked["memory"]["predicted"] == 18 * GiB + ca.get_device("H100").context_overhead_bytes
+    rejected = ca.Budget(max_memory="16GiB").decide(pred, device="H100")
+    (reason,) = rejected.reasons
+    assert "predicted memory need 18.00 GiB (upper bound)" in reason.message
+
+
+def test_a_step_over_the_card_is_rejected_by_every_budget() -> None:
+    # the issue's GPT-2 on an RTX 4090: 25.2 GiB predicted, 28.8 GiB at its upper bound
+    pred = _capacity_pred(need=28.8 * GiB, reserved=28.8 * GiB)
+    for budget in (
+        ca.Budget(),
+        ca.Budget(max_epoch_time="1h"),
+        ca.Budget(max_memory="auto"),
+    ):
+        decision = budget.decide(pred, device="RTX-4090")
+        assert not decision.admit, budget
+        (reason,) = decision.reasons
+        assert reason.kind == "memory"
+        assert reason.limit == ca.get_device("RTX-4090").memory_bytes
+        assert "all of the RTX-4090's memory" in reason.message
+
+
+def test_a_limit_above_the_card_warns_once_and_the_card_decides() -> None:
+    pred = _capacity_pred(need=28.8 * GiB, reserved=28.8 * GiB)
+    budget = ca.Budget(max_memory="48GiB")
+    with pytest.warns(UserWarning, match=r"max_memory='48GiB' is more than the RTX-4090's"):
+        decision = budget.decide(pred, device="RTX-4090")
+    assert not decision.admit
+    assert decision.checked["memory"]["limit_from"] == "device"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second decision does not warn again
+        budget.decide(pred, device="RTX-4090")
+
+
+def test_an_older_prediction_without_capacity_decides_on_its_reserved_peak() -> None:
+    pred = _pred(peak=10 * GiB, upper=30 * GiB)
+    assert pred.min_capacity == pred.peak_memory
+    assert pred.min_capacity_upper == pred.peak_memory_upper
 
 
 def test_point_bound_and_safety_margin() -> None:
     pred = _pred(peak=10 * GiB, upper=30 * GiB)
-    assert not ca.Budget(max_memory="24GiB").decide(pred).admit
-    assert ca.Budget(max_memory="24GiB", bound="point").decide(pred).admit
-    assert not ca.Budget(max_memory="24GiB", bound="point", safety_margin=1.5).decide(pred).admit
+    assert not ca.Budget(max_memory="20GiB").decide(pred).admit
+    assert ca.Budget(max_memory="20GiB", bound="point").decide(pred).admit
+    assert not ca.Budget(max_memory="20GiB", bound="point", safety_margin=1.5).decide(pred).admit
 
 
 def test_relative_memory_needs_the_device() -> None:

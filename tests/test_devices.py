@@ -169,7 +169,8 @@ def test_every_entry_is_sane(name: str) -> None:
     if dev.kind == "cuda":
         assert dev.compute_capability
         assert dev.usable_memory_bytes < dev.memory_bytes
-        assert dev.context_overhead_bytes in (GiB, GiB // 2)
+        # a measured context on Hopper, the older defaults elsewhere: 0.5-1.5 GiB
+        assert GiB // 2 <= dev.context_overhead_bytes <= 1.5 * GiB
     else:
         assert dev.compute_capability == ""
         assert dev.usable_memory_bytes == dev.memory_bytes

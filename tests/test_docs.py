@@ -24,7 +24,7 @@ FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULT
 QUICKSTARTS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "optuna": (
         ("optuna",),
-        ("PRUNED", "rejected: predicted peak memory", "COMPLETE"),
+        ("PRUNED", "rejected: predicted memory need", "COMPLETE"),
         ("costaware.db", "report.html"),
     ),
     "ray": (

@@ -426,8 +426,10 @@ def _simulate_expandable(rows: Iterable[Sequence[int]], capacity: int | None) ->
 
     With a ``capacity``, a request is refused first as ``alloc_block`` refuses it under a
     memory fraction: when the reserved bytes plus the request's allocation size
-    (:func:`allocation_size`) would pass the capacity. Then the free pages at the end of
-    each pool's segment are unmapped and it is tried once more. PyTorch also unmaps the
+    (:func:`allocation_size`) would pass the capacity, even where fewer new pages would
+    do (on a full card without a fraction, only the pages mapped count: this is the
+    stricter of the two). Then the free pages at the end of each pool's segment are
+    unmapped and it is tried once more. PyTorch also unmaps the
     whole pages inside free blocks in the middle of a segment; that is not modelled, so
     under a capacity the replay needs at least as much memory as PyTorch does."""
     shift = _SHIFT
@@ -647,9 +649,10 @@ def min_capacity(
     unlimited, is above a card's memory can still run on it, with its reserved memory held
     at the limit. The capacity that decides whether a step fits therefore lies between
     the allocated peak (no capacity below it can hold the live blocks) and the unlimited
-    reserved peak (at which nothing is ever released). It is found by bisection over
-    capped replays, to within ``tolerance`` of itself (and at least 2 MiB, the
-    allocator's smallest segment). ``uncapped``: the replay's result without a limit,
+    reserved peak (at which nothing is ever released); with expandable segments it can
+    lie a little above the latter (see :func:`simulate`). It is found by bisection over
+    capped replays in whole 2 MiB units (the allocator reserves nothing smaller), to
+    within ``tolerance`` of itself. ``uncapped``: the replay's result without a limit,
     where the caller has it.
 
     Whether a step fits is close to monotone in the capacity but not exactly (a release
@@ -659,12 +662,20 @@ def min_capacity(
     if not 0 < tolerance < 1:
         raise ValueError(f"tolerance must be between 0 and 1, but got {tolerance=}.")
     full = uncapped if uncapped is not None else simulate(events, mode)
-    hi = full.peak_reserved
-    lo = full.peak_allocated - 1  # the live blocks alone need this much
-    while hi - lo > max(K_SMALL_BUFFER, tolerance * hi):
+    # reserved memory comes in whole 2 MiB units (segments and pages are multiples of it),
+    # so the search runs over those: hi fits, lo does not
+    unit = K_SMALL_BUFFER
+    hi = -(-full.peak_reserved // unit)
+    lo = -(-full.peak_allocated // unit) - 1  # the live blocks alone need more than this
+    # with expandable segments a request is refused while the reserved bytes plus its
+    # whole allocation size pass the limit, so the unlimited peak may not be enough
+    step = max(1, hi // 16)
+    while not simulate(events, mode, capacity=hi * unit).fits:
+        lo, hi, step = hi, hi + step, step * 2
+    while hi - lo > 1 and (hi - lo) * unit > tolerance * hi * unit:
         mid = (lo + hi) // 2
-        if simulate(events, mode, capacity=mid).fits:
+        if simulate(events, mode, capacity=mid * unit).fits:
             hi = mid
         else:
             lo = mid
-    return max(hi, 0)
+    return max(hi, 0) * unit

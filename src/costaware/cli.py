@@ -129,6 +129,73 @@ def _build_spec(args: argparse.Namespace) -> Any:
     )
 
 
+def _spec_arguments(p: argparse.ArgumentParser, *, batch_help: str, batch_required: bool) -> None:
+    """The arguments that describe one training configuration (``predict``,
+    ``max-batch-size``)."""
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="'path/to/file.py:factory' or 'module:factory' returning an nn.Module",
+    )
+    p.add_argument(
+        "--batch-size",
+        "-b",
+        type=int,
+        required=batch_required,
+        default=None if batch_required else 32,
+        help=batch_help,
+    )
+    p.add_argument(
+        "--input", help="per-sample input shape, e.g. 3x224x224 (images) or 784 (vectors)"
+    )
+    p.add_argument("--classes", type=int, default=1000, help="classes of the label (default 1000)")
+    p.add_argument(
+        "--segmentation", action="store_true", help="labels per pixel (N×H×W) instead of per sample"
+    )
+    p.add_argument("--seq-len", type=int, help="tokens per sample, for language models")
+    p.add_argument("--vocab", type=int, help="vocabulary size, with --seq-len")
+    p.add_argument(
+        "--optimizer", default="adamw", help="sgd, adam, adamw, rmsprop, ... (default adamw)"
+    )
+    p.add_argument("--lr", type=float, help="learning rate")
+    p.add_argument(
+        "--precision", default="fp32", help="fp32, bf16 or fp16 (mixed precision); default fp32"
+    )
+    p.add_argument("--dataset-size", type=int, help="samples per epoch, for the epoch time")
+    p.add_argument("--epochs", type=int, default=1, help="planned epochs (default 1)")
+    p.add_argument(
+        "--grad-accumulation", type=int, default=1, help="micro-batches per optimizer step"
+    )
+    p.add_argument("--allocator", default="default", help="default or expandable_segments")
+    p.add_argument(
+        "--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark is on"
+    )
+
+
+def _cmd_max_batch_size(args: argparse.Namespace) -> int:
+    import costaware as ca
+    from costaware.batch_size import max_batch_size
+
+    if args.limit < 1:
+        raise CliError(f"--limit must be at least 1, but got {args.limit}.")
+    spec = _build_spec(args)
+    model = ca.CostModel.load(args.model_dir) if args.model_dir else ca.CostModel.default()
+    budget = ca.Budget(max_memory=args.max_memory) if args.max_memory else None
+    from rich.console import Console
+
+    with Console(stderr=True).status("dry-running and searching batch sizes ...") as status:
+
+        def progress(batch_size: int, decision: Any) -> None:
+            status.update(f"batch size {batch_size}: {'fits' if decision.admit else 'rejected'}")
+
+        found = max_batch_size(model, spec, args.device, budget, limit=args.limit, on_try=progress)
+    if args.json:
+        print(json.dumps(found.to_dict(), indent=2, default=str))
+    else:
+        print(found)
+    return 0 if found.fits else 1
+
+
 def _cmd_predict(args: argparse.Namespace) -> int:
     import costaware as ca
     from costaware._format import fmt_bytes, fmt_seconds
@@ -154,6 +221,11 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         "peak memory (reserved)", fmt_bytes(pred.peak_memory), fmt_bytes(pred.peak_memory_upper)
     )
     table.add_row(
+        "memory it needs (smallest capacity)",
+        fmt_bytes(pred.min_capacity),
+        fmt_bytes(pred.min_capacity_upper),
+    )
+    table.add_row(
         "iteration time", fmt_seconds(pred.iteration_time), fmt_seconds(pred.iteration_time_upper)
     )
     if pred.epoch_time is not None:
@@ -162,7 +234,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         )
     dev = ca.get_device(pred.device)
     console.print(table)
-    fits = pred.peak_memory_upper <= dev.usable_memory_bytes
+    fits = pred.min_capacity_upper <= dev.usable_memory_bytes
     verdict = "[green]fits[/green]" if fits else "[red]does not fit[/red]"
     where = f"{verdict} in {pred.device}'s {fmt_bytes(dev.usable_memory_bytes)} usable memory"
     if dev.kind == "cpu":  # no CUDA context to set aside
@@ -469,37 +541,7 @@ def _parser() -> argparse.ArgumentParser:
             "--optimizer adamw --device H100"
         ),
     )
-    pr.add_argument(
-        "model",
-        metavar="MODEL",
-        help="'path/to/file.py:factory' or 'module:factory' returning an nn.Module",
-    )
-    pr.add_argument("--batch-size", "-b", type=int, required=True, help="samples per step")
-    pr.add_argument(
-        "--input", help="per-sample input shape, e.g. 3x224x224 (images) or 784 (vectors)"
-    )
-    pr.add_argument("--classes", type=int, default=1000, help="classes of the label (default 1000)")
-    pr.add_argument(
-        "--segmentation", action="store_true", help="labels per pixel (N×H×W) instead of per sample"
-    )
-    pr.add_argument("--seq-len", type=int, help="tokens per sample, for language models")
-    pr.add_argument("--vocab", type=int, help="vocabulary size, with --seq-len")
-    pr.add_argument(
-        "--optimizer", default="adamw", help="sgd, adam, adamw, rmsprop, ... (default adamw)"
-    )
-    pr.add_argument("--lr", type=float, help="learning rate")
-    pr.add_argument(
-        "--precision", default="fp32", help="fp32, bf16 or fp16 (mixed precision); default fp32"
-    )
-    pr.add_argument("--dataset-size", type=int, help="samples per epoch, for the epoch time")
-    pr.add_argument("--epochs", type=int, default=1, help="planned epochs (default 1)")
-    pr.add_argument(
-        "--grad-accumulation", type=int, default=1, help="micro-batches per optimizer step"
-    )
-    pr.add_argument("--allocator", default="default", help="default or expandable_segments")
-    pr.add_argument(
-        "--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark is on"
-    )
+    _spec_arguments(pr, batch_help="samples per step", batch_required=True)
     pr.add_argument(
         "--device", "-d", default="auto", help="catalog name (see 'costaware devices') or auto"
     )
@@ -507,6 +549,31 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true", help="print the prediction as JSON")
     pr.add_argument("--explain", action="store_true", help="also print what the numbers rest on")
     pr.set_defaults(func=_cmd_predict)
+
+    mb = sub.add_parser(
+        "max-batch-size",
+        help="the largest batch size that fits a device (and a budget), with no step run",
+        description=(
+            "Search the largest batch size of MODEL whose predicted memory need (the upper bound "
+            "of the smallest capacity the step runs in, plus the CUDA context) fits DEVICE, or "
+            "a tighter --max-memory. Two dry runs and a few milliseconds per size tried; nothing "
+            "runs on a GPU. Example: costaware max-batch-size examples/models.py:resnet18 "
+            "--input 3x224x224 --device A10"
+        ),
+    )
+    _spec_arguments(
+        mb, batch_help="the batch size the search starts from (default 32)", batch_required=False
+    )
+    mb.add_argument(
+        "--device", "-d", default="auto", help="catalog name (see 'costaware devices') or auto"
+    )
+    mb.add_argument("--max-memory", help="a memory budget below the device's, e.g. 20GiB or 90%%")
+    mb.add_argument(
+        "--limit", type=int, default=65_536, help="the largest batch size searched (default 65536)"
+    )
+    mb.add_argument("--model-dir", help="a saved CostModel directory (default: the shipped model)")
+    mb.add_argument("--json", action="store_true", help="print the result as JSON")
+    mb.set_defaults(func=_cmd_max_batch_size)
 
     dv = sub.add_parser(
         "devices",

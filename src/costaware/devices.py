@@ -88,14 +88,19 @@ _PRECISION_ALIASES: Mapping[str, str] = MappingProxyType(
     }
 )
 
-#: Context/handle overhead for Hopper, Ampere and Ada parts (Hopper measured ~0.75-1.3 GiB).
+#: Context/handle overhead for Hopper parts: NVML's used memory less torch's reserved
+#: memory once CUDA, cuBLAS and cuDNN have started (measured on an H200, driver 580.159,
+#: torch 2.11 + CUDA 13.0: the ``context`` row of ``data/oom/h200-oom-seed0.jsonl.gz``;
+#: 1.29 GB after CUDA's start alone). A study's own measurement replaces it.
+_OVERHEAD_HOPPER = 1_379_794_944
+#: Context/handle overhead for Ampere and Ada parts (not measured here).
 _OVERHEAD_RECENT = 1 * GiB
 #: Context/handle overhead for Volta and Turing parts.
 _OVERHEAD_OLDER = GiB // 2
 
 _GENERATION_OVERHEAD: Mapping[str, int] = MappingProxyType(
     {
-        "Hopper": _OVERHEAD_RECENT,
+        "Hopper": _OVERHEAD_HOPPER,
         "Ampere": _OVERHEAD_RECENT,
         "Ada": _OVERHEAD_RECENT,
         "Turing": _OVERHEAD_OLDER,

@@ -1246,6 +1246,12 @@ class CostModel:
         trace, graph_feats, source = self.trace(spec, exact=exact, attention=_attention_mode(dev))
         est = _analytic.estimate(trace, spec, dev)
         notes = list(trace.notes) + list(est.notes)
+        if isinstance(device, str) and device.strip().lower() == "auto" and dev.kind == "cpu":
+            notes.append(
+                "device='auto' found no GPU here (NVML sees none), so this is for this "
+                "machine's CPU; name the GPU the trial will train on (device='A10', "
+                "'costaware devices' lists them) to predict for it"
+            )
         basis: dict[str, Any] = {
             "live_peak": trace.peak_live,
             "simulated_allocated": est.allocated,
@@ -1789,6 +1795,7 @@ class CostModel:
             raise NotEnoughObservations(
                 "fit needs at least 2 observations with a measured peak memory or iteration time."
             )
+        self._fit_capacity(obs)
         self.__dict__.pop("time_measured_", None)
         if refit:
             # a refit remembers what each configuration it saw measured (see predict)
@@ -1804,6 +1811,27 @@ class CostModel:
             "base": None if base is None else base.training_,
         }
         return self
+
+    def _fit_capacity(self, obs: Sequence[Observation]) -> None:
+        """The capacity bound (:func:`capacity_quantile`) from the observations with a
+        measured allocated peak: each one's predicted allocated peak is the simulated one
+        moved by this model's memory correction, as :meth:`predict` moves the capacity.
+        A fit without such rows keeps no capacity bound (the reserved peak's applies)."""
+        for name in ("capacity_q_", "capacity_shift_", "capacity_coverage_", "capacity_rows_"):
+            self.__dict__.pop(name, None)
+        pairs = []
+        for o in obs:
+            simulated = o.features.get("analytic_allocated_mib", math.nan) * MiB
+            if not o.peak_allocated or not simulated > 0:
+                continue
+            reserved = float(o.features["analytic_reserved_mib"]) * MiB
+            point = self._point(o.features, device_kind(o.device))[0]
+            pairs.append((simulated * point / max(reserved, 1.0), o.peak_allocated))
+        found = capacity_quantile(pairs)
+        if found is not None:
+            self.capacity_q_, self.capacity_coverage_ = found
+            self.capacity_shift_ = float(CAPACITY_SHIFT)
+            self.capacity_rows_ = len(pairs)
 
     def measured_time(self, feats: Mapping[str, float], device: str) -> tuple[float, int] | None:
         """(median seconds, trials) of the iteration time this refit measured for the
@@ -1967,6 +1995,16 @@ class CostModel:
             "kinds": sorted(self._by_kind()),
             "dispatch": asdict(d) if (d := self.__dict__.get("dispatch_")) is not None else None,
             "cpu_steps": asdict(c) if (c := self.__dict__.get("cpu_steps_")) is not None else None,
+            "capacity": (
+                {
+                    "quantile": float(self.capacity_q_),
+                    "shift": float(self.__dict__.get("capacity_shift_", CAPACITY_SHIFT)),
+                    "coverage": float(self.__dict__.get("capacity_coverage_", CAPACITY_COVERAGE)),
+                    "rows": int(self.__dict__.get("capacity_rows_", 0)),
+                }
+                if self.__dict__.get("capacity_q_") is not None
+                else None
+            ),
             "training": self.training_,
         }
         if (measured := self.__dict__.get("time_measured_")) is not None:
@@ -2152,6 +2190,11 @@ class CostModel:
                 self.dispatch_ = _Dispatch(**manifest["dispatch"])
             if manifest.get("cpu_steps"):
                 self.cpu_steps_ = _CpuSteps(**manifest["cpu_steps"])
+            if capacity := manifest.get("capacity"):
+                self.capacity_q_ = float(capacity["quantile"])
+                self.capacity_shift_ = float(capacity["shift"])
+                self.capacity_coverage_ = float(capacity["coverage"])
+                self.capacity_rows_ = int(capacity.get("rows", 0))
             if (measured := manifest.get("time_measured")) is not None:
                 self.time_measured_ = {
                     str(k): (float(v[0]), int(v[1])) for k, v in measured.items()
