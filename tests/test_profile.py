@@ -238,6 +238,23 @@ def test_device_claims_end_with_close_garbage_collection_and_fork() -> None:
     assert measurements_on("cuda:0") == 0 and measurements_on("cuda:1") == 0
 
 
+def test_measure_refuses_a_gpu_that_another_measurement_of_the_process_uses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It would reset the device's peaks and empty its cache under the other one. torch.cuda
+    is stood in for (no GPU here): the refusal comes before any CUDA call."""
+    import torch
+
+    import costaware.profile as profile
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(profile, "environment", lambda device: {"alloc_conf": ""})
+    with profile.DeviceUse("cuda:0"):  # a trial of this process training on the GPU
+        m = profile.measure(_small_spec(), "cuda:0", warmup=1, steps=10)  # type: ignore[arg-type]
+    assert m.status == "error" and "another measurement of this process" in str(m.error)
+    assert profile.measurements_on("cuda:0") == 0
+
+
 def test_cpu_measurement_is_the_allocator_peak_the_dry_run_predicts() -> None:
     import torch
 
