@@ -523,7 +523,6 @@ class _CostAwareCallbackBase:
         dev = trainer.strategy.root_device
         if dev.type != "cuda" or self._setup_use is None or not self._setup_use.alone:
             return  # never empty the cache under another trial's measurement
-
         self._setup_held = max(0, clear_cuda_cache(dev) - _module_bytes(pl_module, "cuda"))
 
     def _start_fit(self, trainer: Any, pl_module: Any) -> None:

@@ -31,11 +31,11 @@ that :func:`costaware.dry_run` traces (forward, loss, backward, optimizer step,
   the tensors need (1 MiB for a model whose weights and optimizer state take 8 MiB).
 - The CPU steps run under the process's own ``malloc`` settings, as a user's training
   does. Only where the allocator's peak cannot be read (a torch profiler already runs in
-  the thread), so that the resident set is the memory figure, is glibc asked to ``mmap`` every block
-  above 64 KiB (:func:`mmap_threshold`). That makes every large tensor fault its pages
-  in again at each step, which here costs several microseconds a page: a 537k-parameter
-  CNN's Adam step took 4.5 ms under it and 1.4 ms without, and its training step 22 ms
-  against 11-14 ms. ``env["malloc"]`` says which applied.
+  the thread), so that the resident set is the memory figure, is glibc asked to ``mmap``
+  every block above 64 KiB (:func:`mmap_threshold`). That makes every large tensor fault
+  its pages in again at each step, which here costs several microseconds a page: a
+  537k-parameter CNN's Adam step took 4.5 ms under it and 1.4 ms without, and its
+  training step 22 ms against 11-14 ms. ``env["malloc"]`` says which applied.
 - Several measurements in one process at once (trials in threads, Optuna's ``n_jobs``):
   the CPU allocator's peak is each thread's own. What belongs to the process or the
   device (CUDA's peak statistics and cache, the resident set, glibc's settings) is
