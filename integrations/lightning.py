@@ -15,17 +15,21 @@ Record what a training run really costs, epoch by epoch, and stop one that blows
   ``max_memory_allocated``) since training started; ``nvml_peak`` is the highest
   device-wide used memory the driver reported (``cudaMemGetInfo``, the figure NVML shows,
   CUDA context included). On the CPU it is the peak of the bytes PyTorch's CPU allocator
-  held over the first two training batches, read from the profiler's
-  memory events (:class:`costaware.profile.AllocatorPeak`), plus the bytes of the model's
-  parameters and buffers and of any optimizer state, which were allocated before: the
-  quantity the cost model predicts for a CPU, exactly. The two profiled batches run a few
-  microseconds per op slower, and the profiler's own work when it stops is left out of the
-  epoch time. Where the profiler cannot run (another torch profiler is active, such as
-  Lightning's ``profiler="pytorch"``) it falls back to the growth of the process's peak
-  resident set since training started plus those bytes, while glibc serves every
-  allocation above 64 KiB with ``mmap`` so that freed tensors leave the resident set at once
-  (which slows a CPU step: each large tensor faults its pages in again). Otherwise glibc's
-  settings are left alone, and training runs as it would without the callback.
+  held for the training thread over the first two training batches, read from torch's
+  thread-local profiler's memory events (:class:`costaware.profile.AllocatorPeak`;
+  trials that train at once in threads of one process each measure their own), plus the
+  bytes of the model's parameters and buffers and of any optimizer state, which were
+  allocated before: the quantity the cost model predicts for a CPU, exactly. The two
+  profiled batches run a few microseconds per op slower, and the profiler's own work when
+  it stops is left out of the epoch time. Where the profiler cannot run (another torch
+  profiler is active in the thread, such as Lightning's ``profiler="pytorch"``) it falls
+  back to the growth of the process's peak resident set since training started plus
+  those bytes, while glibc serves every allocation above 64 KiB with ``mmap`` so that
+  freed tensors leave the resident set at once (which slows a CPU step: each large
+  tensor faults its pages in again). The resident set is the process's, so it is the
+  figure only while no other run of the process measures (see "Trials at once in one
+  process" below); otherwise ``peak_memory`` is None. Otherwise glibc's settings are
+  left alone, and training runs as it would without the callback.
   Peaks are running peaks: epoch ``k`` reports the highest figure of epochs ``0..k``.
   ``actual["memory_method"]`` says which method was used.
 - ``held_before`` (CUDA): on a GPU, training starts from a clean cache. Unreachable
@@ -37,6 +41,23 @@ Record what a training run really costs, epoch by epoch, and stop one that blows
   already had on the device, is ``held_before``. Above
   :data:`costaware.store.MAX_HELD_BEFORE` (256 MiB) the callback warns once, and the
   store does not refit memory on that trial's peak, which is partly someone else's.
+
+Trials at once in one process
+-----------------------------
+Trials that train at the same time in threads of one process (Optuna's ``n_jobs``) share
+what belongs to the process or the device: a GPU's peak statistics and cache, the resident
+set, glibc's settings. Each run claims its device from ``setup`` to the end of fit
+(:class:`costaware.profile.DeviceUse`), and none resets the peaks, empties the cache or
+changes glibc's settings while another one's claim is open. A run that shared its GPU with
+another at any time since its claim records the device's figures, not its own:
+``device_peak_memory`` / ``device_peak_allocated`` are ``torch.cuda.max_memory_reserved`` /
+``max_memory_allocated`` of the device while ``shared_by`` runs of the process used it
+(since the device's last peak reset: this run's, if it began alone, else an earlier
+run's), with ``peak_memory``, ``peak_allocated`` and ``held_before`` None; the store then
+learns no memory from the row, and the memory budget is not checked against it (an
+out-of-memory error still ends the run and is recorded). Rows recorded before another run
+arrived keep their own peaks. On a CPU the allocator's peak is each thread's own and
+holds at any concurrency; only its resident-set fallback is the process's.
 
 Each epoch becomes one ``record_measurement(status="ok", epoch=...)`` row in an
 :class:`~costaware.store.ObservationStore` (or ``"stopped"`` when the budget was enforced on
@@ -136,7 +157,13 @@ from costaware.budget import Budget
 from costaware.devices import Device, cpu_device, detect_device, get_device
 from costaware.errors import CostAwareWarning, first_line
 from costaware.model import CostModel, Prediction
-from costaware.profile import CpuMemoryMeter, clear_cuda_cache, malloc_trim
+from costaware.profile import (
+    CpuMemoryMeter,
+    DeviceUse,
+    clear_cuda_cache,
+    device_key,
+    malloc_trim,
+)
 from costaware.spec import TrainingSpec
 
 if TYPE_CHECKING:
@@ -314,6 +341,8 @@ class _CostAwareCallbackBase:
         self._store_obj: Any = None
         self._store_failed = False
         self._setup_held: int | None = None
+        #: the claim on the device that setup makes, taken over when training starts
+        self._setup_use: DeviceUse | None = None
         self._rank_zero = True
         self._reset_run_state()
 
@@ -324,6 +353,7 @@ class _CostAwareCallbackBase:
         self._torch_device: torch.device | None = None
         self._training = False
         self._cpu_memory: CpuMemoryMeter | None = None
+        self._device_use: DeviceUse | None = None
         self._alloc_batches = 0
         self._module_nbytes = 0
         self._held_before: int | None = None
@@ -371,6 +401,7 @@ class _CostAwareCallbackBase:
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":
             self._check_namespace(trainer)
+            self._safely("claiming the device", self._claim_device, trainer)
             self._safely(
                 "measuring the GPU memory held before", self._held_at_setup, trainer, pl_module
             )
@@ -471,6 +502,17 @@ class _CostAwareCallbackBase:
                 "still runs when passed in a list, but Lightning's isinstance checks miss it.",
             )
 
+    def _claim_device(self, trainer: Any) -> None:
+        """Claim the device for this run before its model is on it (:class:`~costaware.
+        profile.DeviceUse`), so that another trial of the process that measures meanwhile
+        knows this one's tensors are there."""
+        if self._setup_use is not None:
+            self._setup_use.close()
+        self._setup_use = None
+        dev = trainer.strategy.root_device
+        if dev.type in ("cuda", "cpu"):
+            self._setup_use = DeviceUse(device_key(dev))
+
     def _held_at_setup(self, trainer: Any, pl_module: Any) -> None:
         """What a GPU process holds reserved before this run's model is on the device:
         Lightning's ``setup`` hook runs before the strategy moves the model there, wraps
@@ -479,12 +521,12 @@ class _CostAwareCallbackBase:
         run's (after :func:`~costaware.profile.clear_cuda_cache`)."""
         self._setup_held = None
         dev = trainer.strategy.root_device
-        if dev.type != "cuda":
-            return
+        if dev.type != "cuda" or self._setup_use is None or not self._setup_use.alone:
+            return  # never empty the cache under another trial's measurement
         self._setup_held = max(0, clear_cuda_cache(dev) - _module_bytes(pl_module, "cuda"))
 
     def _start_fit(self, trainer: Any, pl_module: Any) -> None:
-        self._finish()
+        self._finish(keep_claim=True)
         self._reset_run_state()
         self._torch_device = trainer.strategy.root_device
         self._kind = self._torch_device.type
@@ -616,8 +658,23 @@ class _CostAwareCallbackBase:
             self._start_fit(trainer, pl_module)
         self._training = True
         self._first_epoch = trainer.current_epoch
+        dev = self._torch_device
+        assert dev is not None
+        if self._kind in ("cuda", "cpu"):
+            self._device_use = self._setup_use or DeviceUse(device_key(dev))
+            self._setup_use = None
         if self._kind == "cuda":
-            dev = self._torch_device
+            assert self._device_use is not None
+            if not self._device_use.alone:  # another trial of this process measures on it
+                self._warn_once(
+                    "shared-gpu",
+                    "costaware: trials of this process train on the same GPU at once; their "
+                    "peaks cannot be told apart, so each is recorded as the device's "
+                    "(actual['device_peak_memory'], 'shared_by') and is not learned, and the "
+                    "memory budget is not checked against it.",
+                )
+                self._sample_device_memory()
+                return
             reserved = clear_cuda_cache(dev)  # the sanity check's and earlier trials' blocks
             torch.cuda.reset_peak_memory_stats(dev)
             if self._setup_held is not None:  # measured before the model was on the device
@@ -643,8 +700,8 @@ class _CostAwareCallbackBase:
             malloc_trim()
             self._cpu_memory = CpuMemoryMeter(
                 f"over the first {_MEMORY_STEPS} training batches", "since on_train_start"
-            ).start()
-            if not self._cpu_memory.profiling:
+            ).start(self._device_use)
+            if self._cpu_memory.rss_is_the_figure:
                 # the resident set is the memory figure: from here to the end of fit, frees
                 # of large blocks leave it at once (training runs slower meanwhile)
                 self._exit_stack = contextlib.ExitStack()
@@ -710,7 +767,25 @@ class _CostAwareCallbackBase:
 
     def _memory(self) -> dict[str, Any]:
         out: dict[str, Any] = {"peak_memory": None, "peak_allocated": None, "nvml_peak": None}
-        if self._kind == "cuda" and self._torch_device is not None:
+        use = self._device_use
+        if self._kind == "cuda" and use is not None and use.shared_by > 1:
+            dev = self._torch_device
+            out["device_peak_memory"] = int(torch.cuda.max_memory_reserved(dev))
+            out["device_peak_allocated"] = int(torch.cuda.max_memory_allocated(dev))
+            out["shared_by"] = use.shared_by
+            out["held_before"] = None
+            self._sample_device_memory()
+            out["nvml_peak"] = self._nvml_peak
+            out["memory_method"] = (
+                f"not this trial's own: {use.shared_by} trials of this process measured on "
+                f"{use.key} at once, and the device's peaks count all of their tensors. "
+                "device_peak_memory/device_peak_allocated: torch.cuda.max_memory_reserved/"
+                "allocated of the device since its last peak reset (this trial's, if it "
+                "started alone; else an earlier trial's or the process's start), which no "
+                "trial resets or empties while another measures on the device; nvml_peak: "
+                "highest device-wide used memory (cudaMemGetInfo) at batch ends"
+            )
+        elif self._kind == "cuda" and self._torch_device is not None:
             dev = self._torch_device
             out["peak_memory"] = int(torch.cuda.max_memory_reserved(dev))
             out["peak_allocated"] = int(torch.cuda.max_memory_allocated(dev))
@@ -728,8 +803,12 @@ class _CostAwareCallbackBase:
         elif self._kind == "cpu" and self._cpu_memory is not None:
             self._stop_allocator_peak()  # if the run ended before batch 2
             meter = self._cpu_memory
-            out["peak_memory"] = out["peak_allocated"] = meter.peak() + self._module_nbytes
-            out["memory_method"] = f"{meter.method}, + parameter/buffer/optimizer-state bytes"
+            peak = meter.peak()
+            if peak is None:
+                out["memory_method"] = meter.method
+            else:
+                out["peak_memory"] = out["peak_allocated"] = peak + self._module_nbytes
+                out["memory_method"] = f"{meter.method}, + parameter/buffer/optimizer-state bytes"
         else:
             out["memory_method"] = (
                 "not measured before training started"
@@ -755,7 +834,11 @@ class _CostAwareCallbackBase:
             "memory_method": mem["memory_method"],
             "device_kind": self._kind,
             "steps": self._epoch_batches,
-        } | ({"held_before": mem["held_before"]} if "held_before" in mem else {})
+        } | {
+            k: mem[k]
+            for k in ("held_before", "device_peak_memory", "device_peak_allocated", "shared_by")
+            if k in mem
+        }
 
     def _meta(self, trainer: Any) -> dict[str, Any]:
         meta: dict[str, Any] = {
@@ -865,10 +948,17 @@ class _CostAwareCallbackBase:
             with contextlib.suppress(Exception):
                 self.trial.set_user_attr("costaware_oom", reason)
 
-    def _finish(self) -> None:
+    def _finish(self, *, keep_claim: bool = False) -> None:
+        """End the run's measuring; with ``keep_claim``, the claim setup made on the device
+        stays (fit is starting: it is this run's)."""
         self._training = False
+        if not keep_claim and self._setup_use is not None:
+            self._setup_use.close()
+            self._setup_use = None
         if self._cpu_memory is not None:
-            self._cpu_memory.end_profiling()  # never leave a profiler running past fit
+            self._cpu_memory.close()  # never leave a profiler running past fit
+        if self._device_use is not None:
+            self._device_use.close()
         if self._exit_stack is not None:
             stack, self._exit_stack = self._exit_stack, None
             stack.close()  # restores glibc's mmap threshold

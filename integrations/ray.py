@@ -728,13 +728,14 @@ class EpochMeter:
             return "torch.cuda.max_memory_reserved since the meter was created"
         return self._cpu_memory.method if self._cpu_memory is not None else "not measured"
 
-    def peak_memory(self) -> int:
-        """Peak memory since the meter was created, in bytes."""
+    def peak_memory(self) -> int | None:
+        """Peak memory since the meter was created, in bytes; None where it could not be
+        measured (:attr:`memory_method` says why)."""
         if self.device == "cuda":
             import torch
 
             return int(torch.cuda.max_memory_reserved())
-        return 0 if self._cpu_memory is None else self._cpu_memory.peak()
+        return None if self._cpu_memory is None else self._cpu_memory.peak()
 
     def __enter__(self) -> EpochMeter:
         if self.device == "cuda":
@@ -755,8 +756,12 @@ class EpochMeter:
 
     def metrics(self) -> dict[str, float]:
         """``{"epoch_time_s", "peak_memory_bytes"}`` for ``tune.report`` (on CUDA also
-        ``"held_before_bytes"``)."""
-        out: dict[str, float] = {"peak_memory_bytes": float(self.peak_memory())}
+        ``"held_before_bytes"``; no ``"peak_memory_bytes"`` where :meth:`peak_memory` is
+        None)."""
+        out: dict[str, float] = {}
+        peak = self.peak_memory()
+        if peak is not None:
+            out["peak_memory_bytes"] = float(peak)
         if self.epoch_time is not None:
             out["epoch_time_s"] = self.epoch_time
         if self.held_before is not None:

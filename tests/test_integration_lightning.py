@@ -566,6 +566,7 @@ def test_cuda_start_records_what_was_held_before(monkeypatch: pytest.MonkeyPatch
         cb._start_training(trainer, module)
     assert calls[:3] == ["sync", "gc", "empty"] and "reset" in calls
     assert cb._held_before == 900 * 2**20
+    cb._finish()  # its claim on the GPU ends: the next trial has the device to itself
     cb2 = CostAwareCallback()
     cb2._kind, cb2._torch_device = "cuda", torch.device("cuda", 0)
     reserved["now"] = 64 * 2**20  # a workspace's worth: no warning
@@ -573,6 +574,7 @@ def test_cuda_start_records_what_was_held_before(monkeypatch: pytest.MonkeyPatch
         warnings.simplefilter("error", CostAwareWarning)
         cb2._start_training(trainer, module)
     assert cb2._held_before == 64 * 2**20
+    cb2._finish()
     # measured in setup, before the model is on the device: what DDP allocates beside the
     # model afterwards (its gradient buckets) is not counted as held
     trainer.strategy = types.SimpleNamespace(root_device=torch.device("cuda", 0))
@@ -584,6 +586,88 @@ def test_cuda_start_records_what_was_held_before(monkeypatch: pytest.MonkeyPatch
         reserved["now"] = 300 * 2**20 + 2 * 2**30  # the model, its optimizer and buckets
         cb3._start_training(trainer, module)
     assert cb3._held_before == 300 * 2**20 and cb3._setup_held is None
+    cb3._finish()
+
+
+def test_trials_sharing_a_gpu_neither_reset_it_nor_learn_its_peak(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two trials of one process on one GPU (Optuna's n_jobs): the second neither empties the
+    cache nor resets the peaks under the first, and both record the device's peak as shared,
+    which the store does not learn. torch.cuda's calls are stood in for (no GPU here)."""
+    calls: list[str] = []
+    peaks = {"reserved": 3 * 2**30, "allocated": 2 * 2**30}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: peaks["reserved"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: peaks["allocated"])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (2**30, 8 * 2**30))
+    gpu = torch.device("cuda", 0)
+    trainer = types.SimpleNamespace(
+        current_epoch=0, optimizers=[], strategy=types.SimpleNamespace(root_device=gpu)
+    )
+    module = _net()
+
+    def start(cb: Any) -> None:  # Lightning's setup hook, then the start of training
+        cb.setup(trainer, module, "fit")
+        cb._kind, cb._torch_device = "cuda", gpu
+        cb._start_training(trainer, module)
+
+    first, second = CostAwareCallback(), CostAwareCallback()
+    start(first)
+    assert calls == ["empty", "empty", "reset"]  # alone: a clean cache and fresh peaks
+    own = first._memory()
+    assert own["peak_memory"] == peaks["reserved"] and "shared_by" not in own
+    calls.clear()
+    with pytest.warns(CostAwareWarning, match="same GPU at once"):
+        start(second)
+    assert calls == []  # nothing emptied or reset under the first trial
+    for cb in (first, second):
+        mem = cb._memory()
+        assert mem["peak_memory"] is None and mem["peak_allocated"] is None
+        assert mem["held_before"] is None
+        assert mem["device_peak_memory"] == peaks["reserved"]
+        assert mem["device_peak_allocated"] == peaks["allocated"]
+        assert mem["shared_by"] == 2 and "2 trials of this process" in mem["memory_method"]
+    # a memory budget is not checked against a peak that is not the trial's own
+    small = CostAwareCallback(budget=ca.Budget(max_memory="1GiB"), enforce=True)
+    small._dev = second._dev
+    assert small._over_budget(second._actual()) is None
+
+    # the store learns the first trial's own peak (its row from before the second came),
+    # and no peak for the second: its only figure is the device's
+    store = ObservationStore(f"sqlite:///{tmp_path / 'shared.db'}")
+    rows = {"first": [own, first._memory()], "second": [second._memory()]}
+    for trial, mems in rows.items():
+        store.record_prediction(
+            study="s",
+            trial=trial,
+            spec={},
+            features={"x": 1.0},
+            prediction={},
+            decision=None,
+            device="H100",
+            status="admitted",
+        )
+        for epoch, mem in enumerate(mems):
+            actual = {k: v for k, v in mem.items() if k != "memory_method"}
+            store.record_measurement(
+                study="s", trial=trial, status="ok", actual=actual, device="H100", epoch=epoch
+            )
+    learned = {o.meta["trial"]: o.peak_memory for o in store.observations(study="s")}
+    assert learned == {"first": peaks["reserved"], "second": None}
+
+    # once both have ended, the next trial has the device to itself again
+    first._finish()
+    second._finish()
+    calls.clear()
+    third = CostAwareCallback()
+    start(third)
+    assert calls == ["empty", "empty", "reset"]
+    assert third._memory()["peak_memory"] == peaks["reserved"]
+    third._finish()
 
 
 # --------------------------------------------------------------------------------------

@@ -167,6 +167,94 @@ def test_allocator_peak_leaves_a_running_profiler_alone() -> None:
     assert sum(e.name == "aten::sum" for e in user.events()) == 2
 
 
+def test_allocator_peak_counts_only_its_own_thread_and_stops_where_it_started() -> None:
+    import threading
+
+    import torch
+
+    from costaware.profile import AllocatorPeak
+
+    peak = AllocatorPeak().start()
+    assert peak.running and peak.profiler == "thread-local"
+    other = threading.Thread(target=lambda: torch.empty(8 * MiB, dtype=torch.uint8))
+    other.start()  # another thread's block is not this thread's
+    other.join()
+    a = torch.empty(1 * MiB, dtype=torch.uint8)
+    stopper = threading.Thread(target=peak.stop)
+    stopper.start()  # the thread-local profiler can only be stopped in its own thread
+    stopper.join()
+    assert peak.running and "another thread" in str(peak.why)
+    assert peak.stop() == 1 * MiB and not peak.running
+    del a
+
+
+def test_cpu_meters_at_once_do_not_take_the_shared_resident_set_as_their_own() -> None:
+    import torch
+
+    from costaware.profile import CpuMemoryMeter, measurements_on
+
+    with torch.profiler.profile(profile_memory=True):  # the allocator's peak cannot be read
+        first = CpuMemoryMeter("over the test", "since start").start()
+        assert first.rss_is_the_figure  # alone in the process: its resident set
+        second = CpuMemoryMeter("over the test", "since start").start()
+        assert not second.rss_is_the_figure  # neither reset nor used while another measures
+        assert measurements_on("cpu") == 2
+        for meter in (first, second):
+            assert meter.peak() is None
+            assert "2 measurements of this process shared" in meter.method, meter.method
+        first.close()
+        second.close()
+        assert measurements_on("cpu") == 0
+        third = CpuMemoryMeter("over the test", "since start").start()
+        assert third.rss_is_the_figure and third.peak() is not None
+        assert "RssFile" in third.method or "ru_maxrss" in third.method
+        third.close()
+
+
+def test_device_claims_end_with_close_garbage_collection_and_fork() -> None:
+    import gc
+    import os
+
+    from costaware.profile import DeviceUse, measurements_on
+
+    a, b = DeviceUse("cuda:0"), DeviceUse("cuda:0")
+    c = DeviceUse("cuda:1")  # another GPU is not shared
+    assert (a.shared_by, b.shared_by, c.shared_by) == (2, 2, 1)
+    assert not a.alone and not b.alone and c.alone
+    a.close()
+    a.close()
+    assert measurements_on("cuda:0") == 1 and b.shared_by == 2  # it stays shared
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child has none of the parent's threads, nor their claims
+        os.write(w, b"%d" % (measurements_on("cuda:0") + measurements_on("cuda:1")))
+        os._exit(0)
+    os.close(w)
+    assert os.read(r, 16) == b"0"
+    os.close(r)
+    assert os.waitpid(pid, 0)[1] == 0
+    del b, c  # dropped without close (a trainer that never ran its last hook)
+    gc.collect()
+    assert measurements_on("cuda:0") == 0 and measurements_on("cuda:1") == 0
+
+
+def test_measure_refuses_a_gpu_that_another_measurement_of_the_process_uses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It would reset the device's peaks and empty its cache under the other one. torch.cuda
+    is stood in for (no GPU here): the refusal comes before any CUDA call."""
+    import torch
+
+    import costaware.profile as profile
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(profile, "environment", lambda device: {"alloc_conf": ""})
+    with profile.DeviceUse("cuda:0"):  # a trial of this process training on the GPU
+        m = profile.measure(_small_spec(), "cuda:0", warmup=1, steps=10)  # type: ignore[arg-type]
+    assert m.status == "error" and "another measurement of this process" in str(m.error)
+    assert profile.measurements_on("cuda:0") == 0
+
+
 def test_cpu_measurement_is_the_allocator_peak_the_dry_run_predicts() -> None:
     import torch
 

@@ -20,8 +20,9 @@ that :func:`costaware.dry_run` traces (forward, loss, backward, optimizer step,
   was used before the run.
 - An out-of-memory error is a result: ``status="oom"`` with the memory reached.
 - On the CPU, time is measured the same way. Memory is the peak of the bytes PyTorch's
-  CPU allocator holds over the model's build and the warm-up steps, read from the
-  profiler's memory events (see :class:`AllocatorPeak`): the CPU's
+  CPU allocator holds for the measuring thread over the model's build and the warm-up
+  steps, read from torch's thread-local profiler's memory events (see
+  :class:`AllocatorPeak`): the CPU's
   ``max_memory_allocated``, the live-tensor peak the dry run predicts for a CPU, kernels'
   internal buffers included. The growth
   of the process's peak resident set over the timed steps is kept beside it
@@ -29,12 +30,18 @@ that :func:`costaware.dry_run` traces (forward, loss, backward, optimizer step,
   memory before reuses its heap, so the resident set can grow by a small part of what
   the tensors need (1 MiB for a model whose weights and optimizer state take 8 MiB).
 - The CPU steps run under the process's own ``malloc`` settings, as a user's training
-  does. Only where the allocator's peak cannot be read (another profiler is running), so
-  that the resident set is the memory figure, is glibc asked to ``mmap`` every block
-  above 64 KiB (:func:`mmap_threshold`). That makes every large tensor fault its pages
-  in again at each step, which here costs several microseconds a page: a 537k-parameter
-  CNN's Adam step took 4.5 ms under it and 1.4 ms without, and its training step 22 ms
-  against 11-14 ms. ``env["malloc"]`` says which applied.
+  does. Only where the allocator's peak cannot be read (a torch profiler already runs in
+  the thread), so that the resident set is the memory figure, is glibc asked to ``mmap``
+  every block above 64 KiB (:func:`mmap_threshold`). That makes every large tensor fault
+  its pages in again at each step, which here costs several microseconds a page: a
+  537k-parameter CNN's Adam step took 4.5 ms under it and 1.4 ms without, and its
+  training step 22 ms against 11-14 ms. ``env["malloc"]`` says which applied.
+- Several measurements in one process at once (trials in threads, Optuna's ``n_jobs``):
+  the CPU allocator's peak is each thread's own. What belongs to the process or the
+  device (CUDA's peak statistics and cache, the resident set, glibc's settings) is
+  claimed per device (:class:`DeviceUse`): only a measurement alone on the device resets
+  or changes it, and one that shared it says so instead of reporting the shared figure as
+  its own. Nothing here redirects the process's file descriptors.
 """
 
 from __future__ import annotations
@@ -47,9 +54,9 @@ import os
 import platform
 import resource
 import statistics
-import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -62,15 +69,18 @@ __all__ = [
     "MALLOC_DEFAULT",
     "AllocatorPeak",
     "CpuMemoryMeter",
+    "DeviceUse",
     "Measurement",
     "RssPeak",
     "allocator_peak",
     "clear_cuda_cache",
+    "device_key",
     "environment",
     "host_speed",
     "in_context_op_times",
     "malloc_trim",
     "measure",
+    "measurements_on",
     "mmap_threshold",
     "reset_rss_peak",
     "rss_peak_bytes",
@@ -323,61 +333,119 @@ class RssPeak:
 
 
 class AllocatorPeak:
-    """The peak of the bytes that PyTorch's CPU allocator holds between :meth:`start` and
-    :meth:`stop`, above what it held at :meth:`start`: CPU's ``max_memory_allocated``.
+    """The peak of the bytes that PyTorch's CPU allocator holds for the calling thread
+    between :meth:`start` and :meth:`stop`, above what it held at :meth:`start`: CPU's
+    ``max_memory_allocated``, per thread.
 
     PyTorch keeps no such counter for the CPU; its profiler does, when asked to profile
-    memory: every allocation and free made through the CPU allocator is an event that
-    carries the running total of the bytes allocated since profiling began (blocks
-    allocated before are not counted, nor their frees). The peak is the highest running
-    total, less the total before the first event. It is exact, it is the quantity a dry run
-    predicts for a CPU (the live-tensor peak; kernels' internal buffers count too), and unlike the
-    resident set it does not depend on what the process's heap held before (a process
-    that has freed memory reuses it, and grows by far less than its tensors need).
+    memory: every allocation and free made through the CPU allocator by the profiled
+    thread (and by the intra-op and autograd threads that carry its state) is an event
+    with its size (blocks allocated before are not counted, nor their frees). The peak is
+    the highest running total of those sizes. It is exact, it is the quantity a dry run
+    predicts for a CPU (the live-tensor peak; kernels' internal buffers count too), and
+    unlike the resident set it does not depend on what the process's heap held before (a
+    process that has freed memory reuses it, and grows by far less than its tensors need)
+    nor on what other threads allocate meanwhile.
+
+    The profiler is torch's thread-local one (``torch._C._autograd._enable_profiler_legacy``):
+    its state lives in the thread that started it, it never touches kineto, and it logs
+    nothing, so trials in several threads (Optuna's ``n_jobs``) each measure their own
+    peak at the same time. Where torch does not offer it, kineto's profiler
+    (``torch.profiler``) measures instead; kineto is one per process and crashes when two
+    threads run it at once, so one process-wide lock lets one :class:`AllocatorPeak` use
+    it at a time, and the others record no peak. :meth:`start` and :meth:`stop` must be
+    called from the same thread.
 
     Profiling costs a few microseconds per op, so it is meant for a few steps (the
-    warm-up), not a whole run. ``peak`` stays None where the profiler cannot run (another
-    profiler is already active, or the events have no allocations) and ``why`` says why.
+    warm-up), not a whole run. ``peak`` stays None where the profiler cannot run (a torch
+    profiler already runs in this thread, or kineto is in use by another thread) or the
+    events have no allocations, and ``why`` says why. A profiler that the user runs in
+    another thread with ``torch.profiler`` is not seen by the kineto path: only the
+    thread-local profiler is safe beside it.
     """
 
     def __init__(self) -> None:
         self.peak: int | None = None
         self.why: str | None = None
+        #: which profiler measures: "thread-local" or "kineto" (None before :meth:`start`)
+        self.profiler: str | None = None
+        self._running: str | None = None  # "thread" | "kineto" while profiling
         self._prof: Any = None
+        self._disable: Callable[[], Any] | None = None
+        self._thread: int | None = None
+
+    @property
+    def source(self) -> str:
+        """Where the peak comes from, in words."""
+        if self.profiler is None:
+            return "not profiled"
+        return f"the calling thread's, from torch's {self.profiler} profiler's memory events"
 
     def start(self) -> AllocatorPeak:
         from torch._C._autograd import _profiler_enabled
+
+        if self._running is not None:
+            return self
+        if _profiler_enabled():  # starting ours would end the user's when ours stops
+            self.why = "another torch profiler is running in this thread"
+            return self
+        self._thread = threading.get_ident()
+        legacy = _thread_profiler()
+        if legacy is not None:
+            enable, self._disable, config = legacy
+            try:
+                enable(config())
+            except Exception as e:  # a private profiler API changed: no peak, never a crash
+                self.why = f"the profiler could not start: {type(e).__name__}: {e}"
+                return self
+            self._running, self.profiler = "thread", "thread-local"
+            return self
+        self._start_kineto()
+        return self
+
+    def _start_kineto(self) -> None:
         from torch.profiler import ProfilerActivity, profile
 
-        if _profiler_enabled():  # starting ours would end the user's when ours stops
-            self.why = "another torch profiler is running"
-            return self
+        if not _KINETO.acquire(blocking=False):
+            self.why = (
+                "another thread of this process is using torch's kineto profiler, which "
+                "runs one at a time (this torch has no thread-local profiler)"
+            )
+            return
         try:
             prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-            with _quiet_stderr():
-                prof.start()  # type: ignore[no-untyped-call]
+            prof.start()  # type: ignore[no-untyped-call]
         except Exception as e:  # e.g. a profiler the user already runs
+            _KINETO.release()
             self.why = f"the profiler could not start: {type(e).__name__}: {e}"
-            return self
-        self._prof = prof
-        return self
+            return
+        self._prof, self._running, self.profiler = prof, "kineto", "kineto"
 
     @property
     def running(self) -> bool:
         """Whether it is profiling (started, and not stopped yet)."""
-        return self._prof is not None
+        return self._running is not None
 
     def stop(self) -> int | None:
         """Stop profiling; the peak in bytes (None if it could not be measured)."""
-        prof, self._prof = self._prof, None
-        if prof is None:
+        running, self._running = self._running, None
+        if running is None:
             return self.peak
+        if running == "thread" and threading.get_ident() != self._thread:
+            self._running = running  # it can only be stopped where it runs
+            self.why = "stop() was called from another thread than start()"
+            return None
         try:
-            with _quiet_stderr():
-                prof.stop()  # type: ignore[no-untyped-call]
-            self.peak = _allocator_peak(prof.profiler.kineto_results)
-            if self.peak is None:
-                self.why = "the profiler recorded no CPU allocations"
+            if running == "thread" and self._disable is not None:
+                self.peak = _thread_allocator_peak(self._disable())
+            else:
+                prof, self._prof = self._prof, None
+                try:
+                    prof.stop()
+                finally:
+                    _KINETO.release()
+                self.peak = _allocator_peak(prof.profiler.kineto_results)
+            self.why = None if self.peak is not None else "the profiler recorded no CPU allocations"
         except Exception as e:  # a private profiler API changed: no peak, never a crash
             self.why = f"the profiler's memory events could not be read: {type(e).__name__}: {e}"
         return self.peak
@@ -389,24 +457,59 @@ class AllocatorPeak:
         self.stop()
 
 
+#: kineto (``torch.profiler``) is one per process; costaware's own uses of it take this
+_KINETO = threading.Lock()
+#: how long :func:`in_context_op_times` waits for another thread's use of kineto to end
+KINETO_WAIT_S = 60.0
+
+
 @contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """Silence file descriptor 2 for a moment: the profiler's C++ side (kineto) logs a line
-    to it at every start and stop, which would interleave with a user's progress output.
-    Anything another thread writes to stderr meanwhile is lost too (milliseconds)."""
+def _kineto_held() -> Iterator[None]:
+    """Hold :data:`_KINETO` (waiting up to :data:`KINETO_WAIT_S`), or raise RuntimeError."""
+    if not _KINETO.acquire(timeout=KINETO_WAIT_S):
+        raise RuntimeError(
+            f"another thread of this process held torch's kineto profiler for "
+            f"{KINETO_WAIT_S:.0f} s; it runs one at a time"
+        )
     try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):
-        yield  # no real stderr (a notebook, a closed stream): nothing to silence
-        return
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
+        yield
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        _KINETO.release()
+
+
+def _thread_profiler() -> tuple[Callable[[Any], None], Callable[[], Any], Callable[[], Any]] | None:
+    """torch's thread-local profiler, which needs no kineto: ``(enable, disable, config)``,
+    or None where this torch does not have it."""
+    try:
+        from torch._C._autograd import _disable_profiler_legacy, _enable_profiler_legacy
+        from torch._C._profiler import ProfilerConfig, ProfilerState, _ExperimentalConfig
+    except ImportError:
+        return None
+
+    def config() -> Any:  # CPU events, memory profiled; no shapes, stacks, flops or modules
+        return ProfilerConfig(
+            ProfilerState.CPU, False, True, False, False, False, _ExperimentalConfig()
+        )
+
+    return _enable_profiler_legacy, _disable_profiler_legacy, config
+
+
+def _thread_allocator_peak(thread_records: Any) -> int | None:
+    """The highest running total of the CPU allocations and frees among the thread-local
+    profiler's records (one list per thread that carried its state), in time order."""
+    events: list[tuple[int, int, int, int]] = []
+    for i, records in enumerate(thread_records):
+        for j, rec in enumerate(records):
+            if rec.kind() == "memory_alloc" and rec.cpu_memory_usage() != 0:
+                events.append((int(rec.start_us()), i, j, int(rec.cpu_memory_usage())))
+    if not events:
+        return None
+    events.sort()
+    total = peak = 0
+    for *_, nbytes in events:
+        total += nbytes
+        peak = max(peak, total)
+    return peak
 
 
 def _allocator_peak(results: Any) -> int | None:
@@ -500,57 +603,185 @@ def _warm_up_process() -> None:
 ALLOCATOR_METHOD = "peak of the bytes held by PyTorch's CPU allocator"
 
 
+class DeviceUse:
+    """One measurement's claim on a device of this process, from its creation to
+    :meth:`close`: whether other measurements in the process use the device meanwhile.
+
+    The counters a peak is read from belong to the process, not to a thread: CUDA's peak
+    statistics and cache are per device (``torch.cuda.reset_peak_memory_stats`` and
+    ``empty_cache`` act on every tensor on it), the resident set and glibc's settings are
+    the process's. Trials that run at once in one process (Optuna's ``n_jobs``, threads)
+    therefore share them, and one that resets them corrupts the others' peaks. So each
+    measurement registers here (``key``: ``"cpu"`` or ``"cuda:<index>"``, see
+    :func:`device_key`):
+
+    - ``shared_by``: the most measurements that used the device at once while this one
+      was open, itself included; above 1, the device's peak is not this one's own;
+    - ``alone``: ``shared_by`` is 1, no other measurement has used the device since this
+      one began; only then may it reset the device's peaks, empty its cache or change the
+      process's ``malloc``.
+
+    A claim that is dropped without :meth:`close` (a trainer that never ran its last hook)
+    ends when it is garbage-collected. After a ``fork`` the child starts with no claims:
+    the threads that held them are not in it.
+    """
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        with _USES_LOCK:
+            users = _USES.setdefault(key, weakref.WeakSet())
+            users.add(self)
+            self.shared_by = 1
+            for use in users:
+                use.shared_by = max(use.shared_by, len(users))
+        self._open = True
+
+    @property
+    def alone(self) -> bool:
+        """Whether no other measurement of the process has used the device since this one
+        began."""
+        return self.shared_by == 1
+
+    def close(self) -> None:
+        """End the claim (again: nothing). ``shared_by`` keeps its value."""
+        with _USES_LOCK:
+            if self._open:
+                self._open = False
+                users = _USES.get(self.key)
+                if users is not None:
+                    users.discard(self)
+
+    def __enter__(self) -> DeviceUse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_USES: dict[str, weakref.WeakSet[DeviceUse]] = {}
+_USES_LOCK = threading.Lock()
+
+
+def _forget_uses_after_fork() -> None:
+    global _USES_LOCK, _KINETO
+    _USES.clear()
+    _USES_LOCK, _KINETO = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_uses_after_fork)
+
+
+def device_key(device: torch.device | str) -> str:
+    """The name a device is claimed by in :class:`DeviceUse`: ``"cpu"``, ``"cuda:<index>"``
+    (the current device where ``device`` has no index), else the device's own name."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        return f"cuda:{index}"
+    return str(dev)
+
+
+def measurements_on(device: torch.device | str) -> int:
+    """How many measurements of this process use ``device`` now (:class:`DeviceUse`)."""
+    with _USES_LOCK:
+        return len(_USES.get(device_key(device), ()))
+
+
 class CpuMemoryMeter:
     """A CPU's peak memory as the cost model predicts it, for the integrations' meters: the
-    CPU allocator's peak (:class:`AllocatorPeak`), profiled from :meth:`start` until
-    :meth:`end_profiling` (``window`` says over what), or, where the profiler cannot run,
-    the growth of the process's resident set since :meth:`start` (:class:`RssPeak`;
-    ``since`` says from when)."""
+    calling thread's CPU allocator peak (:class:`AllocatorPeak`), profiled from
+    :meth:`start` until :meth:`end_profiling` (``window`` says over what), which holds
+    however many trials of the process measure at once.
+
+    Where the profiler cannot run (a torch profiler already runs in this thread), it is the
+    growth of the process's resident set since :meth:`start` (:class:`RssPeak`; ``since``
+    says from when), which is the process's: it is reset, and is this trial's figure, only
+    while no other measurement of the process is open (:class:`DeviceUse` on ``"cpu"``).
+    When others are, :meth:`peak` is None and :attr:`method` says why. :meth:`close` ends
+    the meter's claim.
+    """
 
     def __init__(self, window: str, since: str) -> None:
         self.window, self.since = window, since
         self.allocator = AllocatorPeak()
         self.rss = RssPeak()
+        self.use: DeviceUse | None = None
+        self._rss_started = False
 
-    def start(self) -> CpuMemoryMeter:
-        self.rss.start()
+    def start(self, use: DeviceUse | None = None) -> CpuMemoryMeter:
+        """Start measuring, under ``use`` (a claim on ``"cpu"`` made earlier, which the meter
+        takes over) or a claim of its own."""
+        self.use = use if use is not None else DeviceUse("cpu")
+        if self.use.alone:  # the resident set is the process's: reset it only when alone
+            self.rss.start()
+            self._rss_started = True
         self.allocator.start()
         return self
+
+    def close(self) -> None:
+        """End profiling, and the claim on the process's memory (:class:`DeviceUse`)."""
+        self.allocator.stop()
+        if self.use is not None:
+            self.use.close()
 
     @property
     def profiling(self) -> bool:
         """Whether the allocator is still being profiled."""
         return self.allocator.running
 
+    @property
+    def rss_is_the_figure(self) -> bool:
+        """Whether the resident set is the memory figure: the allocator is not profiled, and
+        the resident set was reset for this meter alone. While it is, glibc should free
+        large blocks at once (:meth:`RssPeak.freeing_large_blocks`)."""
+        return self._rss_started and not self.allocator.running and self.allocator.peak is None
+
     def end_profiling(self) -> None:
         """End the profiled window (nothing if it has ended)."""
         self.allocator.stop()
 
-    def peak(self) -> int:
-        """The peak in bytes; ends the profiled window if it is still open."""
+    def _shared_rss(self) -> bool:
+        return not self._rss_started or (self.use is not None and not self.use.alone)
+
+    def peak(self) -> int | None:
+        """The peak in bytes; ends the profiled window if it is still open. None where the
+        allocator's peak could not be measured and the resident set was not this meter's
+        alone."""
         self.allocator.stop()
         if self.allocator.peak is not None:
             return self.allocator.peak
+        if self._shared_rss():
+            return None
         return self.rss.growth()
 
     @property
     def method(self) -> str:
         """How :meth:`peak` is measured."""
         if self.allocator.why is None:
-            return f"{ALLOCATOR_METHOD} {self.window} (torch.profiler memory events)"
+            return f"{ALLOCATOR_METHOD} {self.window} ({self.allocator.source})"
+        if self._shared_rss():
+            n = self.use.shared_by if self.use is not None else 1
+            return (
+                f"not measured: the allocator's peak could not be measured "
+                f"({self.allocator.why}), and the resident set is the process's, which "
+                f"{n} measurements of this process shared"
+            )
         return (
             f"{self.rss.method} {self.since} "
             f"(the allocator's peak could not be measured: {self.allocator.why})"
         )
 
 
-def _cpu_memory_method(allocator: AllocatorPeak, rss: RssPeak) -> str:
+def _cpu_memory_method(allocator: AllocatorPeak, rss: RssPeak, use: DeviceUse) -> str:
+    shared = f"not measured: {use.shared_by} measurements of this process shared the resident set"
+    own_rss = use.alone
     if allocator.peak is not None:
         return (
             f"{ALLOCATOR_METHOD} over the model's build and the warm-up steps "
-            f"(torch.profiler memory events); rss_growth: {rss.method}"
+            f"({allocator.source}); rss_growth: {rss.method if own_rss else shared}"
         )
-    return f"{rss.method} (the allocator's peak could not be measured: {allocator.why})"
+    why = f"the allocator's peak could not be measured: {allocator.why}"
+    return f"{rss.method} ({why})" if own_rss else f"{shared} ({why})"
 
 
 def _build(
@@ -636,6 +867,14 @@ def measure(
 
     Returns a :class:`Measurement`; an out-of-memory error gives ``status="oom"`` and any
     other exception ``status="error"`` with its message, never a crash.
+
+    It claims the device for the process (:class:`DeviceUse`). On a GPU it resets the
+    device's peak statistics and empties its cache, which would corrupt another
+    measurement of this process on the same GPU: there it refuses (``status="error"``)
+    while another one is open. On a CPU the allocator's peak is the calling thread's and
+    holds beside other threads' measurements; the resident set (``rss_growth``, the
+    fallback figure) is the process's, so it is reset and recorded only while this
+    measurement is the process's only one.
     """
     if steps < 10:
         raise ValueError(f"steps must be at least 10 for a stable median, but got {steps=}.")
@@ -661,6 +900,31 @@ def measure(
             f"{result.env['alloc_conf']!r}; set it before CUDA starts (run each allocator in its own process)."
         )
         return result
+    use = DeviceUse(device_key(dev))
+    try:
+        if is_cuda and not use.alone:
+            result.status = "error"
+            result.error = (
+                f"another measurement of this process is using {use.key}; measure() resets "
+                "its peak memory statistics and empties its cache, so it needs the GPU alone."
+            )
+            return result
+        return _measure(spec, dev, result, use, warmup=warmup, steps=steps, t_start=t_start)
+    finally:
+        use.close()
+
+
+def _measure(
+    spec: TrainingSpec,
+    dev: torch.device,
+    result: Measurement,
+    use: DeviceUse,
+    *,
+    warmup: int,
+    steps: int,
+    t_start: float,
+) -> Measurement:
+    is_cuda = dev.type == "cuda"
     model: torch.nn.Module | None = None
     opt: torch.optim.Optimizer | None = None
     times: list[float] = []
@@ -685,9 +949,10 @@ def measure(
             if not is_cuda:
                 malloc_trim()
                 _warm_up_process()
-                rss.start()
+                if use.alone:  # the resident set is the process's: reset it only when alone
+                    rss.start()
                 allocator.start()  # the model's build and the warm-up steps
-                if not allocator.running:  # the resident set becomes the memory figure
+                if not allocator.running and use.alone:  # the resident set is the figure
                     heap.enter_context(rss.freeing_large_blocks())
                 result.env["malloc"] = rss.malloc
             model, opt = _build(spec, dev)
@@ -698,7 +963,8 @@ def measure(
                 _sync(dev)
                 if i == warmup - 1 and not is_cuda:
                     allocator.stop()
-                    rss.reset_peak()  # later peaks: steady state, not one-time set-up
+                    if use.alone:
+                        rss.reset_peak()  # later peaks: steady state, not one-time set-up
                 if i == warmup - 1 and is_cuda:  # the warm-up's peaks, then the timed steps'
                     first_peaks = (
                         int(torch.cuda.max_memory_allocated(dev)),
@@ -709,10 +975,11 @@ def measure(
                     times.append((time.perf_counter() - t0) / spec.grad_accumulation)
                     issues.append((issued - t0) / spec.grad_accumulation)
             if not is_cuda:
-                result.rss_growth = rss.growth()
+                own_rss = use.alone
+                result.rss_growth = rss.growth() if own_rss else None
                 peak = allocator.peak if allocator.peak is not None else result.rss_growth
                 result.max_allocated = result.max_reserved = peak
-                result.memory_method = _cpu_memory_method(allocator, rss)
+                result.memory_method = _cpu_memory_method(allocator, rss, use)
     except Exception as e:  # a measurement never crashes the collector
         result.status, result.error = _failure(e)
     finally:
@@ -728,7 +995,14 @@ def measure(
         if sampler.peak is not None and sampler.baseline is not None:
             result.nvml_peak_used = sampler.peak - sampler.baseline
             result.context_overhead = max(0, result.nvml_peak_used - result.max_reserved)
-        torch.cuda.empty_cache()
+        if use.shared_by > 1 and result.status == "ok":  # the peaks are not this run's alone
+            result.status = "error"
+            result.error = (
+                f"{use.shared_by - 1} other measurement(s) of this process used {use.key} "
+                "meanwhile, so its peak memory statistics are not this run's own."
+            )
+        else:
+            torch.cuda.empty_cache()
     if times:
         times_sorted = sorted(times)
         result.step_times = times
@@ -772,6 +1046,11 @@ def in_context_op_times(
     autograd engine, Python between ops on a CPU, kernels launched outside an op on a
     GPU) and ``step_s`` (the median wall time of a profiled step; the profiler slows the
     CPU side, so it is not a step time to learn). It never raises for a failed run.
+
+    It profiles with kineto (``torch.profiler``), one use at a time in a process (it waits
+    up to :data:`KINETO_WAIT_S` for another thread's), and kineto logs a line to stderr
+    when it starts and stops (``KINETO_LOG_LEVEL=6`` in the environment before the first
+    profile silences it).
     """
     from torch._C._autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -811,7 +1090,7 @@ def in_context_op_times(
             _sync(dev)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if is_cuda else [])
         walls: list[float] = []
-        with _quiet_stderr(), profile(activities=acts) as prof:
+        with _kineto_held(), profile(activities=acts) as prof:
             for _ in range(steps):
                 t0 = time.perf_counter()
                 _train_step(spec, model, opt, dev, mark)
