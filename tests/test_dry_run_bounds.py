@@ -81,7 +81,7 @@ def test_a_factory_that_catches_exception_times_out_once() -> None:
     def factory() -> nn.Module:
         calls.append(1)
         while True:
-            try:
+            try:  # noqa: SIM105 (the user's pattern, as written)
                 sum(range(100_000))  # where a timeout lands: inside the try
             except Exception:
                 pass
@@ -114,13 +114,25 @@ class _CatchesEverything(_CatchesException):
         self.entered.append(1)
         n = 0
         while True:
-            try:
+            try:  # noqa: SIM105
                 n = n + 1
             except:  # noqa: E722 (the point: a loop that catches everything)
                 pass
 
 
-@pytest.mark.parametrize("cls", [_CatchesException, _CatchesEverything])
+class _CatchesEverythingAroundTorch(_CatchesException):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.entered.append(1)
+        while True:
+            try:  # noqa: SIM105
+                x = x + 0
+            except:  # noqa: E722
+                pass
+
+
+@pytest.mark.parametrize(
+    "cls", [_CatchesException, _CatchesEverything, _CatchesEverythingAroundTorch]
+)
 def test_a_forward_that_catches_every_exception_times_out(cls: type[nn.Module]) -> None:
     with pytest.raises(ca.TraceTimeout, match="time limit"):
         ca.dry_run(_spec(cls), timeout=1.0)
@@ -171,7 +183,7 @@ def test_a_dry_run_stuck_in_one_native_call_is_reported_and_stops_when_it_return
         time.sleep(5)
         return nn.Linear(8, 8)
 
-    with pytest.raises(ca.TraceTimeout, match="native"):
+    with pytest.raises(ca.TraceTimeout, match=r"native \(C\+\+\) call"):
         ca.dry_run(_spec(factory), timeout=0.5)
     assert not _wait_until_stopped()
 
@@ -268,7 +280,7 @@ class _ReadsAndCatches(_ReadsAValue):
         self.scale = float(self.first.weight.detach().std())
         self.rest = nn.ModuleList()
         for _ in range(15):
-            try:
+            try:  # noqa: SIM105
                 self.rest.append(nn.Linear(512, 512))
             except Exception:
                 pass

@@ -868,11 +868,12 @@ class _RealBuildTooLarge(BaseException):
 
 
 #: aten ops that allocate a fresh tensor of their ``size`` argument (or, ``*_like``, of
-#: their first argument's size): checked before they run, since ``zeros`` or ``randn``
-#: writes every byte in one call (``empty`` would take no memory until written)
+#: their first argument's size): checked before they run, so that a build is refused
+#: before it writes a tensor past the limit (``zeros`` or ``randn`` write every byte in
+#: one call)
 _FILLING_OPS = frozenset(
-    {"empty", "empty_strided", "zeros", "ones", "full", "rand", "randn", "randint", "randperm"}
-    | {"normal", "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full"}
+    {"empty", "empty_strided", "zeros", "ones", "full", "rand", "randn", "randint", "normal"}
+    | {"new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full"}
 )
 
 
@@ -1255,9 +1256,10 @@ def _call_with_timeout(fn: Callable[[], _T], timeout: float | None) -> _T:
     ``PyThreadState_SetAsyncExc``), again every few milliseconds until the worker has
     left ``fn``, and raises :class:`~costaware.errors.TraceTimeout` itself: Python code,
     the user's factory and forward included, stops within milliseconds, even one that
-    catches ``Exception`` or loops over a bare ``except:``. No signal or timer of the
-    process is touched, so the user's ``SIGALRM`` handler and ``setitimer`` timers stay
-    as they were, and it works the same in any thread.
+    catches ``Exception``; a loop over a bare ``except:`` stops once a timeout lands
+    outside its ``try`` (within a second, around torch operators). No signal or timer of
+    the process is touched, so the user's ``SIGALRM`` handler and ``setitimer`` timers
+    stay as they were, and it works the same in any thread.
 
     What it cannot interrupt is one call into native code: a single long C++ operator
     (a real matrix product of a huge model, a blocking ``time.sleep`` or read) runs to its
@@ -1307,8 +1309,9 @@ def _call_with_timeout(fn: Callable[[], _T], timeout: float | None) -> _T:
         if _stop(guard, _STOP_GRACE_S):
             raise TraceTimeout(message + "; it was stopped.")
         raise TraceTimeout(
-            message + f"; it was still inside one native (C++) call {_STOP_GRACE_S:g} s "
-            "later, which Python cannot interrupt: it stops when that call returns."
+            message + f"; it had not stopped {_STOP_GRACE_S:g} s later: it is inside one "
+            "native (C++) call, which Python cannot interrupt, or catches every exception. "
+            "It is stopped as soon as it returns to Python."
         )
     error = box.get("error")
     if isinstance(error, _DryRunTimeout):  # stopped just as it finished
@@ -2304,11 +2307,15 @@ def dry_run(
     "fused", for a CPU with "native". An optimizer given ``foreach`` or ``fused`` keeps it.
 
     Building the model and tracing it run under one time limit of ``timeout`` seconds
-    (None: none), in a worker thread that is stopped at the deadline
-    (:func:`_call_with_timeout` says how, and what it cannot interrupt); no signal or
-    timer of the process is used. A model whose constructor fails on the meta device is
-    built for real on the CPU, holding at most ``real_build_limit`` bytes (default:
-    :func:`default_real_build_limit`, half of the memory this machine has available).
+    (None: none), in a worker thread that is stopped at the deadline: its Python code, the
+    model's included, stops within milliseconds, even where it catches every
+    ``Exception``. One long native call (a single C++ operator, a blocking sleep) runs to
+    its end first; the timeout is raised without waiting for it. No signal or timer of the
+    process is used, so the caller's own stay as they were. A model whose constructor
+    fails on the meta device is built for real on the CPU, holding at most
+    ``real_build_limit`` bytes of tensors (default :func:`default_real_build_limit`: half
+    of the memory this machine has available); past that the build is refused with an
+    error that names the line that failed on meta.
 
     Raises:
         UntraceableModelError: the model cannot run on fake tensors, or building it for
