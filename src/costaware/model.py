@@ -59,7 +59,14 @@ from costaware.features import (
 )
 from costaware.optime import OpTimeModel, node_table
 from costaware.spec import PRECISIONS, TrainingSpec
-from costaware.trace import Trace, build_model, cpu_conditions, dry_run, rescale
+from costaware.trace import (
+    Trace,
+    _call_with_timeout,
+    build_model,
+    cpu_conditions,
+    dry_run,
+    rescale,
+)
 
 __all__ = ["CostModel", "Observation", "Prediction", "benchmark_search_peak", "features_for"]
 
@@ -1135,7 +1142,19 @@ class CostModel:
         fails, the one trace is rescaled and the note says so. ``exact=True`` always traces.
         ``attention`` is the dry run's SDPA mode (:func:`~costaware.trace.dry_run`):
         "fused" for a CUDA target, "native" for a CPU; the cache keeps them apart.
+        A factory without a fingerprint is built to key the cache: that build and the dry
+        run share one time limit, ``trace_timeout``.
         """
+        if not isinstance(spec.model, nn.Module) and spec.architecture_key() is None:
+            # its fingerprint builds the model (the user's code): under the dry run's limit
+            return _call_with_timeout(
+                lambda: self._trace_cached(spec, exact, attention), self.trace_timeout
+            )
+        return self._trace_cached(spec, exact, attention)
+
+    def _trace_cached(
+        self, spec: TrainingSpec, exact: bool, attention: str
+    ) -> tuple[Trace, dict[str, float], str]:
         cache = self._cache()
         key = _arch_key(spec) + f"|attention={attention}"
         if attention == "native":  # a CPU target: its dry run depends on the CPU too

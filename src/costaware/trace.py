@@ -28,22 +28,27 @@ convolution, where it runs one, and oneDNN's LSTM buffers.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import copy
+import ctypes
 import dataclasses
 import hashlib
 import inspect
 import itertools
 import math
-import signal
+import os
+import sys
+import sysconfig
 import threading
 import time
+import traceback
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import networkx as nx
 import numpy as np
@@ -53,7 +58,13 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from costaware.errors import SpecError, TraceError, TraceTimeout, UntraceableModelError
+from costaware.errors import (
+    SpecError,
+    TraceError,
+    TraceTimeout,
+    UntraceableModelError,
+    first_line,
+)
 from costaware.flops import (
     RNN_GATES,
     VIEW,
@@ -66,6 +77,8 @@ from costaware.flops import (
 from costaware.spec import ImageBatch, TokenBatch, TrainingSpec, default_loss
 
 __all__ = ["ATTENTION_MODES", "CATEGORIES", "Trace", "build_model", "dry_run"]
+
+_T = TypeVar("_T")
 
 #: How the dry run traces ``F.scaled_dot_product_attention`` and recurrent layers: "native"
 #: as this CPU build runs them (SDPA's math path, B*H*L*L scores, whenever dropout_p > 0;
@@ -761,12 +774,19 @@ class _Recorder(TorchDispatchMode):
 # --------------------------------------------------------------------------------------
 # model construction
 # --------------------------------------------------------------------------------------
-def build_model(spec: TrainingSpec) -> tuple[nn.Module, str]:
+def build_model(
+    spec: TrainingSpec, *, real_build_limit: int | None = None
+) -> tuple[nn.Module, str]:
     """Build the spec's model without allocating it: on ``meta`` when possible.
 
     Returns the module and how it was built: ``"meta"``, ``"cpu"`` (the constructor
     computes with tensors and failed on meta, so it ran for real on the CPU) or
     ``"module"`` (an instance was given; it is copied to meta, never modified).
+
+    The real build is bounded: it stops, with :class:`~costaware.errors.UntraceableModelError`
+    naming the line that failed on meta, once the tensors it holds pass
+    ``real_build_limit`` bytes (default :func:`default_real_build_limit`: half of the memory
+    this machine has available).
     """
     if isinstance(spec.model, nn.Module):
         src = spec.model
@@ -780,14 +800,258 @@ def build_model(spec: TrainingSpec) -> tuple[nn.Module, str]:
         with torch.device("meta"):
             model = spec.model()
         how = "meta"
-    except Exception:
-        model = spec.model()
+    except Exception as e:  # the constructor reads values: built for real, within a limit
+        model = _build_for_real(spec, e, real_build_limit)
         how = "cpu"
     if not isinstance(model, nn.Module):
         raise SpecError(
             f"the model factory must return an nn.Module, but it returned {type(model).__name__}."
         )
     return model, how
+
+
+#: the share of this machine's available memory that the real builds of models may hold
+REAL_BUILD_SHARE = 0.5
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still take: ``MemAvailable`` from /proc/meminfo,
+    or what its cgroup's memory limit leaves where that is less (cgroup v2 or v1); where
+    there is no /proc/meminfo, the machine's physical memory. None if none can be read."""
+    avail: int | None = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            return None
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        cap, used = _read_int(limit_file), _read_int(usage_file)
+        if cap is not None and used is not None and cap < 2**60:
+            avail = min(avail, max(cap - used, 0))
+    return avail
+
+
+def default_real_build_limit(in_use: int = 0) -> int:
+    """Bytes of tensors the real (not meta) builds of models may hold together:
+    ``REAL_BUILD_SHARE`` of :func:`available_memory` plus the ``in_use`` bytes that builds
+    in progress hold (4 GiB where the memory available cannot be read)."""
+    avail = available_memory()
+    return int(REAL_BUILD_SHARE * (avail + in_use)) if avail is not None else 4 * 2**30
+
+
+class _RealBuildTooLarge(BaseException):
+    """Raised inside a real build whose tensors pass its limit; not an ``Exception``, so a
+    factory's own ``except Exception`` does not swallow it."""
+
+
+#: aten ops that allocate a fresh tensor of their ``size`` argument (or, ``*_like``, of
+#: their first argument's size): checked before they run, so that a build is refused
+#: before it writes a tensor past the limit (``zeros`` or ``randn`` write every byte in
+#: one call)
+_FILLING_OPS = frozenset(
+    {"empty", "empty_strided", "zeros", "ones", "full", "rand", "randn", "randint", "normal"}
+    | {"new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full"}
+)
+
+
+class _AllocationLimit(TorchDispatchMode):
+    """Counts the bytes of the CPU storages a real model build creates and still holds,
+    and stops the build (:class:`_RealBuildTooLarge`) before they pass ``limit``.
+
+    Every op's new storages are added after it runs; an op that allocates a tensor of a
+    known size (``_FILLING_OPS``) is checked before it runs. Storages freed again are
+    dropped from the count once it nears the limit. What torch does not allocate (a NumPy
+    array, a file read into Python objects) is not seen.
+    """
+
+    #: the real builds in progress in this process (threads), which share the limit
+    active: ClassVar[weakref.WeakSet[_AllocationLimit]] = weakref.WeakSet()
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.live: dict[int, tuple[Any, int]] = {}  # storage -> (weak reference, bytes)
+        self.held = 0
+        self.refused = False
+
+    def others(self) -> int:
+        """Bytes the other real builds in progress hold."""
+        return sum(m.held for m in list(self.active) if m is not self)
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        kwargs = kwargs or {}
+        upcoming = _upcoming_bytes(func, args, kwargs)
+        if upcoming:
+            self._check(upcoming)
+        out = func(*args, **kwargs)
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                storage = t.untyped_storage()
+                nbytes = storage.nbytes()
+                ref = StorageWeakRef(storage)
+                if nbytes and ref.cdata not in self.live:
+                    self.live[ref.cdata] = (ref, nbytes)
+                    self.held += nbytes
+        self._check(0)
+        return out
+
+    def _check(self, extra: int) -> None:
+        if self.held + extra <= self.limit and (
+            len(self.active) < 2 or self.held + extra + self.others() <= self.limit
+        ):
+            return
+        for key, (ref, nbytes) in list(self.live.items()):
+            if ref.expired():
+                del self.live[key]
+                self.held -= nbytes
+        if self.held + extra + self.others() > self.limit:
+            self.refused = True
+            raise _RealBuildTooLarge(self.held + extra)
+
+
+def _upcoming_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """Bytes the op ``func`` is about to allocate, where its arguments say (else 0)."""
+    name = func.overloadpacket.__name__
+    like = name.endswith("_like") and args and isinstance(args[0], torch.Tensor)
+    if not like and name not in _FILLING_OPS:
+        return 0
+    dtype = kwargs.get("dtype")
+    if like:
+        numel, dtype = args[0].numel(), dtype or args[0].dtype
+    else:
+        size = kwargs.get("size")
+        if size is None:
+            size = next((a for a in args if isinstance(a, (list, tuple, torch.Size))), None)
+        if size is None or not all(isinstance(n, int) for n in size):
+            return 0
+        numel = math.prod(size)
+        if dtype is None and name.startswith("new_") and isinstance(args[0], torch.Tensor):
+            dtype = args[0].dtype
+    dtype = dtype if isinstance(dtype, torch.dtype) else torch.get_default_dtype()
+    return int(numel * dtype.itemsize)
+
+
+def _build_for_real(
+    spec: TrainingSpec, meta_error: BaseException, limit: int | None, *, attribute: bool = False
+) -> nn.Module:
+    """Run the spec's factory for real on the CPU, stopped (UntraceableModelError, naming
+    where ``meta_error`` arose) once the tensors it holds pass ``limit`` bytes."""
+    mode = _AllocationLimit(0)
+    # the limit is shared with the real builds of other threads, whose memory in use is not
+    # available to this one but will be again
+    mode.limit = default_real_build_limit(mode.others()) if limit is None else limit
+    _AllocationLimit.active.add(mode)
+    try:
+        with mode:
+            model: nn.Module = spec.model()  # type: ignore[operator]
+    except BaseException:
+        if not mode.refused:  # the factory's own error, or the time limit
+            raise
+    finally:
+        _AllocationLimit.active.discard(mode)
+    if mode.refused:  # even where the factory caught the refusal and went on
+        raise UntraceableModelError(
+            _too_large(meta_error, mode.limit, limit is None, attribute)
+        ) from meta_error
+    return model
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
+
+
+def _user_frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    """The frames of ``exc``'s traceback in the user's code (not torch's, costaware's or
+    the standard library's), outermost first."""
+
+    def theirs(path: str) -> bool:
+        if path.startswith((_TORCH_DIR, _OWN_DIR)):
+            return False
+        in_packages = "site-packages" in path or "dist-packages" in path
+        return in_packages or not path.startswith(_STDLIB_DIR)
+
+    return [f for f in traceback.extract_tb(exc.__traceback__) if theirs(f.filename)]
+
+
+def _failing_line(exc: BaseException) -> str:
+    """Where ``exc`` arose in the user's code: ``path:line (`code`)``, and the outermost
+    user frame it was reached from, when that is another."""
+    frames = _user_frames(exc)
+    if not frames:
+        return "inside torch"
+    last, first = frames[-1], frames[0]
+    where = f"{last.filename}:{last.lineno}" + (f" (`{last.line.strip()}`)" if last.line else "")
+    if first is not last:
+        where += f", reached from {first.filename}:{first.lineno}"
+    return where
+
+
+def _too_large(meta_error: BaseException, limit: int, default: bool, attribute: bool) -> str:
+    """Why a real build was refused, where it failed on meta, and what to change.
+    ``attribute``: the meta-built model failed in its dry run (a tensor left on meta),
+    rather than its constructor on meta."""
+    from costaware._format import fmt_bytes
+
+    if default:
+        avail = available_memory()
+        bound = f"{fmt_bytes(limit)}, {REAL_BUILD_SHARE:.0%} of the " + (
+            f"{fmt_bytes(avail)} this machine has available" if avail else "memory available"
+        )
+    else:
+        bound = f"its limit of {fmt_bytes(limit)}"
+    what = (
+        "the model built on the meta device failed in its dry run"
+        if attribute
+        else "the model's constructor failed on the meta device"
+    )
+    fix = (
+        "keep the tensors forward uses as registered buffers or parameters "
+        "(self.register_buffer(...)) rather than plain attributes, which stay on meta."
+        if attribute
+        else "make its constructor work on the meta device: do not read tensor values in "
+        "it (float(t), t.item(), t.tolist(), a statistic such as w.std() printed or "
+        "checked), compute them from the configuration or in forward; or pass an "
+        "nn.Module built on the meta device (`with torch.device('meta'): model = ...`) as "
+        "TrainingSpec(model=model)."
+    )
+    return (
+        f"{what} at {_failing_line(meta_error)}: {first_line(meta_error).rstrip('.!')}. "
+        f"Building it for real on the CPU instead would hold more than {bound}, so the "
+        "build was refused. To "
+        f"dry-run it without allocating it, {fix}"
+    )
 
 
 def _to_fake(model: nn.Module) -> None:
@@ -841,43 +1105,222 @@ def _layer_counts(model: nn.Module) -> dict[str, int]:
 # --------------------------------------------------------------------------------------
 # time limit
 # --------------------------------------------------------------------------------------
-def _call_with_timeout(fn: Callable[[], Trace], timeout: float | None) -> Trace:
-    if timeout is None or timeout <= 0:
+class _DryRunTimeout(BaseException):
+    """Raised inside the dry run's thread at its deadline (never seen by the caller, who
+    gets :class:`~costaware.errors.TraceTimeout`).
+
+    Not an ``Exception``: a factory's ``except Exception`` fallback or a forward's retry
+    loop does not catch it. It is raised again every few milliseconds until the thread has
+    left the dry run, so a loop that catches everything (a bare ``except:``) around Python
+    code lets it through too, at the first check outside its ``try``.
+    """
+
+
+#: seconds the caller goes on stopping a timed-out dry run before it reports the timeout
+_STOP_GRACE_S = 1.0
+#: seconds between two timeouts raised into a dry run's thread that has not yet stopped:
+#: while the caller waits, and afterwards (a thread stuck in one long native call)
+_STOP_EVERY_S = 0.005
+_STOP_EVERY_LATER_S = 0.05
+#: set inside a time-limited call: a dry run nested in one runs under the enclosing limit
+_IN_TIME_LIMIT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "costaware_in_time_limit", default=False
+)
+#: the timed-out dry runs whose threads are still being stopped
+_STOPPING: set[_Stoppable] = set()
+#: seconds interpreter exit waits for them (a daemon thread still in torch's C++ code when
+#: the interpreter finalizes aborts the process)
+_EXIT_WAIT_S = 5.0
+
+
+def _set_async_exc(ident: int, exc: type[BaseException] | None) -> None:
+    """Raise ``exc`` in the thread ``ident`` at its next bytecode check (None: withdraw
+    one not yet raised)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(ident), None if exc is None else ctypes.py_object(exc)
+    )
+
+
+class _Stoppable:
+    """A thread's stay inside a time-limited call, and the means to end it from outside.
+
+    :meth:`interrupt` raises :class:`_DryRunTimeout` in the thread only between its
+    :meth:`enter` and :meth:`leave`, under one lock, so that nothing is raised into the
+    code that runs after the call (a timeout injected just before :meth:`leave` is
+    withdrawn, or absorbed there). :attr:`done` is set as the thread finishes: waiting
+    on it, unlike ``Thread.join``, leaves the thread's state intact when a signal
+    handler of the caller raises meanwhile (a join interrupted so marks a running thread
+    as stopped).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ident: int | None = None
+        self._inside = False
+        self._stopped = False
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def running(self) -> bool:
+        return not self.done.is_set() and self.thread is not None and self.thread.is_alive()
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._stopped:
+                raise _DryRunTimeout
+            self._ident = threading.get_ident()
+            self._inside = True
+
+    def leave(self) -> None:
+        for _ in range(3):  # each try absorbs a timeout raised meanwhile
+            try:
+                with self._lock:
+                    self._inside = False
+                    if self._ident is not None:
+                        _set_async_exc(self._ident, None)
+                return
+            except _DryRunTimeout:
+                continue
+
+    def interrupt(self) -> None:
+        with self._lock:
+            self._stopped = True
+            if self._inside and self._ident is not None:
+                _set_async_exc(self._ident, _DryRunTimeout)
+
+
+def _stop(guard: _Stoppable, grace: float) -> bool:
+    """Raise the timeout into the guarded thread until it has finished; whether it did
+    within ``grace`` seconds (if not, a watchdog thread goes on until it does)."""
+    _quiet_unraisable()
+    end = time.monotonic() + grace
+    try:
+        while guard.running():
+            guard.interrupt()
+            if time.monotonic() >= end:
+                break
+            guard.done.wait(_STOP_EVERY_S)
+        else:
+            return True
+    except BaseException:  # the caller's own interrupt while it waits: stopped all the same
+        _watch(guard)
+        raise
+    _watch(guard)
+    return False
+
+
+def _watch(guard: _Stoppable) -> None:
+    _STOPPING.add(guard)
+    threading.Thread(
+        target=_keep_stopping, args=(guard,), name="costaware-dry-run-stopper", daemon=True
+    ).start()
+
+
+def _keep_stopping(guard: _Stoppable) -> None:
+    while guard.running():
+        guard.interrupt()
+        guard.done.wait(_STOP_EVERY_LATER_S)
+    _STOPPING.discard(guard)
+
+
+_UNRAISABLE_HOOKED = threading.Lock()
+
+
+def _quiet_unraisable() -> None:
+    """Keep out of stderr the timeouts that land in a finalizer (a weakref callback, a
+    ``__del__``) of a dry run being stopped, which Python reports as "Exception ignored
+    in ...": the hook in place (``sys.unraisablehook``) is chained, once per process, and
+    sees everything else as before."""
+    if not _UNRAISABLE_HOOKED.acquire(blocking=False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.exc_type is None or not issubclass(unraisable.exc_type, _DryRunTimeout):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+
+
+@atexit.register
+def _wait_for_stopping() -> None:
+    end = time.monotonic() + _EXIT_WAIT_S
+    for guard in list(_STOPPING):
+        guard.done.wait(max(0.0, end - time.monotonic()))
+
+
+def _call_with_timeout(fn: Callable[[], _T], timeout: float | None) -> _T:
+    """``fn()``, run in a worker thread that is stopped after ``timeout`` seconds.
+
+    At the deadline the caller raises :class:`_DryRunTimeout` into the worker (CPython's
+    ``PyThreadState_SetAsyncExc``), again every few milliseconds until the worker has
+    left ``fn``, and raises :class:`~costaware.errors.TraceTimeout` itself: Python code,
+    the user's factory and forward included, stops within milliseconds, even one that
+    catches ``Exception``; a loop over a bare ``except:`` stops once a timeout lands
+    outside its ``try`` (within a second, around torch operators). No signal or timer of
+    the process is touched, so the user's ``SIGALRM`` handler and ``setitimer`` timers
+    stay as they were, and it works the same in any thread.
+
+    What it cannot interrupt is one call into native code: a single long C++ operator
+    (a real matrix product of a huge model, a blocking ``time.sleep`` or read) runs to its
+    end, and the timeout is raised when it returns to Python. The caller does not wait
+    for that: it reports the timeout at most ``_STOP_GRACE_S`` after the deadline, a
+    watchdog thread keeps raising it until the worker has stopped, and the CPU the
+    worker still uses is that of the one call in progress. A loop that catches
+    everything (bare ``except:``) around such a call, whose timeout is therefore always
+    raised inside the ``try``, is not stopped.
+
+    ``fn`` runs in a copy of the caller's context (the simulated CPU of
+    :func:`simulated_cpu_capability`, for one). Nested inside another time-limited call,
+    ``fn`` runs inline under the enclosing limit. ``timeout`` None or <= 0: no limit.
+    """
+    if timeout is None or timeout <= 0 or _IN_TIME_LIMIT.get():
         return fn()
-    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
-
-        def _alarm(signum: int, frame: Any) -> None:
-            raise TraceTimeout(f"the dry run took longer than its time limit of {timeout:g} s.")
-
-        old = signal.signal(signal.SIGALRM, _alarm)
-        signal.setitimer(signal.ITIMER_REAL, timeout)
-        try:
-            return fn()
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
+    guard = _Stoppable()
     box: dict[str, Any] = {}
 
-    def _target() -> None:
+    def target() -> None:
         try:
-            box["result"] = fn()
-        except BaseException as e:  # handed to the caller's thread
-            box["error"] = e
+            try:
+                guard.enter()
+                _IN_TIME_LIMIT.set(True)
+                box["result"] = fn()
+            except BaseException as e:  # handed to the caller's thread
+                box["error"] = e
+            finally:
+                guard.leave()
+        except _DryRunTimeout:  # raised as it left: its result or error is in the box
+            guard.leave()
+        finally:
+            guard.done.set()
 
     context = contextvars.copy_context()  # the caller's simulated CPU, for one
-    worker = threading.Thread(
-        target=context.run, args=(_target,), name="costaware-dry-run", daemon=True
+    guard.thread = threading.Thread(
+        target=context.run, args=(target,), name="costaware-dry-run", daemon=True
     )
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
+    guard.thread.start()
+    try:
+        finished = guard.done.wait(timeout)
+    except BaseException:  # the caller's own interrupt (Ctrl-C, its signal handler)
+        _stop(guard, _STOP_GRACE_S)
+        raise
+    message = f"the dry run took longer than its time limit of {timeout:g} s"
+    if not finished and guard.running():
+        if _stop(guard, _STOP_GRACE_S):
+            raise TraceTimeout(message + "; it was stopped.")
         raise TraceTimeout(
-            f"the dry run took longer than its time limit of {timeout:g} s "
-            "(it was left running in a daemon thread)."
+            message + f"; it had not stopped {_STOP_GRACE_S:g} s later: it is inside one "
+            "native (C++) call, which Python cannot interrupt, or catches every exception. "
+            "It is stopped as soon as it returns to Python."
         )
-    if "error" in box:
-        raise box["error"]
-    result: Trace = box["result"]
+    error = box.get("error")
+    if isinstance(error, _DryRunTimeout):  # stopped just as it finished
+        raise TraceTimeout(message + "; it was stopped.")
+    if error is not None:
+        raise error
+    if "result" not in box:  # the thread ended without finishing (it cannot, but say so)
+        raise TraceError("the dry run's thread ended without a result.")
+    result: _T = box["result"]
     return result
 
 
@@ -1168,10 +1611,20 @@ def _in_clean_thread(fn: Callable[[], Any]) -> Any:
         except BaseException as e:  # handed to the caller's thread
             box["error"] = e
 
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            target()
+        finally:
+            finished.set()
+
     context = contextvars.copy_context()
-    worker = threading.Thread(target=context.run, args=(target,), name="costaware-rnn-reference")
+    worker = threading.Thread(target=context.run, args=(run,), name="costaware-rnn-reference")
     worker.start()
-    worker.join()
+    # waited on in steps, so that the dry run's time limit can stop the waiting thread
+    while not finished.wait(0.05):
+        pass
     if "error" in box:
         raise box["error"]
     return box["result"]
@@ -1837,7 +2290,11 @@ def _node_phase(name: str, phase: str) -> int:
 
 
 def dry_run(
-    spec: TrainingSpec, *, timeout: float | None = 60.0, attention: str = "native"
+    spec: TrainingSpec,
+    *,
+    timeout: float | None = 60.0,
+    attention: str = "native",
+    real_build_limit: int | None = None,
 ) -> Trace:
     """Run two training steps of ``spec`` on fake tensors and return what they did.
 
@@ -1849,8 +2306,20 @@ def dry_run(
     optimizer's multi-tensor ``foreach`` step); predictions for a CUDA device trace with
     "fused", for a CPU with "native". An optimizer given ``foreach`` or ``fused`` keeps it.
 
+    Building the model and tracing it run under one time limit of ``timeout`` seconds
+    (None: none), in a worker thread that is stopped at the deadline: its Python code, the
+    model's included, stops within milliseconds, even where it catches every
+    ``Exception``. One long native call (a single C++ operator, a blocking sleep) runs to
+    its end first; the timeout is raised without waiting for it. No signal or timer of the
+    process is used, so the caller's own stay as they were. A model whose constructor
+    fails on the meta device is built for real on the CPU, holding at most
+    ``real_build_limit`` bytes of tensors (default :func:`default_real_build_limit`: half
+    of the memory this machine has available); past that the build is refused with an
+    error that names the line that failed on meta.
+
     Raises:
-        UntraceableModelError: the model cannot run on fake tensors.
+        UntraceableModelError: the model cannot run on fake tensors, or building it for
+            real would pass ``real_build_limit``.
         TraceTimeout: the dry run took longer than ``timeout`` seconds.
         SpecError: the spec's pieces do not fit together (loss, optimizer arguments).
         TraceError: anything else went wrong inside the step.
@@ -1865,7 +2334,7 @@ def dry_run(
         raise ValueError(f"attention must be one of {ATTENTION_MODES}, but got {attention!r}.")
 
     def run() -> Trace:
-        model, how = build_model(spec)
+        model, how = build_model(spec, real_build_limit=real_build_limit)
         layers = _layer_counts(model)
         with torch.enable_grad():
             try:
@@ -1874,30 +2343,43 @@ def dry_run(
                 raise
             except RuntimeError as e:
                 # meta-built modules can keep plain tensor attributes on meta; retry real
-                if how == "meta" and "meta" in str(e) and _param_bytes(model) < 2 * 1024**3:
-                    model = spec.model()  # type: ignore[operator]
-                    trace = _trace(spec, model, "cpu", attention)
-                else:
+                if how != "meta" or "meta" not in str(e):
                     raise
+                size = _param_bytes(model) + sum(b.nbytes for b in model.buffers())
+                cap = (
+                    real_build_limit if real_build_limit is not None else default_real_build_limit()
+                )
+                if size > cap:  # its parameters alone would not fit: not even tried
+                    raise UntraceableModelError(
+                        _too_large(e, cap, real_build_limit is None, attribute=True)
+                    ) from e
+                del model
+                model = _build_for_real(spec, e, real_build_limit, attribute=True)
+                trace = _trace(spec, model, "cpu", attention)
         trace.layer_counts = layers
         return trace
 
-    try:
-        return _call_with_timeout(run, timeout)
-    except (DataDependentOutputException, DynamicOutputShapeException) as e:
-        raise UntraceableModelError(
-            _UNTRACEABLE_HINT.format(kind="a data-dependent operation", err=e)
-        ) from e
-    except UnsupportedOperatorException as e:
-        raise UntraceableModelError(
-            _UNTRACEABLE_HINT.format(kind="an operator without a fake implementation", err=e)
-        ) from e
-    except (SpecError, TraceError):
-        raise
-    except Exception as e:
-        raise UntraceableModelError(
-            _UNTRACEABLE_HINT.format(kind=f"{type(e).__name__}", err=e)
-        ) from e
+    def checked() -> Trace:
+        # in the dry run's thread: what the caller's thread raises while it waits (its own
+        # signal handler's error, Ctrl-C) reaches it as it is
+        try:
+            return run()
+        except (DataDependentOutputException, DynamicOutputShapeException) as e:
+            raise UntraceableModelError(
+                _UNTRACEABLE_HINT.format(kind="a data-dependent operation", err=e)
+            ) from e
+        except UnsupportedOperatorException as e:
+            raise UntraceableModelError(
+                _UNTRACEABLE_HINT.format(kind="an operator without a fake implementation", err=e)
+            ) from e
+        except (SpecError, TraceError):
+            raise
+        except Exception as e:
+            raise UntraceableModelError(
+                _UNTRACEABLE_HINT.format(kind=f"{type(e).__name__}", err=e)
+            ) from e
+
+    return _call_with_timeout(checked, timeout)
 
 
 def _param_bytes(model: nn.Module) -> int:
