@@ -82,13 +82,20 @@ def test_the_cli_prints_the_size_and_exits_1_when_nothing_fits() -> None:
     args = ["--input", "3x64x64", "--classes", "10", "--device", "H100"]
     ok = subprocess.run(
         [*base, *args, "--max-memory", "4GiB", "--json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert ok.returncode == 0, ok.stderr
     result = json.loads(ok.stdout)
     assert result["fits"] and result["limited_by"] == "memory" and result["batch_size"] >= 1
     none = subprocess.run(
-        [*base, *args, "--max-memory", "1GiB"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [*base, *args, "--max-memory", "1GiB"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert none.returncode == 1
     assert "nothing fits on the H100-SXM" in none.stdout

@@ -89,7 +89,8 @@ def _capacity_pred(need: float, reserved: float) -> Prediction:
     """A prediction whose step needs ``need`` bytes (upper bound) but reserves ``reserved``
     with room to spare."""
     return replace(
-        _pred(peak=reserved * 0.9, upper=reserved), min_capacity=int(need * 0.9),
+        _pred(peak=reserved * 0.9, upper=reserved),
+        min_capacity=int(need * 0.9),
         min_capacity_upper=int(need),
     )
 
@@ -100,7 +101,10 @@ def test_the_decision_is_on_the_memory_the_step_needs_not_its_reserved_peak() ->
     decision = ca.Budget(max_memory="24GiB").decide(pred, device="H100")
     assert decision.admit
     assert decision.checked["memory"]["figure"] == "min_capacity_upper"
-    assert decision.checked["memory"]["predicted"] == 18 * GiB + ca.get_device("H100").context_overhead_bytes
+    assert (
+        decision.checked["memory"]["predicted"]
+        == 18 * GiB + ca.get_device("H100").context_overhead_bytes
+    )
     rejected = ca.Budget(max_memory="16GiB").decide(pred, device="H100")
     (reason,) = rejected.reasons
     assert "predicted memory need 18.00 GiB (upper bound)" in reason.message

@@ -120,8 +120,12 @@ def test_autocast_weight_gradients_do_not_grow_with_the_batch() -> None:
     size of the weights: one trace alone scales them with the batch; two do not."""
     spec = ca.TrainingSpec(
         model=lambda: torch.nn.Sequential(
-            torch.nn.Flatten(), torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
-            torch.nn.ReLU(), torch.nn.Linear(1024, 10),
+            torch.nn.Flatten(),
+            torch.nn.Linear(64, 1024),
+            torch.nn.ReLU(),
+            torch.nn.Linear(1024, 1024),
+            torch.nn.ReLU(),
+            torch.nn.Linear(1024, 10),
         ),
         batch=ca.ImageBatch((64,), classes=10),
         batch_size=8,

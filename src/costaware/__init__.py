@@ -26,9 +26,9 @@ from costaware.errors import UntraceableModelError as UntraceableModelError
 
 if TYPE_CHECKING:
     from costaware._format import fmt_bytes as fmt_bytes
+    from costaware._format import fmt_seconds as fmt_seconds
     from costaware.batch_size import BatchSizeResult as BatchSizeResult
     from costaware.batch_size import NothingFitsError as NothingFitsError
-    from costaware._format import fmt_seconds as fmt_seconds
     from costaware.budget import Budget as Budget
     from costaware.budget import BudgetError as BudgetError
     from costaware.budget import Decision as Decision

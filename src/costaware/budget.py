@@ -361,7 +361,10 @@ class Budget:
         }
         if need > limit:
             msg = _memory_message(
-                "predicted memory need", f" ({label_mem})", peak, dev.context_overhead_bytes,
+                "predicted memory need",
+                f" ({label_mem})",
+                peak,
+                dev.context_overhead_bytes,
                 limit,
             )
             if limit_name == "device":

@@ -1166,7 +1166,11 @@ class CostModel:
                     return t, entry.graph_feats, "cached"
             if not exact and len(entry.traces) > 1:
                 src = "rescaled (two traces)"
-                return rescale(entry.traces[0], spec.batch_size, entry.traces[1]), entry.graph_feats, src
+                return (
+                    rescale(entry.traces[0], spec.batch_size, entry.traces[1]),
+                    entry.graph_feats,
+                    src,
+                )
             if not exact and not entry.second_tried:  # the architecture's second batch size
                 entry.second_tried = True
                 try:

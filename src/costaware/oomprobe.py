@@ -141,9 +141,7 @@ class _Prober:
         self.model = model.to(device).train()
         self.param_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.buffer_bytes = sum(b.numel() * b.element_size() for b in self.model.buffers())
-        self.total = (
-            torch.cuda.get_device_properties(device).total_memory if self.is_cuda else 0
-        )
+        self.total = torch.cuda.get_device_properties(device).total_memory if self.is_cuda else 0
 
     def release(self) -> torch.nn.Module:
         """The model, moved back to the CPU (kept there for the next cap's search)."""
@@ -229,8 +227,13 @@ def _crossing(points: list[tuple[int, int]], cap: int) -> float | None:
 
 
 def _next_batch(
-    lo: int | None, hi: int | None, points: list[tuple[int, int]], cap: int, static: int,
-    tolerance: float, bisect: bool = False,
+    lo: int | None,
+    hi: int | None,
+    points: list[tuple[int, int]],
+    cap: int,
+    static: int,
+    tolerance: float,
+    bisect: bool = False,
 ) -> int | None:
     """The next batch size to run, or None when the search is done.
 
@@ -274,8 +277,14 @@ def _next_batch(
 
 
 def probe_boundary(
-    prober: _Prober, cap: int, start: int, *, tolerance: float = 0.06, max_runs: int = 10,
-    timeout_s: float = 60.0, deadline: float | None = None,
+    prober: _Prober,
+    cap: int,
+    start: int,
+    *,
+    tolerance: float = 0.06,
+    max_runs: int = 10,
+    timeout_s: float = 60.0,
+    deadline: float | None = None,
     points: list[tuple[int, int]] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Search the batch size at which ``prober``'s configuration stops fitting under
@@ -353,7 +362,8 @@ def run(args: argparse.Namespace) -> int:
     caps = _parse_caps(args.caps)
     allocator = (
         "expandable_segments"
-        if "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+        if "expandable_segments:true"
+        in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
         else "default"
     )
     configs = boundary_configs(args.seed, args.per_family, allocator, args.corpus)
@@ -368,9 +378,14 @@ def run(args: argparse.Namespace) -> int:
     # the context first: environment() starts CUDA
     context = context_memory(device) if device.type == "cuda" else None
     header: dict[str, Any] = {
-        "kind": "context", "schema": SCHEMA_VERSION, "env": environment(str(device)),
-        "started_at": _now(), "device": str(device), "allocator": allocator,
-        "context": context, "driver": nvml_driver() if context is not None else None,
+        "kind": "context",
+        "schema": SCHEMA_VERSION,
+        "env": environment(str(device)),
+        "started_at": _now(),
+        "device": str(device),
+        "allocator": allocator,
+        "context": context,
+        "driver": nvml_driver() if context is not None else None,
     }
     append_row(args.out, header)
     n_runs = n_searches = 0
@@ -388,28 +403,51 @@ def run(args: argparse.Namespace) -> int:
             if (cfg.id, cap) in done:
                 continue
             if deadline is not None and time.monotonic() > deadline - 10:
-                print(f"[oomprobe] out of time after {n_searches} searches, {n_runs} runs", flush=True)
+                print(
+                    f"[oomprobe] out of time after {n_searches} searches, {n_runs} runs", flush=True
+                )
                 return 0
             try:
                 prober = _Prober(cfg, device, args.steps, models.pop(cfg.id, None))
             except Exception as e:
                 status, message = _failure(e)
-                append_row(args.out, {
-                    "kind": "search_end", "config_id": cfg.id, "cap_bytes": cap,
-                    "status": "build_" + status, "error": message, "finished_at": _now(),
-                })
+                append_row(
+                    args.out,
+                    {
+                        "kind": "search_end",
+                        "config_id": cfg.id,
+                        "cap_bytes": cap,
+                        "status": "build_" + status,
+                        "error": message,
+                        "finished_at": _now(),
+                    },
+                )
                 continue
             last: dict[str, Any] = {}
             for row in probe_boundary(
-                prober, cap, cfg.batch_size, tolerance=args.tolerance, timeout_s=args.timeout,
-                deadline=deadline, points=points.setdefault(cfg.id, []),
+                prober,
+                cap,
+                cfg.batch_size,
+                tolerance=args.tolerance,
+                timeout_s=args.timeout,
+                deadline=deadline,
+                points=points.setdefault(cfg.id, []),
             ):
-                row.update({
-                    "kind": "probe", "schema": SCHEMA_VERSION, "config": cfg.to_dict(),
-                    "config_id": cfg.id, "family": cfg.family, "cap_bytes": cap,
-                    "gpu_total": prober.total, "param_bytes": prober.param_bytes,
-                    "allocator": allocator, "device": str(device), "finished_at": _now(),
-                })
+                row.update(
+                    {
+                        "kind": "probe",
+                        "schema": SCHEMA_VERSION,
+                        "config": cfg.to_dict(),
+                        "config_id": cfg.id,
+                        "family": cfg.family,
+                        "cap_bytes": cap,
+                        "gpu_total": prober.total,
+                        "param_bytes": prober.param_bytes,
+                        "allocator": allocator,
+                        "device": str(device),
+                        "finished_at": _now(),
+                    }
+                )
                 append_row(args.out, row)
                 n_runs += 1
                 last = row
@@ -424,15 +462,24 @@ def run(args: argparse.Namespace) -> int:
                     )
             timed_out = deadline is not None and time.monotonic() > deadline
             if last and not timed_out:
-                append_row(args.out, {
-                    "kind": "search_end", "config_id": cfg.id, "cap_bytes": cap,
-                    "status": last.get("status"), "finished_at": _now(),
-                })
+                append_row(
+                    args.out,
+                    {
+                        "kind": "search_end",
+                        "config_id": cfg.id,
+                        "cap_bytes": cap,
+                        "status": last.get("status"),
+                        "finished_at": _now(),
+                    },
+                )
                 n_searches += 1
             models[cfg.id] = prober.release()
             del prober
-    print(f"[oomprobe] done: {n_searches} searches, {n_runs} runs in "
-          f"{time.monotonic() - started:.0f} s", flush=True)
+    print(
+        f"[oomprobe] done: {n_searches} searches, {n_runs} runs in "
+        f"{time.monotonic() - started:.0f} s",
+        flush=True,
+    )
     return 0
 
 
@@ -449,17 +496,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--out", required=True, help="output .jsonl.gz file (appended to; resumes)")
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a simulated cap (tests)")
-    p.add_argument("--caps", default="12,24,8", help="caps in GiB, in the order searched (default 12,24,8)")
+    p.add_argument(
+        "--caps", default="12,24,8", help="caps in GiB, in the order searched (default 12,24,8)"
+    )
     p.add_argument("--seed", type=int, default=0, help="corpus seed the configurations come from")
-    p.add_argument("--corpus", choices=("gpu", "cpu"), default="gpu",
-                   help="which corpus the configurations come from (default gpu; cpu for tests)")
-    p.add_argument("--per-family", type=int, default=1, help="configurations per family (default 1)")
+    p.add_argument(
+        "--corpus",
+        choices=("gpu", "cpu"),
+        default="gpu",
+        help="which corpus the configurations come from (default gpu; cpu for tests)",
+    )
+    p.add_argument(
+        "--per-family", type=int, default=1, help="configurations per family (default 1)"
+    )
     p.add_argument("--families", default="", help="only these families (comma-separated)")
     p.add_argument("--limit", type=int, default=None, help="at most this many configurations")
     p.add_argument("--steps", type=int, default=3, help="training steps per run (default 3)")
-    p.add_argument("--tolerance", type=float, default=0.06,
-                   help="stop when the largest fit and smallest OOM are this close (default 0.06)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds allowed per run (default 60)")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.06,
+        help="stop when the largest fit and smallest OOM are this close (default 0.06)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds allowed per run (default 60)"
+    )
     p.add_argument("--max-minutes", type=float, default=None, help="stop cleanly after this")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     return run(p.parse_args(argv))
