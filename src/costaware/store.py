@@ -102,6 +102,11 @@ minute instead of the kernel's two hours."""
 TCP_USER_TIMEOUT_S: Final = 60
 """Data sent to the server and not acknowledged for this long fails the connection (libpq
 ``tcp_user_timeout``): a ping or query to a server that vanished cannot wait for ever."""
+PING_TIMEOUT_S: Final = 10.0
+"""The check of a pooled server connection before use (``SELECT 1``) that has no answer
+after this long hangs the connection up, so the pool opens a new one: a server that
+accepts data but never answers (frozen, or a socket that another process also reads)
+cannot hold a trial for ever."""
 RETRY_FIRST_S: Final = 1.0
 RETRY_MAX_S: Final = 120.0
 """A store opened with ``retry=True`` whose server did not answer tries again after
@@ -259,7 +264,7 @@ class ObservationStore:
             self._down_since = time.monotonic()
             self._went_down(e)
             warnings.warn(
-                f"{e}. The study goes on without it: nothing is recorded (and nothing "
+                f"{_sentence(str(e))} The study goes on without it: nothing is recorded (and nothing "
                 f"refitted) until it answers; costaware tries again in {RETRY_FIRST_S:g} s, "
                 f"then less often (at most every {RETRY_MAX_S:g} s).",
                 CostAwareWarning,
@@ -659,6 +664,7 @@ class ObservationStore:
             _sqlite_events(engine, wal=not _sqlite_in_memory(url))
         else:
             _fork_safety(engine)
+            _bounded_ping(engine)
         return engine
 
     def _ensure_schema(self) -> None:
@@ -987,6 +993,53 @@ def _fork_safety(engine: Engine) -> None:
         if record.info.get("pid") != os.getpid():
             record.dbapi_connection = proxy.dbapi_connection = None
             raise exc.DisconnectionError("connection was opened in another process")
+
+
+def _bounded_ping(engine: Engine) -> None:
+    """Make the pool's check of a connection before use (``pool_pre_ping``) give up after
+    :data:`PING_TIMEOUT_S`: a timer hangs the socket up, the ping fails as a
+    disconnection, and SQLAlchemy replaces the pool's connections. TCP keepalives bound a
+    dead server; this bounds one that is alive and does not answer."""
+    dialect = engine.dialect  # this engine's own instance
+    ping = dialect.do_ping
+
+    def do_ping(dbapi_connection: Any) -> bool:
+        timer = threading.Timer(PING_TIMEOUT_S, _hang_up, (dbapi_connection, engine.url))
+        timer.daemon = True
+        timer.start()
+        try:
+            return ping(dbapi_connection)
+        finally:
+            timer.cancel()
+
+    setattr(dialect, "do_ping", do_ping)  # noqa: B010 - an instance, not the class
+
+
+def _hang_up(dbapi_connection: Any, url: URL) -> None:
+    """Shut the connection's socket down (both ways), waking whoever waits on it."""
+    import socket
+
+    try:
+        dup = socket.socket(fileno=os.dup(dbapi_connection.fileno()))
+    except Exception:  # closed meanwhile, or no socket to shut
+        return
+    try:
+        dup.shutdown(socket.SHUT_RDWR)  # acts on the socket, not just this descriptor
+    except OSError:
+        pass
+    finally:
+        dup.close()
+    log.warning(
+        "costaware: the observation store at %s did not answer a connection check in %g s; "
+        "the connection was dropped and a new one is opened.",
+        url.render_as_string(hide_password=True),
+        PING_TIMEOUT_S,
+    )
+
+
+def _sentence(text: str) -> str:
+    """``text`` ending as a sentence does."""
+    return text if text.endswith((".", "?", "!")) else text + "."
 
 
 def _reason(e: BaseException, url: URL) -> str:
