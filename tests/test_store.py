@@ -17,6 +17,7 @@ import pickle
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -831,3 +832,90 @@ def test_a_study_whose_store_is_down_at_start_up_runs_and_records_once_it_is_bac
     assert "costaware:store_error" not in study.trials[-1].user_attrs
     recorded = {r["trial"] for r in ObservationStore(url).predictions(study="down")}
     assert "3" in recorded and not recorded & {"0", "1"}
+
+
+# --------------------------------------------------------------------------------------
+# malformed rows
+# --------------------------------------------------------------------------------------
+def _raw_insert(url: str, table: str, **values: Any) -> None:
+    """Insert one row with raw SQL, around every check this module makes."""
+    engine = sa.create_engine(url, poolclass=NullPool)
+    pg = engine.dialect.name == "postgresql"
+    values.setdefault("created_at", "2026-01-01 00:00:00")
+    columns = ", ".join(values)
+    casts = {k: "jsonb" for k in _JSON_COLUMNS} | {"created_at": "timestamptz"}
+    marks = ", ".join(f"CAST(:{k} AS {casts[k]})" if pg and k in casts else f":{k}" for k in values)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"INSERT INTO {table} ({columns}) VALUES ({marks})"), values)
+    finally:
+        engine.dispose()
+
+
+_JSON_COLUMNS = ("spec", "features", "prediction", "decision", "meta", "actual")
+
+
+def _damage(url: str) -> dict[str, set[str]]:
+    """Write malformed rows of trials "bad-*" with raw SQL; the reasons expected, by table."""
+    p, m = "costaware_predictions", "costaware_measurements"
+    good_p = {"study": "s", "status": "admitted", "device": "H100", "spec": '{"name": "mlp"}'}
+    good_m = {"study": "s", "status": "ok", "device": "H100", "actual": '{"peak_memory": 5}'}
+    _raw_insert(url, p, **good_p, trial="bad-1", features="[1, 2]")
+    _raw_insert(url, p, **good_p, trial="bad-2", features='{"x": "abc"}')
+    _raw_insert(url, p, **{**good_p, "status": "maybe"}, trial="bad-3", features='{"x": 1}')
+    _raw_insert(url, m, **{**good_m, "actual": '"a string"'}, trial="bad-1")
+    _raw_insert(url, m, **good_m, trial="bad-2", epoch=-1)
+    expected = {
+        p: {
+            "features is not a JSON object (a list)",
+            "features['x'] is not a number (a string)",
+            "status 'maybe' is unknown",
+        },
+        m: {
+            "actual is not a JSON object (a string)",
+            "epoch is not a whole number >= 0 (a number)",
+        },
+    }
+    if sa.engine.make_url(url).get_backend_name() == "sqlite":  # no types to stop these
+        _raw_insert(url, p, **good_p, trial="bad-4", features="{not json")
+        _raw_insert(url, m, **{**good_m, "created_at": "yesterday"}, trial="bad-4")
+        _raw_insert(url, m, **{**good_m, "actual": "{'peak_memory': 5}"}, trial="0")
+        expected[p].add("features is not valid JSON")
+        expected[m] |= {"created_at is unreadable", "actual is not valid JSON"}
+    return expected
+
+
+def test_malformed_rows_are_skipped_counted_and_reported(store: ObservationStore) -> None:
+    """Rows that this module would never write (written by other means, or damaged) are
+    left out of every reader, each once, with one warning naming how many and why."""
+    url = store.url.replace("***", "costaware")
+    for trial in range(3):
+        _predict(store, trial)
+        _measure(store, trial, peak_memory=1e8 + trial, iteration_time=0.01)
+    expected = _damage(url)
+    n_bad = sum(len(v) for v in expected.values())
+
+    with pytest.warns(CostAwareWarning) as caught:
+        observations = store.observations(study="s")
+    assert sorted(o.meta["trial"] for o in observations) == ["0", "1", "2"]
+    (warning,) = [w for w in caught if "malformed" in str(w.message)]
+    text = str(warning.message)
+    assert f"skipped {n_bad} malformed row(s)" in text
+    named = [why for reasons in expected.values() for why in reasons if why in text]
+    assert len(named) == min(5, n_bad)  # the five commonest reasons, then how many others
+    if n_bad > 5:
+        assert f"and {n_bad - 5} other kinds" in text
+    by_table: dict[str, set[str]] = {}
+    for row in store.skipped:
+        by_table.setdefault(row["table"], set()).add(row["reason"])
+    assert by_table == expected
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rows already reported are not warned about again
+        predictions = store.predictions(study="s")
+        measurements = store.measurements(study="s")
+        again = store.observations(study="s")
+    assert [r["trial"] for r in predictions] == ["0", "1", "2"]
+    assert {r["trial"] for r in measurements} <= {"0", "1", "2", "bad-3"}
+    assert [o.meta["trial"] for o in again] == [o.meta["trial"] for o in observations]
+    assert len(store.skipped) == n_bad

@@ -195,8 +195,6 @@ class OnlineRefit:
                 wait,
                 self.last_error,
             )
-        else:
-            self.failures = 0
 
     def refit_now(self) -> CostModel:
         """Refit on every observation in the store now, save it, and use it.
@@ -219,6 +217,7 @@ class OnlineRefit:
             self._fitted_on = max(len(observations), self._counted)
             if version is not None:
                 self._loaded_version = version
+        self.failures = 0
         self.history.append(
             {"rows": len(observations), "seconds": round(seconds, 3), "version": version}
         )

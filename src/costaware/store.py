@@ -548,10 +548,9 @@ class ObservationStore:
         from costaware.model import Observation
 
         p, m = predictions_table, measurements_table
-        pq = _select(p, "id", "study", "trial", "device", "spec", "features", "prediction")
-        pq = pq.where(p.c.features.is_not(None), p.c.trial.is_not(None))
-        mq = _select(m, "id", "study", "trial", "status", "device", "actual")
-        mq = mq.where(m.c.trial.is_not(None))
+        # whole rows, so that every reader skips the same malformed ones
+        pq = _select(p, *p.c.keys()).where(p.c.features.is_not(None), p.c.trial.is_not(None))
+        mq = _select(m, *m.c.keys()).where(m.c.trial.is_not(None))
         if study is not None:
             pq, mq = pq.where(p.c.study == study), mq.where(m.c.study == study)
         with self._reading() as conn:
@@ -788,8 +787,9 @@ class ObservationStore:
         if bad:
             with self._skipped_lock:
                 for key, why in bad.items():
-                    self._skipped.setdefault(key, why)
-                    self._unwarned.add(key)
+                    if key not in self._skipped:
+                        self._skipped[key] = why
+                        self._unwarned.add(key)
         if warn:
             self._warn_skipped()
         return out
