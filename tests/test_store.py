@@ -826,12 +826,16 @@ def test_a_study_whose_store_is_down_at_start_up_runs_and_records_once_it_is_bac
     assert len(study.trials) == 2
     assert all("costaware:admit" in t.user_attrs for t in study.trials)
     assert all("costaware:store_error" in t.user_attrs for t in study.trials)
-    p.start()
-    time.sleep(0.05)  # past the next try
-    _run(study, 2)
-    assert "costaware:store_error" not in study.trials[-1].user_attrs
+    p.start()  # the database is back: a trial soon after the next try is recorded
+    deadline = time.monotonic() + 60
+    while True:
+        _run(study, 1)
+        if "costaware:store_error" not in study.trials[-1].user_attrs:
+            break
+        assert time.monotonic() < deadline, "the store never reconnected"
+        time.sleep(0.1)
     recorded = {r["trial"] for r in ObservationStore(url).predictions(study="down")}
-    assert "3" in recorded and not recorded & {"0", "1"}
+    assert str(study.trials[-1].number) in recorded and not recorded & {"0", "1"}
 
 
 # --------------------------------------------------------------------------------------
