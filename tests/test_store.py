@@ -766,7 +766,8 @@ def test_an_unreachable_server_raises_unless_retry() -> None:
         with pytest.raises(StoreUnreachable):
             store.observations()
     assert "secret" not in repr(store) + store.url
-    copy = pickle.loads(pickle.dumps(store))  # a worker's copy retries too
+    with pytest.warns(CostAwareWarning, match="goes on without it"):
+        copy = pickle.loads(pickle.dumps(store))  # a worker's copy retries too
     assert copy._retry and not copy._ready
 
 
