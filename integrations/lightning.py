@@ -568,7 +568,7 @@ class _CostAwareCallbackBase:
         try:
             from costaware.store import ObservationStore
 
-            self._store_obj = ObservationStore(self.store)
+            self._store_obj = ObservationStore(self.store, retry=True)  # server down: retried
         except Exception as e:
             self._store_failed = True
             self._warn_once(

@@ -109,7 +109,7 @@ HELD_BEFORE_KEYS = ("held_before_bytes", "held_before", "costaware/held_before")
 
 
 def _open_store(store: Any) -> Any:
-    store = open_store(store)
+    store = open_store(store, retry=True)  # a server that is down never stops a run
     if store is not None and not (
         hasattr(store, "record_prediction") and hasattr(store, "record_measurement")
     ):

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 import costaware as ca
-from costaware.refit import OnlineRefit
+from costaware.refit import KEEP_VERSIONS, OnlineRefit
 from costaware.store import ObservationStore
 from tests.conftest import tiny_cnn
 
@@ -205,3 +211,132 @@ def test_a_configuration_measured_before_is_predicted_as_measured(tmp_path: Path
     # a model fitted without a base (the shipped kind) predicts every configuration
     plain = ca.CostModel().fit(store.observations(study="s"))
     assert "time_measured_trials" not in plain.predict(seen, "cpu").basis
+
+
+# --------------------------------------------------------------------------------------
+# failures: a refit that cannot be saved, rows that cannot be read
+# --------------------------------------------------------------------------------------
+CONFIGS = [(w, bs) for w in (4, 8, 12, 16) for bs in (8, 16, 32)]
+
+_FULL_DISK = """
+import json, pathlib, resource, signal, sys
+sys.path.insert(0, sys.argv[2])
+import costaware as ca
+from costaware.refit import OnlineRefit
+from costaware.store import ObservationStore
+from tests.test_refit import CONFIGS, _record, _spec
+
+models = pathlib.Path(sys.argv[1])
+store = ObservationStore("sqlite://")  # in memory: the file-size limit is for the models
+refit = OnlineRefit(store, base=ca.CostModel(), every=2, background=False, directory=models)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+tries = []
+for i, (w, bs) in enumerate(CONFIGS):
+    _record(store, ca.CostModel(), i, _spec(w, bs))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.RLIM_INFINITY))  # "disk full"
+    tries.append(refit.maybe_refit())
+    resource.setrlimit(resource.RLIMIT_FSIZE, unlimited)
+left = sorted(p.name for p in models.iterdir())
+failures, error = refit.failures, refit.last_error
+refit.refit_now()  # room again
+print(json.dumps({"tries": tries, "left": left, "failures": failures, "error": error,
+                  "after": sorted(p.name for p in models.iterdir()), "now": refit.failures}))
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
+def test_a_refit_on_a_full_disk_backs_off_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A save that fails midway (a real EFBIG from a file-size limit, as on a full disk)
+    leaves no folder behind, and the next try waits twice as long each time."""
+    repo = Path(__file__).resolve().parents[1]
+    models = tmp_path / "models"
+    out = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK, str(models), str(repo)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # due after 2 measured trials; failed at 2, so 2 * 2 more (6), then 2 * 4 more (14: never)
+    assert [i + 1 for i, tried in enumerate(result["tries"]) if tried] == [2, 6]
+    assert result["failures"] == 2 and "File too large" in result["error"]
+    assert "online refit failed (2 in a row" in out.stderr
+    assert result["left"] == []  # no half-written version, no temporary folder
+    versions = [n for n in result["after"] if n.startswith("v")]
+    assert len(versions) == 1 and set(result["after"]) == {*versions, "LATEST", "refits.jsonl"}
+    assert result["now"] == 0
+
+
+def test_a_save_that_fails_midway_is_removed_and_versions_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ObservationStore(tmp_path / "obs.db")
+    refit = OnlineRefit(store, base=ca.CostModel(), every=1, background=False, study="s")
+    assert refit.directory is not None
+    for i, (w, bs) in enumerate(CONFIGS[:2]):
+        _record(store, ca.CostModel(), i, _spec(w, bs))
+    real_save = ca.CostModel.save
+    calls: list[Path] = []
+
+    def save_then_fail(self: ca.CostModel, path: str | os.PathLike[str]) -> Path:
+        calls.append(Path(path))
+        real_save(self, path)  # every file written, then the disk fills up
+        (Path(path) / "memory.cbm").write_bytes(b"\0" * 1000)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ca.CostModel, "save", save_then_fail)
+    assert refit.maybe_refit() is True
+    assert refit.failures == 1 and "No space left" in (refit.last_error or "")
+    assert not calls[0].exists() and list(refit.directory.iterdir()) == []
+    assert not refit.model().is_fitted  # the model in use is kept
+    _record(store, ca.CostModel(), 2, _spec(*CONFIGS[2]))
+    assert refit.maybe_refit() is False  # backing off: 1 * 2 more trials after a failure
+    _record(store, ca.CostModel(), 3, _spec(*CONFIGS[3]))
+    assert refit.maybe_refit() is True and refit.failures == 2 and len(calls) == 2
+
+    monkeypatch.setattr(ca.CostModel, "save", real_save)
+    stale = refit.directory / ".tmp-v1-1-abcd"  # left by a process killed mid-save
+    stale.mkdir()
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    fresh = refit.directory / ".tmp-v2-2-abcd"  # another worker's save in flight
+    fresh.mkdir()
+    for i, (w, bs) in enumerate(CONFIGS[4:], start=4):
+        _record(store, ca.CostModel(), i, _spec(w, bs))
+        refit.maybe_refit()
+    assert refit.failures == 0 and refit.model().is_fitted
+    names = sorted(p.name for p in refit.directory.iterdir())
+    versions = [n for n in names if n.startswith("v")]
+    assert len(refit.history) > KEEP_VERSIONS == len(versions)
+    assert (refit.directory / "LATEST").read_text() == refit.history[-1]["version"]
+    assert refit.history[-1]["version"] in versions
+    assert not stale.exists() and fresh.exists()
+
+
+def test_malformed_rows_do_not_stop_the_refit(tmp_path: Path) -> None:
+    """Damaged rows in a real store (through raw SQL) are skipped: the refit fits on the
+    rest, and they do not make every later trial look due for a refit."""
+    store = ObservationStore(tmp_path / "obs.db")
+    refit = OnlineRefit(store, base=ca.CostModel(), every=3, background=False, study="s")
+    for i, (w, bs) in enumerate(CONFIGS[:4]):
+        _record(store, ca.CostModel(), i, _spec(w, bs))
+    engine = sa.create_engine(f"sqlite:///{store.path}")
+    with engine.begin() as conn:
+        for trial, features in (("90", "[1, 2]"), ("91", '{"x": "abc"}'), ("92", "{oops")):
+            conn.exec_driver_sql(
+                "INSERT INTO costaware_predictions (created_at, study, trial, status, spec, "
+                f"features) VALUES ('2026-01-01 00:00:00', 's', '{trial}', 'admitted', '{{}}', "
+                f"'{features}')"
+            )
+            conn.exec_driver_sql(
+                "INSERT INTO costaware_measurements (created_at, study, trial, status, actual) "
+                f"VALUES ('2026-01-01 00:00:00', 's', '{trial}', 'ok', '{{}}')"
+            )
+    engine.dispose()
+    assert refit.pending() == 7  # the database counts them
+    with pytest.warns(ca.CostAwareWarning, match="skipped 3 malformed row"):
+        assert refit.maybe_refit() is True
+    assert refit.last_error is None and refit.history[-1]["rows"] == 4
+    assert refit.model().is_fitted
+    assert refit.pending() == 0 and refit.maybe_refit() is False

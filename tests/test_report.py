@@ -646,6 +646,76 @@ def test_importing_reporting_stays_light() -> None:
 
 
 # --------------------------------------------------------------------------------------
+# malformed records
+# --------------------------------------------------------------------------------------
+def _damage(path: Path | None) -> int:
+    """Rows no costaware writes, through raw SQL: 3 the store skips as malformed, and 2
+    of the right shape whose insides are not (the report reads them as missing). Returns
+    how many are malformed."""
+    engine = sa.create_engine(f"sqlite:///{path}", poolclass=NullPool)
+    rows = [
+        ("costaware_predictions", "trial, status, spec, features", "'90', 'admitted', '{}', '[1]'"),
+        ("costaware_predictions", "trial, status, spec", "'91', 'maybe', '{}'"),
+        ("costaware_measurements", "trial, status, actual", "'0', 'ok', '{\"peak_memory\": 1'"),
+        (  # an object, but its budget limits are a list, its reasons a number
+            "costaware_predictions",
+            "trial, status, spec, decision",
+            "'92', 'rejected', '{\"family\": [1]}', '{\"checked\": [1], \"reasons\": 5}'",
+        ),
+        (
+            "costaware_measurements",
+            "trial, status, actual",
+            "'93', 'ok', '{\"peak_memory\": \"x\"}'",
+        ),
+    ]
+    with engine.begin() as conn:
+        for table, columns, values in rows:
+            conn.exec_driver_sql(
+                f"INSERT INTO {table} (created_at, study, {columns}) "
+                f"VALUES ('2026-01-01 00:00:00', 's', {values})"
+            )
+    engine.dispose()
+    return 3
+
+
+def test_malformed_rows_are_skipped_and_the_report_says_so(store: ObservationStore) -> None:
+    malformed = _damage(store.path)
+    with pytest.warns(ca.CostAwareWarning) as caught:
+        rep = ca.report(store.path)
+    warned = [str(w.message) for w in caught if "malformed" in str(w.message)]
+    assert len(warned) == 1  # one warning for the report, not one per table
+    assert warned[0].startswith(f"{malformed} malformed row(s) of the observation store")
+    assert "status 'maybe' is unknown (1 row)" in warned[0]
+    assert "actual is not valid JSON (1 row)" in warned[0]
+    assert warned[0] in rep.notes
+    labels = {r.trial for r in rep.trials}
+    assert {"0", "1", "92", "93"} <= labels and not labels & {"90", "91"}
+    by_trial = {r.trial: r for r in rep.trials}
+    assert by_trial["0"].actual_memory == 110 * MiB  # its damaged row left out
+    assert by_trial["92"].outcome == "rejected" and by_trial["92"].reasons == []
+    assert by_trial["93"].actual_memory is None
+    assert rep.to_dict()["notes"] and "malformed" in rep.to_markdown()
+
+
+def test_cli_report_on_a_store_with_malformed_rows(store: ObservationStore, tmp_path: Path) -> None:
+    """The real command: exit 0, one warning line naming how many rows and why."""
+    malformed = _damage(store.path)
+    out = subprocess.run(
+        [sys.executable, "-m", "costaware.cli", "report", "--store", str(store.path),
+         "--json", "-"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    warnings = [line for line in out.stderr.splitlines() if "malformed" in line]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"costaware: warning: {malformed} malformed row(s)")
+    assert "Traceback" not in out.stderr
+    data = json.loads(out.stdout)
+    assert any(f"{malformed} malformed row(s)" in note for note in data["notes"])
+    assert data["summary"]["trials"] == 11
+
+
+# --------------------------------------------------------------------------------------
 # the command line
 # --------------------------------------------------------------------------------------
 def test_cli_report_writes_html_markdown_and_json(

@@ -6,6 +6,7 @@ PostgreSQL cases are skipped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import math
@@ -13,8 +14,10 @@ import multiprocessing
 import os
 import pathlib
 import pickle
+import socket
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,11 +26,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from costaware.errors import CostawareError
+from costaware.errors import CostawareError, CostAwareWarning
 from costaware.store import (
     SCHEMA_VERSION,
     ObservationStore,
     StoreError,
+    StoreUnreachable,
     measurements_table,
     predictions_table,
 )
@@ -534,3 +538,389 @@ def test_concurrent_writers_lose_no_rows(store_url: str, writers: WriterPool) ->
         assert r["trial"] == f"{w}-{i}" and r["actual"]["peak_memory"] == w * 1000 + i
     assert store.count_observations(study="concurrent") == WORKERS * ROWS_PER_KIND
     store.close()
+
+
+# --------------------------------------------------------------------------------------
+# fork: children of a parent that has already used the store
+# --------------------------------------------------------------------------------------
+FORKED = 4
+FORKED_ROWS = 50
+
+
+def _forked_writer(store: ObservationStore, worker: int, start: Any = None) -> None:
+    """In a forked child: write FORKED_ROWS rows through the parent's store object (all
+    children at once, when given a barrier ``start``)."""
+    if start is not None:
+        start.wait(60)
+    for i in range(FORKED_ROWS):
+        store.record_measurement(
+            study="forked",
+            trial=f"{worker}-{i}",
+            status="ok",
+            actual={"peak_memory": i},
+            device="cpu",
+            meta={"worker": worker, "i": i},
+        )
+
+
+@pytest.mark.parametrize("via", ["at-fork hook", "process id check"])
+def test_forked_writers_of_a_parent_that_already_wrote(store_url: str, via: str) -> None:
+    """The parent's pooled connection is not the children's: each child drops the pool it
+    inherited before its first query (from ``os.register_at_fork``, or, for a store the
+    hook does not know, from the process-id check before every use) and opens its own.
+    Sharing the parent's PostgreSQL connection hung most runs for ever."""
+    import costaware.store as store_module
+
+    store = ObservationStore(store_url)
+    _measure(store, "parent-before", study="forked-parent")  # a pooled connection now
+    if via == "process id check":
+        store_module._LIVE_STORES.discard(store)
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Barrier(FORKED)
+    children = [ctx.Process(target=_forked_writer, args=(store, w, start)) for w in range(FORKED)]
+    for child in children:
+        child.start()
+    deadline = time.monotonic() + 120
+    for child in children:
+        child.join(max(0.1, deadline - time.monotonic()))
+    hung = [c.pid for c in children if c.is_alive()]
+    for child in children:
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert not hung, f"{len(hung)} of {FORKED} forked writers hung"
+    assert [c.exitcode for c in children] == [0] * FORKED
+    # the parent's own connection still works: no child closed or confused it
+    _measure(store, "parent-after", study="forked-parent")
+    assert [m["trial"] for m in store.measurements(study="forked-parent")] == [
+        "parent-before",
+        "parent-after",
+    ]
+    rows = store.measurements(study="forked")
+    seen = [(r["meta"]["worker"], r["meta"]["i"]) for r in rows]
+    assert len(seen) == len(set(seen)) == FORKED * FORKED_ROWS  # each row exactly once
+    assert set(seen) == {(w, i) for w in range(FORKED) for i in range(FORKED_ROWS)}
+    store.close()
+
+
+def test_a_forked_child_leaves_an_in_memory_store_its_own_copy() -> None:
+    """An in-memory SQLite store is one process's; a forked child works on its copy."""
+    store = ObservationStore("sqlite://")
+    _measure(store, 0)
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=_forked_writer, args=(store, 0))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert [m["trial"] for m in store.measurements()] == ["0"]  # the child's rows are its own
+
+
+# --------------------------------------------------------------------------------------
+# a server that is down, or does not answer
+# --------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class TcpProxy:
+    """A real TCP forwarder to the test server, on a port of its own.
+
+    ``start()`` begins listening (the "server" comes up), ``freeze()`` makes every
+    connection open so far swallow what it is sent and never answer (a server that
+    accepts data and says nothing), while new connections are forwarded normally.
+    """
+
+    def __init__(self, target: tuple[str, int], port: int) -> None:
+        self.target = target
+        self.port = port
+        self.frozen: set[int] = set()
+        self.pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.listener: socket.socket | None = None
+
+    def start(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        self.listener = listener
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.pairs.append((client, upstream))
+            key = id(client)
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst, key), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, key: int) -> None:
+        try:
+            while data := src.recv(65536):
+                if key not in self.frozen:
+                    dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def freeze(self) -> None:
+        self.frozen.update(id(client) for client, _ in self.pairs)
+
+    def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+        for pair in self.pairs:
+            for s in pair:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+
+def _pg_url() -> str:
+    url = os.environ.get(PG_ENV)
+    if not url:
+        pytest.skip(f'{PG_ENV} is not set; run eval "$(bash .ci/postgres.sh)" first')
+    _drop_tables(url)
+    return url
+
+
+@pytest.fixture
+def proxy() -> Iterator[tuple[TcpProxy, str]]:
+    """A proxy (not yet listening) to the test server, and the store URL through it."""
+    url = sa.engine.make_url(_pg_url())
+    p = TcpProxy((str(url.host), int(url.port or 5432)), _free_port())
+    yield p, url.set(port=p.port).render_as_string(hide_password=False)
+    p.close()
+
+
+def _down_url() -> str:
+    pytest.importorskip("psycopg")
+    return f"postgresql+psycopg://u:secret@127.0.0.1:{_free_port()}/db"  # nothing listens
+
+
+def test_libpq_waits_are_bounded(store: ObservationStore) -> None:
+    """Connecting gives up, and a dead server or network is noticed (TCP keepalives, the
+    user timeout); a timeout in the URL wins."""
+    if store.path is not None:
+        pytest.skip("a SQLite file has no network to wait on")
+    raw = store._engine.raw_connection()
+    try:
+        params = raw.driver_connection.info.get_parameters()  # type: ignore[union-attr]
+    finally:
+        raw.close()
+    assert params["connect_timeout"] == "10"
+    assert params["keepalives"] == "1" and params["keepalives_idle"] == "30"
+    assert params["tcp_user_timeout"] == "60000"
+    url = sa.engine.make_url(store.url.replace("***", "costaware")).update_query_dict(
+        {"keepalives_idle": "7"}
+    )
+    mine = ObservationStore(url.render_as_string(hide_password=False))
+    raw = mine._engine.raw_connection()
+    try:
+        assert raw.driver_connection.info.get_parameters()["keepalives_idle"] == "7"  # type: ignore[union-attr]
+    finally:
+        raw.close()
+        mine.close()
+
+
+def test_a_connection_check_with_no_answer_gives_up(
+    proxy: tuple[TcpProxy, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pooled connection to a server that takes data and never answers: the check before
+    its next use hangs it up after PING_TIMEOUT_S, and the write goes through a new one."""
+    import costaware.store as store_module
+
+    monkeypatch.setattr(store_module, "PING_TIMEOUT_S", 1.0)
+    p, url = proxy
+    p.start()
+    store = ObservationStore(url)
+    _measure(store, 0)  # one pooled connection, through the proxy
+    p.freeze()  # it will never answer again
+    done: list[Any] = []
+    writer = threading.Thread(target=lambda: done.append(_measure(store, 1)), daemon=True)
+    writer.start()
+    writer.join(60)
+    assert not writer.is_alive(), "the write waited on a connection that never answers"
+    assert len(done) == 1
+    assert [m["trial"] for m in store.measurements()] == ["0", "1"]
+    store.close()
+
+
+def test_an_unreachable_server_raises_unless_retry() -> None:
+    url = _down_url()
+    with pytest.raises(StoreUnreachable, match="cannot open the observation store"):
+        ObservationStore(url)
+    with pytest.warns(CostAwareWarning, match="goes on without it.*tries again in 1 s"):
+        store = ObservationStore(url, retry=True)
+    for _ in range(3):  # until the next try is due: at once, without touching the network
+        with pytest.raises(StoreUnreachable, match="tries again in"):
+            _predict(store, 0)
+        with pytest.raises(StoreUnreachable):
+            store.observations()
+    assert "secret" not in repr(store) + store.url
+    with pytest.warns(CostAwareWarning, match="goes on without it"):
+        copy = pickle.loads(pickle.dumps(store))  # a worker's copy retries too
+    assert copy._retry and not copy._ready
+
+
+def test_a_server_that_refuses_is_no_reason_to_retry() -> None:
+    """A wrong password is the caller's to fix: it raises even with ``retry``."""
+    url = sa.engine.make_url(_pg_url()).set(password="not-the-password")
+    with pytest.raises(StoreError, match="password authentication failed") as info:
+        ObservationStore(url.render_as_string(hide_password=False), retry=True)
+    assert not isinstance(info.value, StoreUnreachable)
+
+
+def test_a_server_that_comes_back_gets_the_writes(
+    proxy: tuple[TcpProxy, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import costaware.store as store_module
+
+    monkeypatch.setattr(store_module, "RETRY_FIRST_S", 0.05)
+    p, url = proxy
+    with pytest.warns(CostAwareWarning, match="cannot open the observation store"):
+        store = ObservationStore(url, retry=True)
+    with pytest.raises(StoreUnreachable):
+        _predict(store, "lost")
+    p.start()  # the server is back
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            _predict(store, 1)
+            break
+        except StoreUnreachable:
+            assert time.monotonic() < deadline, "the store never reconnected"
+            time.sleep(0.05)
+    _measure(store, 1)
+    assert [r["trial"] for r in store.predictions()] == ["1"]
+    assert store.count_observations() == 1
+    store.close()
+
+
+def test_a_study_whose_store_is_down_at_start_up_runs_and_records_once_it_is_back(
+    proxy: tuple[TcpProxy, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``CostAwarePruner(store=URL)`` with the database down: the study starts and runs,
+    each trial judged and warned about; once the database answers, predictions land."""
+    pytest.importorskip("optuna")
+    import optuna
+
+    import costaware.store as store_module
+    from costaware.integrations.optuna import CostAwarePruner
+    from tests.test_integration_optuna import BUDGET, _run, spec_fn
+
+    monkeypatch.setattr(store_module, "RETRY_FIRST_S", 0.01)
+    p, url = proxy
+    with pytest.warns(CostAwareWarning, match="goes on without it"):
+        pruner = CostAwarePruner(spec_fn, BUDGET, device="T4", store=url, refit_every=2)
+    study = optuna.create_study(study_name="down", pruner=pruner)
+    with pytest.warns(CostAwareWarning, match="could not write to the store"):
+        _run(study, 2)
+    assert len(study.trials) == 2
+    assert all("costaware:admit" in t.user_attrs for t in study.trials)
+    assert all("costaware:store_error" in t.user_attrs for t in study.trials)
+    p.start()  # the database is back: a trial soon after the next try is recorded
+    deadline = time.monotonic() + 60
+    while True:
+        _run(study, 1)
+        if "costaware:store_error" not in study.trials[-1].user_attrs:
+            break
+        assert time.monotonic() < deadline, "the store never reconnected"
+        time.sleep(0.1)
+    recorded = {r["trial"] for r in ObservationStore(url).predictions(study="down")}
+    assert str(study.trials[-1].number) in recorded and not recorded & {"0", "1"}
+
+
+# --------------------------------------------------------------------------------------
+# malformed rows
+# --------------------------------------------------------------------------------------
+def _raw_insert(url: str, table: str, **values: Any) -> None:
+    """Insert one row with raw SQL, around every check this module makes."""
+    engine = sa.create_engine(url, poolclass=NullPool)
+    pg = engine.dialect.name == "postgresql"
+    values.setdefault("created_at", "2026-01-01 00:00:00")
+    columns = ", ".join(values)
+    casts = {k: "jsonb" for k in _JSON_COLUMNS} | {"created_at": "timestamptz"}
+    marks = ", ".join(f"CAST(:{k} AS {casts[k]})" if pg and k in casts else f":{k}" for k in values)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"INSERT INTO {table} ({columns}) VALUES ({marks})"), values)
+    finally:
+        engine.dispose()
+
+
+_JSON_COLUMNS = ("spec", "features", "prediction", "decision", "meta", "actual")
+
+
+def _damage(url: str) -> dict[str, set[str]]:
+    """Write malformed rows of trials "bad-*" with raw SQL; the reasons expected, by table."""
+    p, m = "costaware_predictions", "costaware_measurements"
+    good_p = {"study": "s", "status": "admitted", "device": "H100", "spec": '{"name": "mlp"}'}
+    good_m = {"study": "s", "status": "ok", "device": "H100", "actual": '{"peak_memory": 5}'}
+    _raw_insert(url, p, **good_p, trial="bad-1", features="[1, 2]")
+    _raw_insert(url, p, **good_p, trial="bad-2", features='{"x": "abc"}')
+    _raw_insert(url, p, **{**good_p, "status": "maybe"}, trial="bad-3", features='{"x": 1}')
+    _raw_insert(url, m, **{**good_m, "actual": '"a string"'}, trial="bad-1")
+    _raw_insert(url, m, **good_m, trial="bad-2", epoch=-1)
+    expected = {
+        p: {
+            "features is not a JSON object (a list)",
+            "features['x'] is not a number (a string)",
+            "status 'maybe' is unknown",
+        },
+        m: {
+            "actual is not a JSON object (a string)",
+            "epoch is not a whole number >= 0 (a number)",
+        },
+    }
+    if sa.engine.make_url(url).get_backend_name() == "sqlite":  # no types to stop these
+        _raw_insert(url, p, **good_p, trial="bad-4", features="{not json")
+        _raw_insert(url, m, **{**good_m, "created_at": "yesterday"}, trial="bad-4")
+        _raw_insert(url, m, **{**good_m, "actual": "{'peak_memory': 5}"}, trial="0")
+        expected[p].add("features is not valid JSON")
+        expected[m] |= {"created_at is unreadable", "actual is not valid JSON"}
+    return expected
+
+
+def test_malformed_rows_are_skipped_counted_and_reported(store: ObservationStore) -> None:
+    """Rows that this module would never write (written by other means, or damaged) are
+    left out of every reader, each once, with one warning naming how many and why."""
+    url = store.url.replace("***", "costaware")
+    for trial in range(3):
+        _predict(store, trial)
+        _measure(store, trial, peak_memory=1e8 + trial, iteration_time=0.01)
+    expected = _damage(url)
+    n_bad = sum(len(v) for v in expected.values())
+
+    with pytest.warns(CostAwareWarning) as caught:
+        observations = store.observations(study="s")
+    assert sorted(o.meta["trial"] for o in observations) == ["0", "1", "2"]
+    (warning,) = [w for w in caught if "malformed" in str(w.message)]
+    text = str(warning.message)
+    assert f"skipped {n_bad} malformed row(s)" in text
+    named = [why for reasons in expected.values() for why in reasons if why in text]
+    assert len(named) == min(5, n_bad)  # the five commonest reasons, then how many others
+    if n_bad > 5:
+        assert f"and {n_bad - 5} other kinds" in text
+    by_table: dict[str, set[str]] = {}
+    for row in store.skipped:
+        by_table.setdefault(row["table"], set()).add(row["reason"])
+    assert by_table == expected
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rows already reported are not warned about again
+        predictions = store.predictions(study="s")
+        measurements = store.measurements(study="s")
+        again = store.observations(study="s")
+    assert [r["trial"] for r in predictions] == ["0", "1", "2"]
+    assert {r["trial"] for r in measurements} <= {"0", "1", "2", "bad-3"}
+    assert [o.meta["trial"] for o in again] == [o.meta["trial"] for o in observations]
+    assert len(store.skipped) == n_bad

@@ -27,13 +27,20 @@ CONSTRAINT_MEMORY = "costaware_memory"
 CONSTRAINT_TIME = "costaware_time"
 
 
-def open_store(store: Any) -> Any:
+def open_store(store: Any, *, retry: bool = False) -> Any:
     """``store`` as given, or the ``ObservationStore`` that a URL or path names (SQLAlchemy
-    is imported only then): how the Gate, Ray's integration and ``calibrate`` take one."""
+    is imported only then): how the Gate, Ray's integration and ``calibrate`` take one.
+
+    With ``retry`` (what a study's integrations pass), a database server that does not
+    answer is a :class:`~costaware.errors.CostAwareWarning`, not an error: the store
+    tries again, less and less often, when it is next used, and records go through once
+    it answers (``ObservationStore(..., retry=True)``). A store that cannot be opened for
+    another reason (a wrong path or password, a newer schema) still raises.
+    """
     if isinstance(store, (str, bytes)) or hasattr(store, "__fspath__"):
         from costaware.store import ObservationStore
 
-        return ObservationStore(store)
+        return ObservationStore(store, retry=retry)
     return store
 
 
@@ -78,7 +85,7 @@ class Gate:
         self._model = model
         self._device: Device | None = None
         self._lock = threading.Lock()
-        self.store = open_store(store)
+        self.store = open_store(store, retry=True)  # a server that is down never stops a study
         self.refit: Any = None
         self._start_refit()
 

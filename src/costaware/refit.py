@@ -6,6 +6,13 @@ waits for it) a residual over the base model, the shipped one by default, on all
 study's measurements, and saves the result beside the store. Every worker that shares
 the directory picks up the newest model on its next prediction.
 
+A refit that fails (the disk is full, the directory is not writable, the fit raises)
+never stops the study: it is logged, and the next try waits for twice as many newly
+measured trials each time it fails again (:attr:`OnlineRefit.failures`). A model is
+written into a hidden temporary folder and renamed into place whole, so a failed save
+leaves nothing behind, and a reader never sees half a model. The newest
+:data:`KEEP_VERSIONS` models are kept.
+
 Example:
     >>> import costaware as ca
     >>> from costaware.refit import OnlineRefit
@@ -17,22 +24,31 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from costaware.errors import NotEnoughObservations
 from costaware.model import CostModel
 
-__all__ = ["OnlineRefit"]
+__all__ = ["KEEP_VERSIONS", "OnlineRefit"]
 
 log = logging.getLogger(__name__)
 _LATEST = "LATEST"
+_TMP = ".tmp-"  # a model being written: hidden, never read, renamed into place when whole
+KEEP_VERSIONS: Final = 3
+"""Refitted models kept in the directory (the newest ones); older ones are removed."""
+MAX_BACKOFF_DOUBLINGS: Final = 6
+"""After failed refits in a row, the next waits for ``2**failures`` times as many newly
+measured trials as it would have, at most ``2**6 = 64`` times."""
+_STALE_TMP_S: Final = 3600.0  # a temporary folder this old was left by a killed process
 
 
 class OnlineRefit:
@@ -80,6 +96,10 @@ class OnlineRefit:
         self._thread: threading.Thread | None = None
         self.history: list[dict[str, Any]] = []
         self.last_error: str | None = None
+        #: refits that failed in a row (0 after a success); each one doubles the wait
+        self.failures = 0
+        self._retry_at = 0  # after a failure: the observation count the next try waits for
+        self._counted = 0  # the observation count when the last refit started
 
     # -- reading --------------------------------------------------------------------------
     def model(self) -> CostModel:
@@ -125,16 +145,19 @@ class OnlineRefit:
         return min(self.every, max(2, self._fitted_on))
 
     def maybe_refit(self) -> bool:
-        """Start a refit if enough new trials were measured (:meth:`due_after`); True if
-        one started."""
+        """Start a refit if enough new trials were measured (:meth:`due_after`), and, after
+        failed refits, enough more since the last failure; True if one started."""
         if self._thread is not None and self._thread.is_alive():
             return False
         try:
-            if self.pending() < self.due_after():
-                return False
+            count = int(self.store.count_observations(study=self.study))
         except Exception as e:  # an unreachable store must not stop the study
             self.last_error = f"cannot count observations: {e}"
             return False
+        if count - self._fitted_on < self.due_after():
+            return False
+        if self.failures and count < self._retry_at:
+            return False  # backing off after failed refits
         if self.background:
             self._thread = threading.Thread(
                 # not a daemon: the interpreter waits for a refit in flight at exit, instead
@@ -161,12 +184,27 @@ class OnlineRefit:
             # from yet, which is no failure; the next measured trial triggers it again
             log.debug("costaware: online refit waits for measurements: %s", e)
         except Exception as e:
+            self.failures += 1
+            wait = self.due_after() * 2 ** min(self.failures, MAX_BACKOFF_DOUBLINGS)
+            self._retry_at = self._counted + wait
             self.last_error = f"{type(e).__name__}: {e}"
-            log.warning("costaware: online refit failed: %s", self.last_error)
+            log.warning(
+                "costaware: online refit failed (%d in a row; the model in use is kept, and "
+                "the next try waits for %d more measured trials): %s",
+                self.failures,
+                wait,
+                self.last_error,
+            )
 
     def refit_now(self) -> CostModel:
-        """Refit on every observation in the store now, save it, and use it."""
+        """Refit on every observation in the store now, save it, and use it.
+
+        Raises what the fit or the save raised; nothing is left in the directory then.
+        """
         t0 = time.perf_counter()
+        # counted first: the rows the store skips as malformed are counted by the database
+        # but never read, and must not make every later trial look like a new one
+        self._counted = int(self.store.count_observations(study=self.study))
         observations = self.store.observations(study=self.study)
         template = self.base
         model = CostModel(**template._params()).fit(observations, base=self.base)
@@ -176,25 +214,86 @@ class OnlineRefit:
             version = self._save(model)
         with self._lock:
             self._adopt(model)
-            self._fitted_on = len(observations)
+            self._fitted_on = max(len(observations), self._counted)
             if version is not None:
                 self._loaded_version = version
+        self.failures = 0
         self.history.append(
             {"rows": len(observations), "seconds": round(seconds, 3), "version": version}
         )
         return model
 
     def _save(self, model: CostModel) -> str:
+        """Write ``model`` as a new version and point ``LATEST`` at it; on any failure,
+        remove what was written and raise."""
         assert self.directory is not None
-        self.directory.mkdir(parents=True, exist_ok=True)
+        directory = self.directory
+        directory.mkdir(parents=True, exist_ok=True)
         version = f"v{time.time_ns()}-{os.getpid()}"
-        model.save(self.directory / version)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".latest-")
-        with os.fdopen(fd, "w") as f:
-            f.write(version)
-        os.replace(tmp, self.directory / _LATEST)  # atomic: readers see old or new, never half
-        with (self.directory / "refits.jsonl").open("a") as log_file:
-            log_file.write(
-                json.dumps({"version": version, "rows": model.training_.get("rows")}) + "\n"
-            )
+        tmp = Path(tempfile.mkdtemp(dir=directory, prefix=f"{_TMP}{version}-"))
+        try:
+            model.save(tmp)
+            os.rename(tmp, directory / version)  # atomic: the folder appears whole
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        try:
+            _write_atomically(directory / _LATEST, version)  # readers see old or new
+        except BaseException:
+            shutil.rmtree(directory / version, ignore_errors=True)
+            raise
+        try:
+            with (directory / "refits.jsonl").open("a") as log_file:
+                log_file.write(
+                    json.dumps({"version": version, "rows": model.training_.get("rows")}) + "\n"
+                )
+        except OSError as e:  # the model is saved and in use; the log line is a nicety
+            log.warning("costaware: could not append to %s: %s", directory / "refits.jsonl", e)
+        _tidy(directory, keep=version)
         return version
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{_TMP}{path.name}-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _tidy(directory: Path, keep: str) -> None:
+    """Remove the versions older than the newest :data:`KEEP_VERSIONS` (never ``keep``),
+    and temporary files and folders that a killed process left behind."""
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return
+    versions = sorted(
+        (p for p in entries if p.name.startswith("v") and p.is_dir()),
+        key=lambda p: _version_time(p.name),
+    )
+    for old in versions[:-KEEP_VERSIONS]:
+        if old.name != keep:
+            shutil.rmtree(old, ignore_errors=True)
+    now = time.time()
+    for p in entries:
+        if not p.name.startswith(_TMP):
+            continue
+        with contextlib.suppress(OSError):
+            if now - p.stat().st_mtime > _STALE_TMP_S:  # another worker's is younger
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink()
+
+
+def _version_time(name: str) -> int:
+    """``v<time_ns>-<pid>``'s time, for ordering (0 for a name of another form)."""
+    try:
+        return int(name[1:].split("-", 1)[0])
+    except ValueError:
+        return 0

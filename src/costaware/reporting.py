@@ -44,12 +44,13 @@ import math
 import os
 import pathlib
 import statistics
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from costaware._format import fmt_bytes, fmt_seconds
-from costaware.errors import CostawareError
+from costaware.errors import CostawareError, CostAwareWarning
 
 __all__ = [
     "OUTCOMES",
@@ -601,8 +602,7 @@ class _StoreTrial:
 
 def _is_calibration(st: _StoreTrial) -> bool:
     """Whether a store trial is a ``costaware calibrate`` measurement, not a study's trial."""
-    spec = (st.prediction or {}).get("spec") or {}
-    return bool(spec.get("calibration"))
+    return bool(_map(_map(st.prediction).get("spec")).get("calibration"))
 
 
 def _group_store(
@@ -627,9 +627,9 @@ def _group_store(
 
 def _apply_prediction(row: TrialRow, p: Mapping[str, Any]) -> None:
     """Fill ``row``'s predicted figures from a store prediction record."""
-    spec = p.get("spec") or {}
-    pred = p.get("prediction") or {}
-    decision = p.get("decision") or {}
+    spec = _map(p.get("spec"))
+    pred = _map(p.get("prediction"))
+    decision = _map(p.get("decision"))
     row.name = row.name or _str(spec.get("family") or spec.get("name"))
     row.device = row.device or _str(p.get("device"))
     row.epochs_planned = row.epochs_planned or _int(spec.get("epochs"))
@@ -651,7 +651,7 @@ def _apply_prediction(row: TrialRow, p: Mapping[str, Any]) -> None:
     if p.get("status") == "error":
         row.prediction_error = row.prediction_error or _str(p.get("reason")) or "prediction failed"
     if p.get("status") == "rejected" and not row.reasons:
-        reasons = decision.get("reasons") or []
+        reasons = _list(decision.get("reasons"))
         row.reasons = [str(r.get("message")) for r in reasons if isinstance(r, Mapping)]
         row.reason_kinds = [str(r.get("kind")) for r in reasons if isinstance(r, Mapping)]
         if not row.reasons and p.get("reason"):
@@ -663,11 +663,11 @@ def _apply_measurements(row: TrialRow, ms: Sequence[Mapping[str, Any]]) -> str |
     if not ms:
         return None
     row.measured = True
-    good = [m.get("actual") or {} for m in ms if m.get("status") in ("ok", "stopped")]
+    good = [_map(m.get("actual")) for m in ms if m.get("status") in ("ok", "stopped")]
     peaks = [v for a in good if (v := _num(a.get("peak_memory"))) is not None]
     epochs = [v for a in good if (v := _num(a.get("epoch_time"))) is not None]
     iters = [v for a in good if (v := _num(a.get("iteration_time"))) is not None]
-    every = [v for m in ms if (v := _num((m.get("actual") or {}).get("epoch_time"))) is not None]
+    every = [v for m in ms if (v := _num(_map(m.get("actual")).get("epoch_time"))) is not None]
     row.actual_memory = max(peaks) if peaks else None
     held = [v for a in good if (v := _num(a.get("held_before"))) is not None]
     row.memory_held_before = max(held) if held else None
@@ -686,7 +686,7 @@ def _apply_measurements(row: TrialRow, ms: Sequence[Mapping[str, Any]]) -> str |
             v
             for m in ms
             if m.get("status") == "oom"
-            and (v := _num((m.get("actual") or {}).get("peak_memory"))) is not None
+            and (v := _num(_map(m.get("actual")).get("peak_memory"))) is not None
         ]
         row.oom_memory_reached = max(reached) if reached else None
         row.reasons = row.reasons or [str(reason_of.get("oom") or "CUDA out of memory")]
@@ -698,6 +698,16 @@ def _apply_measurements(row: TrialRow, ms: Sequence[Mapping[str, Any]]) -> str |
         row.reasons = row.reasons or [str(reason_of.get("error") or "error")]
         return "failed"
     return "completed"
+
+
+def _map(v: Any) -> Mapping[str, Any]:
+    """``v`` when it is a mapping, else an empty one: a record's JSON of another shape
+    (written by other means) reads as missing, never as a crash."""
+    return v if isinstance(v, Mapping) else {}
+
+
+def _list(v: Any) -> list[Any]:
+    return list(v) if isinstance(v, (list, tuple)) else []
 
 
 def _first(current: float | None, new: Any) -> float | None:
@@ -735,20 +745,50 @@ def _trial_number(trial: str) -> int | None:
     return int(trial) if trial.isdigit() else None
 
 
-def _read_store(store: Any, study: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _read_store(
+    store: Any, study: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
+    """The store's prediction and measurement records, and a note on the malformed rows
+    it skipped (None when there were none), also given as one warning."""
     try:
-        return store.predictions(study=study), store.measurements(study=study)
+        with warnings.catch_warnings():  # the store warns per table: one warning below
+            warnings.filterwarnings("ignore", message=".*malformed row", category=CostAwareWarning)
+            predictions, measurements = (
+                store.predictions(study=study),
+                store.measurements(study=study),
+            )
     except CostawareError as e:
         raise ReportError(str(e)) from None
+    return predictions, measurements, _skipped_note(getattr(store, "skipped", None))
+
+
+def _skipped_note(skipped: Any) -> str | None:
+    """A note (and a warning) on the malformed rows a store skipped: how many and why."""
+    if not skipped:
+        return None
+    by_reason: dict[str, int] = {}
+    for row in skipped:
+        why = str(row.get("reason") if isinstance(row, Mapping) else row)
+        by_reason[why] = by_reason.get(why, 0) + 1
+    shown = sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
+    why_text = "; ".join(f"{why} ({n} row{'s' * (n > 1)})" for why, n in shown[:5])
+    if len(shown) > 5:
+        why_text += f"; and {len(shown) - 5} other kinds"
+    note = (
+        f"{len(skipped)} malformed row(s) of the observation store were skipped and are left "
+        f"out of this report: {why_text}. They were not written by costaware, or were damaged."
+    )
+    warnings.warn(note, CostAwareWarning, stacklevel=4)
+    return note
 
 
 def _caps_from(predictions: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """The budget limits recorded with the decisions (the latest one of each kind)."""
     caps: dict[str, float] = {}
     for p in predictions:
-        checked = (p.get("decision") or {}).get("checked") or {}
+        checked = _map(_map(p.get("decision")).get("checked"))
         for kind in ("memory", "epoch_time", "trial_time", "total_time", "cost"):
-            limit = _num((checked.get(kind) or {}).get("limit"))
+            limit = _num(_map(checked.get(kind)).get("limit"))
             if limit is not None:
                 caps[kind] = limit
     return caps
@@ -1236,7 +1276,9 @@ def report(
         want = study if optuna_study is None and ray_path is None else None
         if optuna_study is not None:
             want = optuna_study.study_name
-        store_predictions, measurements = _read_store(store_obj, want)
+        store_predictions, measurements, skipped = _read_store(store_obj, want)
+        if skipped is not None:
+            notes.append(skipped)
         grouped = _group_store(store_predictions, measurements)
         caps.update(_caps_from(store_predictions))
 

@@ -34,6 +34,7 @@ import dataclasses
 import datetime as _dt
 import enum
 import importlib.util
+import logging
 import math
 import os
 import pathlib
@@ -41,6 +42,8 @@ import sqlite3
 import statistics
 import threading
 import time
+import warnings
+import weakref
 from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
@@ -51,7 +54,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.pool import ConnectionPoolEntry, NullPool, StaticPool
 
-from costaware.errors import CostawareError
+from costaware.errors import CostawareError, CostAwareWarning
 
 if TYPE_CHECKING:
     from costaware.model import Observation
@@ -63,7 +66,10 @@ __all__ = [
     "SCHEMA_VERSION",
     "ObservationStore",
     "StoreError",
+    "StoreUnreachable",
 ]
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION: int = 1
 """The layout of the tables this code writes. A database with a newer one is refused."""
@@ -89,6 +95,22 @@ model "peaked" at 824-940 MiB)."""
 DEFAULT_URL: Final = "sqlite:///costaware.db"
 SQLITE_BUSY_TIMEOUT_S: Final = 30.0
 CONNECT_TIMEOUT_S: Final = 10
+KEEPALIVE_IDLE_S: Final = 30
+"""A server connection idle this long is probed (TCP keepalive), then every 10 s; after 3
+unanswered probes it is dropped, so a dead server or network is noticed in about a
+minute instead of the kernel's two hours."""
+TCP_USER_TIMEOUT_S: Final = 60
+"""Data sent to the server and not acknowledged for this long fails the connection (libpq
+``tcp_user_timeout``): a ping or query to a server that vanished cannot wait for ever."""
+PING_TIMEOUT_S: Final = 10.0
+"""The check of a pooled server connection before use (``SELECT 1``) that has no answer
+after this long hangs the connection up, so the pool opens a new one: a server that
+accepts data but never answers (frozen, or a socket that another process also reads)
+cannot hold a trial for ever."""
+RETRY_FIRST_S: Final = 1.0
+RETRY_MAX_S: Final = 120.0
+"""A store opened with ``retry=True`` whose server did not answer tries again after
+:data:`RETRY_FIRST_S`, the pause doubling after each failure up to this."""
 _MAX_NAME = 255
 _LOCK_KEY: Final = 0x636F_7374_6177_6172 % (2**63)  # pg advisory lock id ("costawar")
 _SCHEMA_KEY: Final = "schema_version"
@@ -97,6 +119,14 @@ _WRITE: Final = "costaware_write"  # execution option: this transaction writes
 
 class StoreError(CostawareError, RuntimeError):
     """The observation store cannot be reached, opened, created, read or written."""
+
+
+class StoreUnreachable(StoreError):
+    """The database server did not answer (it is down, or the network does not reach it).
+
+    Not raised for a server that answers and refuses (a wrong password, a missing
+    database), nor for a SQLite file that cannot be opened: those are the caller's to fix.
+    """
 
 
 # --------------------------------------------------------------------------------------
@@ -163,15 +193,32 @@ class ObservationStore:
             store in memory (one process). A relative SQLite path is resolved now, so a
             later ``chdir`` does not move the store.
         echo: log every SQL statement (SQLAlchemy's ``echo``).
+        retry: when the database server does not answer (:class:`StoreUnreachable`),
+            warn with a :class:`~costaware.errors.CostAwareWarning` instead of raising,
+            and try again when the store is next used: after :data:`RETRY_FIRST_S`, the
+            pause doubling up to :data:`RETRY_MAX_S`. Until it answers, every read and
+            write raises :class:`StoreUnreachable` at once, without waiting on the
+            network; once it answers, they go through. The integrations open their
+            stores this way, so that a database that is down does not stop a study.
 
     Raises:
-        StoreError: the database cannot be reached, opened or created, or it holds a
-            schema newer than :data:`SCHEMA_VERSION`. The message never shows the password.
+        StoreUnreachable: the database server did not answer (unless ``retry``).
+        StoreError: the database cannot be opened or created (a missing directory, a
+            wrong password, a missing driver), or it holds a schema newer than
+            :data:`SCHEMA_VERSION`. The message never shows the password.
         ValueError: ``url`` cannot be parsed.
 
     The tables (``costaware_meta``, ``costaware_predictions``, ``costaware_measurements``)
     are created when missing; many processes may open a new store at the same moment.
-    A store may be shared by threads and pickled into worker processes (it reconnects).
+    A store may be shared by threads, pickled into worker processes (it reconnects), and
+    used on both sides of a ``fork``: a forked child drops the pooled connections it
+    inherited, without touching them, before its first query, and opens its own.
+
+    A row that does not have the shape this class writes (a JSON column that is not
+    valid JSON or not an object, a feature that is not a number, an unknown status:
+    something written by other means, or damaged) is skipped by every reader, with a
+    :class:`~costaware.errors.CostAwareWarning` naming how many and why; :attr:`skipped`
+    lists them.
 
     Example:
         >>> import tempfile, pathlib
@@ -188,13 +235,43 @@ class ObservationStore:
         >>> store.close()
     """
 
-    def __init__(self, url: str | os.PathLike[str] | None = None, *, echo: bool = False) -> None:
+    def __init__(
+        self, url: str | os.PathLike[str] | None = None, *, echo: bool = False, retry: bool = False
+    ) -> None:
         self._url = _to_url(url)
         self._echo = bool(echo)
+        self._retry = bool(retry)
         self._lock: threading.RLock | None = None
+        self._pid = os.getpid()
+        self._inherited: list[Any] = []  # pools of a parent process: kept, never touched
+        self._skipped: dict[tuple[str, int], str] = {}
+        self._unwarned: set[tuple[str, int]] = set()
+        self._skipped_lock = threading.Lock()
         self._engine = self._create_engine()
         self._writer = self._engine.execution_options(**{_WRITE: True})
-        self._ensure_schema()
+        _LIVE_STORES.add(self)
+        self._ready = False
+        self._down_since = 0.0
+        self._retry_at = 0.0
+        self._retry_pause = RETRY_FIRST_S
+        self._down_reason = ""
+        self._reconnecting = threading.Lock()
+        try:
+            self._ensure_schema()
+        except StoreUnreachable as e:
+            if not self._retry:
+                raise
+            self._down_since = time.monotonic()
+            self._went_down(e)
+            warnings.warn(
+                f"{_sentence(str(e))} The study goes on without it: nothing is recorded (and nothing "
+                f"refitted) until it answers; costaware tries again in {RETRY_FIRST_S:g} s, "
+                f"then less often (at most every {RETRY_MAX_S:g} s).",
+                CostAwareWarning,
+                stacklevel=2,
+            )
+        else:
+            self._ready = True
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -212,13 +289,93 @@ class ObservationStore:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
-    def __reduce__(self) -> tuple[Any, tuple[str, bool]]:
+    def __reduce__(self) -> tuple[Any, tuple[str, bool, bool]]:
         # an engine does not pickle; the copy reconnects (an in-memory store starts empty)
-        return (_reopen, (self._url.render_as_string(hide_password=False), self._echo))
+        return (
+            _reopen,
+            (self._url.render_as_string(hide_password=False), self._echo, self._retry),
+        )
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        """The malformed rows the readers skipped so far: ``table``, ``id``, ``reason``."""
+        with self._skipped_lock:
+            items = sorted(self._skipped.items())
+        return [{"table": t, "id": i, "reason": why} for (t, i), why in items]
 
     def close(self) -> None:
         """Close every pooled connection. The store reconnects if used again."""
+        self._check_fork()
         self._engine.dispose()
+
+    # -- fork -----------------------------------------------------------------------------
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():
+            self._after_fork()
+
+    def _after_fork(self) -> None:
+        """In a forked child, before anything touches a connection: forget the parent's.
+
+        SQLAlchemy's recipe for engines across ``fork`` (``engine.dispose(close=False)``):
+        the pool inherited from the parent is replaced by an empty one, and its
+        connections are neither pinged, used nor closed here, since they are the
+        parent's sockets too; two processes talking over one socket read each other's
+        replies, and a ping can then wait for ever. Runs from ``os.register_at_fork``
+        and, for forks that bypass it, from the process-id check before every use.
+        """
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        # a thread of the parent may have held these at the fork; nobody here releases them
+        self._reconnecting = threading.Lock()
+        self._skipped_lock = threading.Lock()
+        if self._lock is not None:
+            self._lock = threading.RLock()
+        if _sqlite_in_memory(self._url):
+            return  # the child's copy of the memory database is the only one it can see
+        self._inherited.append(self._engine.pool)  # held, so that nothing closes them here
+        self._engine.dispose(close=False)
+
+    # -- an unreachable server ------------------------------------------------------------
+    def _went_down(self, e: BaseException) -> None:
+        self._down_reason = str(e)
+        self._retry_at = time.monotonic() + self._retry_pause
+        self._retry_pause = min(self._retry_pause * 2, RETRY_MAX_S)
+
+    def _check_ready(self) -> None:
+        """Raise :class:`StoreUnreachable` at once while the server is down and the next
+        try is not due; when it is due, try (one thread at a time, the others do not
+        wait)."""
+        if self._ready:
+            return
+        now = time.monotonic()
+        if now >= self._retry_at and self._reconnecting.acquire(blocking=False):
+            try:
+                if self._ready:
+                    return
+                try:
+                    self._ensure_schema()
+                except StoreError as e:
+                    self._went_down(e)
+                    raise type(e)(self._still_down()) from None
+                self._ready = True
+                log.warning(
+                    "costaware: the observation store at %s answers again (after %.0f s); "
+                    "records are written from now on.",
+                    self.url,
+                    time.monotonic() - self._down_since,
+                )
+                return
+            finally:
+                self._reconnecting.release()
+        raise StoreUnreachable(self._still_down())
+
+    def _still_down(self) -> str:
+        wait = max(0.0, self._retry_at - time.monotonic())
+        return (
+            f"{self._down_reason} (costaware tries again in {wait:.0f} s; nothing is "
+            "recorded until then)"
+        )
 
     def __enter__(self) -> ObservationStore:
         return self
@@ -391,33 +548,34 @@ class ObservationStore:
         from costaware.model import Observation
 
         p, m = predictions_table, measurements_table
-        pq = sa.select(p.c.study, p.c.trial, p.c.device, p.c.spec, p.c.features, p.c.prediction)
-        pq = pq.where(p.c.features.is_not(None), p.c.trial.is_not(None))
-        mq = sa.select(m.c.study, m.c.trial, m.c.status, m.c.device, m.c.actual)
-        mq = mq.where(m.c.trial.is_not(None))
+        # whole rows, so that every reader skips the same malformed ones
+        pq = _select(p, *p.c.keys()).where(p.c.features.is_not(None), p.c.trial.is_not(None))
+        mq = _select(m, *m.c.keys()).where(m.c.trial.is_not(None))
         if study is not None:
             pq, mq = pq.where(p.c.study == study), mq.where(m.c.study == study)
         with self._reading() as conn:
-            latest = {(r.study, r.trial): r for r in conn.execute(pq.order_by(p.c.id))}
-            runs: dict[tuple[str | None, str], list[Any]] = {}
-            for r in conn.execute(mq.order_by(m.c.id)):
-                if (r.study, r.trial) in latest:
-                    runs.setdefault((r.study, r.trial), []).append(r)
+            preds = self._fetch(conn, p, pq.order_by(p.c.id), warn=False)
+            latest = {(r["study"], r["trial"]): r for r in preds}
+            runs: dict[tuple[str | None, str], list[dict[str, Any]]] = {}
+            for r in self._fetch(conn, m, mq.order_by(m.c.id), warn=False):
+                if (r["study"], r["trial"]) in latest:
+                    runs.setdefault((r["study"], r["trial"]), []).append(r)
+        self._warn_skipped()
 
         out: list[Observation] = []
         for key, records in runs.items():
             pred = latest[key]
-            good = [r.actual or {} for r in records if r.status in ("ok", "stopped")]
-            oom = any(r.status == "oom" for r in records)
+            good = [r["actual"] or {} for r in records if r["status"] in ("ok", "stopped")]
+            oom = any(r["status"] == "oom" for r in records)
             status = "oom" if oom else ("ok" if good else "error")
-            spec = pred.spec or {}
+            spec = pred["spec"] or {}
             family = spec.get("family") or spec.get("name")
-            device = pred.device or next((r.device for r in records if r.device), None)
+            device = pred["device"] or next((r["device"] for r in records if r["device"]), None)
             nan = float("nan")
-            features = {k: nan if v is None else float(v) for k, v in pred.features.items()}
+            features = {k: nan if v is None else float(v) for k, v in pred["features"].items()}
             step = _median(good, "iteration_time")
             per_step = _epoch_step_time(
-                [r.actual or {} for r in records if r.status == "ok"], pred.prediction
+                [r["actual"] or {} for r in records if r["status"] == "ok"], pred["prediction"]
             )
             held = _max(good, "held_before") or 0.0
             left_out = None
@@ -444,7 +602,7 @@ class ObservationStore:
                         "epoch_time": _median(good, "epoch_time"),
                         "step_time": step,
                         "epochs": len(good),
-                        "prediction": pred.prediction,
+                        "prediction": pred["prediction"],
                     }
                     | ({} if left_out is None else {"memory_left_out": left_out}),
                 )
@@ -483,11 +641,12 @@ class ObservationStore:
                 kwargs.update(poolclass=NullPool, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
         else:
             kwargs.update(pool_pre_ping=True, pool_size=2, max_overflow=8, pool_recycle=1800)
-            if (
-                url.get_driver_name() in ("psycopg", "psycopg2")
-                and "connect_timeout" not in url.query
-            ):
-                kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+            if url.get_driver_name() in ("psycopg", "psycopg2"):
+                # what libpq waits for is bounded: connecting, and (TCP keepalives, the
+                # user timeout) a ping or query to a server or network that went away
+                kwargs["connect_args"] = {
+                    k: v for k, v in _libpq_timeouts(url).items() if k not in url.query
+                }
         try:
             engine = sa.create_engine(url, **kwargs)
         except (ImportError, exc.NoSuchModuleError) as e:
@@ -504,6 +663,7 @@ class ObservationStore:
             _sqlite_events(engine, wal=not _sqlite_in_memory(url))
         else:
             _fork_safety(engine)
+            _bounded_ping(engine)
         return engine
 
     def _ensure_schema(self) -> None:
@@ -516,7 +676,7 @@ class ObservationStore:
                         sa.select(meta_table.c.value).where(meta_table.c.key == _SCHEMA_KEY)
                     ).scalar_one_or_none()
         except exc.DBAPIError as e:
-            raise StoreError(self._cannot_open(e)) from None
+            raise self._open_error(e) from None
 
         backend = self._url.get_backend_name()
         attempts = 1 if backend in ("sqlite", "postgresql") else 5  # those two lock; others race
@@ -535,7 +695,7 @@ class ObservationStore:
                 break
             except exc.DBAPIError as e:  # another process created the same table first
                 if attempt == attempts - 1:
-                    raise StoreError(self._cannot_open(e)) from None
+                    raise self._open_error(e) from None
                 time.sleep(0.05 * (attempt + 1))
         try:
             found = int(str(version))
@@ -551,6 +711,13 @@ class ObservationStore:
                 "(pip install -U costaware) to use it."
             )
 
+    def _open_error(self, e: exc.DBAPIError) -> StoreError:
+        """:class:`StoreUnreachable` when a server did not answer, else :class:`StoreError`."""
+        text = self._cannot_open(e)
+        if _unreachable(e, self._url):
+            return StoreUnreachable(text)
+        return StoreError(text)
+
     def _cannot_open(self, e: BaseException) -> str:
         reason = _reason(e, self._url)
         path = self.path
@@ -563,6 +730,8 @@ class ObservationStore:
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[Connection]:
+        self._check_fork()
+        self._check_ready()
         try:
             with self._locked(), self._engine.begin() as conn:
                 yield conn
@@ -572,6 +741,8 @@ class ObservationStore:
             ) from None
 
     def _insert(self, table: sa.Table, row: dict[str, Any]) -> int:
+        self._check_fork()
+        self._check_ready()
         try:
             with self._locked(), self._writer.begin() as conn:
                 pk = conn.execute(table.insert().values(**row)).inserted_primary_key
@@ -584,17 +755,108 @@ class ObservationStore:
             ) from None
 
     def _rows(self, table: sa.Table, study: str | None, status: str | None) -> list[dict[str, Any]]:
-        query = sa.select(table)
+        query = _select(table, *table.c.keys())
         if study is not None:
             query = query.where(table.c.study == study)
         if status is not None:
             query = query.where(table.c.status == status)
         with self._reading() as conn:
-            return _dicts(conn, query.order_by(table.c.id))
+            return self._fetch(conn, table, query.order_by(table.c.id))
+
+    def _fetch(
+        self, conn: Connection, table: sa.Table, query: sa.Select[Any], *, warn: bool = True
+    ) -> list[dict[str, Any]]:
+        """The rows of ``query`` (made by :func:`_select`) that have the shape this class
+        writes, decoded; the others are skipped and remembered in :attr:`skipped`."""
+        dialect = conn.dialect
+        decoders = {
+            name: proc
+            for name in _DECODED
+            if name in table.c
+            and (proc := table.c[name].type.dialect_impl(dialect).result_processor(dialect, None))
+        }
+        out = []
+        bad: dict[tuple[str, int], str] = {}
+        for raw in conn.execute(query).mappings():
+            d = dict(raw)
+            problem = _decode(d, decoders) or _shape_problem(table, d)
+            if problem is None:
+                out.append(d)
+            else:
+                bad[(table.name, int(d["id"]))] = problem
+        if bad:
+            with self._skipped_lock:
+                for key, why in bad.items():
+                    if key not in self._skipped:
+                        self._skipped[key] = why
+                        self._unwarned.add(key)
+        if warn:
+            self._warn_skipped()
+        return out
+
+    def _warn_skipped(self) -> None:
+        """One :class:`~costaware.errors.CostAwareWarning` for the malformed rows found
+        since the last one: how many, where, and why."""
+        with self._skipped_lock:
+            if not self._unwarned:
+                return
+            fresh = sorted(self._unwarned)
+            self._unwarned.clear()
+            reasons = [self._skipped[k] for k in fresh]
+        by_reason: dict[str, int] = {}
+        for why in reasons:
+            by_reason[why] = by_reason.get(why, 0) + 1
+        shown = sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
+        why_text = "; ".join(f"{why} ({n} row{'s' * (n > 1)})" for why, n in shown[:5])
+        if len(shown) > 5:
+            why_text += f"; and {len(shown) - 5} other kinds"
+        where = ", ".join(f"{t} id {i}" for t, i in fresh[:10])
+        if len(fresh) > 10:
+            where += f", and {len(fresh) - 10} more"
+        warnings.warn(
+            f"costaware skipped {len(fresh)} malformed row(s) of the observation store at "
+            f"{self.url} ({where}): {why_text}. They were not written by costaware, or were "
+            "damaged; reports and refits leave them out.",
+            CostAwareWarning,
+            stacklevel=3,
+        )
 
 
-def _reopen(url: str, echo: bool) -> ObservationStore:
-    return ObservationStore(url, echo=echo)
+def _reopen(url: str, echo: bool, retry: bool = False) -> ObservationStore:
+    return ObservationStore(url, echo=echo, retry=retry)
+
+
+_LIVE_STORES: weakref.WeakSet[ObservationStore] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_LIVE_STORES):
+        with contextlib.suppress(Exception):  # the per-use process-id check tries again
+            store._after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+# A server that answers and refuses: the caller's to fix, not worth waiting for.
+_REFUSALS: Final = (
+    "password authentication failed",
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "does not exist",
+    "permission denied",
+    "access denied",
+)
+
+
+def _unreachable(e: exc.DBAPIError, url: URL) -> bool:
+    """Whether ``e`` says the database server did not answer (not that it refused)."""
+    if url.get_backend_name() == "sqlite":
+        return False
+    if not isinstance(e, (exc.OperationalError, exc.InterfaceError)):
+        return False
+    text = _reason(e, url).lower()
+    return not any(marker in text for marker in _REFUSALS)
 
 
 # --------------------------------------------------------------------------------------
@@ -633,6 +895,33 @@ def _to_url(url: str | os.PathLike[str] | None) -> URL:
     if parsed.drivername == "postgresql" and _missing("psycopg2") and not _missing("psycopg"):
         parsed = parsed.set(drivername="postgresql+psycopg")  # the driver costaware installs
     return parsed
+
+
+def _libpq_timeouts(url: URL) -> dict[str, int]:
+    """libpq's connection parameters that bound how long a connection can wait."""
+    out = {
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "keepalives": 1,
+        "keepalives_idle": KEEPALIVE_IDLE_S,
+        "keepalives_interval": 10,
+        "keepalives_count": 3,
+    }
+    if _libpq_version(url.get_driver_name()) >= 120000:  # libpq 12 added it (Linux only)
+        out["tcp_user_timeout"] = TCP_USER_TIMEOUT_S * 1000
+    return out
+
+
+def _libpq_version(driver: str) -> int:
+    try:
+        if driver == "psycopg":
+            import psycopg
+
+            return int(psycopg.pq.version())
+        import psycopg2.extensions
+
+        return int(psycopg2.extensions.libpq_version())
+    except Exception:  # no driver: create_engine says so
+        return 0
 
 
 def _missing(module: str) -> bool:
@@ -706,6 +995,53 @@ def _fork_safety(engine: Engine) -> None:
             raise exc.DisconnectionError("connection was opened in another process")
 
 
+def _bounded_ping(engine: Engine) -> None:
+    """Make the pool's check of a connection before use (``pool_pre_ping``) give up after
+    :data:`PING_TIMEOUT_S`: a timer hangs the socket up, the ping fails as a
+    disconnection, and SQLAlchemy replaces the pool's connections. TCP keepalives bound a
+    dead server; this bounds one that is alive and does not answer."""
+    dialect = engine.dialect  # this engine's own instance
+    ping = dialect.do_ping
+
+    def do_ping(dbapi_connection: Any) -> bool:
+        timer = threading.Timer(PING_TIMEOUT_S, _hang_up, (dbapi_connection, engine.url))
+        timer.daemon = True
+        timer.start()
+        try:
+            return ping(dbapi_connection)
+        finally:
+            timer.cancel()
+
+    setattr(dialect, "do_ping", do_ping)  # noqa: B010 - an instance, not the class
+
+
+def _hang_up(dbapi_connection: Any, url: URL) -> None:
+    """Shut the connection's socket down (both ways), waking whoever waits on it."""
+    import socket
+
+    try:
+        dup = socket.socket(fileno=os.dup(dbapi_connection.fileno()))
+    except Exception:  # closed meanwhile, or no socket to shut
+        return
+    try:
+        dup.shutdown(socket.SHUT_RDWR)  # acts on the socket, not just this descriptor
+    except OSError:
+        pass
+    finally:
+        dup.close()
+    log.warning(
+        "costaware: the observation store at %s did not answer a connection check in %g s; "
+        "the connection was dropped and a new one is opened.",
+        url.render_as_string(hide_password=True),
+        PING_TIMEOUT_S,
+    )
+
+
+def _sentence(text: str) -> str:
+    """``text`` ending as a sentence does."""
+    return text if text.endswith((".", "?", "!")) else text + "."
+
+
 def _reason(e: BaseException, url: URL) -> str:
     """The driver's message on one line, with the password (if any) masked."""
     orig = getattr(e, "orig", None)
@@ -716,19 +1052,84 @@ def _reason(e: BaseException, url: URL) -> str:
     return text
 
 
-def _dicts(conn: Connection, query: sa.Select[Any]) -> list[dict[str, Any]]:
-    out = []
-    for row in conn.execute(query).mappings():
-        d = dict(row)
-        created = d.get("created_at")
-        if isinstance(created, _dt.datetime):  # SQLite hands back naive UTC
-            d["created_at"] = (
-                created.replace(tzinfo=_dt.timezone.utc)
-                if created.tzinfo is None
-                else created.astimezone(_dt.timezone.utc)
-            )
-        out.append(d)
-    return out
+# columns whose values SQLAlchemy decodes (JSON text, SQLite's date strings): read raw and
+# decoded row by row, so that one that does not decode skips its row, not the whole read
+_DECODED: Final = ("created_at", "spec", "features", "prediction", "decision", "meta", "actual")
+_OBJECTS: Final = ("spec", "features", "prediction", "decision", "meta", "actual")
+
+
+def _select(table: sa.Table, *names: str) -> sa.Select[Any]:
+    """``SELECT names FROM table``, the decoded columns as they are stored."""
+    cols: list[Any] = [
+        sa.type_coerce(table.c[n], sa.Text).label(n) if n in _DECODED else table.c[n] for n in names
+    ]
+    return sa.select(*cols)
+
+
+def _decode(row: dict[str, Any], decoders: Mapping[str, Any]) -> str | None:
+    """Decode ``row``'s raw columns in place; what did not decode, or None."""
+    for name, decode in decoders.items():
+        if name not in row or row[name] is None:
+            continue
+        try:
+            row[name] = decode(row[name])
+        except (ValueError, TypeError, OverflowError):  # json.JSONDecodeError is a ValueError
+            return f"{name} is not valid JSON" if name in _OBJECTS else f"{name} is unreadable"
+    return None
+
+
+def _shape_problem(table: sa.Table, row: dict[str, Any]) -> str | None:
+    """What makes ``row`` unlike the rows this module writes (normalising
+    ``created_at`` to aware UTC), or None."""
+    if "created_at" in row:
+        created = row["created_at"]
+        if not isinstance(created, _dt.datetime):
+            return "created_at is not a date and time"
+        row["created_at"] = (  # SQLite hands back naive UTC
+            created.replace(tzinfo=_dt.timezone.utc)
+            if created.tzinfo is None
+            else created.astimezone(_dt.timezone.utc)
+        )
+    for name in ("study", "trial", "device", "reason"):
+        value = row.get(name)
+        if value is not None and not isinstance(value, str):
+            return f"{name} is not text ({_kind(value)})"
+    if "status" in row:
+        valid = PREDICTION_STATUSES if table is predictions_table else MEASUREMENT_STATUSES
+        if row["status"] not in valid:
+            return f"status {str(row['status'])[:40]!r} is unknown"
+    epoch = row.get("epoch")
+    if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0):
+        return f"epoch is not a whole number >= 0 ({_kind(epoch)})"
+    for name in _OBJECTS:
+        value = row.get(name)
+        if value is not None and not isinstance(value, dict):
+            return f"{name} is not a JSON object ({_kind(value)})"
+    for key, value in (row.get("features") or {}).items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"features[{str(key)[:40]!r}] is not a number ({_kind(value)})"
+        try:
+            float(value)
+        except OverflowError:
+            return f"features[{str(key)[:40]!r}] is out of range"
+    return None
+
+
+def _kind(value: object) -> str:
+    """A JSON value's kind, in words."""
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
 
 
 # --------------------------------------------------------------------------------------
