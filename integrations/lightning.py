@@ -68,7 +68,9 @@ the memory reached so far; the exception still propagates to the caller. With a
 fitting starts, unless costaware's Optuna pruner already recorded one for the same trial.
 Everything is also kept in memory in ``callback.records``, so the callback works alone as a
 cost recorder. Nothing the callback does may break training: a failing prediction or a store
-that cannot be written only warns (once).
+that cannot be written only warns (once). The user's bug is the exception: a spec whose
+training step fails as a real one would (:class:`~costaware.UserCodeError`, a
+:class:`~costaware.SpecError`) is raised out of ``trainer.fit`` before the first batch.
 
 With ``enforce=True`` and a :class:`~costaware.Budget`, an epoch whose measured epoch time,
 training time so far, or peak memory (plus the device's CUDA context overhead on a GPU)
@@ -155,7 +157,7 @@ import torch
 
 from costaware.budget import Budget
 from costaware.devices import Device, cpu_device, detect_device, get_device
-from costaware.errors import CostAwareWarning, first_line
+from costaware.errors import CostAwareWarning, UserCodeError, first_line
 from costaware.model import CostModel, Prediction
 from costaware.profile import (
     CpuMemoryMeter,
@@ -614,6 +616,8 @@ class _CostAwareCallbackBase:
             pred = model.predict(self.spec, self._dev)
             feats = model.features(self.spec, self._dev)
             summary = self.spec.summary()
+        except UserCodeError:
+            raise  # the user's bug (the spec's factory, forward, shapes): fail fast
         except Exception as e:
             reason = _reason_line(e)
             self._warn_once(
@@ -988,6 +992,8 @@ class _CostAwareCallbackBase:
         reaches the training loop."""
         try:
             return fn(*args)
+        except UserCodeError:
+            raise  # the user's bug is not bookkeeping: shown at once, as theirs
         except Exception as e:
             self._warn_once(
                 f"failed:{what}",

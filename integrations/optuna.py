@@ -17,8 +17,15 @@ GPSampler, NSGA-II and ``study.best_trial`` respect feasibility, and, with a sto
 prediction record goes to the :class:`~costaware.store.ObservationStore` that the
 Lightning callback's measurements join for the online refit.
 
-A prediction that fails never crashes the study: by default the trial is admitted, a
-warning is issued and the reason is recorded (``fail_open=False`` rejects instead).
+The user's bug fails fast, costaware's own failure fails open. An error in the user's code
+(``spec_fn`` raising, a model factory that needs arguments, a shape mismatch, an exception
+in the factory, forward or loss) is raised out of ``should_prune()`` or :func:`admit` as a
+:class:`~costaware.UserCodeError` (or :class:`~costaware.SpecError`) that says where and
+what to change: the trial FAILs with it, and ``study.optimize`` stops on that first trial
+unless its ``catch`` names the error. A prediction that fails for costaware's own reasons
+(the model cannot run on fake tensors, the dry run's time limit) never crashes the study:
+by default the trial is admitted, a warning is issued and the reason is recorded
+(``fail_open=False`` rejects instead).
 
 Hyperband: Optuna only applies Hyperband's bracket logic to the sampler when
 ``isinstance(study.pruner, HyperbandPruner)``, so wrapping a ``HyperbandPruner`` in
@@ -63,8 +70,8 @@ except ImportError as e:  # pragma: no cover - exercised only without optuna
 
 from costaware.budget import Budget
 from costaware.devices import Device
-from costaware.errors import CostAwareWarning
-from costaware.gate import Gate
+from costaware.errors import CostAwareWarning, SpecError
+from costaware.gate import Gate, spec_build_error
 from costaware.model import CostModel
 from costaware.spec import TrainingSpec
 
@@ -103,11 +110,11 @@ class _PrunerGate:
         try:
             spec = self._spec_fn(dict(trial.params))
             if not isinstance(spec, TrainingSpec):
-                raise TypeError(
+                raise SpecError(
                     f"spec_fn must return a costaware.TrainingSpec, but returned {type(spec).__name__}"
                 )
-        except Exception as e:
-            spec_error = e
+        except Exception as e:  # the user's bug is raised by judge (the trial fails), ours admits
+            spec_error = spec_build_error(e, what="spec_fn", params=trial.params)
         verdict = self._gate.judge(
             spec,
             study=study.study_name,

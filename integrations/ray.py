@@ -85,8 +85,8 @@ except ImportError as e:  # pragma: no cover - exercised only without ray
 
 from costaware.budget import Budget, Reason
 from costaware.devices import Device, get_device
-from costaware.errors import CostAwareWarning, first_line
-from costaware.gate import Gate, open_store
+from costaware.errors import CostAwareWarning, SpecError, first_line
+from costaware.gate import Gate, open_store, spec_build_error
 from costaware.model import CostModel
 from costaware.profile import CpuMemoryMeter, clear_cuda_cache
 from costaware.spec import TrainingSpec
@@ -133,7 +133,7 @@ def _check_spec_fn(spec_fn: Any) -> None:
 def _build_spec(spec_fn: Callable[[dict[str, Any]], TrainingSpec], config: Any) -> TrainingSpec:
     spec = spec_fn(dict(config))
     if not isinstance(spec, TrainingSpec):
-        raise TypeError(
+        raise SpecError(
             f"spec_fn must return a costaware.TrainingSpec, but returned {type(spec).__name__}."
         )
     return spec
@@ -281,8 +281,11 @@ class CostAwareSearcher(Searcher):
             spec, error = None, None
             try:
                 spec = _build_spec(self.spec_fn, config)
-            except Exception as e:
-                error = e
+            except Exception as e:  # the user's bug is raised by judge, ours admits
+                error = spec_build_error(
+                    e, what="spec_fn", params=config,
+                    missing="add it to the param_space, or read it with a default (cfg.get)",
+                )  # fmt: skip
             verdict = self._judge.judge(
                 spec,
                 study=self.study,

@@ -23,6 +23,7 @@ from costaware.errors import SpecError as SpecError
 from costaware.errors import TraceError as TraceError
 from costaware.errors import TraceTimeout as TraceTimeout
 from costaware.errors import UntraceableModelError as UntraceableModelError
+from costaware.errors import UserCodeError as UserCodeError
 
 if TYPE_CHECKING:
     from costaware._format import fmt_bytes as fmt_bytes
@@ -127,6 +128,7 @@ __all__ = [
     "TrainingSpec",
     "UnknownDeviceError",
     "UntraceableModelError",
+    "UserCodeError",
     "__version__",
     "default_loss",
     "dry_run",

@@ -1,8 +1,19 @@
 """Exception types raised by costaware.
 
-Every error a user can trigger derives from :class:`CostawareError`, so an integration can
-catch one type and fail open. Errors about bad arguments also derive from ``ValueError``
-(or ``TypeError``), so ordinary Python code that expects those keeps working.
+Every error a user can trigger derives from :class:`CostawareError`. They fall in two
+families, which the integrations treat differently:
+
+- the user's bug, :class:`UserCodeError` (and its :class:`SpecError`): the user's code or
+  spec is wrong, and a real training step would fail the same way (a factory that needs
+  arguments, a shape mismatch, an exception in the factory, ``spec_fn``, forward or
+  loss). The integrations raise it, so the first trial fails with it (fail fast).
+- costaware's own failure, :class:`TraceError` (:class:`UntraceableModelError`,
+  :class:`TraceTimeout`) and the rest: the prediction could not be made, although the
+  training would run. The integrations admit the trial with a :class:`CostAwareWarning`
+  and record why (fail open), or reject it with ``fail_open=False``.
+
+Errors about bad arguments also derive from ``ValueError`` (or ``TypeError``), so ordinary
+Python code that expects those keeps working.
 """
 
 from __future__ import annotations
@@ -16,7 +27,9 @@ __all__ = [
     "TraceError",
     "TraceTimeout",
     "UntraceableModelError",
+    "UserCodeError",
     "first_line",
+    "is_user_error",
 ]
 
 
@@ -24,7 +37,18 @@ class CostawareError(Exception):
     """Base class of every error costaware raises on purpose."""
 
 
-class SpecError(CostawareError, ValueError):
+class UserCodeError(CostawareError):
+    """The user's own code failed in a way a real training step would too: the model
+    factory, ``spec_fn``, the model's forward or the loss raised, or the model does not
+    take the batch's shape. The message says where and what to change; the user's own
+    exception, with its traceback, is the ``__cause__``.
+
+    The integrations raise it rather than fail open: the first trial fails with it, and
+    the study stops unless its objective catches it.
+    """
+
+
+class SpecError(UserCodeError, ValueError):
     """A :class:`~costaware.TrainingSpec` argument is invalid (says what was expected)."""
 
 
@@ -55,6 +79,12 @@ class CostAwareWarning(UserWarning):
     The integrations fail open: they warn with this category, record why, and admit the
     trial (or keep training). Filter it like any warning category.
     """
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the user's bug (fail fast) rather than costaware's own failure
+    (fail open): a :class:`UserCodeError`, :class:`SpecError` included."""
+    return isinstance(exc, UserCodeError)
 
 
 def first_line(exc: BaseException, limit: int = 500) -> str:

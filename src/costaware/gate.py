@@ -1,26 +1,45 @@
 """The pre-launch judgement every integration shares: predict, decide, record.
 
 :class:`Gate` holds a budget, a device, a cost model (refitted online when a store is
-given) and the fail policy. :meth:`Gate.judge` never raises: a prediction that fails
-admits the trial (``fail_open=True``, the default) or rejects it, with a
-:class:`~costaware.errors.CostAwareWarning` and the reason in the verdict. Framework
-adapters (Optuna, Ray Tune) translate the :class:`Verdict` into their own terms.
+given) and the fail policy. :meth:`Gate.judge` fails fast on the user's bug and open on
+costaware's own failure: a spec the user's code could not build, or one whose training
+step fails as a real one would (:class:`~costaware.errors.UserCodeError`, a
+:class:`~costaware.errors.SpecError`), is raised, so that the trial fails with it; a
+prediction that fails for costaware's own reasons (the model cannot run on fake tensors,
+the dry run's time limit, an unreadable model) admits the trial (``fail_open=True``, the
+default) or rejects it, with a :class:`~costaware.errors.CostAwareWarning` and the reason
+in the verdict. Framework adapters (Optuna, Ray Tune) translate the :class:`Verdict` into
+their own terms.
 """
 
 from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from costaware.budget import Budget, Decision
 from costaware.devices import Device, get_device
-from costaware.errors import CostawareError, CostAwareWarning, first_line
+from costaware.errors import (
+    CostawareError,
+    CostAwareWarning,
+    UserCodeError,
+    first_line,
+    is_user_error,
+)
 from costaware.model import CostModel, Prediction
 from costaware.spec import TrainingSpec
 
-__all__ = ["CONSTRAINT_MEMORY", "CONSTRAINT_TIME", "Gate", "Verdict", "open_store"]
+__all__ = [
+    "CONSTRAINT_MEMORY",
+    "CONSTRAINT_TIME",
+    "Gate",
+    "Verdict",
+    "open_store",
+    "spec_build_error",
+]
 
 #: names of the feasibility constraints (<= 0 is feasible) the integrations set
 CONSTRAINT_MEMORY = "costaware_memory"
@@ -42,6 +61,44 @@ def open_store(store: Any, *, retry: bool = False) -> Any:
 
         return ObservationStore(store, retry=retry)
     return store
+
+
+def spec_build_error(
+    error: Exception,
+    *,
+    what: str = "building the TrainingSpec",
+    params: Any = None,
+    missing: str = "suggest every parameter it reads before trial.should_prune() (or "
+    "admit()) is called",
+) -> Exception:
+    """The error to judge for ``error``, raised while the user's code built a spec
+    (``spec_fn``, a Lightning module's spec): costaware's own errors as they are, anything
+    else as a :class:`~costaware.errors.UserCodeError` that names the line and what to
+    change, with ``error`` as its ``__cause__``. ``params``: what the spec was built from
+    (a trial's parameters, a Tune config); a ``KeyError`` for a key not among them is
+    explained, with ``missing`` as the fix."""
+    if isinstance(error, CostawareError):
+        return error
+    from costaware.trace import _failing_line, _raised_by_costaware
+
+    if _raised_by_costaware(error):
+        return error  # costaware's own bug: not the user's to fix, the trial fails open
+    said = first_line(error).rstrip(". ")
+    hint = ""
+    if isinstance(error, KeyError) and isinstance(params, Mapping) and error.args:
+        key = error.args[0]
+        if key not in params:
+            hint = (
+                f" It reads {key!r}, which is not among the parameters it was given "
+                f"({', '.join(sorted(map(str, params))) or 'none'}): {missing}."
+            )
+    error_ = UserCodeError(
+        f"{what} raised {said} at {_failing_line(error)}.{hint} This is the user's code, not "
+        "costaware's: fix it (costaware calls it before the trial runs, and it must return a "
+        "costaware.TrainingSpec)."
+    )
+    error_.__cause__ = error
+    return error_
 
 
 @dataclass
@@ -157,14 +214,26 @@ class Gate:
         spent_time: float = 0.0,
         rejected_as: str | int | None = None,
     ) -> Verdict:
-        """Judge ``spec`` (or the ``error`` that stopped building it); never raises.
+        """Judge ``spec`` (or the ``error`` that stopped building it).
 
         The prediction is recorded in the store under ``trial`` when admitted, under
         ``rejected_as`` (default ``trial``) when rejected.
+
+        Raises:
+            UserCodeError: the user's bug, which a real trial would hit too: ``error``
+                raised by the user's code building the spec (wrapped by
+                :func:`spec_build_error`), or the dry run's :class:`SpecError` or
+                :class:`UserCodeError` (a factory that needs arguments, a shape mismatch,
+                an exception in the factory, forward or loss). Costaware's own failures
+                never raise: they admit the trial (``fail_open``) with a warning.
         """
         pred: Prediction | None = None
         decision: Decision | None = None
         model: CostModel | None = None
+        if error is not None:
+            error = spec_build_error(error)
+            if is_user_error(error):
+                raise error  # the user's bug: the trial fails with it, shown at once
         if error is None and spec is None:
             error = ValueError("no TrainingSpec")
         if error is None and spec is not None:
@@ -173,7 +242,9 @@ class Gate:
                 device = self.resolved_device()
                 pred = model.predict(spec, device=device)
                 decision = self.budget.decide(pred, device=device, spent_time=spent_time)
-            except Exception as e:  # fail open (or closed), never crash the study
+            except UserCodeError:
+                raise  # the user's bug (a SpecError too): fail fast, never admitted unjudged
+            except Exception as e:  # costaware's own failure: fail open (or closed)
                 error = e
         if error is not None or pred is None or decision is None:
             admit = self.fail_open

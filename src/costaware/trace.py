@@ -34,11 +34,14 @@ import contextvars
 import copy
 import ctypes
 import dataclasses
+import functools
 import hashlib
 import inspect
 import itertools
+import logging
 import math
 import os
+import re
 import sys
 import sysconfig
 import threading
@@ -59,10 +62,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from costaware.errors import (
+    CostawareError,
     SpecError,
     TraceError,
     TraceTimeout,
     UntraceableModelError,
+    UserCodeError,
     first_line,
 )
 from costaware.flops import (
@@ -796,6 +801,7 @@ def build_model(
         for b in src.buffers():
             memo[id(b)] = torch.empty_like(b, device="meta")
         return copy.deepcopy(src, memo), "module"
+    _check_zero_arguments(spec.model)
     try:
         with torch.device("meta"):
             model = spec.model()
@@ -805,9 +811,85 @@ def build_model(
         how = "cpu"
     if not isinstance(model, nn.Module):
         raise SpecError(
-            f"the model factory must return an nn.Module, but it returned {type(model).__name__}."
+            f"the model factory {_factory_name(spec.model)} must return an nn.Module, but it "
+            f"returned {type(model).__name__}: TrainingSpec(model=...) takes a zero-argument "
+            "callable that builds the model, or an nn.Module."
         )
     return model, how
+
+
+def _factory_name(factory: Any) -> str:
+    """How the user wrote the factory: ``MyNet``, ``make_model``, ``partial(make, ...)``."""
+    if isinstance(factory, functools.partial):
+        return f"functools.partial({_factory_name(factory.func)}, ...)"
+    name = getattr(factory, "__qualname__", None) or getattr(factory, "__name__", None)
+    return str(name) if name else type(factory).__name__
+
+
+def _check_zero_arguments(factory: Any) -> None:
+    """Raise :class:`SpecError` when ``factory`` cannot be called with no arguments (a
+    factory that needs them, or a class whose constructor does), naming what it needs."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C callable: let the call say
+        return
+    try:
+        sig.bind()
+        return
+    except TypeError:
+        pass
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    needed = [
+        p.name
+        for p in sig.parameters.values()
+        if p.default is p.empty and (p.kind in kinds or p.kind is inspect.Parameter.KEYWORD_ONLY)
+    ]
+    name = _factory_name(factory)
+    args = ", ".join(f"{n}=..." for n in needed)
+    listed = ", ".join(f"`{n}`" for n in needed)
+    if isinstance(factory, type):
+        raise SpecError(
+            f"TrainingSpec(model={name}) passes the class {name}, which costaware calls with "
+            f"no arguments to build the model, but {name}() needs {listed}. Pass a "
+            f"zero-argument factory, model=lambda: {name}({args}), or an instance, "
+            f"model={name}({args})."
+        )
+    inner = factory.func if isinstance(factory, functools.partial) else factory
+    base = _factory_name(inner)
+    raise SpecError(
+        f"TrainingSpec(model={name}) is called with no arguments to build the model, but "
+        f"{base}() needs {listed}. Pass a zero-argument factory: "
+        f"model=lambda: {base}({args}) or model=functools.partial({base}, {args})."
+    )
+
+
+def _factory_error(error: Exception, spec: TrainingSpec) -> Exception:
+    """The error to raise for a model factory that failed when run for real on the CPU
+    (after it failed on meta): the user's bug (:class:`UserCodeError`), unless the failure
+    is this machine's (no GPU, out of memory) or costaware's, which fail open."""
+    if isinstance(error, CostawareError):
+        return error
+    name = _factory_name(spec.model)
+    if isinstance(error, MemoryError):
+        return UntraceableModelError(
+            f"the model factory {name} ran out of this machine's memory when built for real on "
+            "the CPU (it failed on the meta device first): a limit of costaware's dry run, not "
+            "a bug in the factory."
+        )
+    if _DEVICE_WORDS.search(str(error)):
+        return UntraceableModelError(
+            f"the model factory {name} needs a device this machine lacks "
+            f"({_said(error)}) {_where(error)}. The dry run builds the model on "
+            "the CPU (the meta device): a limit of costaware's dry run, not a bug in the "
+            "factory. To predict it, return the model on the CPU and move it to the GPU in the "
+            "training code."
+        )
+    return UserCodeError(
+        f"the model factory {name} raised {_said(error)} {_where(error)}. This "
+        "is the factory's own code: it fails the same way when built for real on the CPU, so "
+        "a real trial would fail too. Fix the factory (TrainingSpec(model=...) calls it with "
+        "no arguments and it must return an nn.Module)."
+    )
 
 
 #: the share of this machine's available memory that the real builds of models may hold
@@ -975,8 +1057,11 @@ def _build_for_real(
     try:
         with mode:
             model: nn.Module = spec.model()  # type: ignore[operator]
+    except Exception as e:
+        if not mode.refused:  # the factory's own error: the user's bug, said so
+            raise _factory_error(e, spec) from e
     except BaseException:
-        if not mode.refused:  # the factory's own error, or the time limit
+        if not mode.refused:  # the time limit, the caller's interrupt
             raise
     finally:
         _AllocationLimit.active.discard(mode)
@@ -989,20 +1074,48 @@ def _build_for_real(
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _own_dirs() -> tuple[str, ...]:
+    """costaware's source folders: the package, and its integrations where an editable
+    install keeps them apart (``integrations/``)."""
+    import importlib.util
+
+    import costaware
+
+    dirs = [_OWN_DIR, os.path.dirname(os.path.abspath(costaware.__file__)) + os.sep]
+    with contextlib.suppress(ImportError, ValueError):
+        found = importlib.util.find_spec("costaware.integrations")
+        for path in (found.submodule_search_locations or []) if found else []:
+            dirs.append(os.path.abspath(path) + os.sep)
+    return tuple(dirs)
+
+
+_OWN_DIRS = _own_dirs()
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
 
 
+def _is_theirs(path: str) -> bool:
+    """Whether a source file is the user's code (their own, a library's, the zoo's model
+    they chose), not torch's, costaware's or the standard library's."""
+    if path.startswith(_OWN_DIRS) and os.path.basename(path) == "zoo.py":
+        return True
+    if path.startswith((_TORCH_DIR, *_OWN_DIRS)):
+        return False
+    in_packages = "site-packages" in path or "dist-packages" in path
+    return in_packages or not path.startswith(_STDLIB_DIR)
+
+
+def _raised_by_costaware(exc: BaseException) -> bool:
+    """Whether costaware's own code (not the zoo's models) raised ``exc``: its bug."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    path = frames[-1].filename if frames else ""
+    return path.startswith(_OWN_DIRS) and not _is_theirs(path)
+
+
 def _user_frames(exc: BaseException) -> list[traceback.FrameSummary]:
-    """The frames of ``exc``'s traceback in the user's code (not torch's, costaware's or
-    the standard library's), outermost first."""
-
-    def theirs(path: str) -> bool:
-        if path.startswith((_TORCH_DIR, _OWN_DIR)):
-            return False
-        in_packages = "site-packages" in path or "dist-packages" in path
-        return in_packages or not path.startswith(_STDLIB_DIR)
-
-    return [f for f in traceback.extract_tb(exc.__traceback__) if theirs(f.filename)]
+    """The frames of ``exc``'s traceback in the user's code, outermost first."""
+    return [f for f in traceback.extract_tb(exc.__traceback__) if _is_theirs(f.filename)]
 
 
 def _failing_line(exc: BaseException) -> str:
@@ -1322,13 +1435,6 @@ def _call_with_timeout(fn: Callable[[], _T], timeout: float | None) -> _T:
         raise TraceError("the dry run's thread ended without a result.")
     result: _T = box["result"]
     return result
-
-
-_UNTRACEABLE_HINT = (
-    "The model cannot run on fake tensors: {kind}. Typical causes are data-dependent "
-    "operations in forward (.item(), .nonzero(), boolean masks, Python branches on tensor "
-    "values) or operators without a fake implementation. Original error: {err}"
-)
 
 
 class _FusedMode(TorchFunctionMode):
@@ -2289,6 +2395,377 @@ def _node_phase(name: str, phase: str) -> int:
     return 3 if name in _STATE_INIT_OPS else 2
 
 
+# --------------------------------------------------------------------------------------
+# a failed dry run: the user's bug (fail fast) or the dry run's own limit (fail open)
+# --------------------------------------------------------------------------------------
+#: torch's loggers that report an op failing inside a dry run (FakeTensorMode logs every
+#: meta kernel that raises, with its traceback, at ERROR): silenced in the dry run's
+#: thread while it runs, as the error it raises says what happened
+_QUIET_LOGGERS = (
+    "torch._subclasses.fake_tensor",
+    "torch._subclasses.meta_utils",
+    "torch.fx.experimental.symbolic_shapes",
+)
+#: set in a thread (context) whose records of ``_QUIET_LOGGERS`` are dropped
+_QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("costaware_quiet", default=False)
+_QUIET_LOCK = threading.Lock()
+_QUIET_USERS = 0
+
+
+class _DryRunLogFilter(logging.Filter):
+    """Drops the records logged from inside a dry run; every other thread's pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _QUIET.get()
+
+
+_LOG_FILTER = _DryRunLogFilter()
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """Silence ``_QUIET_LOGGERS`` for this thread while the block runs.
+
+    A filter on those loggers, added while any dry run is in progress and removed after the
+    last, drops the records of the threads inside one: the levels, handlers and filters the
+    user set stay as they are, and other threads log as before.
+    """
+    global _QUIET_USERS
+    with _QUIET_LOCK:
+        if _QUIET_USERS == 0:
+            for name in _QUIET_LOGGERS:
+                logging.getLogger(name).addFilter(_LOG_FILTER)
+        _QUIET_USERS += 1
+    token = _QUIET.set(True)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
+        with _QUIET_LOCK:
+            _QUIET_USERS -= 1
+            if _QUIET_USERS == 0:
+                for name in _QUIET_LOGGERS:
+                    logging.getLogger(name).removeFilter(_LOG_FILTER)
+
+
+#: what torch says when a fake or meta tensor cannot do what a real one would
+_FAKE_WORDS = re.compile(
+    r"fake ?tensor|fake impl|tensor subclass|meta tensor|meta device|'Meta' backend|"
+    r"meta kernel|data pointer|data_ptr|doesn't have storage|without storage|"
+    r"data-dependent|data dependent|unbacked|SymInt|SymFloat|SymBool|__torch_dispatch__",
+    re.IGNORECASE,
+)
+#: what torch says about an operator without a fake (meta) implementation
+_NO_FAKE_IMPL = re.compile(
+    r"no fake impl|no fake implementation|no meta kernel|'Meta' backend|"
+    r"attempted to run this operator with Meta tensors",
+    re.IGNORECASE,
+)
+#: what torch says about a device the dry run does not have (it keeps every tensor on a
+#: fake CPU)
+_DEVICE_WORDS = re.compile(
+    r"CUDA|NVIDIA|\bMPS\b|\bXPU\b|ROCm|HIP|same device|different devices|two different "
+    r"devices|device type",
+)
+#: what torch says about shapes that do not fit (the user's bug)
+_SHAPE_WORDS = re.compile(
+    r"shape|size|dimension|\bdims?\b|channels|mat1|mat2|broadcast|reduction dim|"
+    r"expected .{0,80}(?:but )?got",
+    re.IGNORECASE,
+)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling, once each."""
+    out: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or any(e is o for o in out):
+            continue
+        out.append(e)
+        todo += [e.__cause__, e.__context__]
+    return out
+
+
+def _limit_of_the_dry_run(exc: BaseException) -> str | None:
+    """Why ``exc`` is a limit of the dry run rather than the user's bug ("value",
+    "dynamic", "unsupported", "device", "fake", "internal"), or None where it is theirs."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        UnsupportedOperatorException,
+    )
+
+    for e in _chain(exc):  # a fake tensor's refusal, however the model re-raised it
+        if isinstance(e, DataDependentOutputException):
+            return "value"
+        if isinstance(e, DynamicOutputShapeException):
+            return "dynamic"
+        if isinstance(e, UnsupportedOperatorException) or _NO_FAKE_IMPL.search(str(e)):
+            return "unsupported"
+        if type(e).__module__.startswith(
+            ("torch._subclasses", "torch.fx.experimental", "torch._guards")
+        ):
+            return "device" if _DEVICE_WORDS.search(str(e)) else "fake"
+    text = str(exc)
+    if _DEVICE_WORDS.search(text):
+        return "device"
+    if _FAKE_WORDS.search(text):
+        return "fake"
+    frames = traceback.extract_tb(exc.__traceback__)
+    innermost = frames[-1].filename if frames else ""
+    if isinstance(exc, NotImplementedError) and not _is_theirs(innermost):
+        # torch's word for an operator without a meta kernel; a module without a forward,
+        # or the user's own `raise NotImplementedError`, is the user's
+        if 'missing the required "forward"' not in text:
+            return "unsupported"
+    if _raised_by_costaware(exc):
+        return "internal"
+    return None
+
+
+def _untraceable(exc: BaseException, why: str) -> TraceError:
+    """The dry run's own failure, said so: the trial is admitted (fail open)."""
+    where = _where(exc)
+    ours = "This is a limit of costaware's dry run, not a bug in the model"
+    if why == "value":
+        return UntraceableModelError(
+            f"The model cannot run on fake tensors: it reads a tensor's value {where} "
+            "(.item(), .tolist(), float(t), or a Python `if` on a tensor), and a dry run's "
+            f"tensors have no values. {ours}; to make it predictable, keep the computation in "
+            "tensors (torch.where rather than an `if`)."
+        )
+    if why == "dynamic":
+        return UntraceableModelError(
+            f"The model cannot run on fake tensors: the operator {_op_of(exc)} {where} "
+            "returns a tensor whose size depends on the values (nonzero, a boolean mask such as "
+            f"x[x > 0], unique), and a dry run's tensors have no values. {ours}; to make it "
+            "predictable, use a fixed-size form (torch.where(mask, x, 0), masked_fill)."
+        )
+    if why == "unsupported":
+        return UntraceableModelError(
+            f"The model cannot run on fake tensors: an operator {where} has no fake (meta) "
+            f"implementation ({_said(exc)}). {ours}; an operator of your own can be "
+            "given one with torch.library.register_fake."
+        )
+    if why == "device":
+        return UntraceableModelError(
+            f"The model cannot run on fake tensors: it places tensors on a device of its own "
+            f"{where} ({_said(exc)}), and the dry run keeps every tensor on a fake CPU. "
+            f"{ours}; to make it predictable, create tensors on the input's device "
+            "(torch.zeros(..., device=x.device)) or register them as buffers."
+        )
+    if why == "internal":
+        return TraceError(
+            f"costaware's dry run failed inside costaware at {_own_line(exc)}: "
+            f"{_said(exc)}. This is costaware's bug, not the model's; please report it."
+        )
+    return UntraceableModelError(
+        f"The model cannot run on fake tensors: {_said(exc)} {where}. {ours}: the "
+        "step runs on tensors without data, and this model needs them."
+    )
+
+
+def _where(exc: BaseException) -> str:
+    """``"at path:line (`code`)"`` in the user's code, or ``"inside torch"``."""
+    line = _failing_line(exc)
+    return line if line == "inside torch" else "at " + line
+
+
+def _said(exc: BaseException) -> str:
+    """``first_line(exc)`` without its closing period, to go inside a sentence."""
+    return first_line(exc).rstrip(". ")
+
+
+def _op_of(exc: BaseException) -> str:
+    """The aten operator a fake tensor refused (``aten.nonzero``), from the chain."""
+    for e in _chain(exc):
+        func = getattr(e, "func", None)
+        if func is not None:
+            name = str(func)
+            return name[: -len(".default")] if name.endswith(".default") else name
+    return _said(exc)
+
+
+def _own_line(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "an unknown place"
+    last = frames[-1]
+    return f"{os.path.basename(last.filename)}:{last.lineno}"
+
+
+def _shape(t: Any) -> str | None:
+    return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else None
+
+
+def _failing_layer(exc: BaseException, model: nn.Module | None) -> tuple[str, nn.Module, Any] | None:
+    """The innermost module that was running when ``exc`` arose: its name in ``model``
+    (``"fc"``; ``""`` for the model itself), the module, and the input it was called with
+    (None where that is not a tensor)."""
+    layer: nn.Module | None = None
+    inputs: dict[int, Any] = {}
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        this = frame.f_locals.get("self")
+        if not isinstance(this, nn.Module):
+            continue
+        layer = this
+        if frame.f_code.co_name in ("_call_impl", "_wrapped_call_impl"):
+            args = frame.f_locals.get("args")  # as the module was called, never rebound
+            if isinstance(args, tuple) and args:
+                inputs[id(this)] = args[0]
+    if layer is None:
+        return None
+    names = {id(m): n for n, m in model.named_modules()} if model is not None else {}
+    return names.get(id(layer), "?"), layer, inputs.get(id(layer))
+
+
+def _batch_words(spec: TrainingSpec) -> str:
+    """The spec's batch as the user wrote it, and the inputs it makes."""
+    b = spec.batch
+    bs = spec.batch_size
+    if isinstance(b, ImageBatch):
+        return f"{b!r} at batch_size={bs}: inputs of shape {(bs, *b.shape)}"
+    if isinstance(b, TokenBatch):
+        return f"{b!r} at batch_size={bs}: input_ids of shape {(bs, b.seq_len)}"
+    return f"batch={_factory_name(b)}({bs})"
+
+
+def _image_size_hint(spec: TrainingSpec, modules: list[nn.Module]) -> str | None:
+    """Where the model records the image size it was built for and the batch's differs."""
+    b = spec.batch
+    if not isinstance(b, ImageBatch) or len(b.shape) != 3:
+        return None
+    for m in modules:
+        config = getattr(m, "config", None)
+        for owner in (m, config):
+            for attr in ("image_size", "img_size"):
+                size = getattr(owner, attr, None) if owner is not None else None
+                if isinstance(size, (tuple, list)) and len(size) == 2:
+                    hw = tuple(int(v) for v in size)
+                elif isinstance(size, int):
+                    hw = (size, size)
+                else:
+                    continue
+                if hw != tuple(b.shape[1:]):
+                    c = b.shape[0]
+                    return (
+                        f"the model was built for {attr}={size} but the batch's images are "
+                        f"{b.shape[1]}x{b.shape[2]}: make the batch "
+                        f"{type(b).__name__}(shape={(c, *hw)}, ...) or build the model with "
+                        f"{attr}={b.shape[1] if b.shape[1] == b.shape[2] else tuple(b.shape[1:])}"
+                    )
+    return None
+
+
+def _layer_hint(spec: TrainingSpec, label: str, layer: nn.Module, arg: Any) -> str | None:
+    """The size a linear or convolutional layer takes against the one it was given."""
+    if not isinstance(arg, torch.Tensor):
+        return None
+    if isinstance(layer, nn.Linear) and arg.dim() >= 1 and arg.shape[-1] != layer.in_features:
+        got = int(arg.shape[-1])
+        return (
+            f"{label} takes in_features={layer.in_features} per sample but gets {got}: make the "
+            f"batch give it {layer.in_features}, or build the layer with in_features={got}"
+        )
+    if isinstance(layer, nn.modules.conv._ConvNd) and arg.dim() >= 2:
+        got = int(arg.shape[1] if arg.dim() > layer.weight.dim() - 2 else arg.shape[0])
+        if got != layer.in_channels:
+            fit = ""
+            b = spec.batch
+            if isinstance(b, ImageBatch) and len(b.shape) == 3 and b.shape[0] == got:
+                fit = f" ({type(b).__name__}(shape={(layer.in_channels, *b.shape[1:])}, ...))"
+            return (
+                f"{label} takes in_channels={layer.in_channels} but gets {got} channels: make the "
+                f"batch give it {layer.in_channels}{fit}, or build the layer with "
+                f"in_channels={got}"
+            )
+    return None
+
+
+def _user_bug(exc: Exception, spec: TrainingSpec, model: nn.Module | None) -> UserCodeError:
+    """The user's bug in the training step (forward, loss, backward), said so: where it
+    arose, in which layer, with what input, and what to change."""
+    where = _where(exc)
+    frames = [f for f, _ in traceback.walk_tb(exc.__traceback__)]
+    files = [f.f_code.co_filename for f in frames]
+    names = [f.f_code.co_name for f in frames]
+    loss_code = getattr(spec.loss, "__code__", None)
+    if any(p.startswith(_TORCH_DIR + "optim") for p in files) or "_optimizer_step" in names:
+        what, fix = "The optimizer step", "fix the optimizer or its arguments"
+    elif any(
+        p.startswith(_TORCH_DIR) and n in ("backward", "_engine_run_backward")
+        for p, n in zip(files, names, strict=True)
+    ):
+        what, fix = "The backward pass", "fix the model's custom backward"
+    elif any(isinstance(f.f_locals.get("self"), nn.Module) for f in frames):
+        what, fix = "The model's forward", "fix the model"
+    elif loss_code is not None and any(f.f_code is loss_code for f in frames):
+        what, fix = "The loss", "fix the loss"
+    elif spec.loss is None and any(
+        os.path.basename(p) == "spec.py" and p.startswith(_OWN_DIRS) for p in files
+    ):
+        what = "costaware's default loss"
+        fix = (
+            "pass TrainingSpec(loss=callable(model, batch)) that computes the loss as the "
+            "training does"
+        )
+    else:
+        what, fix = "The training step", "fix the model or the loss"
+    found = _failing_layer(exc, model)
+    in_layer, hint = "", None
+    if found is not None:
+        name, layer, arg = found
+        label = f"`{name}`" if name not in ("", "?") else "the model"
+        in_layer = f", in {label} ({_short_repr(layer)}"
+        if _shape(arg) is not None:
+            in_layer += f", given an input of shape {_shape(arg)}"
+        in_layer += ")"
+        hint = _layer_hint(spec, label, layer, arg)
+    modules = [m for m in (model, found[1] if found else None) if m is not None]
+    batch = _batch_words(spec)
+    if _SHAPE_WORDS.search(str(exc)):
+        if what != "The model's forward":  # the loss does not fit the model's output
+            change = f"Make it fit the model's output and the batch: {fix}."
+        else:
+            hint = hint or _image_size_hint(spec, modules)
+            change = (
+                "Change the batch to the shape the model was built for, or build the model for "
+                "this batch"
+                + (f": {hint}." if hint else " (its input size, channels or image size).")
+            )
+        return UserCodeError(
+            f"{what} fails on a shape mismatch {where}{in_layer}: {_said(exc)}. The batch is "
+            f"{batch}. A real training step fails the same way. {change}"
+        )
+    return UserCodeError(
+        f"{what} raised {_said(exc)} {where}{in_layer}. A real training step runs the same "
+        f"code and fails the same way: {fix} (the batch is {batch})."
+    )
+
+
+def _short_repr(module: nn.Module) -> str:
+    """``Linear(in_features=784, out_features=64, bias=True)``; a container's class name."""
+    extra = module.extra_repr()
+    return f"{type(module).__name__}({extra})" if extra and "\n" not in extra else type(
+        module
+    ).__name__
+
+
+def _classify(exc: Exception, spec: TrainingSpec, model: nn.Module | None) -> Exception:
+    """The error a failed dry run raises: the user's bug (:class:`UserCodeError`), or the
+    dry run's own failure (:class:`UntraceableModelError`, :class:`TraceError`)."""
+    if isinstance(exc, CostawareError):
+        return exc
+    why = _limit_of_the_dry_run(exc)
+    if why is not None:
+        return _untraceable(exc, why)
+    if isinstance(exc, MemoryError):
+        return TraceError(f"the dry run ran out of this machine's memory: {first_line(exc)}")
+    return _user_bug(exc, spec, model)
+
+
 def dry_run(
     spec: TrainingSpec,
     *,
@@ -2317,24 +2794,32 @@ def dry_run(
     of the memory this machine has available); past that the build is refused with an
     error that names the line that failed on meta.
 
-    Raises:
-        UntraceableModelError: the model cannot run on fake tensors, or building it for
-            real would pass ``real_build_limit``.
-        TraceTimeout: the dry run took longer than ``timeout`` seconds.
-        SpecError: the spec's pieces do not fit together (loss, optimizer arguments).
-        TraceError: anything else went wrong inside the step.
-    """
-    from torch._subclasses.fake_tensor import (
-        DataDependentOutputException,
-        DynamicOutputShapeException,
-        UnsupportedOperatorException,
-    )
+    A failure is classified, so that the integrations can fail fast on the user's bug and
+    fail open on the dry run's own (see :mod:`costaware.errors`); each message says what
+    happened, where, and what to change. torch's log of the failing op is silenced in the
+    dry run's thread while it runs.
 
+    Raises:
+        SpecError: the spec's pieces do not fit together (a factory that needs arguments,
+            the loss, optimizer arguments, labels or token ids out of the model's range).
+        UserCodeError: the user's code fails as a real training step would: the factory,
+            forward or loss raised, or the model does not take the batch's shape (the
+            user's exception is the ``__cause__``).
+        UntraceableModelError: the model cannot run on fake tensors (it reads a tensor's
+            value, an output's size depends on the values, an operator without a fake
+            implementation), or building it for real would pass ``real_build_limit``.
+        TraceTimeout: the dry run took longer than ``timeout`` seconds.
+        TraceError: costaware's own dry run failed (an internal error).
+    """
     if attention not in ATTENTION_MODES:
         raise ValueError(f"attention must be one of {ATTENTION_MODES}, but got {attention!r}.")
 
+    #: the model being traced, to name the layer an error arose in
+    built: dict[str, nn.Module] = {}
+
     def run() -> Trace:
         model, how = build_model(spec, real_build_limit=real_build_limit)
+        built["model"] = model
         layers = _layer_counts(model)
         with torch.enable_grad():
             try:
@@ -2355,6 +2840,7 @@ def dry_run(
                     ) from e
                 del model
                 model = _build_for_real(spec, e, real_build_limit, attribute=True)
+                built["model"] = model
                 trace = _trace(spec, model, "cpu", attention)
         trace.layer_counts = layers
         return trace
@@ -2362,22 +2848,13 @@ def dry_run(
     def checked() -> Trace:
         # in the dry run's thread: what the caller's thread raises while it waits (its own
         # signal handler's error, Ctrl-C) reaches it as it is
-        try:
-            return run()
-        except (DataDependentOutputException, DynamicOutputShapeException) as e:
-            raise UntraceableModelError(
-                _UNTRACEABLE_HINT.format(kind="a data-dependent operation", err=e)
-            ) from e
-        except UnsupportedOperatorException as e:
-            raise UntraceableModelError(
-                _UNTRACEABLE_HINT.format(kind="an operator without a fake implementation", err=e)
-            ) from e
-        except (SpecError, TraceError):
-            raise
-        except Exception as e:
-            raise UntraceableModelError(
-                _UNTRACEABLE_HINT.format(kind=f"{type(e).__name__}", err=e)
-            ) from e
+        with _quiet_torch_logs():
+            try:
+                return run()
+            except CostawareError:
+                raise
+            except Exception as e:  # the user's bug, or the dry run's limit: said which
+                raise _classify(e, spec, built.get("model")) from e
 
     return _call_with_timeout(checked, timeout)
 
