@@ -127,8 +127,8 @@ def test_scheduler_stops_an_over_budget_trial(ray_session: None, tmp_path: Path)
 
 
 def test_failing_spec_fn_fails_open(ray_session: None, tmp_path: Path) -> None:
-    def broken(cfg: dict[str, Any]) -> ca.TrainingSpec:
-        raise RuntimeError("cannot build this model")
+    def broken(cfg: dict[str, Any]) -> ca.TrainingSpec:  # costaware's own failure
+        raise ca.UntraceableModelError("cannot build this model")
 
     searcher = CostAwareSearcher(OptunaSearch(seed=1), broken, BUDGET, device="cpu", model=MODEL)
     with warnings.catch_warnings(record=True) as caught:
@@ -138,14 +138,30 @@ def test_failing_spec_fn_fails_open(ray_session: None, tmp_path: Path) -> None:
     assert not searcher.rejections
     infos = list(searcher.admitted.values())
     assert len(infos) == 2
-    assert all("RuntimeError: cannot build this model" in i["error"] for i in infos)
+    assert all("UntraceableModelError: cannot build this model" in i["error"] for i in infos)
     assert any(issubclass(w.category, CostAwareWarning) for w in caught)
+
+
+def test_a_bug_in_spec_fn_stops_the_experiment_before_any_trial(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """The user's bug fails fast: Tune raises it out of fit() and runs no trial."""
+
+    def buggy(cfg: dict[str, Any]) -> ca.TrainingSpec:
+        return spec_fn({"width": cfg["width"], "bs": cfg["batch_size"]})
+
+    searcher = CostAwareSearcher(OptunaSearch(seed=1), buggy, BUDGET, device="cpu", model=MODEL)
+    with pytest.raises(ca.UserCodeError, match=r"spec_fn raised KeyError: 'batch_size'") as info:
+        _fit(tmp_path, "userbug", searcher, None, SPACE, 2)
+    assert isinstance(info.value.__cause__, KeyError)
+    assert "not among the parameters it was given (bs, width)" in str(info.value)
+    assert not searcher.admitted and not searcher.rejections
 
 
 @pytest.mark.filterwarnings("ignore:costaware could not judge")
 def test_fail_closed_rejects_and_gives_up() -> None:
     def broken(cfg: dict[str, Any]) -> ca.TrainingSpec:
-        raise RuntimeError("nope")
+        raise ca.TraceTimeout("nope")
 
     searcher = CostAwareSearcher(
         OptunaSearch(seed=0, metric="loss", mode="min", space=SPACE), broken, BUDGET,
