@@ -155,7 +155,8 @@ import torch
 
 from costaware.budget import Budget
 from costaware.devices import Device, cpu_device, detect_device, get_device
-from costaware.errors import CostAwareWarning, first_line
+from costaware.errors import CostAwareWarning, TrialRejected, first_line
+from costaware.gate import Gate
 from costaware.model import CostModel, Prediction
 from costaware.profile import (
     CpuMemoryMeter,
@@ -268,6 +269,107 @@ def _optimizer_bytes(optimizers: Any, device_type: str) -> int:
 #: first with the optimizer state allocated, the steady state's peak
 _MEMORY_STEPS = 2
 
+#: Lightning's precision strings, as the cost model knows them: pure half precision
+#: ("bf16-true", "16-true") is predicted as autocast, which keeps fp32 parameters and so
+#: needs more memory, never less
+_PRECISIONS = {
+    "32-true": "fp32", "32": "fp32", "64-true": "fp32", "64": "fp32",
+    "bf16-mixed": "bf16", "bf16": "bf16", "bf16-true": "bf16",
+    "16-mixed": "fp16", "16": "fp16", "16-true": "fp16",
+}  # fmt: skip
+
+
+def lightning_step_loss(model: Any, batch: Any) -> torch.Tensor:
+    """A LightningModule's loss for one batch, as automatic optimization takes it: the
+    tensor ``training_step`` returns, or its ``"loss"`` entry."""
+    out = model.training_step(batch, 0)
+    if isinstance(out, Mapping):
+        out = out.get("loss")
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(
+            "training_step returned no loss tensor (a tensor or a dict with 'loss'): "
+            f"got {type(out).__name__}. costaware dry-runs the step automatic "
+            "optimization takes."
+        )
+    return out
+
+
+def _silence_logging(module: Any) -> None:
+    """A meta copy of a LightningModule logs nothing (``self.log`` needs a running loop)."""
+
+    def _no_log(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    module.__dict__["log"] = _no_log
+    module.__dict__["log_dict"] = _no_log
+
+
+def _first_optimizer(configured: Any) -> Any:
+    """The first optimizer of what ``configure_optimizers`` returned (an optimizer, a list
+    or tuple of them, a dict with "optimizer", or ``([optimizers], [schedulers])``)."""
+    if isinstance(configured, torch.optim.Optimizer):
+        return configured
+    if isinstance(configured, Mapping):
+        return _first_optimizer(configured.get("optimizer"))
+    if isinstance(configured, (list, tuple)) and configured:
+        return _first_optimizer(configured[0])
+    return None
+
+
+def _example_batch(trainer: Any) -> tuple[Any, int | None]:
+    """One batch of the training data, and the dataset's length when it has one: from the
+    datamodule, the dataloaders given to ``fit`` or the module's ``train_dataloader``."""
+    loader: Any = None
+    source = getattr(getattr(trainer, "fit_loop", None), "_data_source", None)
+    if source is not None and hasattr(source, "dataloader"):
+        loader = source.dataloader()
+    if loader is None and getattr(trainer, "datamodule", None) is not None:
+        loader = trainer.datamodule.train_dataloader()
+    if loader is None and getattr(trainer, "lightning_module", None) is not None:
+        loader = trainer.lightning_module.train_dataloader()
+    if loader is None:
+        raise ValueError("no training dataloader to take an example batch from")
+    if isinstance(loader, (list, tuple)) and loader:
+        loader = loader[0]
+    if isinstance(loader, Mapping) and loader:
+        loader = next(iter(loader.values()))
+    batch = next(iter(loader))
+    dataset = getattr(loader, "dataset", None)
+    size = None
+    with contextlib.suppress(Exception):
+        size = len(dataset) if dataset is not None else None
+    return batch, size
+
+
+def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
+    """The :class:`~costaware.TrainingSpec` of a Lightning fit, from the fit itself: the
+    LightningModule (dry-run from a meta copy, ``training_step`` as the loss), one batch
+    of its training data, the first optimizer of ``configure_optimizers``, the Trainer's
+    precision, ``accumulate_grad_batches`` and ``max_epochs``. Nothing is moved to a
+    device and the module is not modified. A module with manual optimization is refused:
+    its step is not the one costaware dry-runs."""
+    if getattr(pl_module, "automatic_optimization", True) is False:
+        raise NotImplementedError(
+            "this LightningModule uses manual optimization; costaware dry-runs the step "
+            "automatic optimization takes, so it cannot judge it (pass spec= instead)"
+        )
+    batch, dataset_size = _example_batch(trainer)
+    optimizer = _first_optimizer(pl_module.configure_optimizers())
+    precision = str(getattr(trainer, "precision", "32-true"))
+    epochs = getattr(trainer, "max_epochs", None)
+    return TrainingSpec.from_module(
+        pl_module,
+        batch,
+        optimizer=optimizer if optimizer is not None else "adamw",
+        loss=lightning_step_loss,
+        precision=_PRECISIONS.get(precision, precision),
+        prepare=_silence_logging,
+        grad_accumulation=max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1)),
+        dataset_size=dataset_size,
+        epochs=int(epochs) if isinstance(epochs, int) and epochs > 0 else 1,
+        name=type(pl_module).__name__,
+    )
+
 
 # --------------------------------------------------------------------------------------
 # the shared implementation
@@ -289,9 +391,16 @@ class _CostAwareCallbackBase:
         study: str | None = None,
         trial: Any = None,
         warmup_steps: int = 1,
+        on_reject: str = "raise",
+        fail_open: bool = True,
     ) -> None:
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, but got {warmup_steps=}.")
+        if on_reject not in ("raise", "stop"):
+            raise ValueError(
+                f"on_reject must be 'raise' (TrialRejected) or 'stop' (trainer.should_stop), "
+                f"but got {on_reject=}."
+            )
         if spec is not None and not isinstance(spec, TrainingSpec):
             raise TypeError(
                 f"spec must be a costaware.TrainingSpec, but got {type(spec).__name__}."
@@ -326,6 +435,11 @@ class _CostAwareCallbackBase:
         self.study = study
         self.trial = trial
         self.warmup_steps = warmup_steps
+        self.on_reject = on_reject
+        self.fail_open = fail_open
+        #: the decision made before training (with a budget or an Optuna trial), or None
+        self.decision: Any = None
+        self._judged = False
         #: every row written (or meant to be written), as dicts with a "kind" key:
         #: "prediction" or "measurement", the store's keyword arguments, and the store's "id".
         self.records: list[dict[str, Any]] = []
@@ -405,6 +519,9 @@ class _CostAwareCallbackBase:
             self._safely(
                 "measuring the GPU memory held before", self._held_at_setup, trainer, pl_module
             )
+            # before the strategy moves the model to the device: a rejected trial never
+            # allocates anything there
+            self._judge_before_training(trainer, pl_module)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._safely("starting", self._start_fit, trainer, pl_module)
@@ -489,6 +606,117 @@ class _CostAwareCallbackBase:
         if isinstance(self.store, (str, os.PathLike)):
             state["_store_obj"] = None
         return state
+
+    # -- before training: the decision ---------------------------------------------------
+    def _judge_before_training(self, trainer: Any, pl_module: Any) -> None:
+        """Predict this fit's cost and decide, before anything is on the device: with an
+        Optuna trial attached (against the study's costaware pruner's budget, else this
+        callback's budget, else the device's memory), or with a budget. A rejected trial
+        raises ``optuna.TrialPruned`` with the reasons; without a trial, ``enforce=True``
+        raises :class:`~costaware.TrialRejected` (``on_reject="raise"``) or stops the fit
+        before its first batch (``"stop"``), and otherwise the reasons are warned about.
+        A trial the pruner judged already (its ``spec_fn``) is not judged again."""
+        trial = self.trial if _is_optuna_trial(self.trial) else None
+        if self._judged or (trial is None and self.budget is None):
+            return
+        self._judged = True
+        found = self._safely("preparing the decision", self._gate_for, trainer, trial)
+        if found is None:
+            return
+        gate, already = found
+        if already or gate is None:
+            self._prediction_done = True  # the pruner judged it and recorded it
+            return
+        spec, error = self.spec, None
+        if spec is None:
+            try:
+                spec = spec_from_lightning(trainer, pl_module)
+            except Exception as e:  # judged below: the user's bug fails, ours admits
+                error = e
+        verdict = gate.judge(spec, study=self.study_name, trial=self.trial_id, error=error)
+        self.decision = verdict
+        self.prediction = verdict.prediction
+        self._prediction_done = True
+        if gate.store is None:
+            self._safely("recording the decision", self._record_verdict, verdict, spec)
+        if trial is not None:
+            self._safely("setting the trial's attributes", self._tell_trial, trial, verdict)
+        if verdict.admit:
+            return
+        reasons = [str(r) for r in verdict.info.get("reasons", [])] or ["rejected by costaware"]
+        self.stopped_reason = "; ".join(reasons)
+        if trial is not None:
+            import optuna
+
+            optuna.logging.get_logger("optuna.costaware").info(
+                f"Trial {trial.number} rejected by costaware before it ran: {self.stopped_reason}"
+            )
+            exc: BaseException = optuna.TrialPruned(self.stopped_reason)
+        elif not self.enforce:
+            self._warn_once(
+                "rejected",
+                f"costaware predicts this fit breaks its budget ({self.stopped_reason}); "
+                "training anyway (enforce=False).",
+            )
+            return
+        elif self.on_reject == "stop":
+            self._warn_once("rejected", f"stopping before the first batch: {self.stopped_reason}")
+            trainer.should_stop = True
+            return
+        else:
+            exc = TrialRejected(reasons)
+        self._raised = exc  # on_exception must not record it as a crash
+        raise exc
+
+    def _gate_for(self, trainer: Any, trial: Any) -> tuple[Gate | None, bool]:
+        """The gate that judges this fit, and whether the trial was judged already: the
+        study's costaware pruner's gate (its budget, device and store) where there is one
+        and this callback sets no budget or model of its own, else one of this callback's
+        budget (default ``Budget()``) for the device the fit runs on."""
+        self._torch_device = trainer.strategy.root_device
+        self._kind = self._torch_device.type
+        self._rank_zero = bool(getattr(trainer, "is_global_zero", True))
+        study_gate: Gate | None = None
+        if trial is not None:
+            from costaware.integrations.optuna import ATTR
+            from costaware.integrations.optuna import study_gate as _study_gate
+
+            if ATTR + "admit" in trial.storage.get_trial_user_attrs(trial._trial_id):
+                return None, True
+            study_gate = _study_gate(trial.study)
+        if study_gate is not None and self.budget is None and self.model is None:
+            return study_gate, False
+        dev = self._resolve_device()
+        budget = self.budget if self.budget is not None else Budget()
+        return Gate(budget, dev or "auto", self.model, None, None, self.fail_open), False
+
+    def _tell_trial(self, trial: Any, verdict: Any) -> None:
+        from costaware.integrations.optuna import ATTR
+
+        for key, value in verdict.info.items():
+            trial.set_user_attr(ATTR + key, value)
+        if hasattr(trial, "set_constraint"):
+            for key, value in verdict.constraints.items():
+                trial.set_constraint(key, value)
+
+    def _record_verdict(self, verdict: Any, spec: TrainingSpec | None) -> None:
+        pred = verdict.prediction
+        summary: dict[str, Any] = {}
+        with contextlib.suppress(Exception):
+            summary = spec.summary() if spec is not None else {}
+        self._write(
+            "prediction",
+            study=self.study_name,
+            trial=self.trial_id,
+            device=pred.device if pred is not None else None,
+            spec=summary,
+            features=None,
+            prediction=_plain(pred.to_dict()) if pred is not None else None,
+            decision=_plain(verdict.decision.to_dict()) if verdict.decision is not None else None,
+            status=("admitted" if verdict.admit else "rejected") if pred is not None else "error",
+            reason=None if verdict.admit else "; ".join(verdict.info.get("reasons", [])),
+            meta=self._meta(None),
+        )
 
     # -- fit start: device, store, prediction ---------------------------------------------
     def _check_namespace(self, trainer: Any) -> None:

@@ -22,6 +22,7 @@ from costaware.errors import NotFittedError as NotFittedError
 from costaware.errors import SpecError as SpecError
 from costaware.errors import TraceError as TraceError
 from costaware.errors import TraceTimeout as TraceTimeout
+from costaware.errors import TrialRejected as TrialRejected
 from costaware.errors import UntraceableModelError as UntraceableModelError
 
 if TYPE_CHECKING:
@@ -125,6 +126,7 @@ __all__ = [
     "TraceError",
     "TraceTimeout",
     "TrainingSpec",
+    "TrialRejected",
     "UnknownDeviceError",
     "UntraceableModelError",
     "__version__",

@@ -59,7 +59,7 @@ class Gate:
     """Predict, decide against a budget, and record, for one study or experiment.
 
     Args:
-        budget: the limits a trial must fit.
+        budget: the limits a trial must fit (default ``Budget()``: the device's memory).
         device: a catalog name, a ``Device``, or ``"auto"``.
         model: the cost model (default: the shipped one).
         store: an ``ObservationStore`` or its URL, to record predictions (and refit).
@@ -69,13 +69,15 @@ class Gate:
 
     def __init__(
         self,
-        budget: Budget,
+        budget: Budget | None = None,
         device: str | Device = "auto",
         model: CostModel | None = None,
         store: Any = None,
         refit_every: int | None = None,
         fail_open: bool = True,
     ) -> None:
+        if budget is None:
+            budget = Budget()  # the device's memory is the one limit
         if not isinstance(budget, Budget):
             raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
         self.budget = budget
@@ -137,9 +139,8 @@ class Gate:
         """One value per budgeted quantity (<= 0 feasible), the same keys for every trial."""
         out: dict[str, float] = {}
         checked = decision.checked if decision is not None else {}
-        if self.budget.max_memory is not None:
-            m = checked.get("memory")
-            out[CONSTRAINT_MEMORY] = float(m["predicted"] - m["limit"]) / 2**30 if m else 0.0
+        m = checked.get("memory")  # memory is always checked: the device is a limit
+        out[CONSTRAINT_MEMORY] = float(m["predicted"] - m["limit"]) / 2**30 if m else 0.0
         if self.budget.max_epoch_time is not None or self.budget.max_trial_time is not None:
             key = "epoch_time" if self.budget.max_epoch_time is not None else "trial_time"
             t = checked.get(key)

@@ -178,6 +178,9 @@ class _CallableBatch:
         return self.fn(batch_size)
 
     def signature(self) -> str:
+        own = getattr(self.fn, "signature", None)  # a batch maker that describes itself
+        if callable(own):
+            return f"callable:{own()}"
         return f"callable:{_fingerprint(self.fn) or id(self.fn)}"
 
     def describe(self) -> dict[str, float]:
@@ -476,6 +479,41 @@ class TrainingSpec:
             return type(self.model).__name__
         inner = self.model.func if isinstance(self.model, functools.partial) else self.model
         return str(getattr(inner, "__qualname__", None) or getattr(inner, "__name__", "model"))
+
+    @classmethod
+    def from_module(
+        cls,
+        module: nn.Module,
+        example_batch: Any,
+        *,
+        optimizer: Any = "adamw",
+        loss: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+        precision: str = "fp32",
+        **kwargs: Any,
+    ) -> TrainingSpec:
+        """The spec of training ``module`` (a live ``nn.Module``) on batches like
+        ``example_batch`` (one batch as the training step receives it: a tensor, a
+        tuple/list or a mapping of tensors), with ``optimizer`` (the optimizer object the
+        training uses, a class or a name). The batch size is the example's leading
+        dimension; other keyword arguments (``dataset_size``, ``epochs``,
+        ``grad_accumulation``, ``name``, ...) are the spec's. The module is dry-run from a
+        copy on the meta device and never modified. See :mod:`costaware.from_code`.
+
+        Example:
+            >>> import torch, costaware as ca
+            >>> net = torch.nn.Linear(16, 4)
+            >>> spec = ca.TrainingSpec.from_module(
+            ...     net, (torch.randn(32, 16), torch.randint(0, 4, (32,))),
+            ...     optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+            >>> spec.batch_size, spec.optimizer_kwargs["lr"]
+            (32, 0.1)
+        """
+        from costaware.from_code import spec_from_module
+
+        spec: TrainingSpec = spec_from_module(
+            module, example_batch, optimizer=optimizer, loss=loss, precision=precision, **kwargs
+        )
+        return spec
 
     def with_batch_size(self, batch_size: int) -> TrainingSpec:
         """A copy of this spec with another batch size."""
