@@ -98,7 +98,7 @@ def test_a_zero_argument_pruner_and_the_callback_prune_before_the_first_batch(
 def test_lightning_alone_rejects_before_the_first_batch() -> None:
     calls: list[int] = []
     callback = CostAwareCallback(budget=ca.Budget(max_memory="64MiB"), enforce=True)
-    with pytest.raises(ca.TrialRejected, match="exceeds the 64.0 MiB budget") as info:
+    with pytest.raises(ca.TrialRejected, match=r"exceeds the 64\.0 MiB budget") as info:
         _trainer(L, callback).fit(_module(L, HUGE, calls), _data())
     assert calls == []
     assert info.value.reasons and callback.decision is not None and not callback.decision.admit

@@ -1845,8 +1845,8 @@ class CostModel:
         pairs = []
         for o in obs:
             simulated = o.features.get("analytic_allocated_mib", math.nan) * MiB
-            if not o.peak_allocated or not simulated > 0:
-                continue
+            if not o.peak_allocated or not simulated > 0 or benchmark_search_peak(o.features):
+                continue  # (cuDNN's benchmark search takes what is free: not the step's need)
             reserved = float(o.features["analytic_reserved_mib"]) * MiB
             point = self._point(o.features, device_kind(o.device))[0]
             pairs.append((simulated * point / max(reserved, 1.0), o.peak_allocated))
