@@ -1266,12 +1266,99 @@ _DOC = """Record a run's real cost per epoch and, with ``enforce=True``, stop it
 """
 
 
+class _BatchSizeFinderBase:
+    """Sets the batch size before training to the largest one predicted to fit.
+
+    Lightning's ``BatchSizeFinder`` finds a batch size by running steps until one runs
+    out of memory, and its answer can still run out later. This callback runs nothing:
+    in ``setup``, before the model is on the device, it builds the fit's spec
+    (:func:`spec_from_lightning`), searches the largest batch size ``budget`` admits on
+    the device (:func:`costaware.batch_size.max_batch_size`: the calibrated upper bound
+    of the memory the step needs, plus the CUDA context) and sets it where Lightning's
+    finder does (``lightning_setattr``: the module's or the datamodule's ``attr_name``,
+    or its ``hparams``). The training dataloader must read that attribute, as it must for
+    Lightning's finder.
+
+    Args:
+        budget: the limits (default ``Budget()``: the device's memory). Its
+            ``safety_margin`` leaves room for what the step does not allocate itself.
+        device: a catalog name, a ``Device`` or ``"auto"`` (the device the fit runs on).
+        model: the cost model (default: the shipped one).
+        attr_name: the attribute that holds the batch size (default ``"batch_size"``).
+        limit: the largest batch size searched.
+
+    After ``setup``, ``result`` holds the :class:`~costaware.batch_size.BatchSizeResult`.
+    Not even a batch of one fitting raises :class:`~costaware.NothingFitsError`, with the
+    memory that batch needs.
+    """
+
+    _namespace = ""
+
+    def __init__(
+        self,
+        *,
+        budget: Budget | None = None,
+        device: str | Device = "auto",
+        model: CostModel | None = None,
+        attr_name: str = "batch_size",
+        limit: int = 65_536,
+    ) -> None:
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a whole number of at least 1, but got {limit=}.")
+        if not isinstance(attr_name, str) or not attr_name:
+            raise ValueError(f"attr_name must name an attribute, but got {attr_name=}.")
+        self.budget = budget
+        self.device = device
+        self.model = model
+        self.attr_name = attr_name
+        self.limit = limit
+        self.result: Any = None
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit" or self.result is not None:
+            return
+        parsing = importlib.import_module(f"{self._namespace}.utilities.parsing")
+        if not parsing.lightning_hasattr(pl_module, self.attr_name):
+            raise AttributeError(
+                f"costaware cannot set the batch size: neither the module nor its datamodule "
+                f"has an attribute {self.attr_name!r} (nor one in hparams). Keep the batch size "
+                f"there and read it in train_dataloader(), or pass attr_name=."
+            )
+        from costaware.batch_size import NothingFitsError, max_batch_size
+
+        spec = spec_from_lightning(trainer, pl_module)
+        device = self.device
+        if isinstance(device, str) and device.strip().lower() == "auto":
+            root = trainer.strategy.root_device
+            device = (
+                get_device(torch.cuda.get_device_name(root))
+                if root.type == "cuda"
+                else cpu_device()
+            )
+        model = self.model if self.model is not None else CostModel.default()
+        found = max_batch_size(model, spec, device, self.budget, limit=self.limit)
+        self.result = found
+        if not found.fits:
+            raise NothingFitsError(str(found))
+        parsing.lightning_setattr(pl_module, self.attr_name, found.batch_size)
+        importlib.import_module(f"{self._namespace}.utilities.rank_zero").rank_zero_info(
+            f"costaware set {self.attr_name}={found.batch_size}: {found}"
+        )
+
+
 if _LightningCallback is not None:
 
     class CostAwareCallback(_CostAwareCallbackBase, _LightningCallback):
         _namespace = "lightning"
 
     CostAwareCallback.__doc__ = _DOC.format(trainer="lightning.pytorch.Trainer")
+
+    class CostAwareBatchSizeFinder(_BatchSizeFinderBase, _LightningCallback):
+        __doc__ = _BatchSizeFinderBase.__doc__
+        _namespace = "lightning.pytorch"
+
 
 if _PLCallback is not None:
 
@@ -1280,12 +1367,16 @@ if _PLCallback is not None:
 
     PLCostAwareCallback.__doc__ = _DOC.format(trainer="pytorch_lightning.Trainer")
 
+    class PLCostAwareBatchSizeFinder(_BatchSizeFinderBase, _PLCallback):
+        __doc__ = _BatchSizeFinderBase.__doc__
+        _namespace = "pytorch_lightning"
 
-__all__ = ["CostAwareWarning"]
+
+__all__ = ["CostAwareWarning", "lightning_step_loss", "spec_from_lightning"]
 if _LightningCallback is not None:
-    __all__ += ["CostAwareCallback"]
+    __all__ += ["CostAwareBatchSizeFinder", "CostAwareCallback"]
 if _PLCallback is not None:
-    __all__ += ["PLCostAwareCallback"]
+    __all__ += ["PLCostAwareBatchSizeFinder", "PLCostAwareCallback"]
 
 
 def __getattr__(name: str) -> Any:
@@ -1294,6 +1385,9 @@ def __getattr__(name: str) -> Any:
             "CostAwareCallback needs lightning.pytorch, which is not installed. Install it "
             f"with:\n    {_INSTALL_HINT}\n(or use PLCostAwareCallback with pytorch_lightning)."
         )
+    if name in ("CostAwareBatchSizeFinder", "PLCostAwareBatchSizeFinder"):
+        missing = "lightning.pytorch" if name.startswith("Cost") else "pytorch_lightning"
+        raise ImportError(f"{name} needs {missing}, which is not installed: {_INSTALL_HINT}")
     if name == "PLCostAwareCallback":
         raise ImportError(
             "PLCostAwareCallback needs pytorch_lightning, which is not installed. Install it "

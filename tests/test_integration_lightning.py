@@ -533,7 +533,13 @@ def test_missing_namespace_class_raises_import_error(monkeypatch: pytest.MonkeyP
     assert spec_ is not None and spec_.loader is not None
     mod = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(mod)
-    assert mod.__all__ == ["CostAwareWarning", "CostAwareCallback"]
+    assert mod.__all__ == [
+        "CostAwareWarning",
+        "lightning_step_loss",
+        "spec_from_lightning",
+        "CostAwareBatchSizeFinder",
+        "CostAwareCallback",
+    ]
     with pytest.raises(ImportError, match="pip install pytorch-lightning"):
         mod.PLCostAwareCallback  # noqa: B018
 
