@@ -162,6 +162,7 @@ from costaware.profile import (
     CpuMemoryMeter,
     DeviceUse,
     clear_cuda_cache,
+    context_bytes,
     device_key,
     malloc_trim,
 )
@@ -455,6 +456,7 @@ class _CostAwareCallbackBase:
         self._store_obj: Any = None
         self._store_failed = False
         self._setup_held: int | None = None
+        self._context: int | None = None
         #: the claim on the device that setup makes, taken over when training starts
         self._setup_use: DeviceUse | None = None
         self._rank_zero = True
@@ -752,6 +754,9 @@ class _CostAwareCallbackBase:
         if dev.type != "cuda" or self._setup_use is None or not self._setup_use.alone:
             return  # never empty the cache under another trial's measurement
         self._setup_held = max(0, clear_cuda_cache(dev) - _module_bytes(pl_module, "cuda"))
+        # the CUDA context as this process measures it: the study's decisions use it in
+        # place of the catalog's default (Gate, from the store)
+        self._context = context_bytes(dev)
 
     def _start_fit(self, trainer: Any, pl_module: Any) -> None:
         self._finish(keep_claim=True)
@@ -1066,7 +1071,7 @@ class _CostAwareCallbackBase:
             k: mem[k]
             for k in ("held_before", "device_peak_memory", "device_peak_allocated", "shared_by")
             if k in mem
-        }
+        } | ({"context_bytes": self._context} if self._context is not None else {})
 
     def _meta(self, trainer: Any) -> dict[str, Any]:
         meta: dict[str, Any] = {

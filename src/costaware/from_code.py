@@ -127,13 +127,14 @@ class BatchLikeExample:
     """
 
     def __init__(self, example: Any) -> None:
-        self.batch_size = _leading_dim(example)
-        if self.batch_size is None:
+        found = _leading_dim(example)
+        if found is None:
             raise SpecError(
                 "the example batch holds no tensor with a batch dimension: give the batch as "
                 "the model's training step receives it (a tensor, a tuple/list of tensors, or "
                 f"a mapping of them), but got {type(example).__name__}."
             )
+        self.batch_size: int = found
         self._template = self._describe(example)
 
     def _describe(self, value: Any) -> Any:

@@ -9,7 +9,10 @@ adapters (Optuna, Ray Tune) translate the :class:`Verdict` into their own terms.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +28,23 @@ __all__ = ["CONSTRAINT_MEMORY", "CONSTRAINT_TIME", "Gate", "Verdict", "open_stor
 #: names of the feasibility constraints (<= 0 is feasible) the integrations set
 CONSTRAINT_MEMORY = "costaware_memory"
 CONSTRAINT_TIME = "costaware_time"
+
+
+def _measured_context(store: Any, device: str) -> int | None:
+    """The median CUDA context (``actual["context_bytes"]``) the store's measurements on
+    ``device`` recorded, or None (none recorded, or the store cannot be read)."""
+    try:
+        rows = store.measurements()
+    except Exception:
+        return None
+    values = sorted(
+        int(v)
+        for r in rows
+        if r.get("device") == device
+        and isinstance(v := (r.get("actual") or {}).get("context_bytes"), (int, float))
+        and v > 0
+    )
+    return values[len(values) // 2] if values else None
 
 
 def open_store(store: Any, *, retry: bool = False) -> Any:
@@ -86,6 +106,8 @@ class Gate:
         self.refit_every = refit_every
         self._model = model
         self._device: Device | None = None
+        self._context: int | None = None  # the study's measured CUDA context
+        self._context_read = -math.inf
         self._lock = threading.Lock()
         self.store = open_store(store, retry=True)  # a server that is down never stops a study
         self.refit: Any = None
@@ -131,8 +153,21 @@ class Gate:
             return self._model
 
     def resolved_device(self) -> Device:
+        """The device decisions are made for. Its CUDA context is the one this study
+        measured (the median ``context_bytes`` of the store's measurements on that device,
+        which the Lightning callback records), where there is one, else the catalog's
+        default. Re-read from the store at most once a minute."""
         if self._device is None:
             self._device = get_device(self.device)
+        now = time.monotonic()
+        if self.store is not None and now - self._context_read > 60.0:
+            self._context_read = now
+            measured = _measured_context(self.store, self._device.name)
+            if measured is not None:
+                self._context = measured
+        if self._context is not None and self._device.kind == "cuda":
+            ctx = min(self._context, self._device.memory_bytes - 1)
+            return dataclasses.replace(self._device, context_overhead_bytes=ctx)
         return self._device
 
     def constraints(self, decision: Decision | None) -> dict[str, float]:
