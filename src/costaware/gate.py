@@ -159,6 +159,15 @@ class Gate:
         default. Re-read from the store at most once a minute."""
         if self._device is None:
             self._device = get_device(self.device)
+            auto = isinstance(self.device, str) and self.device.strip().lower() == "auto"
+            if auto and self._device.kind == "cpu":
+                warnings.warn(
+                    "device='auto' found no GPU here (NVML sees none), so trials are judged "
+                    "for this machine's CPU and its memory; name the GPU they train on "
+                    "(device='A10', ...) to judge them for it.",
+                    CostAwareWarning,
+                    stacklevel=3,
+                )
         now = time.monotonic()
         if self.store is not None and now - self._context_read > 60.0:
             self._context_read = now
