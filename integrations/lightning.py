@@ -464,7 +464,8 @@ class _CostAwareCallbackBase:
 
     def _reset_run_state(self) -> None:
         self._exit_stack: contextlib.ExitStack | None = None
-        self._dev: Device | None = None
+        self._dev: Device | None = None  # what predictions are for
+        self._run_dev: Device | None = None  # what the fit runs on
         self._kind = "cpu"
         self._torch_device: torch.device | None = None
         self._training = False
@@ -766,16 +767,28 @@ class _CostAwareCallbackBase:
         # under DDP every process measures its own device, global rank zero alone writes
         self._rank_zero = bool(getattr(trainer, "is_global_zero", True))
         self._dev = self._resolve_device()
+        self._run_dev = self._running_device()
+        self._check_devices()
         if self._rank_zero:
             self._open_store()
             self._predict()
 
     def _resolve_device(self) -> Device | None:
+        """The device predictions are for: ``device`` when given, else the one the fit
+        runs on (:meth:`_running_device`)."""
         try:
             if isinstance(self.device, Device):
                 return self.device
             if self.device.strip().lower() != "auto":
                 return get_device(self.device)
+        except Exception as e:  # never break training over a device name
+            self._warn_once("device", f"costaware could not describe the device: {_reason_line(e)}")
+            return None
+        return self._running_device()
+
+    def _running_device(self) -> Device | None:
+        """The device the fit runs on, which its measurements are recorded as."""
+        try:
             if self._kind == "cuda" and self._torch_device is not None:
                 try:
                     return get_device(torch.cuda.get_device_name(self._torch_device))
@@ -790,7 +803,22 @@ class _CostAwareCallbackBase:
 
     @property
     def _device_name(self) -> str | None:
-        return self._dev.name if self._dev is not None else None
+        """What the measurements are recorded as: the device the fit runs on."""
+        run = self._run_dev if self._run_dev is not None else self._dev
+        return run.name if run is not None else None
+
+    def _check_devices(self) -> None:
+        """Warn (once) when the fit runs on another device than the one predicted for:
+        its measurements are recorded as the device it ran on, and the refit learns
+        them as such."""
+        if self._dev is None or self._run_dev is None or self._dev.name == self._run_dev.name:
+            return
+        self._warn_once(
+            "device-differs",
+            f"costaware predicts for {self._dev.name} (device={self.device!r}), but this fit "
+            f"runs on {self._run_dev.name}: its measurements are recorded as "
+            f"{self._run_dev.name}'s, and the predictions do not describe this run.",
+        )
 
     def _open_store(self) -> Any:
         if self._store_obj is not None or self._store_failed or self.store is None:
@@ -838,7 +866,8 @@ class _CostAwareCallbackBase:
         study, trial = self.study_name, self.trial_id
         if self._already_predicted(study, trial):
             return  # costaware's Optuna pruner predicted this trial before it launched
-        fields: dict[str, Any] = {"study": study, "trial": trial, "device": self._device_name}
+        predicted_for = self._dev.name if self._dev is not None else None
+        fields: dict[str, Any] = {"study": study, "trial": trial, "device": predicted_for}
         summary: dict[str, Any] = {}
         try:
             if self._dev is None:

@@ -223,3 +223,21 @@ def test_a_pruner_given_first_is_the_wrapped_one() -> None:
     assert pruner._wrapped is median
     with pytest.raises(TypeError, match="give the wrapped pruner once"):
         CostAwarePruner(median, wrapped=median)
+
+
+def test_measurements_are_recorded_as_the_device_the_fit_ran_on(tmp_path: Path) -> None:
+    calls: list[int] = []
+    store = ca.ObservationStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    callback = CostAwareCallback(store, study="s", trial=0, device="A10", spec=ca.TrainingSpec.from_module(
+        torch.nn.Linear(8, 1), (torch.randn(8, 8), torch.randn(8, 1)),
+        loss=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]),
+    ))  # fmt: skip
+    with pytest.warns(ca.CostAwareWarning, match="predicts for A10-24GB|predicts for A10"):
+        _trainer(L, callback).fit(_module(L, SMALL, calls), _data())
+    (prediction,) = [r for r in callback.records if r["kind"] == "prediction"]
+    assert prediction["device"] == "A10"  # what it was predicted for
+    measured = {r["device"] for r in callback.records if r["kind"] == "measurement"}
+    assert measured == {"CPU"}  # what it ran on
+    # the refit does not learn an A10 prediction's features against a CPU's measurements
+    with pytest.warns(ca.CostAwareWarning, match="was predicted for A10 but ran on CPU"):
+        assert store.observations() == []
