@@ -394,6 +394,7 @@ class _CostAwareCallbackBase:
         warmup_steps: int = 1,
         on_reject: str = "raise",
         fail_open: bool = True,
+        judge_before: bool = True,
     ) -> None:
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, but got {warmup_steps=}.")
@@ -438,6 +439,7 @@ class _CostAwareCallbackBase:
         self.warmup_steps = warmup_steps
         self.on_reject = on_reject
         self.fail_open = fail_open
+        self.judge_before = judge_before
         #: the decision made before training (with a budget or an Optuna trial), or None
         self.decision: Any = None
         self._judged = False
@@ -620,7 +622,7 @@ class _CostAwareCallbackBase:
         before its first batch (``"stop"``), and otherwise the reasons are warned about.
         A trial the pruner judged already (its ``spec_fn``) is not judged again."""
         trial = self.trial if _is_optuna_trial(self.trial) else None
-        if self._judged or (trial is None and self.budget is None):
+        if not self.judge_before or self._judged or (trial is None and self.budget is None):
             return
         self._judged = True
         found = self._safely("preparing the decision", self._gate_for, trainer, trial)
@@ -1275,28 +1277,42 @@ _DOC = """Record a run's real cost per epoch and, with ``enforce=True``, stop it
             (``"sqlite:///hpo.db"``; opened when fitting starts), or None to keep the records
             in memory only (``callback.records``, always kept). A store that cannot be
             opened or written only warns.
-        spec: what is trained; with it, the cost model's prediction is recorded when fitting
-            starts (unless costaware's Optuna pruner already recorded this trial's).
+        spec: what is trained; without it, it is read off the fit
+            (:func:`spec_from_lightning`) when the fit is judged. Its prediction is
+            recorded (unless costaware's Optuna pruner already recorded this trial's).
         model: the :class:`~costaware.CostModel` that predicts; default
             ``CostModel.default()``.
-        budget: limits checked against the measured figures when ``enforce=True``:
-            ``max_epoch_time``, ``max_trial_time`` (training time so far) and ``max_memory``
-            (with the device's CUDA context overhead added on a GPU).
-        enforce: stop the run after an epoch that exceeded the budget.
-        device: the device the rows are labelled with and predicted for: a catalog name,
-            a :class:`~costaware.Device`, or ``"auto"`` (the Trainer's GPU, or the CPU).
+        budget: the limits. Before training, the prediction is judged against them
+            (with an Optuna trial and no budget, against the study's ``CostAwarePruner``'s,
+            else the device's memory); during training, the measured figures are checked
+            against ``max_epoch_time``, ``max_trial_time`` (training time so far) and
+            ``max_memory`` (with the device's CUDA context added on a GPU) when
+            ``enforce=True``.
+        enforce: act on a budget: reject a fit predicted over it before its first batch
+            (``on_reject``), and stop the run after an epoch measured over it.
+        device: the device predicted for: a catalog name, a :class:`~costaware.Device`, or
+            ``"auto"`` (the Trainer's GPU, or the CPU). Measurements are recorded as the
+            device the fit runs on; a difference is warned about.
         study: the study id of the rows; default: the Optuna trial's study name.
         trial: an ``optuna.trial.Trial`` (ids from ``trial.study.study_name`` and
             ``trial.number``; enforcement then raises ``optuna.TrialPruned``), or any trial
             id (a string or number) to label the rows with.
         warmup_steps: batches of the first epoch left out of the median iteration time.
+        on_reject: without an Optuna trial, what a fit predicted over its budget does with
+            ``enforce=True``: ``"raise"`` :class:`~costaware.TrialRejected` (default) or
+            ``"stop"`` before its first batch. (With a trial it is pruned.)
+        fail_open: a fit costaware cannot judge (its own failure) is trained with a
+            warning (default) or rejected.
+        judge_before: judge the fit before training (default); False leaves only the
+            measured checks of ``enforce``.
 
     Attributes:
         records: every row as a dict: ``kind`` ("prediction"/"measurement"), the store's
             keyword arguments, and ``id`` (the store's row id, or None).
         measurements: the measurement records.
-        prediction: the :class:`~costaware.Prediction`, when a spec was given.
-        stopped_reason: why enforcement stopped the run, or None.
+        prediction: the :class:`~costaware.Prediction`, when the fit was predicted.
+        decision: the verdict of the judgement before training, or None.
+        stopped_reason: why the run was rejected or stopped, or None.
 """
 
 
