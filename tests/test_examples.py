@@ -136,7 +136,7 @@ def test_every_example_imports_only_what_its_extras_install(path: Path) -> None:
 def test_the_import_check_catches_a_dev_only_import(tmp_path: Path) -> None:
     """The check above is not vacuous: scikit-learn is only in the dev extra."""
     base, extras = _extras()
-    assert "scikit-learn" in extras["dev"]
+    assert "scikit-learn" not in base and "scikit-learn" in extras["dev"]
     assert not any("scikit-learn" in extras[e] for e in ("optuna", "lightning", "ray", "all"))
     fake = tmp_path / "x.py"
     fake.write_text('"""Needs: ``pip install \'costaware[optuna]\'``"""\nimport sklearn\n')
