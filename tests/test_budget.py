@@ -108,7 +108,10 @@ def test_sizes_with_a_unit_or_large_bare_numbers_do_not_warn() -> None:
     [
         ("1h30", r"but got '1h30', whose part '30' has no unit\."),
         ("1h 30x", r"but got '1h 30x', whose part '30x' has the unknown unit 'x'\."),
-        ("soon", r"expected a duration like 90s, 250ms, 10min, 1\.5h or 1h30m \(or seconds\), but got 'soon'\."),
+        (
+            "soon",
+            r"expected a duration like 90s, 250ms, 10min, 1\.5h or 1h30m \(or seconds\), but got 'soon'\.",
+        ),
         ("", r"but got ''\."),
         ("1h-30m", r"but got '1h-30m'\."),
         ("0h 0m", r"a duration must be positive, but got '0h 0m'"),
