@@ -31,6 +31,7 @@ that it neither touches nor is touched by other tests' tables on the same server
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -77,9 +78,12 @@ from costaware.store import ObservationStore
 
 url, worker, study, stop_file = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 min_rows, max_rows, pause = int(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7])
+driver = os.getppid()
 store = ObservationStore(url)
 i = 0
 while i < max_rows and (i < min_rows or not os.path.exists(stop_file)):
+    if os.getppid() != driver:  # the driver is gone: nobody will read what is written
+        sys.exit(3)
     tag = {"worker": worker, "i": i}
     store.record_prediction(
         study=study, trial=f"{worker}-{i}", spec={"name": "mlp", "batch_size": 8},
@@ -319,8 +323,13 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 def _run_driver(url: str, workdir: Path) -> tuple[dict[str, Any], str]:
-    """Run the driver in its own session, so that on a hang it and everything it started
-    (writers, forked children) are killed together; its JSON result and its stderr."""
+    """Run the driver in a session of its own; its JSON result and its stderr.
+
+    Its output goes to files, not pipes: a writer or forked child that outlives a crashed
+    driver holds a pipe open, and waiting for the pipe's end would call a crash a hang.
+    Whatever of the session is left when the driver ends (or is killed, past
+    SCENARIO_TIMEOUT_S) is killed with it.
+    """
     args = [
         sys.executable,
         "-c",
@@ -332,24 +341,29 @@ def _run_driver(url: str, workdir: Path) -> tuple[dict[str, Any], str]:
         *map(str, (WRITERS, FORK_WORKERS, FORK_TASKS, MIN_ROWS, MAX_ROWS, STUDY_TRIALS)),
         str(PAUSE_S),
     ]
-    proc = subprocess.Popen(
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=SCENARIO_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(
-            f"the load scenario hung: still running after {SCENARIO_TIMEOUT_S} s; "
-            f"stderr:\n{stderr[-3000:]}"
+    out_path, err_path = workdir / "driver.out", workdir / "driver.err"
+    with out_path.open("w") as out, err_path.open("w") as err:
+        proc = subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+        try:
+            proc.wait(timeout=SCENARIO_TIMEOUT_S)
+            hung = False
+        except subprocess.TimeoutExpired:
+            hung = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver if hung, and what it left
+        proc.wait()
+    stdout, stderr = out_path.read_text(), err_path.read_text()
     tail = stderr[-3000:]
+    if hung:
+        pytest.fail(
+            f"the load scenario hung: still running after {SCENARIO_TIMEOUT_S} s; stderr:\n{tail}"
+        )
     assert proc.returncode == 0, f"exit status {proc.returncode}; stderr:\n{tail}"
     assert stderr.rstrip().endswith(ALIVE), f"stderr lost its end:\n{tail}"
     return json.loads(stdout.strip().splitlines()[-1]), stderr
@@ -387,9 +401,9 @@ def test_writers_fork_pool_reader_and_a_threaded_study_share_one_store(
 
     # the study: the budget decides each trial's end, costaware never fails one
     states = {int(n): s for n, s in result["states"].items()}
-    assert states == {
-        n: "PRUNED" if n % 2 else "COMPLETE" for n in range(STUDY_TRIALS)
-    }, f"trial states {states}; stderr:\n{stderr[-3000:]}"
+    assert states == {n: "PRUNED" if n % 2 else "COMPLETE" for n in range(STUDY_TRIALS)}, (
+        f"trial states {states}; stderr:\n{stderr[-3000:]}"
+    )
 
     # the refit learned from the study's trials, and never failed
     refit = result["refit"]
@@ -448,7 +462,8 @@ def test_writers_fork_pool_reader_and_a_threaded_study_share_one_store(
             for kind, row_id, status, epoch in records:
                 assert row_id is not None, f"trial {n}: a {kind} was not written: {records}"
                 row = by_id[(kind, row_id)]
-                assert (row["trial"], row["status"]) == (str(n), status), (row, records)
+                got = (row["trial"], row["status"], row.get("epoch"))
+                assert got == (str(n), status, epoch), (row, records)
                 written.append((kind, row_id))
         _once(written, set(by_id), "the study's callbacks")
         assert store.count_observations(study=OPTUNA_STUDY) == STUDY_TRIALS
