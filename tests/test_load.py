@@ -128,10 +128,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import costaware as ca
+from costaware import ObservationStore, OnlineRefit, report
 from costaware.integrations.lightning import CostAwareCallback
-from costaware.refit import OnlineRefit
-from costaware.reporting import report
-from costaware.store import ObservationStore
 
 torch.set_num_threads(1)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
