@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import pathlib
+import re
 import sqlite3
 import statistics
 import threading
@@ -1084,7 +1085,12 @@ def _reason(e: BaseException, url: URL) -> str:
     text = str(orig if orig is not None else e) or type(e).__name__
     text = " ".join(text.split())
     if url.password:
-        text = text.replace(str(url.password), "***")
+        # the password where a driver writes one (a URL's user:password@, a DSN's
+        # password=...), not every occurrence of its text: a password that is a common
+        # word ("costaware") would mask that word throughout the message
+        pw = re.escape(str(url.password))
+        text = re.sub(rf"(://[^\s:/@]*:){pw}@", r"\1***@", text)
+        text = re.sub(rf"(password\s*=\s*['\"]?){pw}", r"\1***", text, flags=re.IGNORECASE)
     return text
 
 
