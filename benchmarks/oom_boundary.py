@@ -205,6 +205,68 @@ def _table(results: list[dict[str, Any]], group: str, groups: Sequence[Any]) -> 
     return lines
 
 
+def _batch_size_searches(probes: list[dict[str, Any]], shipped: Any) -> list[dict[str, Any]]:
+    """For each (configuration, cap) the probes bisected, the largest batch size that ran
+    and the smallest that ran out of memory, against what ``CostModel.max_batch_size``
+    (the shipped model) finds for a budget of the cap (plus the context the budget adds)."""
+    import costaware as ca
+    from costaware.corpus import Config
+
+    bounds: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in probes:
+        if r.get("allocator", "default") != "default":
+            continue
+        b = bounds.setdefault(
+            (r["config_id"], int(r["cap_bytes"])),
+            {
+                "family": r["family"],
+                "config": r["config"],
+                "gpu": r["gpu_name"],
+                "fit": 0,
+                "oom": None,
+            },
+        )
+        if r["status"] == "fits":
+            b["fit"] = max(b["fit"], int(r["batch_size"]))
+        elif b["oom"] is None or int(r["batch_size"]) < b["oom"]:
+            b["oom"] = int(r["batch_size"])
+    out = []
+    for (_, cap), b in sorted(bounds.items(), key=lambda kv: (kv[1]["family"], kv[0][1])):
+        device = ca.get_device(b["gpu"] or "H200")
+        budget = ca.Budget(max_memory=cap + device.context_overhead_bytes)
+        spec = Config.from_dict(b["config"]).to_spec()
+        found = shipped.max_batch_size(spec, device, budget)
+        out.append(
+            {**{k: v for k, v in b.items() if k != "config"}, "cap": cap, "found": found.batch_size}
+        )
+    return out
+
+
+def _batch_size_table(searches: list[dict[str, Any]]) -> list[str]:
+    complete = [s for s in searches if s["oom"] is not None and s["fit"] > 0]
+    safe = [s for s in complete if s["found"] <= s["fit"]]
+    between = [s for s in complete if s["fit"] < s["found"] < s["oom"]]
+    over = [s for s in complete if s["found"] >= s["oom"]]
+    shares = sorted(s["found"] / s["fit"] for s in safe)
+    median = shares[len(shares) // 2] if shares else math.nan
+    lines = [
+        "`CostModel.max_batch_size` (the shipped model, a budget of each cap) against the "
+        f"boundary the probes bisected, over the {len(complete)} searches that found both a "
+        f"size that ran and one that ran out of memory: {len(safe)} found a size at or below "
+        f"the largest that ran (a median {median:.0%} of it), {len(between)} a size between the "
+        f"largest that ran and the smallest that did not (not measured), and {len(over)} a size "
+        "that ran out of memory.",
+        "",
+        "| family | cap | largest that ran | smallest OOM | found |",
+        "|---|---|---|---|---|",
+    ]
+    for s in complete:
+        lines.append(
+            f"| {s['family']} | {s['cap'] / GiB:.0f} GiB | {s['fit']} | {s['oom']} | {s['found']} |"
+        )
+    return [*lines, ""]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("probes", nargs="*", help="probe files (default data/oom/*.jsonl.gz)")
@@ -266,6 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if (i + 1) % 50 == 0:
             print(f"  {i + 1} probes ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+    searches = _batch_size_searches(probes, shipped)
     default = [x for x in results if x["allocator"] == "default"]
     expandable = [x for x in results if x["allocator"] != "default"]
     caps = sorted({x["cap_gib"] for x in default})
@@ -308,6 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{sc['rejected_fit']} / {sc['fits']} ({_pct(sc['rejected_share'])}) |"
         )
     lines.append("")
+    lines += _batch_size_table(searches)
     if expandable:
         lines += [
             f"With `expandable_segments:True` ({len(expandable)} runs, six families at 12 GiB):",

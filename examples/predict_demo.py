@@ -3,6 +3,8 @@
 Nothing here touches a GPU: each configuration is dry-run once on fake tensors, and a
 new batch size of the same architecture is rescaled from the cached trace in
 milliseconds. Run it with ``python examples/predict_demo.py`` (``--help`` for options).
+
+Needs: ``pip install costaware`` (no extra).
 """
 
 from __future__ import annotations

@@ -157,12 +157,14 @@ import torch
 
 from costaware.budget import Budget
 from costaware.devices import Device, cpu_device, detect_device, get_device
-from costaware.errors import CostAwareWarning, UserCodeError, first_line
+from costaware.errors import CostAwareWarning, TrialRejected, UserCodeError, first_line
+from costaware.gate import Gate
 from costaware.model import CostModel, Prediction
 from costaware.profile import (
     CpuMemoryMeter,
     DeviceUse,
     clear_cuda_cache,
+    context_bytes,
     device_key,
     malloc_trim,
 )
@@ -270,6 +272,107 @@ def _optimizer_bytes(optimizers: Any, device_type: str) -> int:
 #: first with the optimizer state allocated, the steady state's peak
 _MEMORY_STEPS = 2
 
+#: Lightning's precision strings, as the cost model knows them: pure half precision
+#: ("bf16-true", "16-true") is predicted as autocast, which keeps fp32 parameters and so
+#: needs more memory, never less
+_PRECISIONS = {
+    "32-true": "fp32", "32": "fp32", "64-true": "fp32", "64": "fp32",
+    "bf16-mixed": "bf16", "bf16": "bf16", "bf16-true": "bf16",
+    "16-mixed": "fp16", "16": "fp16", "16-true": "fp16",
+}  # fmt: skip
+
+
+def lightning_step_loss(model: Any, batch: Any) -> torch.Tensor:
+    """A LightningModule's loss for one batch, as automatic optimization takes it: the
+    tensor ``training_step`` returns, or its ``"loss"`` entry."""
+    out = model.training_step(batch, 0)
+    if isinstance(out, Mapping):
+        out = out.get("loss")
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(
+            "training_step returned no loss tensor (a tensor or a dict with 'loss'): "
+            f"got {type(out).__name__}. costaware dry-runs the step automatic "
+            "optimization takes."
+        )
+    return out
+
+
+def _silence_logging(module: Any) -> None:
+    """A meta copy of a LightningModule logs nothing (``self.log`` needs a running loop)."""
+
+    def _no_log(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    module.__dict__["log"] = _no_log
+    module.__dict__["log_dict"] = _no_log
+
+
+def _first_optimizer(configured: Any) -> Any:
+    """The first optimizer of what ``configure_optimizers`` returned (an optimizer, a list
+    or tuple of them, a dict with "optimizer", or ``([optimizers], [schedulers])``)."""
+    if isinstance(configured, torch.optim.Optimizer):
+        return configured
+    if isinstance(configured, Mapping):
+        return _first_optimizer(configured.get("optimizer"))
+    if isinstance(configured, (list, tuple)) and configured:
+        return _first_optimizer(configured[0])
+    return None
+
+
+def _example_batch(trainer: Any) -> tuple[Any, int | None]:
+    """One batch of the training data, and the dataset's length when it has one: from the
+    datamodule, the dataloaders given to ``fit`` or the module's ``train_dataloader``."""
+    loader: Any = None
+    source = getattr(getattr(trainer, "fit_loop", None), "_data_source", None)
+    if source is not None and hasattr(source, "dataloader"):
+        loader = source.dataloader()
+    if loader is None and getattr(trainer, "datamodule", None) is not None:
+        loader = trainer.datamodule.train_dataloader()
+    if loader is None and getattr(trainer, "lightning_module", None) is not None:
+        loader = trainer.lightning_module.train_dataloader()
+    if loader is None:
+        raise ValueError("no training dataloader to take an example batch from")
+    if isinstance(loader, (list, tuple)) and loader:
+        loader = loader[0]
+    if isinstance(loader, Mapping) and loader:
+        loader = next(iter(loader.values()))
+    batch = next(iter(loader))
+    dataset = getattr(loader, "dataset", None)
+    size = None
+    with contextlib.suppress(Exception):
+        size = len(dataset) if dataset is not None else None
+    return batch, size
+
+
+def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
+    """The :class:`~costaware.TrainingSpec` of a Lightning fit, from the fit itself: the
+    LightningModule (dry-run from a meta copy, ``training_step`` as the loss), one batch
+    of its training data, the first optimizer of ``configure_optimizers``, the Trainer's
+    precision, ``accumulate_grad_batches`` and ``max_epochs``. Nothing is moved to a
+    device and the module is not modified. A module with manual optimization is refused:
+    its step is not the one costaware dry-runs."""
+    if getattr(pl_module, "automatic_optimization", True) is False:
+        raise NotImplementedError(
+            "this LightningModule uses manual optimization; costaware dry-runs the step "
+            "automatic optimization takes, so it cannot judge it (pass spec= instead)"
+        )
+    batch, dataset_size = _example_batch(trainer)
+    optimizer = _first_optimizer(pl_module.configure_optimizers())
+    precision = str(getattr(trainer, "precision", "32-true"))
+    epochs = getattr(trainer, "max_epochs", None)
+    return TrainingSpec.from_module(
+        pl_module,
+        batch,
+        optimizer=optimizer if optimizer is not None else "adamw",
+        loss=lightning_step_loss,
+        precision=_PRECISIONS.get(precision, precision),
+        prepare=_silence_logging,
+        grad_accumulation=max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1)),
+        dataset_size=dataset_size,
+        epochs=int(epochs) if isinstance(epochs, int) and epochs > 0 else 1,
+        name=type(pl_module).__name__,
+    )
+
 
 # --------------------------------------------------------------------------------------
 # the shared implementation
@@ -291,9 +394,17 @@ class _CostAwareCallbackBase:
         study: str | None = None,
         trial: Any = None,
         warmup_steps: int = 1,
+        on_reject: str = "raise",
+        fail_open: bool = True,
+        judge_before: bool = True,
     ) -> None:
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, but got {warmup_steps=}.")
+        if on_reject not in ("raise", "stop"):
+            raise ValueError(
+                f"on_reject must be 'raise' (TrialRejected) or 'stop' (trainer.should_stop), "
+                f"but got {on_reject=}."
+            )
         if spec is not None and not isinstance(spec, TrainingSpec):
             raise TypeError(
                 f"spec must be a costaware.TrainingSpec, but got {type(spec).__name__}."
@@ -328,6 +439,12 @@ class _CostAwareCallbackBase:
         self.study = study
         self.trial = trial
         self.warmup_steps = warmup_steps
+        self.on_reject = on_reject
+        self.fail_open = fail_open
+        self.judge_before = judge_before
+        #: the decision made before training (with a budget or an Optuna trial), or None
+        self.decision: Any = None
+        self._judged = False
         #: every row written (or meant to be written), as dicts with a "kind" key:
         #: "prediction" or "measurement", the store's keyword arguments, and the store's "id".
         self.records: list[dict[str, Any]] = []
@@ -343,6 +460,7 @@ class _CostAwareCallbackBase:
         self._store_obj: Any = None
         self._store_failed = False
         self._setup_held: int | None = None
+        self._context: int | None = None
         #: the claim on the device that setup makes, taken over when training starts
         self._setup_use: DeviceUse | None = None
         self._rank_zero = True
@@ -350,7 +468,8 @@ class _CostAwareCallbackBase:
 
     def _reset_run_state(self) -> None:
         self._exit_stack: contextlib.ExitStack | None = None
-        self._dev: Device | None = None
+        self._dev: Device | None = None  # what predictions are for
+        self._run_dev: Device | None = None  # what the fit runs on
         self._kind = "cpu"
         self._torch_device: torch.device | None = None
         self._training = False
@@ -407,6 +526,9 @@ class _CostAwareCallbackBase:
             self._safely(
                 "measuring the GPU memory held before", self._held_at_setup, trainer, pl_module
             )
+            # before the strategy moves the model to the device: a rejected trial never
+            # allocates anything there
+            self._judge_before_training(trainer, pl_module)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._safely("starting", self._start_fit, trainer, pl_module)
@@ -492,6 +614,117 @@ class _CostAwareCallbackBase:
             state["_store_obj"] = None
         return state
 
+    # -- before training: the decision ---------------------------------------------------
+    def _judge_before_training(self, trainer: Any, pl_module: Any) -> None:
+        """Predict this fit's cost and decide, before anything is on the device: with an
+        Optuna trial attached (against the study's costaware pruner's budget, else this
+        callback's budget, else the device's memory), or with a budget. A rejected trial
+        raises ``optuna.TrialPruned`` with the reasons; without a trial, ``enforce=True``
+        raises :class:`~costaware.TrialRejected` (``on_reject="raise"``) or stops the fit
+        before its first batch (``"stop"``), and otherwise the reasons are warned about.
+        A trial the pruner judged already (its ``spec_fn``) is not judged again."""
+        trial = self.trial if _is_optuna_trial(self.trial) else None
+        if not self.judge_before or self._judged or (trial is None and self.budget is None):
+            return
+        self._judged = True
+        found = self._safely("preparing the decision", self._gate_for, trainer, trial)
+        if found is None:
+            return
+        gate, already = found
+        if already or gate is None:
+            self._prediction_done = True  # the pruner judged it and recorded it
+            return
+        spec, error = self.spec, None
+        if spec is None:
+            try:
+                spec = spec_from_lightning(trainer, pl_module)
+            except Exception as e:  # judged below: the user's bug fails, ours admits
+                error = e
+        verdict = gate.judge(spec, study=self.study_name, trial=self.trial_id, error=error)
+        self.decision = verdict
+        self.prediction = verdict.prediction
+        self._prediction_done = True
+        if gate.store is None:
+            self._safely("recording the decision", self._record_verdict, verdict, spec)
+        if trial is not None:
+            self._safely("setting the trial's attributes", self._tell_trial, trial, verdict)
+        if verdict.admit:
+            return
+        reasons = [str(r) for r in verdict.info.get("reasons", [])] or ["rejected by costaware"]
+        self.stopped_reason = "; ".join(reasons)
+        if trial is not None:
+            import optuna
+
+            optuna.logging.get_logger("optuna.costaware").info(
+                f"Trial {trial.number} rejected by costaware before it ran: {self.stopped_reason}"
+            )
+            exc: BaseException = optuna.TrialPruned(self.stopped_reason)
+        elif not self.enforce:
+            self._warn_once(
+                "rejected",
+                f"costaware predicts this fit breaks its budget ({self.stopped_reason}); "
+                "training anyway (enforce=False).",
+            )
+            return
+        elif self.on_reject == "stop":
+            self._warn_once("rejected", f"stopping before the first batch: {self.stopped_reason}")
+            trainer.should_stop = True
+            return
+        else:
+            exc = TrialRejected(reasons)
+        self._raised = exc  # on_exception must not record it as a crash
+        raise exc
+
+    def _gate_for(self, trainer: Any, trial: Any) -> tuple[Gate | None, bool]:
+        """The gate that judges this fit, and whether the trial was judged already: the
+        study's costaware pruner's gate (its budget, device and store) where there is one
+        and this callback sets no budget or model of its own, else one of this callback's
+        budget (default ``Budget()``) for the device the fit runs on."""
+        self._torch_device = trainer.strategy.root_device
+        self._kind = self._torch_device.type
+        self._rank_zero = bool(getattr(trainer, "is_global_zero", True))
+        study_gate: Gate | None = None
+        if trial is not None:
+            from costaware.integrations.optuna import ATTR
+            from costaware.integrations.optuna import study_gate as _study_gate
+
+            if ATTR + "admit" in trial.storage.get_trial_user_attrs(trial._trial_id):
+                return None, True
+            study_gate = _study_gate(trial.study)
+        if study_gate is not None and self.budget is None and self.model is None:
+            return study_gate, False
+        dev = self._resolve_device()
+        budget = self.budget if self.budget is not None else Budget()
+        return Gate(budget, dev or "auto", self.model, None, None, self.fail_open), False
+
+    def _tell_trial(self, trial: Any, verdict: Any) -> None:
+        from costaware.integrations.optuna import ATTR
+
+        for key, value in verdict.info.items():
+            trial.set_user_attr(ATTR + key, value)
+        if hasattr(trial, "set_constraint"):
+            for key, value in verdict.constraints.items():
+                trial.set_constraint(key, value)
+
+    def _record_verdict(self, verdict: Any, spec: TrainingSpec | None) -> None:
+        pred = verdict.prediction
+        summary: dict[str, Any] = {}
+        with contextlib.suppress(Exception):
+            summary = spec.summary() if spec is not None else {}
+        self._write(
+            "prediction",
+            study=self.study_name,
+            trial=self.trial_id,
+            device=pred.device if pred is not None else None,
+            spec=summary,
+            features=None,
+            prediction=_plain(pred.to_dict()) if pred is not None else None,
+            decision=_plain(verdict.decision.to_dict()) if verdict.decision is not None else None,
+            status=("admitted" if verdict.admit else "rejected") if pred is not None else "error",
+            reason=None if verdict.admit else "; ".join(verdict.info.get("reasons", [])),
+            meta=self._meta(None),
+        )
+
     # -- fit start: device, store, prediction ---------------------------------------------
     def _check_namespace(self, trainer: Any) -> None:
         root = type(trainer).__module__.split(".", 1)[0]
@@ -526,6 +759,9 @@ class _CostAwareCallbackBase:
         if dev.type != "cuda" or self._setup_use is None or not self._setup_use.alone:
             return  # never empty the cache under another trial's measurement
         self._setup_held = max(0, clear_cuda_cache(dev) - _module_bytes(pl_module, "cuda"))
+        # the CUDA context as this process measures it: the study's decisions use it in
+        # place of the catalog's default (Gate, from the store)
+        self._context = context_bytes(dev)
 
     def _start_fit(self, trainer: Any, pl_module: Any) -> None:
         self._finish(keep_claim=True)
@@ -535,16 +771,28 @@ class _CostAwareCallbackBase:
         # under DDP every process measures its own device, global rank zero alone writes
         self._rank_zero = bool(getattr(trainer, "is_global_zero", True))
         self._dev = self._resolve_device()
+        self._run_dev = self._running_device()
+        self._check_devices()
         if self._rank_zero:
             self._open_store()
             self._predict()
 
     def _resolve_device(self) -> Device | None:
+        """The device predictions are for: ``device`` when given, else the one the fit
+        runs on (:meth:`_running_device`)."""
         try:
             if isinstance(self.device, Device):
                 return self.device
             if self.device.strip().lower() != "auto":
                 return get_device(self.device)
+        except Exception as e:  # never break training over a device name
+            self._warn_once("device", f"costaware could not describe the device: {_reason_line(e)}")
+            return None
+        return self._running_device()
+
+    def _running_device(self) -> Device | None:
+        """The device the fit runs on, which its measurements are recorded as."""
+        try:
             if self._kind == "cuda" and self._torch_device is not None:
                 try:
                     return get_device(torch.cuda.get_device_name(self._torch_device))
@@ -559,7 +807,22 @@ class _CostAwareCallbackBase:
 
     @property
     def _device_name(self) -> str | None:
-        return self._dev.name if self._dev is not None else None
+        """What the measurements are recorded as: the device the fit runs on."""
+        run = self._run_dev if self._run_dev is not None else self._dev
+        return run.name if run is not None else None
+
+    def _check_devices(self) -> None:
+        """Warn (once) when the fit runs on another device than the one predicted for:
+        its measurements are recorded as the device it ran on, and the refit learns
+        them as such."""
+        if self._dev is None or self._run_dev is None or self._dev.name == self._run_dev.name:
+            return
+        self._warn_once(
+            "device-differs",
+            f"costaware predicts for {self._dev.name} (device={self.device!r}), but this fit "
+            f"runs on {self._run_dev.name}: its measurements are recorded as "
+            f"{self._run_dev.name}'s, and the predictions do not describe this run.",
+        )
 
     def _open_store(self) -> Any:
         if self._store_obj is not None or self._store_failed or self.store is None:
@@ -607,7 +870,8 @@ class _CostAwareCallbackBase:
         study, trial = self.study_name, self.trial_id
         if self._already_predicted(study, trial):
             return  # costaware's Optuna pruner predicted this trial before it launched
-        fields: dict[str, Any] = {"study": study, "trial": trial, "device": self._device_name}
+        predicted_for = self._dev.name if self._dev is not None else None
+        fields: dict[str, Any] = {"study": study, "trial": trial, "device": predicted_for}
         summary: dict[str, Any] = {}
         try:
             if self._dev is None:
@@ -842,7 +1106,7 @@ class _CostAwareCallbackBase:
             k: mem[k]
             for k in ("held_before", "device_peak_memory", "device_peak_allocated", "shared_by")
             if k in mem
-        }
+        } | ({"context_bytes": self._context} if self._context is not None else {})
 
     def _meta(self, trainer: Any) -> dict[str, Any]:
         meta: dict[str, Any] = {
@@ -1019,29 +1283,125 @@ _DOC = """Record a run's real cost per epoch and, with ``enforce=True``, stop it
             (``"sqlite:///hpo.db"``; opened when fitting starts), or None to keep the records
             in memory only (``callback.records``, always kept). A store that cannot be
             opened or written only warns.
-        spec: what is trained; with it, the cost model's prediction is recorded when fitting
-            starts (unless costaware's Optuna pruner already recorded this trial's).
+        spec: what is trained; without it, it is read off the fit
+            (:func:`spec_from_lightning`) when the fit is judged. Its prediction is
+            recorded (unless costaware's Optuna pruner already recorded this trial's).
         model: the :class:`~costaware.CostModel` that predicts; default
             ``CostModel.default()``.
-        budget: limits checked against the measured figures when ``enforce=True``:
-            ``max_epoch_time``, ``max_trial_time`` (training time so far) and ``max_memory``
-            (with the device's CUDA context overhead added on a GPU).
-        enforce: stop the run after an epoch that exceeded the budget.
-        device: the device the rows are labelled with and predicted for: a catalog name,
-            a :class:`~costaware.Device`, or ``"auto"`` (the Trainer's GPU, or the CPU).
+        budget: the limits. Before training, the prediction is judged against them
+            (with an Optuna trial and no budget, against the study's ``CostAwarePruner``'s,
+            else the device's memory); during training, the measured figures are checked
+            against ``max_epoch_time``, ``max_trial_time`` (training time so far) and
+            ``max_memory`` (with the device's CUDA context added on a GPU) when
+            ``enforce=True``.
+        enforce: act on a budget: reject a fit predicted over it before its first batch
+            (``on_reject``), and stop the run after an epoch measured over it.
+        device: the device predicted for: a catalog name, a :class:`~costaware.Device`, or
+            ``"auto"`` (the Trainer's GPU, or the CPU). Measurements are recorded as the
+            device the fit runs on; a difference is warned about.
         study: the study id of the rows; default: the Optuna trial's study name.
         trial: an ``optuna.trial.Trial`` (ids from ``trial.study.study_name`` and
             ``trial.number``; enforcement then raises ``optuna.TrialPruned``), or any trial
             id (a string or number) to label the rows with.
         warmup_steps: batches of the first epoch left out of the median iteration time.
+        on_reject: without an Optuna trial, what a fit predicted over its budget does with
+            ``enforce=True``: ``"raise"`` :class:`~costaware.TrialRejected` (default) or
+            ``"stop"`` before its first batch. (With a trial it is pruned.)
+        fail_open: a fit costaware cannot judge (its own failure) is trained with a
+            warning (default) or rejected.
+        judge_before: judge the fit before training (default); False leaves only the
+            measured checks of ``enforce``.
 
     Attributes:
         records: every row as a dict: ``kind`` ("prediction"/"measurement"), the store's
             keyword arguments, and ``id`` (the store's row id, or None).
         measurements: the measurement records.
-        prediction: the :class:`~costaware.Prediction`, when a spec was given.
-        stopped_reason: why enforcement stopped the run, or None.
+        prediction: the :class:`~costaware.Prediction`, when the fit was predicted.
+        decision: the verdict of the judgement before training, or None.
+        stopped_reason: why the run was rejected or stopped, or None.
 """
+
+
+class _BatchSizeFinderBase:
+    """Sets the batch size before training to the largest one predicted to fit.
+
+    Lightning's ``BatchSizeFinder`` finds a batch size by running steps until one runs
+    out of memory, and its answer can still run out later. This callback runs nothing:
+    in ``setup``, before the model is on the device, it builds the fit's spec
+    (:func:`spec_from_lightning`), searches the largest batch size ``budget`` admits on
+    the device (:func:`costaware.batch_size.max_batch_size`: the calibrated upper bound
+    of the memory the step needs, plus the CUDA context) and sets it where Lightning's
+    finder does (``lightning_setattr``: the module's or the datamodule's ``attr_name``,
+    or its ``hparams``). The training dataloader must read that attribute, as it must for
+    Lightning's finder.
+
+    Args:
+        budget: the limits (default ``Budget()``: the device's memory). Its
+            ``safety_margin`` leaves room for what the step does not allocate itself.
+        device: a catalog name, a ``Device`` or ``"auto"`` (the device the fit runs on).
+        model: the cost model (default: the shipped one).
+        attr_name: the attribute that holds the batch size (default ``"batch_size"``).
+        limit: the largest batch size searched.
+
+    After ``setup``, ``result`` holds the :class:`~costaware.batch_size.BatchSizeResult`.
+    Not even a batch of one fitting raises :class:`~costaware.NothingFitsError`, with the
+    memory that batch needs.
+    """
+
+    _namespace = ""
+
+    def __init__(
+        self,
+        *,
+        budget: Budget | None = None,
+        device: str | Device = "auto",
+        model: CostModel | None = None,
+        attr_name: str = "batch_size",
+        limit: int = 65_536,
+    ) -> None:
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a whole number of at least 1, but got {limit=}.")
+        if not isinstance(attr_name, str) or not attr_name:
+            raise ValueError(f"attr_name must name an attribute, but got {attr_name=}.")
+        self.budget = budget
+        self.device = device
+        self.model = model
+        self.attr_name = attr_name
+        self.limit = limit
+        self.result: Any = None
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit" or self.result is not None:
+            return
+        parsing = importlib.import_module(f"{self._namespace}.utilities.parsing")
+        if not parsing.lightning_hasattr(pl_module, self.attr_name):
+            raise AttributeError(
+                f"costaware cannot set the batch size: neither the module nor its datamodule "
+                f"has an attribute {self.attr_name!r} (nor one in hparams). Keep the batch size "
+                f"there and read it in train_dataloader(), or pass attr_name=."
+            )
+        from costaware.batch_size import NothingFitsError, max_batch_size
+
+        spec = spec_from_lightning(trainer, pl_module)
+        device = self.device
+        if isinstance(device, str) and device.strip().lower() == "auto":
+            root = trainer.strategy.root_device
+            device = (
+                get_device(torch.cuda.get_device_name(root))
+                if root.type == "cuda"
+                else cpu_device()
+            )
+        model = self.model if self.model is not None else CostModel.default()
+        found = max_batch_size(model, spec, device, self.budget, limit=self.limit)
+        self.result = found
+        if not found.fits:
+            raise NothingFitsError(str(found))
+        parsing.lightning_setattr(pl_module, self.attr_name, found.batch_size)
+        importlib.import_module(f"{self._namespace}.utilities.rank_zero").rank_zero_info(
+            f"costaware set {self.attr_name}={found.batch_size}: {found}"
+        )
 
 
 if _LightningCallback is not None:
@@ -1051,6 +1411,11 @@ if _LightningCallback is not None:
 
     CostAwareCallback.__doc__ = _DOC.format(trainer="lightning.pytorch.Trainer")
 
+    class CostAwareBatchSizeFinder(_BatchSizeFinderBase, _LightningCallback):
+        __doc__ = _BatchSizeFinderBase.__doc__
+        _namespace = "lightning.pytorch"
+
+
 if _PLCallback is not None:
 
     class PLCostAwareCallback(_CostAwareCallbackBase, _PLCallback):
@@ -1058,12 +1423,16 @@ if _PLCallback is not None:
 
     PLCostAwareCallback.__doc__ = _DOC.format(trainer="pytorch_lightning.Trainer")
 
+    class PLCostAwareBatchSizeFinder(_BatchSizeFinderBase, _PLCallback):
+        __doc__ = _BatchSizeFinderBase.__doc__
+        _namespace = "pytorch_lightning"
 
-__all__ = ["CostAwareWarning"]
+
+__all__ = ["CostAwareWarning", "lightning_step_loss", "spec_from_lightning"]
 if _LightningCallback is not None:
-    __all__ += ["CostAwareCallback"]
+    __all__ += ["CostAwareBatchSizeFinder", "CostAwareCallback"]
 if _PLCallback is not None:
-    __all__ += ["PLCostAwareCallback"]
+    __all__ += ["PLCostAwareBatchSizeFinder", "PLCostAwareCallback"]
 
 
 def __getattr__(name: str) -> Any:
@@ -1072,6 +1441,9 @@ def __getattr__(name: str) -> Any:
             "CostAwareCallback needs lightning.pytorch, which is not installed. Install it "
             f"with:\n    {_INSTALL_HINT}\n(or use PLCostAwareCallback with pytorch_lightning)."
         )
+    if name in ("CostAwareBatchSizeFinder", "PLCostAwareBatchSizeFinder"):
+        missing = "lightning.pytorch" if name.startswith("Cost") else "pytorch_lightning"
+        raise ImportError(f"{name} needs {missing}, which is not installed: {_INSTALL_HINT}")
     if name == "PLCostAwareCallback":
         raise ImportError(
             "PLCostAwareCallback needs pytorch_lightning, which is not installed. Install it "

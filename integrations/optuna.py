@@ -75,7 +75,15 @@ from costaware.gate import Gate, spec_build_error
 from costaware.model import CostModel
 from costaware.spec import TrainingSpec
 
-__all__ = ["CostAwareHyperbandPruner", "CostAwarePruner", "CostAwareWarning", "admit"]
+__all__ = [
+    "CostAwareHyperbandPruner",
+    "CostAwarePruner",
+    "CostAwareWarning",
+    "admit",
+    "decision",
+    "pruned",
+    "study_gate",
+]
 
 #: user attribute keys (prefix ``costaware:``)
 ATTR = "costaware:"
@@ -92,16 +100,56 @@ def _spent(study: optuna.Study) -> float:
     return total
 
 
+_LOG = optuna.logging.get_logger("optuna.costaware")
+
+
+def _log_rejection(number: int, reasons: list[str]) -> None:
+    """Optuna's log says why a trial is rejected (its own line says only 'pruned')."""
+    _LOG.info(f"Trial {number} rejected by costaware before it ran: {'; '.join(reasons)}")
+
+
 class _PrunerGate:
     """The pre-launch decision as a pruner mixin (first ``should_prune`` with no step)."""
 
     _gate: Gate
-    _spec_fn: Callable[[dict[str, Any]], TrainingSpec]
+    _spec_fn: Callable[[dict[str, Any]], TrainingSpec] | None
+    _warned_unjudged: set[str]
+
+    @property
+    def gate(self) -> Gate:
+        """The :class:`~costaware.gate.Gate` (budget, device, model, store) this pruner
+        judges with; ``CostAwareCallback(trial=trial)`` and :func:`admit` use it too."""
+        return self._gate
+
+    def _warn_unjudged(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        """Once per study: a trial reported a step without having been judged."""
+        if study.study_name in self._warned_unjudged:
+            return
+        known = study._storage.get_trial_user_attrs(trial._trial_id).get(ATTR + "admit")
+        if known is not None:
+            return
+        self._warned_unjudged.add(study.study_name)
+        where = (
+            "call trial.should_prune() right after suggesting the parameters, before anything "
+            "is built"
+            if self._spec_fn is not None
+            else "pass trial=trial to CostAwareCallback, or call admit(trial, spec) before "
+            "training (this pruner has no spec_fn to judge with)"
+        )
+        warnings.warn(
+            f"trial {trial.number} of study {study.study_name!r} reported a step before "
+            f"costaware judged it, so its cost was never checked: {where}.",
+            CostAwareWarning,
+            stacklevel=4,
+        )
 
     def _pre_launch(self, study: optuna.Study, trial: FrozenTrial) -> bool | None:
         """True/False for the pre-launch decision; None when it is not the time for it."""
         if trial.last_step is not None:
+            self._warn_unjudged(study, trial)
             return None
+        if self._spec_fn is None:  # judged where the spec is built (callback, admit)
+            return False
         # the FrozenTrial a pruner gets is a cached copy: ask the storage what was decided
         known = study._storage.get_trial_user_attrs(trial._trial_id).get(ATTR + "admit")
         if known is not None:  # judged already (a second early should_prune call)
@@ -127,20 +175,58 @@ class _PrunerGate:
             storage.set_trial_user_attr(trial._trial_id, ATTR + key, value)
         for key, value in verdict.constraints.items():
             storage.set_trial_system_attr(trial._trial_id, "constraints:" + key, value)
+        # the objective's Trial reads its user attributes from a cached copy, which the
+        # FrozenTrial given here shares: it sees the decision without a storage read
+        trial.user_attrs.update({ATTR + k: v for k, v in verdict.info.items()})
+        if not verdict.admit:
+            _log_rejection(trial.number, list(verdict.info.get("reasons", [])))
         return not verdict.admit
 
 
 def _check_spec_fn(spec_fn: Any) -> None:
-    if not callable(spec_fn):
+    if spec_fn is not None and not callable(spec_fn):
         raise TypeError(f"spec_fn must be callable(params) -> TrainingSpec, but got {spec_fn!r}.")
+
+
+def decision(trial: optuna.Trial | FrozenTrial) -> dict[str, Any]:
+    """What costaware decided for ``trial``, read from the study's storage: ``admit``,
+    ``reasons`` and the prediction's figures (the ``costaware:`` user attributes without
+    their prefix); empty if it was not judged.
+
+    Example:
+        >>> if trial.should_prune():                    # doctest: +SKIP
+        ...     print(decision(trial)["reasons"])       # doctest: +SKIP
+        ...     raise pruned(trial)                     # doctest: +SKIP
+    """
+    if isinstance(trial, optuna.Trial):
+        attrs = trial.storage.get_trial_user_attrs(trial._trial_id)
+    else:
+        attrs = trial.user_attrs
+    return {k[len(ATTR) :]: v for k, v in attrs.items() if k.startswith(ATTR)}
+
+
+def pruned(trial: optuna.Trial | FrozenTrial) -> optuna.TrialPruned:
+    """The ``TrialPruned`` to raise for a trial costaware rejected, its message the
+    reasons, so that Optuna's log line says why: ``raise pruned(trial)``."""
+    reasons = decision(trial).get("reasons") or []
+    return optuna.TrialPruned("; ".join(reasons) or "rejected by costaware")
 
 
 class CostAwarePruner(BasePruner, _PrunerGate):
     """Prunes trials predicted to break a :class:`~costaware.Budget`, before they start.
 
+    ``CostAwarePruner()`` with no arguments judges every trial against the memory of the
+    GPU this process sees: the spec then comes from the training code, through
+    ``CostAwareCallback(trial=trial)`` (Lightning) or :func:`admit` (any loop), which use
+    this pruner's budget, device and store. With ``spec_fn``, the trial is judged at its
+    first ``trial.should_prune()`` (before anything is built); raise :func:`pruned` to
+    carry the reasons into Optuna's log.
+
     Args:
-        spec_fn: ``params -> TrainingSpec``, from the trial's suggested parameters.
-        budget: the limits a trial must fit.
+        spec_fn: ``params -> TrainingSpec``, from the trial's suggested parameters
+            (optional: see above). A pruner given first in its place is the wrapped one,
+            as Optuna's ``PatientPruner`` takes it.
+        budget: the limits a trial must fit (default ``Budget()``: the device's memory).
         device: a catalog name, a ``Device``, or ``"auto"`` (the local GPU).
         wrapped: a pruner to consult after the first report (default: none).
         model: the cost model (default: the shipped one).
@@ -151,8 +237,8 @@ class CostAwarePruner(BasePruner, _PrunerGate):
 
     def __init__(
         self,
-        spec_fn: Callable[[dict[str, Any]], TrainingSpec],
-        budget: Budget,
+        spec_fn: Callable[[dict[str, Any]], TrainingSpec] | BasePruner | None = None,
+        budget: Budget | None = None,
         device: str | Device = "auto",
         wrapped: BasePruner | None = None,
         *,
@@ -161,6 +247,10 @@ class CostAwarePruner(BasePruner, _PrunerGate):
         refit_every: int | None = 5,
         fail_open: bool = True,
     ) -> None:
+        if isinstance(spec_fn, BasePruner):  # CostAwarePruner(MedianPruner(), ...)
+            if wrapped is not None:
+                raise TypeError("give the wrapped pruner once: first, or as wrapped=.")
+            spec_fn, wrapped = None, spec_fn
         _check_spec_fn(spec_fn)
         if wrapped is not None and not isinstance(wrapped, BasePruner):
             raise TypeError(f"wrapped must be an optuna pruner, but got {type(wrapped).__name__}.")
@@ -173,6 +263,7 @@ class CostAwarePruner(BasePruner, _PrunerGate):
             )
         self._spec_fn = spec_fn
         self._wrapped = wrapped
+        self._warned_unjudged = set()
         self._gate = Gate(budget, device, model, store, refit_every, fail_open)
 
     @property
@@ -196,8 +287,8 @@ class CostAwareHyperbandPruner(HyperbandPruner, _PrunerGate):
 
     def __init__(
         self,
-        spec_fn: Callable[[dict[str, Any]], TrainingSpec],
-        budget: Budget,
+        spec_fn: Callable[[dict[str, Any]], TrainingSpec] | None = None,
+        budget: Budget | None = None,
         device: str | Device = "auto",
         *,
         model: CostModel | None = None,
@@ -209,6 +300,7 @@ class CostAwareHyperbandPruner(HyperbandPruner, _PrunerGate):
         _check_spec_fn(spec_fn)
         super().__init__(**hyperband)
         self._spec_fn = spec_fn
+        self._warned_unjudged = set()
         self._gate = Gate(budget, device, model, store, refit_every, fail_open)
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
@@ -245,34 +337,51 @@ def _gate_key(
     return (budget_key, id(model), store_key, str(device), bool(fail_open))
 
 
+def study_gate(study: optuna.Study) -> Gate | None:
+    """The gate of the study's costaware pruner (its budget, device, model and store), or
+    None when the study's pruner is not one."""
+    pruner = getattr(study, "pruner", None)
+    return pruner.gate if isinstance(pruner, _PrunerGate) else None
+
+
 def admit(
     trial: optuna.Trial,
     spec: TrainingSpec,
-    budget: Budget,
+    budget: Budget | None = None,
     *,
-    device: str | Device = "auto",
+    device: str | Device | None = None,
     model: CostModel | None = None,
     store: Any = None,
     fail_open: bool = True,
 ) -> Mapping[str, Any]:
-    """Judge ``spec`` inside an objective: record it, and raise ``TrialPruned`` if rejected.
+    """Judge ``spec`` inside an objective: record it, and raise ``TrialPruned`` if rejected
+    (its message the reasons, so Optuna's log says why).
 
-    Returns the recorded attributes (the prediction's figures) for an admitted trial.
-    Sets the same user attributes and constraints as :class:`CostAwarePruner`.
+    With neither ``budget`` nor ``device`` (nor ``model``, ``store``), the study's
+    :class:`CostAwarePruner` judges, with its budget, device and store; without one, the
+    budget is ``Budget()`` (the memory of the GPU this process sees). Returns the recorded
+    attributes (the prediction's figures) for an admitted trial. Sets the same user
+    attributes and constraints as :class:`CostAwarePruner`.
 
     Example:
         >>> def objective(trial):
-        ...     spec = build_spec(trial)          # doctest: +SKIP
-        ...     admit(trial, spec, ca.Budget(max_memory="24GiB"), device="A10")  # doctest: +SKIP
+        ...     model, batch = build(trial)                                   # doctest: +SKIP
+        ...     admit(trial, ca.TrainingSpec.from_module(model, batch))      # doctest: +SKIP
     """
-    key = _gate_key(budget, model, store, device, fail_open)
-    with _GATES_LOCK:
-        gate = _GATES.get(key)
-        if gate is None:
-            gate = _GATES[key] = Gate(budget, device, model, store, None, fail_open)
-            while len(_GATES) > _GATES_MAX:
-                _GATES.popitem(last=False)
-        _GATES.move_to_end(key)
+    own = study_gate(trial.study)
+    if own is not None and budget is None and device is None and model is None and store is None:
+        gate = own
+    else:
+        dev = device if device is not None else "auto"
+        key = _gate_key(budget or Budget(), model, store, dev, fail_open)
+        with _GATES_LOCK:
+            found = _GATES.get(key)
+            if found is None:
+                found = _GATES[key] = Gate(budget, dev, model, store, None, fail_open)
+                while len(_GATES) > _GATES_MAX:
+                    _GATES.popitem(last=False)
+            _GATES.move_to_end(key)
+        gate = found
     t0 = time.perf_counter()
     verdict = gate.judge(
         spec, study=trial.study.study_name, trial=trial.number, spent_time=_spent(trial.study)
@@ -284,5 +393,7 @@ def admit(
     for k, v in verdict.constraints.items():
         trial.set_constraint(k, v)
     if not verdict.admit:
-        raise optuna.TrialPruned("; ".join(attrs.get("reasons", [])) or "rejected by costaware")
+        reasons = list(attrs.get("reasons", []))
+        _log_rejection(trial.number, reasons)
+        raise optuna.TrialPruned("; ".join(reasons) or "rejected by costaware")
     return attrs

@@ -7,8 +7,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 import costaware as ca
 from costaware import zoo
@@ -99,3 +102,94 @@ def test_the_cli_prints_the_size_and_exits_1_when_nothing_fits() -> None:
     )
     assert none.returncode == 1
     assert "nothing fits on the H100-SXM" in none.stdout
+
+
+@pytest.mark.parametrize("ns_name", ["lightning.pytorch", "pytorch_lightning"])
+def test_the_lightning_finder_sets_the_largest_batch_size_before_training(ns_name: str) -> None:
+    import importlib
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from costaware.integrations import lightning as cal
+
+    ns = importlib.import_module(ns_name)
+    Finder = (
+        cal.CostAwareBatchSizeFinder
+        if ns_name == "lightning.pytorch"
+        else cal.PLCostAwareBatchSizeFinder
+    )
+    seen: list[int] = []
+
+    class Net(ns.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.batch_size = 2
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1)
+            )
+
+        def train_dataloader(self) -> DataLoader[Any]:
+            data = TensorDataset(torch.randn(4096, 64), torch.randn(4096, 1))
+            return DataLoader(data, batch_size=self.batch_size)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            if not isinstance(x, FakeTensor):
+                seen.append(x.shape[0])
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    finder = Finder(budget=ca.Budget(max_memory="8MiB"), device="cpu", limit=4096)
+    trainer = ns.Trainer(
+        accelerator="cpu", max_steps=2, callbacks=[finder], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    module = Net()
+    trainer.fit(module)
+    found = finder.result
+    assert found.fits and found.limited_by == "memory" and 2 < found.batch_size < 4096
+    assert module.batch_size == found.batch_size
+    assert seen and seen[0] == found.batch_size  # the training ran at the size found
+    cpu = ca.get_device("cpu")
+    assert found.prediction.min_capacity_upper + cpu.context_overhead_bytes <= 8 * 2**20
+
+
+def test_the_lightning_finder_refuses_when_nothing_fits_or_no_attribute() -> None:
+    import lightning.pytorch as L
+
+    from costaware.integrations.lightning import CostAwareBatchSizeFinder
+
+    class Net(L.LightningModule):  # type: ignore[misc]
+        def __init__(self, with_attr: bool) -> None:
+            super().__init__()
+            if with_attr:
+                self.batch_size = 4
+            self.net = torch.nn.Sequential(torch.nn.Linear(64, 4096), torch.nn.Linear(4096, 1))
+
+        def train_dataloader(self) -> Any:
+            from torch.utils.data import DataLoader, TensorDataset
+
+            return DataLoader(TensorDataset(torch.randn(16, 64), torch.randn(16, 1)), batch_size=4)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def fit(module: Any, finder: Any) -> None:
+        L.Trainer(
+            accelerator="cpu", max_steps=1, callbacks=[finder], logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        ).fit(module)  # fmt: skip
+
+    with pytest.raises(AttributeError, match="has an attribute 'batch_size'"):
+        fit(Net(with_attr=False), CostAwareBatchSizeFinder(device="cpu"))
+    with pytest.raises(ca.NothingFitsError, match="not even a batch of 1"):
+        fit(
+            Net(with_attr=True),
+            CostAwareBatchSizeFinder(budget=ca.Budget(max_memory="64KiB"), device="cpu"),
+        )

@@ -34,7 +34,7 @@ def _pred(
     ("text", "expected"),
     [
         ("24GiB", 24 * GiB),
-        ("24 GB", 24 * 10**9),
+        ("24 GB", 24 * GiB),
         ("512MiB", 512 * 2**20),
         (1024, 1024),
         ("1.5GiB", int(1.5 * GiB)),
@@ -46,10 +46,82 @@ def test_parse_bytes(text: str | int, expected: int) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("90s", 90.0), ("5min", 300.0), ("1.5h", 5400.0), (42, 42.0), ("2 days", 172800.0)],
+    [
+        ("90s", 90.0),
+        ("5min", 300.0),
+        ("1.5h", 5400.0),
+        (42, 42.0),
+        ("42", 42.0),
+        ("2 days", 172800.0),
+        # compound durations and milliseconds
+        ("1h30m", 5400.0),
+        ("2h 15min", 8100.0),
+        ("1m 30s", 90.0),
+        ("1d 2h 3m 4s", 86400 + 7200 + 180 + 4),
+        ("1ms", 0.001),
+        ("250ms", 0.25),
+        ("1s 500ms", 1.5),
+    ],
 )
 def test_parse_duration(text: str | int, expected: float) -> None:
-    assert ca.parse_duration(text) == expected
+    assert ca.parse_duration(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "text", ["24G", "24g", "24GB", "24 GB", "24Gb", "24gb", "24GiB", "24 gib", "24.0 G"]
+)
+def test_memory_units_are_binary_whatever_the_spelling(text: str) -> None:
+    """nvidia-smi and PyTorch count GPU memory in GiB: "24G" and "24GB" mean 24 GiB."""
+    assert ca.parse_bytes(text) == 24 * GiB
+    assert ca.Budget(max_memory=text).max_memory_bytes() == 24 * GiB
+    assert ca.parse_bytes("512M") == ca.parse_bytes("512MB") == 512 * 2**20
+    assert ca.parse_bytes("1k") == ca.parse_bytes("1KB") == 1024
+    assert ca.parse_bytes("2T") == 2 * 2**40
+
+
+@pytest.mark.parametrize(("value", "shown"), [(24, "24"), ("24", "'24'"), (80.0, "80.0")])
+def test_a_bare_number_under_one_mib_warns(value: object, shown: str) -> None:
+    number = f"{float(value):g}"  # type: ignore[arg-type]
+    with pytest.warns(UserWarning) as caught:
+        budget = ca.Budget(max_memory=value)  # type: ignore[arg-type]
+    (w,) = caught
+    assert str(w.message) == (
+        f"max_memory={shown} has no unit, so it is {number} bytes; did you mean "
+        f"max_memory='{number}GiB'? Write the unit to silence this (max_memory='{number}B' "
+        "for bytes)."
+    )
+    assert w.filename == __file__  # points at the line that built the budget
+    assert budget.max_memory_bytes() == int(float(value))  # type: ignore[arg-type]
+
+
+def test_sizes_with_a_unit_or_large_bare_numbers_do_not_warn() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for value in ("24B", "1MiB", "24GiB", 2**20, 24 * GiB, "25769803776", "90%", "auto"):
+            ca.Budget(max_memory=value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1h30", r"but got '1h30', whose part '30' has no unit\."),
+        ("1h 30x", r"but got '1h 30x', whose part '30x' has the unknown unit 'x'\."),
+        (
+            "soon",
+            r"expected a duration like 90s, 250ms, 10min, 1\.5h or 1h30m \(or seconds\), but got 'soon'\.",
+        ),
+        ("", r"but got ''\."),
+        ("1h-30m", r"but got '1h-30m'\."),
+        ("0h 0m", r"a duration must be positive, but got '0h 0m'"),
+    ],
+)
+def test_bad_durations_say_what_was_expected(text: str, message: str) -> None:
+    with pytest.raises(ca.BudgetError, match=message):
+        ca.parse_duration(text)
+    with pytest.raises(ca.BudgetError, match=message):
+        ca.Budget(max_epoch_time=text)
 
 
 @pytest.mark.parametrize(
@@ -197,6 +269,42 @@ def test_time_budgets() -> None:
     assert [r.kind for r in total.reasons] == ["total_time"]
     no_epoch = ca.Budget(max_epoch_time="1s").decide(_pred(epoch=None))
     assert no_epoch.admit and "no dataset_size" in no_epoch.checked["epoch_time"]["note"]
+
+
+def test_a_check_that_did_not_run_is_shown_as_not_checked() -> None:
+    """Without dataset_size there is no epoch time: the time limits are not checked, and
+    the decision says so (never "epoch_time ok")."""
+    why = (
+        "no dataset_size in the spec, so no epoch time was predicted; give "
+        "TrainingSpec(dataset_size=...) to check it"
+    )
+    d = ca.Budget(max_epoch_time="1s").decide(_pred(epoch=None))
+    assert d.admit
+    assert str(d) == f"admit: memory ok; not checked: epoch_time ({why})"
+    assert d.checked["limits"] == ["memory"] and d.not_checked == {"epoch_time": why}
+    assert d.to_dict()["checked"]["not_checked"] == {"epoch_time": why}
+    every = ca.Budget(
+        max_memory="20GiB",
+        max_epoch_time="1s",
+        max_trial_time="1min",
+        max_total_time="1h",
+        price_per_hour=2.0,
+        max_cost=10.0,
+    ).decide(_pred(epoch=None))
+    assert "ok" not in str(every).replace("memory ok", "")
+    assert list(every.not_checked) == ["epoch_time", "trial_time", "total_time", "cost"]
+    assert str(every) == (
+        f"admit: memory ok; not checked: epoch_time, trial_time, total_time, cost ({why})"
+    )
+    # a rejection says what it could not check too
+    rejected = ca.Budget(max_memory="1GiB", max_epoch_time="1s").decide(_pred(epoch=None))
+    assert str(rejected).startswith("reject: predicted memory need")
+    assert str(rejected).endswith(f"; not checked: epoch_time ({why})")
+    # with an epoch time, everything is checked and nothing is said about it
+    checked = ca.Budget(max_epoch_time="1h", max_total_time="1d").decide(_pred(epoch=10.0))
+    assert str(checked) == "admit: memory ok, epoch_time ok, total_time ok"
+    assert checked.not_checked == {} and "not_checked" not in checked.checked
+    assert str(ca.Budget().decide(_pred())) == "admit: memory ok"
 
 
 def test_cost_budget_and_several_reasons() -> None:

@@ -34,7 +34,12 @@ QUICKSTARTS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]
     ),
     "lightning": (
         ("lightning",),
-        ("admit: memory ok", "epoch 1: ok", "stopped: measured epoch"),
+        (
+            "admit: memory ok",
+            "epoch 1: ok",
+            "rejected: predicted epoch time",
+            "stopped: measured epoch",
+        ),
         ("costaware.db",),
     ),
 }

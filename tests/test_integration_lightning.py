@@ -360,7 +360,8 @@ def test_trial_pruned_by_someone_else_is_recorded_as_stopped() -> None:
 @pytest.mark.parametrize("name", list(NAMESPACES))
 def test_enforce_stops_training(name: str, budget: ca.Budget, words: str, db: str) -> None:
     ns, cls = NAMESPACES[name]
-    cb = cls(db, budget=budget, enforce=True, study="s", trial=0)
+    # the measured checks alone (a fit predicted over budget is rejected before it runs)
+    cb = cls(db, budget=budget, enforce=True, study="s", trial=0, judge_before=False)
     trainer = fit(ns, cb, max_epochs=5)
     assert trainer.should_stop and trainer.current_epoch == 1  # stopped after the first epoch
     (row,) = cb.measurements
@@ -370,7 +371,7 @@ def test_enforce_stops_training(name: str, budget: ca.Budget, words: str, db: st
 
 
 def test_budget_without_enforce_only_records() -> None:
-    cb = CostAwareCallback(budget=ca.Budget(max_epoch_time=1e-6))
+    cb = CostAwareCallback(budget=ca.Budget(max_epoch_time=1e-6), judge_before=False)
     trainer = fit(L, cb, max_epochs=2)
     assert trainer.current_epoch == 2 and cb.stopped_reason is None
     assert [r["status"] for r in cb.measurements] == ["ok", "ok"]
@@ -383,7 +384,9 @@ def test_enforce_under_optuna_prunes_the_trial(name: str, db: str) -> None:
 
     def objective(trial: optuna.Trial) -> float:
         trial.suggest_int("width", 8, 64)
-        cb = cls(db, budget=ca.Budget(max_epoch_time=1e-6), enforce=True, trial=trial)
+        cb = cls(
+            db, budget=ca.Budget(max_epoch_time=1e-6), enforce=True, trial=trial, judge_before=False
+        )
         callbacks.append(cb)
         fit(ns, cb, max_epochs=5)
         return 0.0
@@ -533,7 +536,13 @@ def test_missing_namespace_class_raises_import_error(monkeypatch: pytest.MonkeyP
     assert spec_ is not None and spec_.loader is not None
     mod = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(mod)
-    assert mod.__all__ == ["CostAwareWarning", "CostAwareCallback"]
+    assert mod.__all__ == [
+        "CostAwareWarning",
+        "lightning_step_loss",
+        "spec_from_lightning",
+        "CostAwareBatchSizeFinder",
+        "CostAwareCallback",
+    ]
     with pytest.raises(ImportError, match="pip install pytorch-lightning"):
         mod.PLCostAwareCallback  # noqa: B018
 

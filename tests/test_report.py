@@ -154,8 +154,12 @@ def test_store_report_counts_every_outcome(store: ObservationStore) -> None:
     assert by["5"].reasons[0].startswith("measured epoch time")
     assert by["8"].prediction_error == "prediction failed: boom"
     assert rep.rejections()["by_kind"] == {"memory": 1, "epoch_time": 1}
-    # saved: predicted trial time of the rejections (10 s x 3 epochs, 100 s x 2 epochs)
-    assert s["saved_s"] == pytest.approx(30.0 + 200.0)
+    # saved: trial 2 was rejected for memory, so it would have crashed: counted at the
+    # measured time to the crash of trial 4, the study's OOM (12 s + 4 s), not at its
+    # predicted 10 s x 3 epochs; trial 3 (time) at its predicted run, 100 s x 2 epochs
+    assert s["saved_s"] == pytest.approx(16.0 + 200.0)
+    assert s["time_to_oom_s"] == pytest.approx(16.0) and s["time_to_oom_trials"] == 1
+    assert not s["saved_upper_bound"]
     # spent: the store has no wall time, so the sum of measured epoch times
     assert by["0"].spent == pytest.approx(36.0) and by["4"].spent == pytest.approx(16.0)
     assert s["oom_wasted_s"] == pytest.approx(16.0)
@@ -213,7 +217,7 @@ def test_rel_errors() -> None:
 def test_timeline_is_cumulative(store: ObservationStore) -> None:
     tl = ca.report(store).timeline()
     spent = [p["spent"] for p in tl]
-    assert spent == sorted(spent) and tl[-1]["avoided"] == pytest.approx(230.0)
+    assert spent == sorted(spent) and tl[-1]["avoided"] == pytest.approx(216.0)
 
 
 def test_store_url_and_study_filter(store: ObservationStore, tmp_path: Path) -> None:
@@ -317,7 +321,10 @@ def test_optuna_study_outcomes_best_trials_and_store_join(tmp_path: Path) -> Non
     one = rep.trials[1]
     assert one.actual_memory == 220 * MiB and one.actual_epoch_time == 25.0
     assert one.pred_memory == 200 * MiB and one.wall_time is not None
+    # the OOM trial has no recorded time: the memory rejection is counted at its whole
+    # predicted run (50 s x 2 epochs), and the figure says it is an upper bound
     assert rep.summary()["saved_s"] == pytest.approx(100.0)
+    assert rep.summary()["saved_upper_bound"] and rep.summary()["time_to_oom_s"] is None
     assert rep.summary()["memory_error"]["n"] == 1
     assert rep.study == "hpo" and "Optuna study 'hpo'" in rep.source
 
@@ -520,7 +527,7 @@ def test_html_is_one_self_contained_page(store: ObservationStore, tmp_path: Path
         assert f'id="{fig}"' in page
     for section in ("budget", "trials", "saved", "accuracy", "best", "all"):
         assert f'id="{section}"' in page
-    assert "$0.16" in page  # 230 s saved at $2.50 an hour
+    assert "$0.15" in page  # 216 s saved at $2.50 an hour
 
 
 def test_figures_follow_plotlys_schema(store: ObservationStore) -> None:
@@ -547,7 +554,7 @@ def test_terminal_summary(store: ObservationStore) -> None:
     ca.report(store).print(console)
     text = console.export_text()
     assert "rejected" in text and "Stopped, out of memory or failed" in text
-    assert "CUDA out of memory" in text and "costliest" in text
+    assert "CUDA out of memory" in text and "most saved: #3 3.3 min, #2 16.0 s" in text
 
 
 def test_thousands_of_trials_render(tmp_path: Path) -> None:

@@ -924,3 +924,20 @@ def test_malformed_rows_are_skipped_counted_and_reported(store: ObservationStore
     assert {r["trial"] for r in measurements} <= {"0", "1", "2", "bad-3"}
     assert [o.meta["trial"] for o in again] == [o.meta["trial"] for o in observations]
     assert len(store.skipped) == n_bad
+
+
+def test_a_drivers_message_masks_the_password_not_every_word_like_it() -> None:
+    from costaware.store import _reason
+
+    url = sa.engine.make_url("postgresql+psycopg://costaware:costaware@127.0.0.1:5432/x")
+    message = _reason(
+        RuntimeError(
+            "costaware: connection to postgresql://costaware:costaware@host/x failed "
+            "(password=costaware): timeout expired"
+        ),
+        url,
+    )
+    assert "costaware:***@host" in message and "password=***" in message
+    assert message.startswith("costaware: connection")  # the word itself is left alone
+    short = sa.engine.make_url("postgresql+psycopg://u:p@h/x")
+    assert _reason(RuntimeError("connection timeout expired"), short) == "connection timeout expired"

@@ -22,6 +22,7 @@ from costaware.errors import NotFittedError as NotFittedError
 from costaware.errors import SpecError as SpecError
 from costaware.errors import TraceError as TraceError
 from costaware.errors import TraceTimeout as TraceTimeout
+from costaware.errors import TrialRejected as TrialRejected
 from costaware.errors import UntraceableModelError as UntraceableModelError
 from costaware.errors import UserCodeError as UserCodeError
 
@@ -126,6 +127,7 @@ __all__ = [
     "TraceError",
     "TraceTimeout",
     "TrainingSpec",
+    "TrialRejected",
     "UnknownDeviceError",
     "UntraceableModelError",
     "UserCodeError",

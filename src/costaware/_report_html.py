@@ -24,6 +24,7 @@ from costaware.reporting import (
     TrialRow,
     fmt_money,
     fmt_pct,
+    fmt_saved,
     fmt_value,
     lean_words,
 )
@@ -337,7 +338,7 @@ def _budget_figure(rep: Report, figs: _Figures) -> str:
                 type="scatter",
                 x=x,
                 y=[(p["spent"] + p["avoided"]) / scale for p in tl],
-                name="without the rejections (spent + their predicted cost)",
+                name="without the rejections (spent + what they saved)",
                 mode="lines",
                 line={"shape": "hv", "dash": "dash", "color": COLORS["rejected"], "width": 2},
                 customdata=labels,
@@ -625,10 +626,12 @@ def _cards(rep: Report) -> str:
     if s["spent_cost"] is not None:
         spent_sub = f"{fmt_money(s['spent_cost'], rep.currency)} · " + spent_sub
     if s["saved_s"] is None:
-        saved_value, saved_sub = "-", "no predicted cost recorded"
+        saved_value, saved_sub = "-", "no rejected trial has a figure to count"
     else:
-        saved_value = dur(s["saved_s"])
-        saved_sub = f"predicted cost of {s['saved_trials']:,} rejected trials"
+        saved_value = ("≤ " if s["saved_upper_bound"] else "") + dur(s["saved_s"])
+        saved_sub = f"by {s['saved_trials']:,} rejected trials"
+        if s["saved_upper_bound"]:
+            saved_sub = "an upper bound (see Compute saved) · " + saved_sub
         if s["saved_cost"] is not None:
             saved_sub = f"{fmt_money(s['saved_cost'], rep.currency)} · " + saved_sub
     n = s["trials"]
@@ -881,25 +884,29 @@ def _saved_section(rep: Report) -> str:
     items = []
     if s["rejected"]:
         if s["saved_s"] is not None and s["saved_trials"]:
-            money = f" ({fmt_money(s['saved_cost'], cur)})" if s["saved_cost"] is not None else ""
+            bound = ", an upper bound" if s["saved_upper_bound"] else ""
+            basis = "".join(f"<li>{e(b)}</li>" for b in s["saved_basis"])
             items.append(
-                f"<li><b>{e(dur(s['saved_s']))}</b>{e(money)} of {e(word)} time not spent: the "
-                f"predicted cost (epoch time × epochs) of the {s['saved_trials']:,} rejected "
-                "trials.</li>"
+                f"<li><b>{e(fmt_saved(s, cur))}</b> of {e(word)} time not spent by the "
+                f"{s['saved_trials']:,} rejected trials{e(bound)}. What it rests on:"
+                f"<ul>{basis}</ul></li>"
             )
-            if tim["n"]:
+            predicted = s["saved_by_basis"].get("predicted_run", {}).get("trials", 0)
+            predicted += s["saved_by_basis"].get("upper_bound", {}).get("trials", 0)
+            if tim["n"] and predicted:
                 ratio = tim["median_ratio"]
                 how = "too low" if ratio > 1 else "too high"
                 factor = ratio if ratio > 1 else 1 / ratio
                 if factor >= 1.5:
                     items.append(
-                        f"<li>Read it as an estimate: on the {tim['n']:,} trials that ran, the "
-                        f"epoch-time predictions were {e(how)} by ×{factor:.1f} (median).</li>"
+                        "<li>Read the part that rests on predicted times as an estimate: on "
+                        f"the {tim['n']:,} trials that ran, the epoch-time predictions were "
+                        f"{e(how)} by ×{factor:.1f} (median).</li>"
                     )
         if s["saved_unknown"]:
             items.append(
-                f"<li>{s['saved_unknown']:,} rejected trials have no predicted time and are not "
-                "counted.</li>"
+                f"<li>{s['saved_unknown']:,} rejected trials are not counted (see Missing "
+                "from the records).</li>"
             )
         if s["gate_latency_median_s"] is not None:
             items.append(
@@ -910,8 +917,9 @@ def _saved_section(rep: Report) -> str:
         items.append("<li>No trial was rejected, so rejections saved nothing.</li>")
     if s["oom"]:
         items.append(
-            f"<li><b>{e(dur(s['oom_wasted_s']))}</b> measured on {s['oom']:,} trials that ran out "
-            "of memory anyway (OOMs that were not prevented).</li>"
+            f"<li><b>{e(dur(s['oom_wasted_s']))}</b> measured on {s['oom']:,} "
+            f"trial{'s' * (s['oom'] != 1)} that ran out of memory anyway (OOMs that were not "
+            "prevented).</li>"
         )
     elif s["admitted"]:
         items.append("<li>No admitted trial ran out of memory.</li>")
@@ -921,37 +929,49 @@ def _saved_section(rep: Report) -> str:
             "in all.</li>"
         )
     top = sorted(
-        (r for r in rep.trials if r.outcome == "rejected" and r.predicted_cost),
-        key=lambda r: -(r.predicted_cost or 0.0),
+        (r for r in rep.trials if r.outcome == "rejected" and rep.saving(r)[0]),
+        key=lambda r: -(rep.saving(r)[0] or 0.0),
     )[:10]
     table = ""
     if top:
-        rows = [
-            [
-                e(r.label),
-                _cls("params", _params_html(r)),
-                e(dur(r.predicted_cost)),
-                e(fmt_bytes(r.pred_memory)),
-                e(fmt_seconds(r.pred_epoch_time)),
-            ]
-            for r in top
-        ]
-        table = "<h3>The costliest rejections</h3>" + _table(
+        rows = []
+        for r in top:
+            saved, basis = rep.saving(r)
+            rows.append(
+                [
+                    e(r.label),
+                    _cls("params", _params_html(r)),
+                    e(dur(saved)) + f'<div class="muted">{e(_BASIS_WORDS.get(basis, basis))}</div>',
+                    e(dur(r.predicted_cost)),
+                    e(fmt_bytes(r.pred_memory)),
+                    e(fmt_seconds(r.pred_epoch_time)),
+                ]
+            )
+        table = "<h3>The rejections that saved the most</h3>" + _table(
             [
                 "trial",
                 "parameters",
-                "predicted trial cost",
+                "counted as saved",
+                "predicted run",
                 "pred. peak memory",
                 "pred. epoch time",
             ],
             rows,
-            {2, 3, 4},
+            {2, 3, 4, 5},
         )
     return (
         '<section id="saved"><h2>Compute saved</h2><p class="lead">What the rejections '
-        "avoided, by the cost model's own prediction, and what the misses cost.</p>"
+        "avoided, what each figure rests on, and what the misses cost.</p>"
         f"<ul>{''.join(items)}</ul>{table}</section>"
     )
+
+
+#: how a rejection's saving was counted (see Report.saving), in words
+_BASIS_WORDS = {
+    "until_oom": "until the crash (measured OOMs)",
+    "upper_bound": "whole predicted run (upper bound)",
+    "predicted_run": "whole predicted run",
+}
 
 
 def _accuracy_section(rep: Report, figs: _Figures) -> str:
@@ -1138,9 +1158,12 @@ figures are what CostAwareCallback or CostAwareScheduler recorded while the tria
 the peak memory is the highest reserved peak over its epochs (on a CPU, the growth of the
 resident set), the epoch time the median over its epochs.</dd>
 <dt>Compute saved</dt>
-<dd>The predicted cost of a rejected trial is its predicted epoch time times its planned
-epochs (the point prediction, not the upper bound). It is a prediction: the corrected figure
-scales it by how the predictions fared on the trials that did run.</dd>
+<dd>A trial rejected for memory would have crashed when it ran out of memory, not run to its
+end: it counts the median measured time to the crash of this study's trials that ran out of
+memory (never more than its predicted run). Where no OOM was measured, it counts its whole
+predicted run, and the total is marked as an upper bound. A trial rejected for time or cost
+counts its whole predicted run: its predicted epoch time times its planned epochs (the point
+prediction, not the upper bound), which it would have used had it been admitted.</dd>
 <dt>Error</dt>
 <dd>predicted ÷ measured − 1: +20% means the prediction was 20% too high. The upper bound
 covers a trial when the measured figure is at most the bound.</dd>

@@ -17,6 +17,7 @@ from costaware.reporting import (
     OUTCOMES,
     fmt_money,
     fmt_pct,
+    fmt_saved,
     fmt_value,
     lean_words,
 )
@@ -70,11 +71,7 @@ def render_markdown(rep: Report) -> str:
             fmt_seconds(s["spent_s"])
             + (f" ({fmt_money(s['spent_cost'], cur)})" if s["spent_cost"] is not None else ""),
         ),
-        (
-            f"{word} time saved (predicted)",
-            fmt_seconds(s["saved_s"])
-            + (f" ({fmt_money(s['saved_cost'], cur)})" if s["saved_cost"] is not None else ""),
-        ),
+        (f"{word} time saved by the rejections", fmt_saved(s, cur)),
         ("memory prediction error (median)", _err(mem)),
         ("epoch-time prediction error (median)", _err(tim)),
     ]
@@ -152,23 +149,28 @@ def render_markdown(rep: Report) -> str:
 
     lines += ["## Compute saved", ""]
     if s["rejected"] and s["saved_trials"]:
+        bound = ", an upper bound" if s["saved_upper_bound"] else ""
         lines.append(
-            f"- **{md(fmt_seconds(s['saved_s']))}** of {word} time not spent: the predicted cost "
-            f"(epoch time × epochs) of {s['saved_trials']} rejected trials."
+            f"- **{md(fmt_saved(s, cur))}** of {word} time not spent by {s['saved_trials']} "
+            f"rejected trials{bound}. What it rests on:"
         )
+        lines += [f"  - {md(b)}" for b in s["saved_basis"]]
         if s["saved_adjusted_s"] is not None:
             lines.append(
-                f"- Corrected by the measured ÷ predicted epoch time on the trials that ran "
-                f"(×{tim['median_ratio']:.2f}): about {md(fmt_seconds(s['saved_adjusted_s']))}."
+                "- With the predicted times corrected by the measured ÷ predicted epoch time "
+                f"of the trials that ran (×{tim['median_ratio']:.2f}): about "
+                f"{md(fmt_seconds(s['saved_adjusted_s']))}."
             )
     elif s["rejected"]:
-        lines.append("- The rejected trials have no predicted time: nothing counted.")
+        lines.append("- No rejected trial has a figure to count (see the notes above).")
     else:
         lines.append("- No trial was rejected.")
+    if s["rejected"] and s["saved_trials"] and s["saved_unknown"]:
+        lines.append(f"- {s['saved_unknown']} rejected trials are not counted (see the notes).")
     if s["oom"]:
         lines.append(
-            f"- {md(fmt_seconds(s['oom_wasted_s']))} measured on {s['oom']} trials that ran out "
-            "of memory anyway."
+            f"- {md(fmt_seconds(s['oom_wasted_s']))} measured on {s['oom']} "
+            f"trial{'s' * (s['oom'] != 1)} that ran out of memory anyway."
         )
     else:
         lines.append("- No admitted trial ran out of memory.")
@@ -318,7 +320,8 @@ def print_summary(rep: Report, console: Any = None) -> None:
     con.print(Text(rep.source, style="dim"))
     if not rep.trials:
         for n in rep.notes:
-            con.print(Text("! " + n, style="yellow"))
+            if n not in rep.warned:
+                con.print(Text("! " + n, style="yellow"))
         return
     head = Table(box=box.SIMPLE_HEAD, show_header=False, pad_edge=False)
     head.add_column(style="dim")
@@ -328,11 +331,8 @@ def print_summary(rep: Report, console: Any = None) -> None:
     spent = _dur(s["spent_s"]) + (
         f" ({fmt_money(s['spent_cost'], cur)})" if s["spent_cost"] is not None else ""
     )
-    saved = _dur(s["saved_s"]) + (
-        f" ({fmt_money(s['saved_cost'], cur)})" if s["saved_cost"] is not None else ""
-    )
     head.add_row("trials", f"{s['trials']:,}", f"{word} time spent", spent)
-    head.add_row("rejected", f"{s['rejected']:,}", f"{word} time saved", saved + " (predicted)")
+    head.add_row("rejected", f"{s['rejected']:,}", f"{word} time saved", fmt_saved(s, cur))
     head.add_row(
         "out of memory",
         Text(f"{s['oom']:,}", style="red" if s["oom"] else "green"),
@@ -342,6 +342,8 @@ def print_summary(rep: Report, console: Any = None) -> None:
     head.add_row("stopped early", f"{s['stopped']:,}", "memory error", _err(s["memory_error"]))
     head.add_row("completed", f"{s['completed']:,}", "epoch-time error", _err(s["time_error"]))
     con.print(head)
+    for line in s["saved_basis"]:
+        con.print(Text("saved: " + line, style="dim"))
 
     went_wrong = [r for r in rep.trials if r.outcome in ("oom", "stopped", "failed")]
     if went_wrong:
@@ -371,12 +373,12 @@ def print_summary(rep: Report, console: Any = None) -> None:
             "for " + ", ".join(f"{KIND_SHORT.get(k, k)} ({n})" for k, n in by_kind.items())
         )
         costly = sorted(
-            (r for r in rep.trials if r.outcome == "rejected" and r.predicted_cost),
-            key=lambda r: -(r.predicted_cost or 0.0),
+            (r for r in rep.trials if r.outcome == "rejected" and rep.saving(r)[0]),
+            key=lambda r: -(rep.saving(r)[0] or 0.0),
         )[:3]
         if costly:
             line += Text(
-                "; costliest: " + ", ".join(f"{r.label} {_dur(r.predicted_cost)}" for r in costly)
+                "; most saved: " + ", ".join(f"{r.label} {_dur(rep.saving(r)[0])}" for r in costly)
             )
         con.print(line)
     best = rep.best(5)
@@ -397,4 +399,5 @@ def print_summary(rep: Report, console: Any = None) -> None:
             )
         con.print(t)
     for n in rep.notes:
-        con.print(Text("! " + n, style="yellow"))
+        if n not in rep.warned:  # given as a warning already: once is enough
+            con.print(Text("! " + n, style="yellow"))

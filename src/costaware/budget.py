@@ -5,8 +5,10 @@ Example:
     >>> budget = ca.Budget(max_memory="24GiB", max_epoch_time="10min")
     >>> budget.max_memory_bytes()
     25769803776
-    >>> ca.parse_duration("1.5h")
-    5400.0
+    >>> ca.parse_bytes("24G") == ca.parse_bytes("24 GB") == budget.max_memory_bytes()
+    True
+    >>> ca.parse_duration("1h30m"), ca.parse_duration("250ms")
+    (5400.0, 0.25)
 """
 
 from __future__ import annotations
@@ -28,22 +30,40 @@ class BudgetError(CostawareError, ValueError):
     """A budget value could not be understood (says what was expected)."""
 
 
+#: Memory units. Every prefix is a power of 1024, whatever its spelling: "24G", "24GB",
+#: "24 gb", "24Gb" and "24GiB" are all 24 GiB. nvidia-smi reports MiB, PyTorch's memory
+#: summary GiB, and a card sold as "24GB" is compared with those figures, so a user who
+#: writes "24GB" means the binary size. A lowercase "b" is read as bytes too: nobody
+#: budgets GPU memory in bits. Decimal sizes are written in bytes (``24e9``).
 _BYTE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+    "": 1, "b": 1, "byte": 1, "bytes": 1,
+    "k": 1024, "kb": 1024, "kib": 1024,
+    "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
+    "g": 1024**3, "gb": 1024**3, "gib": 1024**3,
+    "t": 1024**4, "tb": 1024**4, "tib": 1024**4,
 }  # fmt: skip
+#: A bare number under this many bytes is most likely a size in another unit ("24").
+_SMALL_BARE_BYTES = 1024**2
 _TIME_UNITS = {
-    "": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
+    "ms": 1e-3, "msec": 1e-3, "msecs": 1e-3, "millisecond": 1e-3, "milliseconds": 1e-3,
+    "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
     "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
     "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0, "hours": 3600.0,
     "d": 86400.0, "day": 86400.0, "days": 86400.0,
 }  # fmt: skip
-_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+_NUMBER_UNIT = re.compile(rf"^\s*{_NUMBER}\s*([a-zA-Z]*)\s*$")
+#: one part of a duration: ``1h``, ``30 min``, ``250ms``
+_DURATION_PART = re.compile(rf"\s*{_NUMBER}\s*([a-zA-Z]*)\s*")
 
 
 def parse_bytes(value: int | float | str) -> int:
-    """Bytes from ``25769803776``, ``"24GiB"``, ``"24 GB"`` (powers of 1000) or ``"512MiB"``.
+    """Bytes from ``25769803776``, ``"24GiB"``, ``"24G"``, ``"24 GB"`` or ``"512MiB"``.
+
+    Every unit prefix is a power of 1024, as nvidia-smi and PyTorch count GPU memory:
+    ``"24G"``, ``"24GB"``, ``"24Gb"`` and ``"24GiB"`` all mean 24 GiB
+    (25,769,803,776 bytes). A lowercase ``b`` means bytes, not bits. A decimal size is
+    given in bytes (``24e9``); a number without a unit is bytes.
 
     Raises:
         BudgetError: not a size, or not a finite size of at least one byte (``"0.4B"``,
@@ -58,7 +78,7 @@ def parse_bytes(value: int | float | str) -> int:
         unit = m.group(2).lower() if m else None
         if m is None or unit not in _BYTE_UNITS:
             raise BudgetError(
-                f"expected a memory size like 24GiB, 80GB or 512MiB (or bytes, or a percentage "
+                f"expected a memory size like 24GiB, 24G or 512MiB (or bytes, or a percentage "
                 f"like 90%), but got {value!r}."
             )
         n = _finite(float(m.group(1)) * _BYTE_UNITS[unit], "memory size", "24GiB", repr(value))
@@ -70,8 +90,25 @@ def parse_bytes(value: int | float | str) -> int:
     return int(n)
 
 
+def _bare_small_size(value: object) -> float | None:
+    """The number ``value`` is when it is a memory size without a unit under 1 MiB (``24``,
+    ``"24"``), which reads as bytes but most likely meant another unit; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str) and (m := _NUMBER_UNIT.match(value)) and not m.group(2):
+        number = float(m.group(1))
+    else:
+        return None
+    return number if 0 < number < _SMALL_BARE_BYTES else None
+
+
 def parse_duration(value: int | float | str) -> float:
-    """Seconds from ``90``, ``"90s"``, ``"5min"``, ``"1.5h"`` or ``"2 days"``.
+    """Seconds from ``90``, ``"90s"``, ``"250ms"``, ``"5min"``, ``"1.5h"``, ``"2 days"``, or
+    a compound duration: ``"1h30m"``, ``"2h 15min"``, ``"1m 30s"``.
+
+    ``m`` is minutes and ``ms`` milliseconds. In a compound duration every part has a unit.
 
     Raises:
         BudgetError: not a duration, or not a finite positive one, saying what was
@@ -82,13 +119,31 @@ def parse_duration(value: int | float | str) -> float:
     if isinstance(value, (int, float)):
         seconds = _finite(value, "duration", "10min")
     else:
-        m = _NUMBER_UNIT.match(str(value))
-        unit = m.group(2).lower() if m else None
-        if m is None or unit not in _TIME_UNITS:
-            raise BudgetError(
-                f"expected a duration like 90s, 10min or 1.5h (or seconds), but got {value!r}."
-            )
-        seconds = _finite(float(m.group(1)) * _TIME_UNITS[unit], "duration", "10min", repr(value))
+        text = str(value)
+        expected = (
+            f"expected a duration like 90s, 250ms, 10min, 1.5h or 1h30m (or seconds), "
+            f"but got {value!r}"
+        )
+        parts: list[tuple[str, str]] = []
+        pos = 0
+        while pos < len(text):
+            m = _DURATION_PART.match(text, pos)
+            if m is None or m.end() == pos:
+                raise BudgetError(expected + ".")
+            parts.append((m.group(1), m.group(2).lower()))
+            pos = m.end()
+        if not parts:
+            raise BudgetError(expected + ".")
+        if len(parts) == 1 and parts[0][1] == "":
+            parts = [(parts[0][0], "s")]  # "90": seconds
+        seconds = 0.0
+        for number, unit in parts:
+            if unit not in _TIME_UNITS:
+                bad = f"{number}{unit}" if unit else number
+                why = "has no unit" if not unit else f"has the unknown unit {unit!r}"
+                raise BudgetError(f"{expected}, whose part {bad!r} {why}.")
+            seconds += float(number) * _TIME_UNITS[unit]
+        seconds = _finite(seconds, "duration", "10min", repr(value))
     if seconds <= 0:
         raise BudgetError(f"a duration must be positive, but got {value!r}.")
     return seconds
@@ -163,7 +218,13 @@ class Reason:
 
 @dataclass(frozen=True)
 class Decision:
-    """Admit or reject, with the reasons and the figures that were compared."""
+    """Admit or reject, with the reasons and the figures that were compared.
+
+    ``checked`` holds, for each limit, the figure compared and the limit (``"memory"``,
+    ``"epoch_time"``, ...); ``checked["limits"]`` names the checks that ran and
+    ``checked["not_checked"]`` maps each limit that was set but could not be checked to
+    why (an epoch-time budget for a spec without ``dataset_size``).
+    """
 
     admit: bool
     reasons: tuple[Reason, ...] = ()
@@ -172,12 +233,25 @@ class Decision:
     def __bool__(self) -> bool:
         return self.admit
 
+    @property
+    def not_checked(self) -> dict[str, str]:
+        """The limits that were set but not checked, each with why."""
+        found = self.checked.get("not_checked")
+        return dict(found) if isinstance(found, dict) else {}
+
     def __str__(self) -> str:
+        by_why: dict[str, list[str]] = {}
+        for kind, why in self.not_checked.items():
+            by_why.setdefault(why, []).append(kind)
+        skipped = "; ".join(
+            f"not checked: {', '.join(kinds)} ({why})" for why, kinds in by_why.items()
+        )
         if self.admit:
-            return "admit: " + (
-                ", ".join(f"{k} ok" for k in self.checked.get("limits", [])) or "no limits set"
-            )
-        return "reject: " + "; ".join(r.message for r in self.reasons)
+            ok = ", ".join(f"{k} ok" for k in self.checked.get("limits", []))
+            text = "; ".join(part for part in (ok, skipped) if part)
+            return "admit: " + (text or "no limits set")
+        text = "reject: " + "; ".join(r.message for r in self.reasons)
+        return text + (f"; {skipped}" if skipped else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -193,13 +267,17 @@ class Budget:
 
     Args:
         max_memory: the most GPU memory the training process may use, CUDA context
-            included: bytes, ``"24GiB"``, ``"90%"`` of the device, or ``"auto"`` (all of
-            the device). The device's own memory is always a limit, whatever this says
+            included: bytes, a size (``"24GiB"``; every prefix is binary, as nvidia-smi
+            and PyTorch count, so ``"24G"`` and ``"24GB"`` are 24 GiB too: see
+            :func:`parse_bytes`), ``"90%"`` of the device, or ``"auto"`` (all of the
+            device). A number without a unit is bytes, and one under 1 MiB is warned
+            about (``24`` most likely meant ``"24GiB"``). The device's own memory is always a limit, whatever this says
             (a limit above it is warned about once). The check is ``the memory the step
             needs (its smallest capacity, :attr:`~costaware.Prediction.min_capacity_upper`)
             + the device's CUDA context``.
-        max_epoch_time, max_trial_time, max_total_time: seconds or ``"10min"``-style
-            strings; the trial time is the epoch time times the spec's epochs, and the
+        max_epoch_time, max_trial_time, max_total_time: seconds, or a duration such as
+            ``"90s"``, ``"250ms"``, ``"10min"``, ``"1.5h"`` or ``"1h30m"``
+            (:func:`parse_duration`); the trial time is the epoch time times the spec's epochs, and the
             total time adds what the study has already spent.
         price_per_hour, max_cost: a price per GPU-hour and a cap on the study's cost.
         safety_margin: a fraction added to every predicted figure before comparing.
@@ -229,6 +307,14 @@ class Budget:
         # _memory_fraction validates percentages and "auto"; anything else must be a size
         if self.max_memory is not None and self._memory_fraction() is None:
             parse_bytes(self.max_memory)
+            if (small := _bare_small_size(self.max_memory)) is not None:
+                warnings.warn(
+                    f"max_memory={self.max_memory!r} has no unit, so it is {small:g} bytes; "
+                    f"did you mean max_memory='{small:g}GiB'? Write the unit to silence this "
+                    f"(max_memory='{small:g}B' for bytes).",
+                    UserWarning,
+                    stacklevel=3,
+                )
         for name in ("max_epoch_time", "max_trial_time", "max_total_time"):
             v = getattr(self, name)
             if v is not None:
@@ -378,23 +464,29 @@ class Budget:
             ("epoch_time", self.max_epoch_time, epoch, "epoch time"),
             ("trial_time", self.max_trial_time, trial, "trial time"),
         )
+        no_time = (
+            "no dataset_size in the spec, so no epoch time was predicted; give "
+            "TrainingSpec(dataset_size=...) to check it"
+        )
+        not_checked: dict[str, str] = {}
         for kind, raw, value, words in times:
             if raw is None:
                 continue
             cap = parse_duration(raw)
-            checked["limits"].append(kind)
             if value is None:
-                checked[kind] = {
-                    "predicted": None,
-                    "limit": cap,
-                    "note": "no dataset_size: not checked",
-                }
+                checked[kind] = {"predicted": None, "limit": cap, "note": no_time}
+                not_checked[kind] = no_time
                 continue
+            checked["limits"].append(kind)
             checked[kind] = {"predicted": value, "limit": cap}
             if value > cap:
                 v, c = fmt_apart(value, cap, seconds=True)
                 msg = f"predicted {words} {v} ({label_time}) exceeds {c}"
                 reasons.append(Reason(kind, value, cap, msg))
+        if self.max_total_time is not None and trial is None:
+            cap = parse_duration(self.max_total_time)
+            checked["total_time"] = {"predicted": None, "limit": cap, "note": no_time}
+            not_checked["total_time"] = no_time
         if self.max_total_time is not None and trial is not None:
             cap = parse_duration(self.max_total_time)
             checked["limits"].append("total_time")
@@ -408,6 +500,9 @@ class Budget:
                         f"{fmt_seconds(spent_time)} spent + {fmt_seconds(trial)} for this trial exceeds the study's {fmt_seconds(cap)}",
                     )
                 )
+        if self.max_cost is not None and trial is None:
+            checked["cost"] = {"predicted": None, "limit": self.max_cost, "note": no_time}
+            not_checked["cost"] = no_time
         if self.max_cost is not None and self.price_per_hour is not None and trial is not None:
             cost = trial / 3600 * self.price_per_hour
             checked["limits"].append("cost")
@@ -421,6 +516,8 @@ class Budget:
                         f"{spent_cost:.2f} spent + {cost:.2f} for this trial exceeds the {self.max_cost:.2f} cost cap",
                     )
                 )
+        if not_checked:
+            checked["not_checked"] = not_checked
         return Decision(admit=not reasons, reasons=tuple(reasons), checked=checked)
 
     def check_measured(

@@ -26,6 +26,7 @@ __all__ = [
     "SpecError",
     "TraceError",
     "TraceTimeout",
+    "TrialRejected",
     "UntraceableModelError",
     "UserCodeError",
     "first_line",
@@ -62,6 +63,19 @@ class UntraceableModelError(TraceError):
 
 class TraceTimeout(TraceError):
     """The dry run took longer than its time limit."""
+
+
+class TrialRejected(CostawareError):
+    """A trial was rejected before it ran: its predicted cost breaks the budget.
+
+    Raised by the Lightning callback (``on_reject="raise"``) when no Optuna trial is
+    attached (one that is ends as ``optuna.TrialPruned``). ``reasons`` holds each reason's
+    message; the exception's message joins them.
+    """
+
+    def __init__(self, reasons: list[str] | tuple[str, ...]) -> None:
+        self.reasons = tuple(reasons)
+        super().__init__("; ".join(self.reasons) or "rejected by costaware")
 
 
 class NotFittedError(CostawareError, RuntimeError):

@@ -14,7 +14,10 @@ their own terms.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,6 +47,23 @@ __all__ = [
 #: names of the feasibility constraints (<= 0 is feasible) the integrations set
 CONSTRAINT_MEMORY = "costaware_memory"
 CONSTRAINT_TIME = "costaware_time"
+
+
+def _measured_context(store: Any, device: str) -> int | None:
+    """The median CUDA context (``actual["context_bytes"]``) the store's measurements on
+    ``device`` recorded, or None (none recorded, or the store cannot be read)."""
+    try:
+        rows = store.measurements()
+    except Exception:
+        return None
+    values = sorted(
+        int(v)
+        for r in rows
+        if r.get("device") == device
+        and isinstance(v := (r.get("actual") or {}).get("context_bytes"), (int, float))
+        and v > 0
+    )
+    return values[len(values) // 2] if values else None
 
 
 def open_store(store: Any, *, retry: bool = False) -> Any:
@@ -116,7 +136,7 @@ class Gate:
     """Predict, decide against a budget, and record, for one study or experiment.
 
     Args:
-        budget: the limits a trial must fit.
+        budget: the limits a trial must fit (default ``Budget()``: the device's memory).
         device: a catalog name, a ``Device``, or ``"auto"``.
         model: the cost model (default: the shipped one).
         store: an ``ObservationStore`` or its URL, to record predictions (and refit).
@@ -126,13 +146,15 @@ class Gate:
 
     def __init__(
         self,
-        budget: Budget,
+        budget: Budget | None = None,
         device: str | Device = "auto",
         model: CostModel | None = None,
         store: Any = None,
         refit_every: int | None = None,
         fail_open: bool = True,
     ) -> None:
+        if budget is None:
+            budget = Budget()  # the device's memory is the one limit
         if not isinstance(budget, Budget):
             raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
         self.budget = budget
@@ -141,6 +163,8 @@ class Gate:
         self.refit_every = refit_every
         self._model = model
         self._device: Device | None = None
+        self._context: int | None = None  # the study's measured CUDA context
+        self._context_read = -math.inf
         self._lock = threading.Lock()
         self.store = open_store(store, retry=True)  # a server that is down never stops a study
         self.refit: Any = None
@@ -186,17 +210,38 @@ class Gate:
             return self._model
 
     def resolved_device(self) -> Device:
+        """The device decisions are made for. Its CUDA context is the one this study
+        measured (the median ``context_bytes`` of the store's measurements on that device,
+        which the Lightning callback records), where there is one, else the catalog's
+        default. Re-read from the store at most once a minute."""
         if self._device is None:
             self._device = get_device(self.device)
+            auto = isinstance(self.device, str) and self.device.strip().lower() == "auto"
+            if auto and self._device.kind == "cpu":
+                warnings.warn(
+                    "device='auto' found no GPU here (NVML sees none), so trials are judged "
+                    "for this machine's CPU and its memory; name the GPU they train on "
+                    "(device='A10', ...) to judge them for it.",
+                    CostAwareWarning,
+                    stacklevel=3,
+                )
+        now = time.monotonic()
+        if self.store is not None and now - self._context_read > 60.0:
+            self._context_read = now
+            measured = _measured_context(self.store, self._device.name)
+            if measured is not None:
+                self._context = measured
+        if self._context is not None and self._device.kind == "cuda":
+            ctx = min(self._context, self._device.memory_bytes - 1)
+            return dataclasses.replace(self._device, context_overhead_bytes=ctx)
         return self._device
 
     def constraints(self, decision: Decision | None) -> dict[str, float]:
         """One value per budgeted quantity (<= 0 feasible), the same keys for every trial."""
         out: dict[str, float] = {}
         checked = decision.checked if decision is not None else {}
-        if self.budget.max_memory is not None:
-            m = checked.get("memory")
-            out[CONSTRAINT_MEMORY] = float(m["predicted"] - m["limit"]) / 2**30 if m else 0.0
+        m = checked.get("memory")  # memory is always checked: the device is a limit
+        out[CONSTRAINT_MEMORY] = float(m["predicted"] - m["limit"]) / 2**30 if m else 0.0
         if self.budget.max_epoch_time is not None or self.budget.max_trial_time is not None:
             key = "epoch_time" if self.budget.max_epoch_time is not None else "trial_time"
             t = checked.get(key)

@@ -201,6 +201,24 @@ def nvml_driver() -> str | None:
         return None
 
 
+def context_bytes(device: torch.device) -> int | None:
+    """What this process holds on ``device`` outside PyTorch's caching allocator: NVML's
+    used memory less torch's reserved memory (the CUDA context, cuBLAS's and cuDNN's
+    handles, and what the driver keeps). None without NVML or a CUDA device. Another
+    process on the same GPU counts too: the figure is then an upper bound."""
+    if device.type != "cuda":
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        used = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+    except Exception:  # NVML is optional
+        return None
+    return max(0, used - int(torch.cuda.memory_reserved(device)))
+
+
 class _NvmlSampler:
     """Samples the device's used memory in a thread; ``peak`` is the highest seen."""
 

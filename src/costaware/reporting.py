@@ -98,7 +98,9 @@ class TrialRow:
     Times are seconds, memory bytes; None where nothing was recorded. ``outcome`` is one
     of :data:`OUTCOMES`. ``wall_time`` is the trial's wall time as the HPO framework
     recorded it (Optuna's duration, Ray's ``time_total_s``); ``train_time`` the sum of
-    its measured epoch times (the store's records).
+    its measured epoch times (the store's records). ``device`` is the device named with
+    the prediction or measurement; ``device_kind`` the kind the trial was measured on
+    (``"cpu"``, ``"cuda"``), when a measurement says it.
     """
 
     trial: str
@@ -110,6 +112,7 @@ class TrialRow:
     reasons: list[str] = field(default_factory=list)
     reason_kinds: list[str] = field(default_factory=list)
     device: str | None = None
+    device_kind: str | None = None
     model_kind: str | None = None
     prediction_error: str | None = None
     predicted: bool = False
@@ -203,6 +206,11 @@ def _first_num(d: Mapping[str, Any], keys: Iterable[str]) -> float | None:
         if v is not None:
             return v
     return None
+
+
+def _trials(n: int) -> str:
+    """``"1 trial"``, ``"3 trials"``."""
+    return f"{n:,} trial{'s' * (n != 1)}"
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -331,7 +339,11 @@ class Report:
         self.spent_basis = spent_basis
         self.generated_at = generated_at or _dt.datetime.now(_dt.timezone.utc)
         self.actuals_expected = actuals_expected
-        self.notes: list[str] = list(notes) + self._missing()
+        self._oom_time = self.time_to_oom()
+        #: notes already given as a warning while the report was read: the terminal
+        #: summary does not print them a second time
+        self.warned: set[str] = set()
+        self.notes: list[str] = list(dict.fromkeys([*notes, *self._missing()]))
 
     def __repr__(self) -> str:
         s = self.summary()
@@ -343,15 +355,126 @@ class Report:
     # -- what the numbers say ---------------------------------------------------------
     @property
     def device_word(self) -> str:
-        """``"GPU"``, ``"CPU"`` or ``"device"``: what the trials ran on, for labels."""
+        """``"GPU"``, ``"CPU"`` or ``"device"``: what the trials ran on, for labels.
+
+        The kind the trials were measured on decides (a CPU run of a study that predicted
+        for an A10 spent CPU time); without measurements, the devices the records name.
+        """
+        kinds = {r.device_kind for r in self.trials if r.device_kind}
+        if kinds:
+            if kinds == {"cpu"}:
+                return "CPU"
+            return "GPU" if kinds == {"cuda"} else "device"
         devices = {(r.device or "").lower() for r in self.trials if r.device}
         if not devices:
-            return "GPU"
+            return "device"
         if all(d == "cpu" or d.startswith("cpu") for d in devices):
             return "CPU"
         if any(d == "cpu" or d.startswith("cpu") for d in devices):
             return "device"
         return "GPU"
+
+    def time_to_oom(self) -> tuple[float | None, int]:
+        """The median measured time from start to crash of the trials that ran out of
+        memory (their wall time, else their measured training time), and how many there
+        were; ``(None, 0)`` when none was measured (an OOM with no recorded time, or a
+        time of zero, is not a measurement)."""
+        # a zero time is no measurement (a trial created with no start and end times)
+        times = [s for r in self.trials if r.outcome == "oom" and (s := r.spent)]
+        return _median(times), len(times)
+
+    def saving(self, row: TrialRow) -> tuple[float | None, str]:
+        """What rejecting ``row`` saved, in device seconds, and what the figure rests on.
+
+        The basis is one of:
+
+        - ``"until_oom"``: rejected for memory, it would have crashed when it ran out of
+          memory; counted at the median measured time to the crash of this report's OOM
+          trials (:meth:`time_to_oom`), never more than its predicted run;
+        - ``"upper_bound"``: rejected for memory, but no OOM was measured to say how soon
+          it would have crashed: counted at its whole predicted run, an upper bound;
+        - ``"predicted_run"``: rejected for time or cost (or for a reason not recorded):
+          counted at its whole predicted run (epoch time × epochs, the point prediction),
+          which it would have used had it been admitted;
+        - ``"unknown"``: no figure (no predicted time, and no measured OOM for one
+          rejected for memory);
+        - ``"ran"``: not rejected.
+        """
+        if row.outcome != "rejected":
+            return None, "ran"
+        predicted = row.predicted_cost
+        if "memory" in row.reason_kinds:
+            crash, _ = self._oom_time
+            if crash is not None:
+                return (crash if predicted is None else min(crash, predicted)), "until_oom"
+            return (predicted, "upper_bound") if predicted is not None else (None, "unknown")
+        return (predicted, "predicted_run") if predicted is not None else (None, "unknown")
+
+    def savings(self) -> dict[str, Any]:
+        """What the rejections saved, by basis (see :meth:`saving`), with the sentences
+        that say what the total rests on.
+
+        Keys: ``seconds`` (the total, None when nothing is counted and trials were
+        rejected), ``upper_bound`` (whether a part of it is an upper bound), per basis
+        ``{basis: {"seconds": ..., "trials": ...}}`` under ``by_basis``, ``unknown`` (the
+        rejected trials with no figure), ``predicted_s`` (the part resting on predicted
+        times), ``time_to_oom_s`` and ``time_to_oom_trials``, and ``basis`` (sentences).
+        """
+        by: dict[str, dict[str, float]] = {}
+        for r in self.trials:
+            seconds, how = self.saving(r)
+            if how == "ran":
+                continue
+            entry = by.setdefault(how, {"seconds": 0.0, "trials": 0})
+            entry["trials"] += 1
+            entry["seconds"] += seconds or 0.0
+        counted = {b: v for b, v in by.items() if b != "unknown"}
+        rejected = sum(v["trials"] for v in by.values())
+        total = sum(v["seconds"] for v in counted.values()) if counted else None
+        if total is None and not rejected:
+            total = 0.0
+        crash, n_oom = self._oom_time
+        word = self.device_word
+        basis: list[str] = []
+        if "until_oom" in by:
+            n = int(by["until_oom"]["trials"])
+            basis.append(
+                f"{_trials(n)} rejected for memory: {'each ' * (n != 1)}counted at "
+                f"{fmt_seconds(crash)}, the median time from start to crash of the "
+                f"{_trials(n_oom)} of this study that ran out of memory (a trial over its "
+                "memory crashes early, not at the end of its planned run)."
+            )
+        if "upper_bound" in by:
+            n = int(by["upper_bound"]["trials"])
+            one = n == 1
+            basis.append(
+                f"{_trials(n)} rejected for memory: counted at {'its' if one else 'their'} "
+                f"whole predicted run ({fmt_seconds(by['upper_bound']['seconds'])}), an upper "
+                f"bound. {'It' if one else 'They'} would have crashed when "
+                f"{'it' if one else 'they'} ran out of memory, most likely in the first "
+                "steps, and no trial of this study ran out of memory to measure how soon."
+            )
+        if "predicted_run" in by:
+            n = int(by["predicted_run"]["trials"])
+            one = n == 1
+            basis.append(
+                f"{_trials(n)} rejected for time or cost: counted at "
+                f"{'its' if one else 'their'} whole predicted run (epoch time × epochs, the "
+                f"point prediction), the {word} time {'it' if one else 'they'} would have "
+                f"used had {'it' if one else 'they'} been admitted."
+            )
+        predicted = sum(by[b]["seconds"] for b in ("upper_bound", "predicted_run") if b in by)
+        return {
+            "seconds": total,
+            "trials": sum(int(v["trials"]) for v in counted.values()),
+            "upper_bound": "upper_bound" in by,
+            "by_basis": {b: dict(v) for b, v in by.items()},
+            "unknown": int(by.get("unknown", {}).get("trials", 0)),
+            "predicted_s": predicted,
+            "time_to_oom_s": crash,
+            "time_to_oom_trials": n_oom,
+            "basis": basis,
+        }
 
     def counts(self) -> dict[str, int]:
         """Trials per outcome (every outcome of :data:`OUTCOMES`, zeros included)."""
@@ -371,17 +494,17 @@ class Report:
         counts = self.counts()
         ran = [r for r in self.trials if r.admitted]
         spent_values = [s for r in ran if (s := r.spent) is not None]
-        rejected = [r for r in self.trials if r.outcome == "rejected"]
-        saved_values = [c for r in rejected if (c := r.predicted_cost) is not None]
+        savings = self.savings()
         ooms = [r for r in self.trials if r.outcome == "oom"]
         oom_values = [s for r in ooms if (s := r.spent) is not None]
         stopped = [r for r in self.trials if r.outcome == "stopped"]
         mem = rel_errors(_memory_pairs(self.trials))
         tim = rel_errors(_time_pairs(self.trials))
-        saved = sum(saved_values) if saved_values else (0.0 if not rejected else None)
+        saved = savings["seconds"]
         adjusted = None
-        if saved and tim.get("n", 0) >= _MIN_FOR_BIAS:
-            adjusted = saved * tim["median_ratio"]
+        if saved and savings["predicted_s"] and tim.get("n", 0) >= _MIN_FOR_BIAS:
+            # only the part that rests on predicted times is scaled by how they fared
+            adjusted = saved - savings["predicted_s"] + savings["predicted_s"] * tim["median_ratio"]
         latencies = [r.gate_latency for r in self.trials if r.gate_latency is not None]
         spent = sum(spent_values)
         return {
@@ -395,10 +518,15 @@ class Report:
             "spent_trials": len(spent_values),
             "spent_cost": self.cost(spent),
             "saved_s": saved,
-            "saved_trials": len(saved_values),
-            "saved_unknown": len(rejected) - len(saved_values),
+            "saved_trials": savings["trials"],
+            "saved_unknown": savings["unknown"],
             "saved_cost": self.cost(saved),
             "saved_adjusted_s": adjusted,
+            "saved_upper_bound": savings["upper_bound"],
+            "saved_by_basis": savings["by_basis"],
+            "saved_basis": savings["basis"],
+            "time_to_oom_s": savings["time_to_oom_s"],
+            "time_to_oom_trials": savings["time_to_oom_trials"],
             "oom_wasted_s": sum(oom_values),
             "oom_wasted_trials": len(oom_values),
             "stopped_spent_s": sum(s for r in stopped if (s := r.spent) is not None),
@@ -413,8 +541,9 @@ class Report:
         """Cumulative device time, trial by trial in the order they ended.
 
         Each point: ``time`` (aware UTC), ``trial``, ``spent`` (cumulative seconds of
-        the trials that ran) and ``avoided`` (cumulative predicted seconds of the
-        trials rejected so far). Trials with no recorded end time are left out.
+        the trials that ran) and ``avoided`` (cumulative seconds the rejections so far
+        saved, as :meth:`saving` counts them). Trials with no recorded end time are left
+        out.
         """
         events: list[tuple[_dt.datetime, TrialRow]] = [
             (r.end, r) for r in self.trials if r.end is not None
@@ -427,7 +556,7 @@ class Report:
             out.append({"time": min(starts), "trial": "start", "spent": 0.0, "avoided": 0.0})
         for t, r in events:
             if r.outcome == "rejected":
-                avoided += r.predicted_cost or 0.0
+                avoided += self.saving(r)[0] or 0.0
             else:
                 spent += r.spent or 0.0
             out.append({"time": t, "trial": r.label, "spent": spent, "avoided": avoided})
@@ -517,8 +646,9 @@ class Report:
         if s["saved_unknown"]:
             notes.append(
                 f"{s['saved_unknown']} rejected trials have no predicted epoch time (their "
-                "TrainingSpec has no dataset_size, or the prediction failed), so their saving "
-                "is not counted."
+                "TrainingSpec has no dataset_size, or the prediction failed) and, for a "
+                "memory rejection, no measured OOM in this study to count its time to the "
+                "crash by, so their saving is not counted. Give the spec dataset_size."
             )
         if self.direction is None and any(r.value is not None for r in self.trials):
             notes.append(
@@ -545,9 +675,13 @@ class Report:
             "accuracy": self.accuracy(),
             "rejections": self.rejections(),
             "best": [r.to_dict() for r in self.best()],
-            "trials": [r.to_dict() for r in self.trials],
+            "trials": [self._trial_dict(r) for r in self.trials],
             "notes": list(self.notes),
         }
+
+    def _trial_dict(self, r: TrialRow) -> dict[str, Any]:
+        saved, basis = self.saving(r)
+        return {**r.to_dict(), "saved": saved, "saved_basis": basis}
 
     # -- renderings ---------------------------------------------------------------------
     def to_html(
@@ -676,6 +810,8 @@ def _apply_measurements(row: TrialRow, ms: Sequence[Mapping[str, Any]]) -> str |
     row.epochs_measured = len(good)
     row.train_time = sum(every) if every else None
     row.device = row.device or next((_str(m.get("device")) for m in ms if m.get("device")), None)
+    kinds = [k for m in ms if isinstance(k := _map(m.get("actual")).get("device_kind"), str)]
+    row.device_kind = row.device_kind or (kinds[0].lower() if kinds else None)
     times = [t for m in ms if isinstance(t := m.get("created_at"), _dt.datetime)]
     if times and row.end is None:
         row.end = max(times)
@@ -1217,6 +1353,7 @@ def report(
         raise ReportError(f"price_per_hour must be a number >= 0, but got {price_per_hour!r}.")
 
     notes: list[str] = []
+    warned: set[str] = set()  # the notes also given as a warning
     caps: dict[str, float] = {}
     store_obj: Any = None
     optuna_study: Any = None
@@ -1279,6 +1416,7 @@ def report(
         store_predictions, measurements, skipped = _read_store(store_obj, want)
         if skipped is not None:
             notes.append(skipped)
+            warned.add(skipped)
         grouped = _group_store(store_predictions, measurements)
         caps.update(_caps_from(store_predictions))
 
@@ -1378,7 +1516,7 @@ def report(
             price_per_hour = getattr(budget, "price_per_hour", None)
     if progress is not None:
         progress("analysing", 1, 1)
-    return Report(
+    rep = Report(
         rows,
         title=title or default_title,
         source=src,
@@ -1392,6 +1530,8 @@ def report(
         spent_basis=spent_basis,
         actuals_expected=store_obj is not None or ray_path is not None,
     )
+    rep.warned = warned
+    return rep
 
 
 def _store_hint(near: str | None) -> str:
@@ -1458,6 +1598,22 @@ def lean_words(err: Mapping[str, Any]) -> str:
     if r <= 0.8:
         return f"predictions ×{1 / r:.1f} too high"
     return ""
+
+
+def fmt_saved(summary: Mapping[str, Any], currency: str | None = None) -> str:
+    """The summary's saved time as a headline: ``"3.2 min"``, ``"at most 14.40 h"`` when a
+    part of it is an upper bound, with its cost when ``currency`` is given and a price
+    is known; ``-`` when nothing could be counted."""
+    seconds = summary.get("saved_s")
+    if seconds is None:
+        return "-"
+    text = ("at most " if summary.get("saved_upper_bound") else "") + (
+        "0 s" if seconds == 0 else fmt_seconds(seconds)
+    )
+    cost = summary.get("saved_cost")
+    if currency is not None and cost is not None:
+        text += f" ({fmt_money(cost, currency)})"
+    return text
 
 
 def fmt_money(x: float | None, currency: str) -> str:

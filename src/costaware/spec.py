@@ -32,7 +32,9 @@ __all__ = [
     "SegmentationBatch",
     "TokenBatch",
     "TrainingSpec",
+    "check_positions",
     "default_loss",
+    "position_table",
 ]
 
 #: Optimizers known by name, and how many tensors of state each holds per parameter.
@@ -132,30 +134,69 @@ class SegmentationBatch(ImageBatch):
 
 @dataclass(frozen=True)
 class TokenBatch:
-    """A batch of token ids for a language model: ``input_ids`` and ``labels`` of ``N×T``.
+    """A batch of token ids, in the dict form Hugging Face models take.
 
-    The default loss calls ``model(input_ids=..., labels=...)`` when ``forward`` accepts
-    both (Hugging Face style) and uses the output's ``.loss``; otherwise it calls
+    By default a language-modelling batch: ``input_ids`` and ``labels`` of ``N×T`` token
+    ids drawn from ``[0, vocab)``.
+
+    - ``num_labels=k``: sequence classification; ``labels`` is one class per sequence,
+      of shape ``(N,)`` in ``[0, k)`` (``AutoModelForSequenceClassification`` with
+      ``num_labels=k``).
+    - ``attention_mask=True``: an ``attention_mask`` of ``N×T`` ones (int64, as a tokenizer
+      returns it) goes with the ids. Every sequence is full length, the most a padded
+      batch of this length costs.
+
+    The default loss calls ``model(input_ids=..., labels=...)`` (and ``attention_mask``
+    where ``forward`` takes it) when ``forward`` accepts ``input_ids`` and ``labels``
+    (Hugging Face style) and uses the output's ``.loss``; otherwise it calls
     ``model(input_ids)`` and applies cross-entropy to the logits.
+
+    Example:
+        >>> import costaware as ca
+        >>> b = ca.TokenBatch(seq_len=128, vocab=30522, num_labels=2, attention_mask=True)
+        >>> {k: tuple(v.shape) for k, v in b.make(8).items()}
+        {'input_ids': (8, 128), 'attention_mask': (8, 128), 'labels': (8,)}
     """
 
     seq_len: int
     vocab: int
+    num_labels: int | None = None
+    attention_mask: bool = False
     kind: str = field(default="tokens", init=False, repr=False)
 
     def __post_init__(self) -> None:
         _positive_int("seq_len", self.seq_len)
         _positive_int("vocab", self.vocab)
+        if self.num_labels is not None:
+            _positive_int("num_labels", self.num_labels)
+        if not isinstance(self.attention_mask, bool):
+            raise SpecError(
+                "attention_mask must be True or False (whether the batch carries one), but "
+                f"got attention_mask={self.attention_mask!r}."
+            )
 
     def make(self, batch_size: int) -> dict[str, torch.Tensor]:
         ids = torch.randint(0, self.vocab, (batch_size, self.seq_len))
-        return {
-            "input_ids": ids,
-            "labels": torch.randint(0, self.vocab, (batch_size, self.seq_len)),
-        }
+        batch = {"input_ids": ids}
+        if self.attention_mask:
+            batch["attention_mask"] = torch.ones(batch_size, self.seq_len, dtype=torch.long)
+        if self.num_labels is None:
+            batch["labels"] = torch.randint(0, self.vocab, (batch_size, self.seq_len))
+        else:
+            batch["labels"] = torch.randint(0, self.num_labels, (batch_size,))
+        return batch
+
+    def index_ranges(self) -> tuple[tuple[str, int, str], ...]:
+        """``(field, n, argument)`` for each field of the batch that holds indices drawn from
+        ``[0, n)``, and the argument of this class that sets ``n``."""
+        labels = ("labels", self.vocab, "vocab")
+        if self.num_labels is not None:
+            labels = ("labels", self.num_labels, "num_labels")
+        return (("input_ids", self.vocab, "vocab"), labels)
 
     def signature(self) -> str:
-        return f"TokenBatch{self.seq_len}v{self.vocab}"
+        extra = "" if self.num_labels is None else f"l{self.num_labels}"
+        return f"TokenBatch{self.seq_len}v{self.vocab}{extra}{'m' if self.attention_mask else ''}"
 
     def describe(self) -> dict[str, float]:
         return {
@@ -165,8 +206,82 @@ class TokenBatch:
             "input_width": 1.0,
             "seq_len": float(self.seq_len),
             "vocab": float(self.vocab),
-            "classes": float(self.vocab),
+            "classes": float(self.vocab if self.num_labels is None else self.num_labels),
         }
+
+
+#: the config attributes Hugging Face models give the size of a learned position table by
+#: (GPT-2's ``n_positions``; BERT's and most others' ``max_position_embeddings``)
+_POSITION_CONFIG = ("n_positions", "max_position_embeddings")
+
+
+def _is_position_name(name: str) -> bool:
+    """Whether a module's attribute name reads as a table of positions (``wpe``,
+    ``pos_emb``, ``position_embeddings``, ``positional_embedding``), not of relative
+    position buckets (T5's ``relative_attention_bias``)."""
+    last = name.rsplit(".", 1)[-1].lower()
+    if "relative" in last or last.startswith("rel_"):
+        return False
+    return last == "wpe" or last.startswith("pos") or "position" in last
+
+
+def position_table(model: nn.Module) -> tuple[int, str] | None:
+    """The longest sequence ``model``'s learned position table takes, and where that figure
+    comes from in words; None when it has none (rotary or sinusoidal positions, or no
+    positions at all, take any length without an index error).
+
+    The table is an ``nn.Embedding`` that ``model.config.n_positions`` or
+    ``max_position_embeddings`` sizes (Hugging Face; its padding row, as RoBERTa has one,
+    is not a position), or one whose name says it holds positions (``wpe``, ``pos_emb``,
+    ``position_embeddings``).
+    """
+    embeddings = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    config = getattr(model, "config", None)
+    for attr in _POSITION_CONFIG:
+        size = getattr(config, attr, None) if config is not None else None
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            continue
+        sized = [(n, m) for n, m in embeddings if m.num_embeddings == size]
+        named = [(n, m) for n, m in sized if _is_position_name(n)]
+        if not named:
+            continue
+        name, table = named[0]
+        # RoBERTa's positions start after its padding row: padding_idx + 1 onwards
+        offset = table.padding_idx + 1 if table.padding_idx is not None else 0
+        where = f"config.{attr}={size}, the embedding {name}"
+        if offset:
+            where += f", whose first {offset} rows are not positions"
+        return size - offset, where
+    for name, table in embeddings:
+        if _is_position_name(name):
+            return table.num_embeddings, f"the embedding {name} of {table.num_embeddings} rows"
+    return None
+
+
+def check_positions(model: nn.Module, batch: Any) -> None:
+    """Raise :class:`~costaware.errors.SpecError` when the batch's sequences are longer than
+    ``model``'s learned position table: a real step fails with an index out of range (on
+    fake tensors it would not).
+
+    The sequence length is the second dimension of a mapping batch's ``input_ids``.
+    """
+    if not isinstance(batch, Mapping) or not isinstance(batch.get("input_ids"), torch.Tensor):
+        return
+    ids = batch["input_ids"]
+    if ids.dim() != 2:
+        return
+    seq_len = int(ids.shape[1])
+    found = position_table(model)
+    if found is None or seq_len <= found[0]:
+        return
+    longest, where = found
+    raise SpecError(
+        f"the batch's sequences are {seq_len} tokens long, but {type(model).__name__} has "
+        f"positions for {longest} ({where}): a real training step would fail on the "
+        f"positions past {longest - 1} (an index out of range). Make the batch fit the model: "
+        f"TokenBatch(seq_len={longest}, ...) or shorter, or a model with room for {seq_len} "
+        "positions."
+    )
 
 
 @dataclass(frozen=True)
@@ -178,6 +293,9 @@ class _CallableBatch:
         return self.fn(batch_size)
 
     def signature(self) -> str:
+        own = getattr(self.fn, "signature", None)  # a batch maker that describes itself
+        if callable(own):
+            return f"callable:{own()}"
         return f"callable:{_fingerprint(self.fn) or id(self.fn)}"
 
     def describe(self) -> dict[str, float]:
@@ -247,19 +365,34 @@ def _accepts_hf_kwargs(forward: Callable[..., Any]) -> bool:
     return "input_ids" in params and "labels" in params
 
 
+@functools.lru_cache(maxsize=256)
+def _takes_keyword(forward: Callable[..., Any], name: str) -> bool:
+    """Whether ``forward`` takes a keyword argument ``name`` (by name or ``**kwargs``)."""
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 def default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """The loss costaware uses when the spec gives none.
 
     - ``(inputs, labels)``: cross-entropy on the logits (classification, and N×C×H×W
       segmentation against N×H×W labels);
     - a mapping with ``input_ids``: the model's own ``.loss`` when it computes one
-      (Hugging Face), otherwise cross-entropy of the token logits against ``labels``;
+      (Hugging Face; an ``attention_mask`` is passed where ``forward`` takes one),
+      otherwise cross-entropy of the logits against ``labels`` (token labels, or one
+      label per sequence);
     - any other mapping is passed as keyword arguments, a tensor positionally, and the
       mean of the output stands in for the loss.
     """
     if isinstance(batch, Mapping):
-        if "input_ids" in batch and not _accepts_hf_kwargs(type(model).forward):
+        forward = type(model).forward
+        if "input_ids" in batch and not _accepts_hf_kwargs(forward):
             out = model(batch["input_ids"])
+        elif "attention_mask" in batch and not _takes_keyword(forward, "attention_mask"):
+            out = model(**{k: v for k, v in batch.items() if k != "attention_mask"})
         else:
             out = model(**batch)
         loss = _output_loss(out)
@@ -476,6 +609,41 @@ class TrainingSpec:
             return type(self.model).__name__
         inner = self.model.func if isinstance(self.model, functools.partial) else self.model
         return str(getattr(inner, "__qualname__", None) or getattr(inner, "__name__", "model"))
+
+    @classmethod
+    def from_module(
+        cls,
+        module: nn.Module,
+        example_batch: Any,
+        *,
+        optimizer: Any = "adamw",
+        loss: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+        precision: str = "fp32",
+        **kwargs: Any,
+    ) -> TrainingSpec:
+        """The spec of training ``module`` (a live ``nn.Module``) on batches like
+        ``example_batch`` (one batch as the training step receives it: a tensor, a
+        tuple/list or a mapping of tensors), with ``optimizer`` (the optimizer object the
+        training uses, a class or a name). The batch size is the example's leading
+        dimension; other keyword arguments (``dataset_size``, ``epochs``,
+        ``grad_accumulation``, ``name``, ...) are the spec's. The module is dry-run from a
+        copy on the meta device and never modified. See :mod:`costaware.from_code`.
+
+        Example:
+            >>> import torch, costaware as ca
+            >>> net = torch.nn.Linear(16, 4)
+            >>> spec = ca.TrainingSpec.from_module(
+            ...     net, (torch.randn(32, 16), torch.randint(0, 4, (32,))),
+            ...     optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+            >>> spec.batch_size, spec.optimizer_kwargs["lr"]
+            (32, 0.1)
+        """
+        from costaware.from_code import spec_from_module
+
+        spec: TrainingSpec = spec_from_module(
+            module, example_batch, optimizer=optimizer, loss=loss, precision=precision, **kwargs
+        )
+        return spec
 
     def with_batch_size(self, batch_size: int) -> TrainingSpec:
         """A copy of this spec with another batch size."""

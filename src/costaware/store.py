@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import pathlib
+import re
 import sqlite3
 import statistics
 import threading
@@ -182,6 +183,21 @@ measurements_table = sa.Table(
 # --------------------------------------------------------------------------------------
 # the store
 # --------------------------------------------------------------------------------------
+def _other_device(predicted: str, measured: str) -> bool:
+    """Whether a run measured on ``measured`` ran on another device than ``predicted``:
+    another kind (a GPU against a CPU), or two catalog devices that differ ("H100" and
+    "H100-SXM" are one). A name the catalog does not know ("cuda:0") is not told apart
+    from a GPU of the catalog."""
+    from costaware.devices import device_kind, get_device
+
+    if device_kind(predicted) != device_kind(measured):
+        return True
+    try:
+        return get_device(predicted).name != get_device(measured).name
+    except Exception:
+        return False
+
+
 class ObservationStore:
     """Predictions and measured actuals of HPO trials, in SQLite or any SQLAlchemy database.
 
@@ -526,7 +542,8 @@ class ObservationStore:
         A trial counts when it has a prediction record with features and at least one
         measurement record (a rejected trial, never run, does not). Its row has the
         features of its latest prediction with features (nulls back to NaN) and that
-        prediction's device (else the measured one), and from its measurements:
+        prediction's device (else the measured one), and from its measurements (a trial
+        measured on another device than its prediction's is left out, with a warning):
 
         - ``status``: ``"oom"`` if any record is an OOM, else ``"ok"`` if any is ``ok``
           or ``stopped``, else ``"error"``;
@@ -565,6 +582,12 @@ class ObservationStore:
         out: list[Observation] = []
         for key, records in runs.items():
             pred = latest[key]
+            ran_on = {r["device"] for r in records if r["device"]}
+            if pred["device"] and any(_other_device(pred["device"], d) for d in ran_on):
+                # predicted for one device, measured on another: the features describe a
+                # run that did not happen, so the row would teach the model a false pair
+                self._note_mismatch(key, str(pred["device"]), sorted(ran_on))
+                continue
             good = [r["actual"] or {} for r in records if r["status"] in ("ok", "stopped")]
             oom = any(r["status"] == "oom" for r in records)
             status = "oom" if oom else ("ok" if good else "error")
@@ -608,6 +631,20 @@ class ObservationStore:
                 )
             )
         return out
+
+    def _note_mismatch(self, key: tuple[Any, Any], predicted: str, ran_on: list[str]) -> None:
+        """Warn once per trial that ran on another device than its prediction's."""
+        seen = self.__dict__.setdefault("_mismatched", set())
+        if key in seen:
+            return
+        seen.add(key)
+        warnings.warn(
+            f"trial {key[1]} of study {key[0]!r} was predicted for {predicted} but ran on "
+            f"{', '.join(ran_on)}: it is not learned from (the prediction's features "
+            "describe another device's run).",
+            CostAwareWarning,
+            stacklevel=3,
+        )
 
     def count_observations(self, *, study: str | None = None) -> int:
         """How many rows :meth:`observations` would return, counted in the database."""
@@ -1048,7 +1085,12 @@ def _reason(e: BaseException, url: URL) -> str:
     text = str(orig if orig is not None else e) or type(e).__name__
     text = " ".join(text.split())
     if url.password:
-        text = text.replace(str(url.password), "***")
+        # the password where a driver writes one (a URL's user:password@, a DSN's
+        # password=...), not every occurrence of its text: a password that is a common
+        # word ("costaware") would mask that word throughout the message
+        pw = re.escape(str(url.password))
+        text = re.sub(rf"(://[^\s:/@]*:){pw}@", r"\1***@", text)
+        text = re.sub(rf"(password\s*=\s*['\"]?){pw}", r"\1***", text, flags=re.IGNORECASE)
     return text
 
 

@@ -79,7 +79,7 @@ from costaware.flops import (
     rnn_backward_formula,
     rnn_formula,
 )
-from costaware.spec import ImageBatch, TokenBatch, TrainingSpec, default_loss
+from costaware.spec import ImageBatch, TokenBatch, TrainingSpec, check_positions, default_loss
 
 __all__ = ["ATTENTION_MODES", "CATEGORIES", "Trace", "build_model", "dry_run"]
 
@@ -2064,9 +2064,8 @@ class _FusedRNN(_FusedMode):
 def _bound_batch(rec: _Recorder, batch_spec: Any, batch: Any) -> None:
     """Tell the recorder the value range of a built-in batch's labels and token ids."""
     if isinstance(batch_spec, TokenBatch):
-        fix = "TokenBatch(..., vocab={n})"
-        for field in ("input_ids", "labels"):
-            rec.bound(batch[field], batch_spec.vocab, f"{field} (vocab={batch_spec.vocab})", fix)
+        for field, n, arg in batch_spec.index_ranges():
+            rec.bound(batch[field], n, f"{field} ({arg}={n})", f"TokenBatch(..., {arg}={{n}})")
     elif isinstance(batch_spec, ImageBatch):  # and SegmentationBatch
         kind = type(batch_spec).__name__
         field = f"labels (classes={batch_spec.classes})"
@@ -2117,6 +2116,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
                 batch = batch_spec.make(bs)
                 rec.label(batch, "inputs")
                 _bound_batch(rec, batch_spec, batch)
+                check_positions(model, batch)
                 rec.mark("forward")
                 if autocast_dtype is not None:
                     with torch.autocast("cpu", dtype=autocast_dtype):

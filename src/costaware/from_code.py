@@ -1,0 +1,273 @@
+"""A :class:`~costaware.TrainingSpec` from the objects a training script already has.
+
+A spec is otherwise written by hand, which describes the model a second time. Here it is
+read off the live objects instead: the model (an ``nn.Module``, a LightningModule
+included), one example batch, the optimizer and the precision.
+
+- The model is dry-run from a copy on the meta device, made fresh for each dry run: its
+  parameters and buffers take no memory, and the module itself is never touched (a
+  shallow copy with meta parameters; other attributes, such as a Trainer a LightningModule
+  holds, are shared, not copied).
+- The example batch gives the structure: tensors, tuples, lists and mappings (a Hugging
+  Face ``BatchEncoding`` is one), each tensor's shape after the batch dimension, its dtype
+  and, for integer tensors (token ids, labels, masks), the range of its values, so that a
+  batch of any size is drawn alike with torch's factories. Its leading dimension is the
+  batch size.
+- The optimizer is an optimizer object (``torch.optim.AdamW(model.parameters(), ...)``),
+  a ``torch.optim.Optimizer`` subclass or a name; an object's class and defaults (``lr``,
+  ``weight_decay``, ...) are what the spec takes.
+
+Example:
+    >>> import torch, costaware as ca
+    >>> net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    >>> batch = (torch.randn(8, 16), torch.randint(0, 4, (8,)))
+    >>> spec = ca.TrainingSpec.from_module(net, batch, optimizer=torch.optim.AdamW(net.parameters()))
+    >>> spec.batch_size, spec.optimizer_name
+    (8, 'adamw')
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from costaware.errors import SpecError
+
+__all__ = ["BatchLikeExample", "meta_copy", "optimizer_of", "spec_from_module"]
+
+
+def meta_copy(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
+    """A copy of ``module`` whose parameters and buffers are on the meta device.
+
+    Each submodule is copied shallowly (``copy.copy``): its parameters, buffers and
+    submodules are new, everything else it holds is shared with the original. Tied
+    parameters stay tied. The original is not modified.
+    """
+    memo = {} if memo is None else memo
+    if id(module) in memo:
+        return memo[id(module)]  # type: ignore[no-any-return]
+    clone = copy.copy(module)
+    memo[id(module)] = clone
+    params: dict[str, Any] = {}
+    for name, p in module._parameters.items():
+        if p is None:
+            params[name] = None
+        elif id(p) in memo:
+            params[name] = memo[id(p)]
+        else:
+            params[name] = memo[id(p)] = nn.Parameter(
+                torch.empty_like(p, device="meta"), p.requires_grad
+            )
+    buffers: dict[str, Any] = {}
+    for name, b in module._buffers.items():
+        if b is None:
+            buffers[name] = None
+        elif id(b) in memo:
+            buffers[name] = memo[id(b)]
+        else:
+            buffers[name] = memo[id(b)] = torch.empty_like(b, device="meta")
+    clone.__dict__["_parameters"] = params
+    clone.__dict__["_buffers"] = buffers
+    clone.__dict__["_modules"] = {
+        name: None if sub is None else meta_copy(sub, memo) for name, sub in module._modules.items()
+    }
+    return clone
+
+
+@dataclass(frozen=True)
+class _MetaFactory:
+    """A zero-argument factory: a fresh meta copy of a live module at every call (a dry
+    run swaps its parameters for fake tensors, so each needs its own)."""
+
+    module: nn.Module
+    prepare: Callable[[nn.Module], None] | None = None
+
+    def __call__(self) -> nn.Module:
+        clone = meta_copy(self.module)
+        if self.prepare is not None:
+            self.prepare(clone)
+        return clone
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    """One tensor of the example batch: how to draw it at another batch size."""
+
+    shape: tuple[int, ...]  # after the batch dimension
+    dtype: torch.dtype
+    low: int = 0  # integer tensors: the range of the example's values
+    high: int = 1
+
+    def make(self, batch_size: int) -> torch.Tensor:
+        size = (batch_size, *self.shape)
+        if self.dtype == torch.bool:
+            return torch.randint(0, 2, size).bool()
+        if self.dtype.is_floating_point or self.dtype.is_complex:
+            return torch.randn(size, dtype=self.dtype)
+        return torch.randint(self.low, self.high + 1, size, dtype=self.dtype)
+
+    def describe(self) -> str:
+        rng = "" if self.dtype.is_floating_point else f"[{self.low},{self.high}]"
+        return f"{tuple(self.shape)}:{str(self.dtype).removeprefix('torch.')}{rng}"
+
+
+class BatchLikeExample:
+    """A ``batch_size -> batch`` callable drawing batches shaped like an example batch.
+
+    Tensors whose leading dimension is the batch size follow it; other tensors and
+    non-tensor values are kept as they are in the example (a tensor the same for every
+    batch is copied as a constant).
+    """
+
+    def __init__(self, example: Any) -> None:
+        found = _leading_dim(example)
+        if found is None:
+            raise SpecError(
+                "the example batch holds no tensor with a batch dimension: give the batch as "
+                "the model's training step receives it (a tensor, a tuple/list of tensors, or "
+                f"a mapping of them), but got {type(example).__name__}."
+            )
+        self.batch_size: int = found
+        self._template = self._describe(example)
+
+    def _describe(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            if value.dim() == 0 or value.shape[0] != self.batch_size:
+                return ("const", value.detach().to("cpu", copy=True))
+            if value.dtype.is_floating_point or value.dtype == torch.bool or value.numel() == 0:
+                return ("leaf", _Leaf(tuple(value.shape[1:]), value.dtype))
+            lo, hi = int(value.min()), int(value.max())
+            return ("leaf", _Leaf(tuple(value.shape[1:]), value.dtype, lo, hi))
+        if isinstance(value, Mapping):
+            return ("map", type(value), {k: self._describe(v) for k, v in value.items()})
+        if isinstance(value, (tuple, list)):
+            return ("seq", type(value), [self._describe(v) for v in value])
+        return ("const", value)
+
+    def _make(self, node: Any, batch_size: int) -> Any:
+        kind = node[0]
+        if kind == "leaf":
+            return node[1].make(batch_size)
+        if kind == "const":
+            value = node[1]
+            return value.clone() if isinstance(value, torch.Tensor) else value
+        if kind == "map":
+            items = {k: self._make(v, batch_size) for k, v in node[2].items()}
+            return items if node[1] is dict else _rebuild(node[1], items, dict)
+        return _rebuild(node[1], [self._make(v, batch_size) for v in node[2]], list)
+
+    def __call__(self, batch_size: int) -> Any:
+        return self._make(self._template, batch_size)
+
+    def signature(self) -> str:
+        """A description of the batch's structure (the trace cache's key)."""
+        text = repr(_signature(self._template))
+        return "example:" + hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _rebuild(kind: type, items: Any, plain: type) -> Any:
+    """``items`` as the container type of the example (a BatchEncoding, a namedtuple, ...),
+    or as a plain dict/list where that type cannot be rebuilt from them."""
+    try:
+        if isinstance(items, list) and hasattr(kind, "_fields"):  # a namedtuple
+            return kind(*items)
+        return kind(items)
+    except Exception:
+        return plain(items)
+
+
+def _signature(node: Any) -> Any:
+    kind = node[0]
+    if kind == "leaf":
+        return node[1].describe()
+    if kind == "const":
+        value = node[1]
+        if isinstance(value, torch.Tensor):
+            return f"const{tuple(value.shape)}:{value.dtype}"
+        return f"const:{type(value).__name__}:{value!r}"[:80]
+    if kind == "map":
+        return {str(k): _signature(v) for k, v in sorted(node[2].items(), key=lambda kv: str(kv[0]))}
+    return [_signature(v) for v in node[2]]
+
+
+def _leading_dim(value: Any) -> int | None:
+    """The leading dimension of the first tensor with one in ``value`` (depth first)."""
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.dim() > 0 else None
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            if (found := _leading_dim(v)) is not None:
+                return found
+    return None
+
+
+def optimizer_of(optimizer: Any) -> tuple[Any, dict[str, Any]]:
+    """``(optimizer class or name, its keyword arguments)`` from an optimizer object, an
+    optimizer class or a name. An object gives its class and its defaults (``lr``,
+    ``weight_decay``, ``betas``, ...); a name or a class comes with no arguments."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        # the defaults the constructor takes (some classes keep others among them), less
+        # the ones that choose an implementation, which the dry run picks as a GPU would
+        accepted = set(inspect.signature(type(optimizer).__init__).parameters)
+        skip = {"self", "params", "foreach", "fused", "capturable", "differentiable"}
+        kwargs = {
+            k: v
+            for k, v in optimizer.defaults.items()
+            if k in accepted and k not in skip and isinstance(v, (int, float, bool, tuple, str))
+        }
+        return type(optimizer), kwargs
+    if isinstance(optimizer, str) or (
+        isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer)
+    ):
+        return optimizer, {}
+    raise SpecError(
+        "optimizer must be a torch.optim.Optimizer object (the one the training uses), an "
+        f"Optimizer subclass or a name such as 'adamw', but got {type(optimizer).__name__}."
+    )
+
+
+def spec_from_module(
+    module: nn.Module,
+    example_batch: Any,
+    *,
+    optimizer: Any = "adamw",
+    loss: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    precision: str = "fp32",
+    prepare: Callable[[nn.Module], None] | None = None,
+    **spec_kwargs: Any,
+) -> Any:
+    """The :class:`~costaware.TrainingSpec` of training ``module`` on batches like
+    ``example_batch`` (see the module docstring). ``prepare(copy)`` is called on each meta
+    copy before it is dry-run (to silence a LightningModule's ``log``, say); other keyword
+    arguments (``dataset_size``, ``epochs``, ``grad_accumulation``, ``name``, ...) go to
+    the spec as they are."""
+    from costaware.spec import TrainingSpec
+
+    if not isinstance(module, nn.Module):
+        raise SpecError(
+            f"from_module needs the model as an nn.Module, but got {type(module).__name__}; "
+            "for a factory, use TrainingSpec(model=factory, ...)."
+        )
+    batch = BatchLikeExample(example_batch)
+    opt, opt_kwargs = optimizer_of(optimizer)
+    opt_kwargs.update(spec_kwargs.pop("optimizer_kwargs", {}) or {})
+    spec_kwargs.setdefault("name", type(module).__name__)
+    return TrainingSpec(
+        model=_MetaFactory(module, prepare),
+        batch=batch,
+        batch_size=batch.batch_size,
+        optimizer=opt,
+        optimizer_kwargs=opt_kwargs,
+        precision=precision,
+        loss=loss,
+        **spec_kwargs,
+    )

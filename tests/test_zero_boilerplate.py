@@ -1,0 +1,243 @@
+"""``CostAwarePruner()`` as users write it: the spec from the training code itself.
+
+Real Optuna studies on SQLite and real Lightning Trainers in both namespaces, on the CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as L
+import optuna
+import pytest
+import pytorch_lightning as PL
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils.data import DataLoader, TensorDataset
+
+import costaware as ca
+from costaware.integrations.lightning import (
+    CostAwareCallback,
+    PLCostAwareCallback,
+    spec_from_lightning,
+)
+from costaware.integrations.optuna import CostAwarePruner, admit, decision, pruned
+
+NAMESPACES = {"lightning": (L, CostAwareCallback), "pytorch_lightning": (PL, PLCostAwareCallback)}
+SMALL, HUGE = 16, 2_000_000  # widths: a few KiB of parameters, or hundreds of MiB with AdamW
+
+
+def _module(ns: Any, width: int, calls: list[int]) -> Any:
+    class Net(ns.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)
+            )
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            if not isinstance(x, FakeTensor):  # the dry run's steps are not training
+                calls.append(batch_idx)
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    return Net()
+
+
+def _data() -> DataLoader[Any]:
+    return DataLoader(TensorDataset(torch.randn(32, 8), torch.randn(32, 1)), batch_size=8)
+
+
+def _trainer(ns: Any, callback: Any) -> Any:
+    return ns.Trainer(
+        accelerator="cpu", max_epochs=1, callbacks=[callback], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("ns_name", sorted(NAMESPACES))
+def test_a_zero_argument_pruner_and_the_callback_prune_before_the_first_batch(
+    ns_name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ns, Callback = NAMESPACES[ns_name]
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'study.db'}",
+        pruner=CostAwarePruner(budget=ca.Budget(max_memory="64MiB")),
+        sampler=optuna.samplers.BruteForceSampler(),
+    )
+    calls: dict[int, list[int]] = {}
+
+    def objective(trial: optuna.Trial) -> float:
+        width = trial.suggest_categorical("width", [SMALL, HUGE])
+        calls[width] = []
+        _trainer(ns, Callback(trial=trial)).fit(_module(ns, width, calls[width]), _data())
+        return 1.0
+
+    with caplog.at_level(logging.INFO, logger="optuna"):
+        study.optimize(objective, n_trials=2)
+    by_width = {t.params["width"]: t for t in study.trials}
+    assert by_width[SMALL].state == optuna.trial.TrialState.COMPLETE
+    assert by_width[HUGE].state == optuna.trial.TrialState.PRUNED  # PRUNED, not FAIL
+    assert calls[SMALL] and calls[HUGE] == []  # rejected before its first batch
+    reasons = by_width[HUGE].user_attrs["costaware:reasons"]
+    assert reasons and "exceeds the 64.0 MiB budget" in reasons[0]
+    assert by_width[SMALL].user_attrs["costaware:admit"] is True
+    # Optuna's own log line says why
+    pruned_line = [r.getMessage() for r in caplog.records if "pruned" in r.getMessage()]
+    assert any("exceeds the 64.0 MiB budget" in line for line in pruned_line)
+
+
+def test_lightning_alone_rejects_before_the_first_batch() -> None:
+    calls: list[int] = []
+    callback = CostAwareCallback(budget=ca.Budget(max_memory="64MiB"), enforce=True)
+    with pytest.raises(ca.TrialRejected, match=r"exceeds the 64\.0 MiB budget") as info:
+        _trainer(L, callback).fit(_module(L, HUGE, calls), _data())
+    assert calls == []
+    assert info.value.reasons and callback.decision is not None and not callback.decision.admit
+    assert callback.prediction is not None
+    assert [r["status"] for r in callback.records] == ["rejected"]  # no crash recorded
+
+
+def test_on_reject_stop_ends_the_fit_cleanly_and_without_enforce_it_warns() -> None:
+    calls: list[int] = []
+    stop = CostAwareCallback(budget=ca.Budget(max_memory="64MiB"), enforce=True, on_reject="stop")
+    with pytest.warns(ca.CostAwareWarning, match="stopping before the first batch"):
+        _trainer(L, stop).fit(_module(L, HUGE, calls), _data())
+    assert calls == [] and stop.stopped_reason
+    loose = CostAwareCallback(budget=ca.Budget(max_memory="16MiB"))
+    with pytest.warns(ca.CostAwareWarning, match="training anyway"):
+        _trainer(L, loose).fit(_module(L, 200_000, calls), _data())
+    assert calls  # trained
+
+
+def test_a_bad_on_reject_is_refused() -> None:
+    with pytest.raises(ValueError, match="on_reject must be 'raise'"):
+        CostAwareCallback(on_reject="skip")
+
+
+def test_the_spec_from_a_lightning_fit_matches_the_fit() -> None:
+    calls: list[int] = []
+    module = _module(L, 64, calls)
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=3, precision="bf16-mixed", accumulate_grad_batches=2,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )  # fmt: skip
+    seen: dict[str, Any] = {}
+
+    class Peek(L.Callback):  # type: ignore[misc]
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            seen["spec"] = spec_from_lightning(trainer, pl_module)
+
+    trainer.callbacks.append(Peek())
+    trainer.fit(module, _data())
+    spec = seen["spec"]
+    assert spec.batch_size == 8 and spec.dataset_size == 32 and spec.epochs == 3
+    assert spec.precision == "bf16" and spec.grad_accumulation == 2
+    assert spec.optimizer_name == "adamw" and spec.optimizer_kwargs["lr"] == 1e-3
+    pred = ca.CostModel().predict(spec, "cpu")
+    assert pred.peak_memory > 0
+    # the module was dry-run from a meta copy: its own parameters are real, on the CPU
+    assert all(p.device.type == "cpu" for p in module.parameters())
+
+
+def test_the_objective_reads_the_decision_and_raises_it_with_reasons(tmp_path: Path) -> None:
+    def spec_fn(params: dict[str, Any]) -> ca.TrainingSpec:
+        net = torch.nn.Linear(8, params["width"])
+        return ca.TrainingSpec.from_module(net, torch.randn(4, 8))
+
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'study.db'}",
+        pruner=CostAwarePruner(spec_fn, ca.Budget(max_memory="32MiB")),
+        sampler=optuna.samplers.BruteForceSampler(),
+    )
+    seen: dict[int, Any] = {}
+
+    def objective(trial: optuna.Trial) -> float:
+        width = trial.suggest_categorical("width", [SMALL, HUGE])
+        if trial.should_prune():
+            seen[width] = (dict(trial.user_attrs), decision(trial))
+            raise pruned(trial)
+        return 1.0
+
+    study.optimize(objective, n_trials=2)
+    attrs, judged = seen[HUGE]
+    assert attrs["costaware:admit"] is False  # visible in the objective's own Trial
+    assert judged["admit"] is False and judged["reasons"] == attrs["costaware:reasons"]
+    (rejected,) = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert rejected.params["width"] == HUGE
+
+
+def test_a_trial_that_trains_unjudged_is_warned_about_once_per_study() -> None:
+    study = optuna.create_study(pruner=CostAwarePruner())
+
+    def objective(trial: optuna.Trial) -> float:
+        trial.report(1.0, 0)
+        trial.should_prune()  # the usual habit: after the first report
+        return 1.0
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        study.optimize(objective, n_trials=3)
+    unjudged = [w for w in caught if "before costaware judged it" in str(w.message)]
+    assert len(unjudged) == 1
+    assert "CostAwareCallback" in str(unjudged[0].message)
+
+
+def test_admit_uses_the_study_pruners_budget_and_a_spec_from_live_objects() -> None:
+    study = optuna.create_study(pruner=CostAwarePruner(budget=ca.Budget(max_memory="32MiB")))
+    outcome: dict[int, str] = {}
+
+    def objective(trial: optuna.Trial) -> float:
+        width = trial.suggest_categorical("width", [SMALL, HUGE])
+        net = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.Linear(width, 2))
+        batch = {"x": torch.randn(4, 8), "mask": torch.ones(4, 8, dtype=torch.bool)}
+        spec = ca.TrainingSpec.from_module(
+            net, batch, optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+            loss=lambda m, b: m(b["x"] * b["mask"]).sum(),
+        )  # fmt: skip
+        try:
+            admit(trial, spec)
+        except optuna.TrialPruned as e:
+            outcome[width] = str(e)
+            raise
+        outcome[width] = "admitted"
+        return 1.0
+
+    study.optimize(objective, n_trials=4)
+    assert outcome[SMALL] == "admitted"
+    assert "exceeds the 32.0 MiB budget" in outcome[HUGE]
+
+
+def test_a_pruner_given_first_is_the_wrapped_one() -> None:
+    median = optuna.pruners.MedianPruner()
+    pruner = CostAwarePruner(median, budget=ca.Budget(max_memory="1GiB"))
+    assert pruner._wrapped is median
+    with pytest.raises(TypeError, match="give the wrapped pruner once"):
+        CostAwarePruner(median, wrapped=median)
+
+
+def test_measurements_are_recorded_as_the_device_the_fit_ran_on(tmp_path: Path) -> None:
+    calls: list[int] = []
+    store = ca.ObservationStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    callback = CostAwareCallback(store, study="s", trial=0, device="A10", spec=ca.TrainingSpec.from_module(
+        torch.nn.Linear(8, 1), (torch.randn(8, 8), torch.randn(8, 1)),
+        loss=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]),
+    ))  # fmt: skip
+    with pytest.warns(ca.CostAwareWarning, match="predicts for A10-24GB|predicts for A10"):
+        _trainer(L, callback).fit(_module(L, SMALL, calls), _data())
+    (prediction,) = [r for r in callback.records if r["kind"] == "prediction"]
+    assert prediction["device"] == "A10"  # what it was predicted for
+    measured = {r["device"] for r in callback.records if r["kind"] == "measurement"}
+    assert measured == {"CPU"}  # what it ran on
+    # the refit does not learn an A10 prediction's features against a CPU's measurements
+    with pytest.warns(ca.CostAwareWarning, match="was predicted for A10 but ran on CPU"):
+        assert store.observations() == []
