@@ -645,7 +645,7 @@ class _CostAwareCallbackBase:
         self.prediction = verdict.prediction
         self._prediction_done = True
         if gate.store is None:
-            self._safely("recording the decision", self._record_verdict, verdict, spec)
+            self._safely("recording the decision", self._record_verdict, gate, verdict, spec)
         if trial is not None:
             self._safely("setting the trial's attributes", self._tell_trial, trial, verdict)
         if verdict.admit:
@@ -706,18 +706,30 @@ class _CostAwareCallbackBase:
             for key, value in verdict.constraints.items():
                 trial.set_constraint(key, value)
 
-    def _record_verdict(self, verdict: Any, spec: TrainingSpec | None) -> None:
+    def _record_verdict(self, gate: Gate, verdict: Any, spec: TrainingSpec | None) -> None:
+        """Record the gate's decision as this trial's prediction, with the features the
+        online refit learns from (a prediction without them is never learned from)."""
         pred = verdict.prediction
         summary: dict[str, Any] = {}
+        features: dict[str, Any] | None = None
         with contextlib.suppress(Exception):
             summary = spec.summary() if spec is not None else {}
+        if pred is not None and spec is not None:
+            try:  # traced already for the prediction: the features come from its cache
+                features = _plain(gate.model().features(spec, gate.resolved_device()))
+            except Exception as e:  # the decision is still recorded, without them
+                self._warn_once(
+                    "features",
+                    f"costaware could not compute this run's features ({_reason_line(e)}); "
+                    "its cost is recorded, but the online refit cannot learn from it.",
+                )
         self._write(
             "prediction",
             study=self.study_name,
             trial=self.trial_id,
             device=pred.device if pred is not None else None,
             spec=summary,
-            features=None,
+            features=features,
             prediction=_plain(pred.to_dict()) if pred is not None else None,
             decision=_plain(verdict.decision.to_dict()) if verdict.decision is not None else None,
             status=("admitted" if verdict.admit else "rejected") if pred is not None else "error",

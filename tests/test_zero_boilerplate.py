@@ -241,3 +241,23 @@ def test_measurements_are_recorded_as_the_device_the_fit_ran_on(tmp_path: Path) 
     # the refit does not learn an A10 prediction's features against a CPU's measurements
     with pytest.warns(ca.CostAwareWarning, match="was predicted for A10 but ran on CPU"):
         assert store.observations() == []
+
+
+@pytest.mark.parametrize("ns_name", list(NAMESPACES))
+def test_a_fit_judged_before_training_is_learned_from(ns_name: str, tmp_path: Path) -> None:
+    """The decision made in setup is recorded with the features the online refit reads,
+    so a judged and measured fit is an observation of the store."""
+    ns, callback_cls = NAMESPACES[ns_name]
+    calls: list[int] = []
+    store = ca.ObservationStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    callback = callback_cls(store, study="s", trial=0, budget=ca.Budget(max_memory="4GiB"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ca.CostAwareWarning)  # device='auto' on a CPU
+        _trainer(ns, callback).fit(_module(ns, SMALL, calls), _data())
+    assert callback.decision is not None and callback.decision.admit
+    (prediction,) = store.predictions(study="s")
+    assert prediction["status"] == "admitted" and prediction["features"]
+    (observation,) = store.observations(study="s")
+    assert observation.status == "ok" and observation.features == pytest.approx(
+        prediction["features"], nan_ok=True
+    )
