@@ -95,6 +95,18 @@ class ForwardRaises(nn.Module):
         raise ValueError("this model takes token ids, not images")
 
 
+class IndexesOutput(nn.Module):
+    """A forward written for a dict output (a Hugging Face habit): torch's error, raised by
+    the user's indexing, reaches it through costaware's torch-function mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(784, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))["logits"]  # type: ignore[index]
+
+
 class Nonzero(nn.Module):
     """Genuinely untraceable: an output whose size depends on the values."""
 
@@ -156,48 +168,76 @@ def spec_fn_key_error(params: dict[str, Any]) -> ca.TrainingSpec:
 #: case -> (spec_fn, the error, patterns its message must match, the user's own error type)
 USER_BUGS: dict[str, tuple[Callable[[dict[str, Any]], ca.TrainingSpec], type, list[str], Any]] = {
     "spec_fn raises": (
-        spec_fn_key_error, ca.UserCodeError,
-        [r"spec_fn raised KeyError: 'batch_size'", r"test_user_errors\.py:\d+",
-         r"not among the parameters it was given \(width\)",
-         r"suggest every parameter it reads before trial\.should_prune\(\)"],
+        spec_fn_key_error,
+        ca.UserCodeError,
+        [
+            r"spec_fn raised KeyError: 'batch_size'",
+            r"test_user_errors\.py:\d+",
+            r"not among the parameters it was given \(width\)",
+            r"suggest every parameter it reads before trial\.should_prune\(\)",
+        ],
         KeyError,
     ),
     "factory needs arguments": (
-        lambda p: _spec(make_mlp), ca.SpecError,
-        [r"TrainingSpec\(model=make_mlp\) is called with no arguments",
-         r"make_mlp\(\) needs `width`", r"model=lambda: make_mlp\(width=\.\.\.\)",
-         r"functools\.partial\(make_mlp, width=\.\.\.\)"],
+        lambda p: _spec(make_mlp),
+        ca.SpecError,
+        [
+            r"TrainingSpec\(model=make_mlp\) is called with no arguments",
+            r"make_mlp\(\) needs `width`",
+            r"model=lambda: make_mlp\(width=\.\.\.\)",
+            r"functools\.partial\(make_mlp, width=\.\.\.\)",
+        ],
         None,
     ),
     "class instead of a factory": (
-        lambda p: _spec(MLP), ca.SpecError,
-        [r"TrainingSpec\(model=MLP\) passes the class MLP", r"MLP\(\) needs `width`",
-         r"model=lambda: MLP\(width=\.\.\.\)", r"an instance, model=MLP\(width=\.\.\.\)"],
+        lambda p: _spec(MLP),
+        ca.SpecError,
+        [
+            r"TrainingSpec\(model=MLP\) passes the class MLP",
+            r"MLP\(\) needs `width`",
+            r"model=lambda: MLP\(width=\.\.\.\)",
+            r"an instance, model=MLP\(width=\.\.\.\)",
+        ],
         None,
     ),
     "shape mismatch": (
-        lambda p: _spec(functools.partial(MLP, p["width"]), shape=(3, 32, 32)), ca.UserCodeError,
-        [r"The model's forward fails on a shape mismatch", r"in `fc` \(Linear\(in_features=784",
-         r"given an input of shape \(4, 3072\)",
-         r"ImageBatch\(shape=\(3, 32, 32\), classes=10\) at batch_size=4",
-         r"inputs of shape \(4, 3, 32, 32\)", r"A real training step fails the same way",
-         r"`fc` takes in_features=784 per sample but gets 3072",
-         r"build the layer with in_features=3072"],
+        lambda p: _spec(functools.partial(MLP, p["width"]), shape=(3, 32, 32)),
+        ca.UserCodeError,
+        [
+            r"The model's forward fails on a shape mismatch",
+            r"in `fc` \(Linear\(in_features=784",
+            r"given an input of shape \(4, 3072\)",
+            r"ImageBatch\(shape=\(3, 32, 32\), classes=10\) at batch_size=4",
+            r"inputs of shape \(4, 3, 32, 32\)",
+            r"A real training step fails the same way",
+            r"`fc` takes in_features=784 per sample but gets 3072",
+            r"build the layer with in_features=3072",
+        ],
         RuntimeError,
     ),
     "wrong channels": (
-        lambda p: _spec(RGBNet, shape=(1, 28, 28)), ca.UserCodeError,
-        [r"shape mismatch", r"in `stem` \(Conv2d\(3, 8", r"given an input of shape \(4, 1, 28, 28\)",
-         r"`stem` takes in_channels=3 but gets 1 channels",
-         r"ImageBatch\(shape=\(3, 28, 28\), \.\.\.\)", r"build the layer with in_channels=1"],
+        lambda p: _spec(RGBNet, shape=(1, 28, 28)),
+        ca.UserCodeError,
+        [
+            r"shape mismatch",
+            r"in `stem` \(Conv2d\(3, 8",
+            r"given an input of shape \(4, 1, 28, 28\)",
+            r"`stem` takes in_channels=3 but gets 1 channels",
+            r"ImageBatch\(shape=\(3, 28, 28\), \.\.\.\)",
+            r"build the layer with in_channels=1",
+        ],
         RuntimeError,
     ),
     "vit image size": (
-        lambda p: _spec(PatchViT, shape=(3, 32, 32)), ca.UserCodeError,
-        [r"shape mismatch", r"Wrong image height! Expected 224 but got 32",
-         r"the model was built for image_size=224 but the batch's images are 32x32",
-         r"ImageBatch\(shape=\(3, 224, 224\), \.\.\.\)",
-         r"build the model with image_size=32"],
+        lambda p: _spec(PatchViT, shape=(3, 32, 32)),
+        ca.UserCodeError,
+        [
+            r"shape mismatch",
+            r"Wrong image height! Expected 224 but got 32",
+            r"the model was built for image_size=224 but the batch's images are 32x32",
+            r"ImageBatch\(shape=\(3, 224, 224\), \.\.\.\)",
+            r"build the model with image_size=32",
+        ],
         AssertionError,
     ),
     "zoo vit image size": (
@@ -206,22 +246,46 @@ USER_BUGS: dict[str, tuple[Callable[[dict[str, Any]], ca.TrainingSpec], type, li
             shape=(3, 32, 32),
         ),
         ca.UserCodeError,
-        [r"shape mismatch", r"zoo\.py:\d+", r"in the model \(ViT, given an input of shape "
-         r"\(4, 3, 32, 32\)\)", r"broadcast", r"the shape the model was built for"],
+        [
+            r"shape mismatch",
+            r"zoo\.py:\d+",
+            r"in the model \(ViT, given an input of shape "
+            r"\(4, 3, 32, 32\)\)",
+            r"broadcast",
+            r"the shape the model was built for",
+        ],
         RuntimeError,
     ),
     "factory raises": (
-        lambda p: _spec(factory_with_a_bug), ca.UserCodeError,
-        [r"the model factory factory_with_a_bug raised KeyError: 'width'",
-         r"test_user_errors\.py:\d+ \(`return MLP\(config\[\"width\"\]\)`\)",
-         r"fails the same way when built for real", r"Fix the factory"],
+        lambda p: _spec(factory_with_a_bug),
+        ca.UserCodeError,
+        [
+            r"the model factory factory_with_a_bug raised KeyError: 'width'",
+            r"test_user_errors\.py:\d+ \(`return MLP\(config\[\"width\"\]\)`\)",
+            r"fails the same way when built for real",
+            r"Fix the factory",
+        ],
         KeyError,
     ),
     "forward raises": (
-        lambda p: _spec(ForwardRaises), ca.UserCodeError,
-        [r"The model's forward raised ValueError: this model takes token ids, not images",
-         r"`raise ValueError\(", r"A real training step runs the same code"],
+        lambda p: _spec(ForwardRaises),
+        ca.UserCodeError,
+        [
+            r"The model's forward raised ValueError: this model takes token ids, not images",
+            r"`raise ValueError\(",
+            r"A real training step runs the same code",
+        ],
         ValueError,
+    ),
+    "forward indexes a tensor as a dict": (
+        lambda p: _spec(IndexesOutput),
+        ca.UserCodeError,
+        [
+            r"The model's forward raised IndexError: too many indices",
+            r"test_user_errors\.py:\d+ \(`return self\.fc\(x\.flatten\(1\)\)\[\"logits\"\]",
+            r"A real training step runs the same code",
+        ],
+        IndexError,
     ),
 }
 
@@ -319,9 +383,7 @@ def test_a_spec_fn_that_returns_something_else_is_a_spec_error(tmp_path: Path) -
 # costaware's own failure admits the trial
 # --------------------------------------------------------------------------------------
 OURS = {
-    "data-dependent output": (
-        Nonzero, r"the operator aten\.nonzero .*size depends on the values"
-    ),
+    "data-dependent output": (Nonzero, r"the operator aten\.nonzero .*size depends on the values"),
     "value read": (ReadsAValue, r"reads a tensor's value .*\.item\(\)"),
     "no fake implementation": (CustomOp, r"has no fake \(meta\) implementation"),
 }

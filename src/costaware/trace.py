@@ -1107,8 +1107,18 @@ def _is_theirs(path: str) -> bool:
 
 
 def _raised_by_costaware(exc: BaseException) -> bool:
-    """Whether costaware's own code (not the zoo's models) raised ``exc``: its bug."""
+    """Whether costaware's own code (not the zoo's models) raised ``exc``: its bug.
+
+    costaware's torch modes that hand an op on (``return func(*args, **kwargs)``) are not
+    where an op's error arises: the code that called the op is (a user's forward indexing
+    a tensor with a string fails in torch, called through such a mode)."""
     frames = traceback.extract_tb(exc.__traceback__)
+    while (
+        frames
+        and frames[-1].name in ("__torch_function__", "__torch_dispatch__")
+        and "func(" in (frames[-1].line or "")
+    ):
+        frames.pop()
     path = frames[-1].filename if frames else ""
     return path.startswith(_OWN_DIRS) and not _is_theirs(path)
 
@@ -2603,7 +2613,9 @@ def _shape(t: Any) -> str | None:
     return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else None
 
 
-def _failing_layer(exc: BaseException, model: nn.Module | None) -> tuple[str, nn.Module, Any] | None:
+def _failing_layer(
+    exc: BaseException, model: nn.Module | None
+) -> tuple[str, nn.Module, Any] | None:
     """The innermost module that was running when ``exc`` arose: its name in ``model``
     (``"fc"``; ``""`` for the model itself), the module, and the input it was called with
     (None where that is not a tensor)."""
@@ -2728,7 +2740,12 @@ def _user_bug(exc: Exception, spec: TrainingSpec, model: nn.Module | None) -> Us
         hint = _layer_hint(spec, label, layer, arg)
     modules = [m for m in (model, found[1] if found else None) if m is not None]
     batch = _batch_words(spec)
-    if _SHAPE_WORDS.search(str(exc)):
+    # torch says that a shape does not fit with a RuntimeError (a loss's batch sizes with a
+    # ValueError, a model's own check with an AssertionError); an IndexError or a TypeError
+    # is the code's own mistake, whatever words it uses
+    if isinstance(exc, (RuntimeError, ValueError, AssertionError)) and _SHAPE_WORDS.search(
+        str(exc)
+    ):
         if what != "The model's forward":  # the loss does not fit the model's output
             change = f"Make it fit the model's output and the batch: {fix}."
         else:
@@ -2751,9 +2768,11 @@ def _user_bug(exc: Exception, spec: TrainingSpec, model: nn.Module | None) -> Us
 def _short_repr(module: nn.Module) -> str:
     """``Linear(in_features=784, out_features=64, bias=True)``; a container's class name."""
     extra = module.extra_repr()
-    return f"{type(module).__name__}({extra})" if extra and "\n" not in extra else type(
-        module
-    ).__name__
+    return (
+        f"{type(module).__name__}({extra})"
+        if extra and "\n" not in extra
+        else type(module).__name__
+    )
 
 
 def _classify(exc: Exception, spec: TrainingSpec, model: nn.Module | None) -> Exception:
