@@ -551,17 +551,20 @@ def compute_to(points: Sequence[tuple[float, float | None]], target: float) -> f
     return None
 
 
-def seed_figures(bench: Bench, results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per-arm figures of one seed (the ground truth is complete by now)."""
+def seed_figures(
+    bench: Any, results: dict[str, dict[str, Any]], arms: Sequence[str] = ARMS
+) -> dict[str, dict[str, Any]]:
+    """Per-arm figures of one seed (the ground truth is complete by now); ``bench`` needs
+    only ``truth.feasible(key)``."""
     figs: dict[str, dict[str, Any]] = {}
-    curves = {arm: curve(results[arm]["records"]) for arm in ARMS}
-    totals = {arm: curves[arm][-1][0] if curves[arm] else 0.0 for arm in ARMS}
+    curves = {arm: curve(results[arm]["records"]) for arm in arms}
+    totals = {arm: curves[arm][-1][0] if curves[arm] else 0.0 for arm in arms}
     equal = min(totals.values())
     base_best = max(
         (r["value"] for r in results["baseline"]["records"] if r["value"] is not None),
         default=None,
     )
-    for arm in ARMS:
+    for arm in arms:
         recs = results[arm]["records"]
         ran = [r for r in recs if r["compute_s"] > 0]
         waste = [r for r in recs if r["status"] in WASTE]
@@ -600,7 +603,7 @@ def seed_figures(bench: Bench, results: dict[str, dict[str, Any]]) -> dict[str, 
             100 * figs[arm]["waste_s"] / totals[arm] if totals[arm] > 0 else 0.0
         )
     bw, bctb = figs["baseline"]["waste_s"], figs["baseline"]["compute_to_best"]
-    for arm in ARMS:
+    for arm in arms:
         f = figs[arm]
         f["waste_saved_pct"] = 100 * (1 - f["waste_s"] / bw) if bw > 0 else None
         f["ctb_ratio"] = (
@@ -630,9 +633,11 @@ def fmt_ms(values: Iterable[float | None], digits: int = 1, unit: str = "", n: i
     return text
 
 
-def summarize(per_seed: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def summarize(
+    per_seed: list[dict[str, dict[str, Any]]], arms: Sequence[str] = ARMS
+) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for arm in ARMS:
+    for arm in arms:
         rows = [s[arm] for s in per_seed]
         fr = sum(r["false_rej_n"] for r in rows)
         feas = sum(r["feasible_n"] for r in rows)
@@ -670,13 +675,15 @@ TABLE_COLUMNS = (
 )
 
 
-def table_rows(summary: dict[str, dict[str, Any]], seeds: int) -> list[list[str]]:
+def table_rows(
+    summary: dict[str, dict[str, Any]], seeds: int, arms: Sequence[str] = ARMS
+) -> list[list[str]]:
     rows = []
-    for arm in ARMS:
+    for arm in arms:
         r = summary[arm]["rows"]
         s = summary[arm]
         fr = f"{s['false_rej_n']}/{s['feasible_n']} ({s['false_rej_pct']:.0f}%)"
-        if arm in ("baseline", "baseline-pruned"):
+        if arm in ("baseline", "baseline-pruned", "batch-size-finder"):
             fr = "-"
         saved = "-" if arm == "baseline" else fmt_ms([x["waste_saved_pct"] for x in r], 0, "%")
         ctb = "1.00" if arm == "baseline" else fmt_ms([x["ctb_ratio"] for x in r], 2, "x", n=seeds)
@@ -699,11 +706,13 @@ def table_rows(summary: dict[str, dict[str, Any]], seeds: int) -> list[list[str]
     return rows
 
 
-def curve_rows(per_seed: list[dict[str, dict[str, Any]]]) -> list[list[str]]:
+def curve_rows(
+    per_seed: list[dict[str, dict[str, Any]]], arms: Sequence[str] = ARMS
+) -> list[list[str]]:
     """Best value (mean over seeds) at fractions of the baseline's total compute."""
     fracs = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
     rows = []
-    for arm in ARMS:
+    for arm in arms:
         row = [arm]
         for frac in fracs:
             vals = [best_at(s[arm]["curve"], frac * s["baseline"]["total_s"]) for s in per_seed]
@@ -1240,6 +1249,11 @@ def fmt_mib(n: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--gpu" in argv:  # the GPU mode: benchmarks/_hpo_gpu.py
+        import _hpo_gpu
+
+        return _hpo_gpu.main([a for a in argv if a != "--gpu"])
     args = parse_args(argv)
     t_start = time.perf_counter()
     load_start = ", ".join(f"{x:.1f}" for x in os.getloadavg())
