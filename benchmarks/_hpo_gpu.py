@@ -333,9 +333,7 @@ def make_module(
                 return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
             y = (x * 2654435761 % 1000003) % VISION_CLASSES
             g = torch.Generator(device=x.device).manual_seed(int(x[0]))
-            noise = torch.randn(
-                (len(x), *self.templates.shape[1:]), generator=g, device=x.device
-            )
+            noise = torch.randn((len(x), *self.templates.shape[1:]), generator=g, device=x.device)
             return self.templates[y] + 2.0 * noise, y
 
         def train_dataloader(self) -> Any:
@@ -482,9 +480,7 @@ def run_trial(
     module = trainer = None
     try:
         torch.manual_seed(0)
-        module = make_module(
-            task, params, ctx.dataset_size[task.name], None if cuda else ctx.cap
-        )
+        module = make_module(task, params, ctx.dataset_size[task.name], None if cuda else ctx.cap)
         trainer = pl.Trainer(
             max_epochs=EPOCHS,
             accelerator="gpu" if cuda else "cpu",
@@ -504,7 +500,7 @@ def run_trial(
             res["error"] = (getattr(ca_cb, "stopped_reason", None) or "stopped early")[:300]
         else:
             res["value"] = float(trainer.callback_metrics["val_acc"])
-    except BaseException as e:  # noqa: BLE001 - every failure is a result
+    except BaseException as e:
         if isinstance(e, KeyboardInterrupt):
             raise
         if guard.over is not None or isinstance(e, optuna.TrialPruned):
@@ -780,8 +776,9 @@ class Runner:
                 "optuna_state": "pruned",
             }
             try:
-                return self._trial(trial, study, arm, task, seed, params, rec, line, truth, budget,
-                                   store, pruner)
+                return self._trial(
+                    trial, study, arm, task, seed, params, rec, line, truth, budget, store, pruner
+                )
             finally:
                 self.results.append(line)
                 run = line["run"]
@@ -904,13 +901,22 @@ class Runner:
         """Run, uncharged, each configuration the costaware arm rejected that nobody ran."""
         truth = Truth(self.results, task)
         for x in self.results.trials(task.name, seed, "costaware"):
-            if x["record"]["status"] != "rejected" or truth.feasible(x["record"]["key"]) is not None:
+            if (
+                x["record"]["status"] != "rejected"
+                or truth.feasible(x["record"]["key"]) is not None
+            ):
                 continue
             if self.time_left() < self.ctx.max_epoch_time[task.name] * EPOCHS + 30:
                 raise OutOfTime
             run = run_trial(self.ctx, task, x["params"])
             self.results.append(
-                {"kind": "check", "task": task.name, "seed": seed, "params": x["params"], "run": run}
+                {
+                    "kind": "check",
+                    "task": task.name,
+                    "seed": seed,
+                    "params": x["params"],
+                    "run": run,
+                }
             )
             truth.add(x["params"], run, source=f"check/seed{seed}")
             self.progress(f"{task.name} seed {seed} checking a rejection: {run['status']}")
@@ -939,9 +945,7 @@ def context_bytes() -> int | None:
     return None
 
 
-def measure_reference(
-    ctx: Context, task: Task, dataset_size: int
-) -> tuple[float, dict[str, Any]]:
+def measure_reference(ctx: Context, task: Task, dataset_size: int) -> tuple[float, dict[str, Any]]:
     """The reference configuration's epoch time at ``dataset_size`` (no budget)."""
     saved = dict(ctx.max_epoch_time), dict(ctx.dataset_size)
     ctx.max_epoch_time[task.name] = 1e9
@@ -1104,9 +1108,7 @@ def report(results: Results, tiny: bool = False) -> dict[str, Any]:
             entry["finder"] = finder_figures([u for _, u in units], results, name)
             entry["memory"] = memory_figures([u for _, u in units], truth)
             entry["flaky"] = truth.flaky()
-            entry["gpu_s"] = sum(
-                x["run"]["compute_s"] for x in results.runs(name)
-            )
+            entry["gpu_s"] = sum(x["run"]["compute_s"] for x in results.runs(name))
         out["tasks"][name] = entry
     return out
 
@@ -1276,16 +1278,24 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     p.add_argument("--trials", type=int, default=12, help="trials per arm and seed")
     p.add_argument("--startup", type=int, default=None, help="TPE start-up (default trials/3)")
     p.add_argument("--card-gib", type=float, default=16.0, help="the simulated card's memory")
-    p.add_argument("--epoch-seconds", type=float, default=10.0,
-                   help="the reference configuration's epoch time the dataset is sized for")
-    p.add_argument("--time-factor", type=float, default=3.0,
-                   help="max_epoch_time = this x the reference epoch")
+    p.add_argument(
+        "--epoch-seconds",
+        type=float,
+        default=10.0,
+        help="the reference configuration's epoch time the dataset is sized for",
+    )
+    p.add_argument(
+        "--time-factor", type=float, default=3.0, help="max_epoch_time = this x the reference epoch"
+    )
     p.add_argument("--probe-samples", type=int, default=0, help="samples of the speed probe")
     p.add_argument("--minutes", type=float, default=1e9, help="stop cleanly after this long")
     p.add_argument("--tiny", action="store_true", help="tiny models (a CPU test)")
     p.add_argument("--refit-every", type=int, default=5)
-    p.add_argument("--report-only", action="store_true",
-                   help="no training: write the report of what --results holds")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="no training: write the report of what --results holds",
+    )
     p.add_argument("--json", default=None, help="write the report's figures here")
     p.add_argument("--doc", default=None, help="splice the report's section into this file")
     args = p.parse_args(argv)

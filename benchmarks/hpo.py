@@ -859,7 +859,29 @@ def diagnostics(bench: Bench, results: list[dict[str, dict[str, Any]]]) -> dict[
         "reject_reasons": reasons,
         "by_kind": by_kind,
         "callback_memory": callback_memory(bench, results),
+        "arm_address_space": arm_address_space(bench),
     }
+
+
+def arm_address_space(bench: Bench) -> str:
+    """How much more address space the costaware arm's trial processes took than the other
+    arms' for the same configuration (completed runs only): the Lightning callback's own
+    memory (its profiler over the first batches, its store writes), which the cap counts
+    and the prediction, of training's tensors, does not."""
+    diffs: list[float] = []
+    for runs in bench.truth.runs.values():
+        ok = [r for r in runs if r["status"] == "ok" and r["as_peak"] is not None]
+        mine = [r["as_peak"] for r in ok if r["source"].startswith("costaware/")]
+        other = [r["as_peak"] for r in ok if not r["source"].startswith("costaware/")]
+        if mine and other:
+            diffs.append((statistics.median(mine) - statistics.median(other)) / MiB)
+    if not diffs:
+        return "-"
+    s = sorted(diffs)
+    return (
+        f"median {statistics.median(s):+.1f} MiB (range {s[0]:+.1f} to {s[-1]:+.1f} MiB, "
+        f"{len(s)} configurations that the costaware arm and another arm completed)"
+    )
 
 
 def callback_memory(bench: Bench, results: list[dict[str, dict[str, Any]]]) -> str:
@@ -979,6 +1001,10 @@ def print_report(report: dict[str, Any]) -> None:
             highlight=False,
         )
     console.print(f"  callback memory: {d['callback_memory']}", highlight=False)
+    console.print(
+        f"  costaware arm's address space minus the other arms': {d['arm_address_space']}",
+        highlight=False,
+    )
     console.print(
         f"  budget: {report['budget']}; wall time {report['wall_s']:.0f} s",
         highlight=False,
@@ -1127,7 +1153,9 @@ above the baseline, configurations over 2 MiB; the median epoch time):
 {kind_table}
 
 What costaware's Lightning callback recorded as each completed trial's peak memory (the
-figure the online refit learns from): {d["callback_memory"]}.
+figure the online refit learns from): {d["callback_memory"]}. The costaware arm's trial
+processes' address-space peak minus the other arms' for the same configuration (the
+callback's own memory, which the cap counts): {d["arm_address_space"]}.
 
 ### Per seed
 
