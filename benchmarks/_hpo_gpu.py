@@ -563,7 +563,11 @@ class Results:
         self.path = path
         self.lines: list[dict[str, Any]] = []
         if path.is_file():
-            for raw in path.read_text().splitlines():
+            text = path.read_text()
+            if text and not text.endswith("\n"):  # a line cut off by a kill: dropped
+                text = text[: text.rfind("\n") + 1]
+                path.write_text(text)
+            for raw in text.splitlines():
                 if not raw.strip():
                     continue
                 try:
@@ -679,8 +683,17 @@ class Runner:
     store_factory: Callable[[str, int], Any] | None = None
     refit_every: int = 5
 
+    stop_after: int | None = None  # trials this invocation may run (tests)
+    started: int = 0
+
     def time_left(self) -> float:
         return self.deadline - time.monotonic()
+
+    def out_of_time(self, task: Task) -> bool:
+        """Whether another trial would not end before the deadline (or --stop-after)."""
+        if self.stop_after is not None and self.started >= self.stop_after:
+            return True
+        return self.time_left() < self.ctx.max_epoch_time[task.name] * EPOCHS + 30
 
     def replay(self, task: Task, params: dict[str, Any]) -> dict[str, Any] | None:
         """A run of the same parameters by a replayed arm earlier in this task."""
@@ -751,8 +764,9 @@ class Runner:
         remaining = self.ctx.trials - len(done)
 
         def objective(trial: optuna.Trial) -> float:
-            if self.time_left() < self.ctx.max_epoch_time[task.name] * EPOCHS + 30:
+            if self.out_of_time(task):
                 raise OutOfTime
+            self.started += 1
             params = suggest(trial, task)
             key = task.key(params)
             rec: dict[str, Any] = {
@@ -906,8 +920,9 @@ class Runner:
                 or truth.feasible(x["record"]["key"]) is not None
             ):
                 continue
-            if self.time_left() < self.ctx.max_epoch_time[task.name] * EPOCHS + 30:
+            if self.out_of_time(task):
                 raise OutOfTime
+            self.started += 1
             run = run_trial(self.ctx, task, x["params"])
             self.results.append(
                 {
@@ -1289,6 +1304,12 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     )
     p.add_argument("--probe-samples", type=int, default=0, help="samples of the speed probe")
     p.add_argument("--minutes", type=float, default=1e9, help="stop cleanly after this long")
+    p.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        help="stop cleanly after this many trials (a test of resuming)",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny models (a CPU test)")
     p.add_argument("--refit-every", type=int, default=5)
     p.add_argument(
@@ -1355,6 +1376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             deadline=t_start + 60 * args.minutes,
             progress=lambda s: print(f"hpo-gpu: {s}", flush=True),
             refit_every=args.refit_every,
+            stop_after=args.stop_after,
         )
         try:
             for name in ctx.tasks:
@@ -1364,7 +1386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     runner.check_rejections(tasks[name], seed)
             print("hpo-gpu: every task, seed and arm is done", flush=True)
         except OutOfTime:
-            print(f"hpo-gpu: --minutes {args.minutes:g} spent; rerun to continue", flush=True)
+            print("hpo-gpu: out of time (--minutes, --stop-after); rerun to continue", flush=True)
     rep = report(Results(results_path), tiny=args.tiny)
     text = section(rep, cmd)
     print(text)
