@@ -550,6 +550,9 @@ class Context:
     max_epoch_time: dict[str, float]
     reference_epoch_s: dict[str, float]
     tiny: bool
+    epoch_seconds: float = 10.0
+    time_factor: float = 3.0
+    probe_samples: int = 0
     machine: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -561,7 +564,7 @@ class Results:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.lines: list[dict[str, Any]] = []
+        self.lines: list[dict[str, Any]] = []  # in the file's order
         if path.is_file():
             text = path.read_text()
             if text and not text.endswith("\n"):  # a line cut off by a kill: dropped
@@ -583,7 +586,16 @@ class Results:
             os.fsync(f.fileno())
 
     def setup(self) -> dict[str, Any] | None:
-        return next((x for x in self.lines if x["kind"] == "setup"), None)
+        """The run's settings, with each task's calibration (``task_setup``) merged in."""
+        setup = next((x for x in self.lines if x["kind"] == "setup"), None)
+        if setup is None:
+            return None
+        setup = json.loads(json.dumps(setup))
+        for x in self.lines:
+            if x["kind"] == "task_setup":
+                for k in ("dataset_size", "max_epoch_time", "reference_epoch_s"):
+                    setup.setdefault(k, {})[x["task"]] = x[k]
+        return setup
 
     def trials(self, task: str, seed: int, arm: str) -> list[dict[str, Any]]:
         return [
@@ -978,7 +990,6 @@ def make_context(args: Any, progress: Callable[[str], None]) -> Context:
     import torch
 
     cuda = args.device == "cuda"
-    tasks = {**(TINY_TASKS if args.tiny else TASKS)}
     card = int(args.card_gib * GiB)
     ctxb = None
     if cuda:
@@ -1007,25 +1018,37 @@ def make_context(args: Any, progress: Callable[[str], None]) -> Context:
         max_epoch_time={},
         reference_epoch_s={},
         tiny=args.tiny,
+        epoch_seconds=args.epoch_seconds,
+        time_factor=args.time_factor,
+        probe_samples=args.probe_samples,
     )
     apply_cap(ctx)
-    for name in ctx.tasks:
-        task = tasks[name]
-        probe_size = args.probe_samples or (64 if args.tiny else 2048 if name == "lm" else 8192)
-        epoch, _ = measure_reference(ctx, task, probe_size)
-        per_sample = epoch / probe_size
-        size = max(task.reference["batch_size"] * 2, int(args.epoch_seconds / per_sample))
-        if args.tiny:
-            size = probe_size
-        ctx.dataset_size[name] = size
-        epoch2, _ = measure_reference(ctx, task, size) if not args.tiny else (epoch, None)
-        ctx.reference_epoch_s[name] = round(epoch2, 3)
-        ctx.max_epoch_time[name] = round(args.time_factor * epoch2, 2)
-        progress(
-            f"{name}: {size} samples an epoch; reference epoch {epoch2:.2f} s; "
-            f"max_epoch_time {ctx.max_epoch_time[name]:.2f} s"
-        )
     return ctx
+
+
+def calibrate(ctx: Context, task: Task) -> dict[str, Any]:
+    """Size a task's epoch: the reference configuration's speed over a probe of a few
+    samples, then as many samples an epoch as take ``epoch_seconds`` at that speed, and
+    ``max_epoch_time`` = ``time_factor`` x that epoch. Run when the task is first
+    reached, so that a window spends no time on tasks it will not get to."""
+    probe = ctx.probe_samples or (64 if ctx.tiny else 512 if task.name == "lm" else 4096)
+    epoch, _ = measure_reference(ctx, task, probe)
+    per_sample = epoch / probe
+    size = (
+        probe
+        if ctx.tiny
+        else max(2 * task.reference["batch_size"], int(ctx.epoch_seconds / per_sample))
+    )
+    ref = per_sample * size
+    return {
+        "kind": "task_setup",
+        "task": task.name,
+        "probe_samples": probe,
+        "probe_epoch_s": round(epoch, 3),
+        "dataset_size": size,
+        "reference_epoch_s": round(ref, 3),
+        "max_epoch_time": round(ctx.time_factor * ref, 2),
+    }
 
 
 def apply_cap(ctx: Context) -> None:
@@ -1097,7 +1120,7 @@ def report(results: Results, tiny: bool = False) -> dict[str, Any]:
     setup = results.setup() or {}
     tasks = TINY_TASKS if setup.get("tiny", tiny) else TASKS
     out: dict[str, Any] = {"setup": setup, "tasks": {}}
-    for name in setup.get("tasks", []):
+    for name in [t for t in setup.get("tasks", []) if t in setup.get("dataset_size", {})]:
         task = tasks[name]
         truth = Truth(results, task)
         units = [
@@ -1359,6 +1382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 }
             )
         else:
+            setup = results.setup() or setup
             fields = set(Context.__dataclass_fields__)
             ctx = Context(**{k: v for k, v in setup.items() if k in fields})
             if ctx.device != args.device:
@@ -1380,6 +1404,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         try:
             for name in ctx.tasks:
+                if name not in ctx.dataset_size:
+                    line = calibrate(ctx, tasks[name])
+                    results.append(line)
+                    for k in ("dataset_size", "max_epoch_time", "reference_epoch_s"):
+                        getattr(ctx, k)[name] = line[k]
+                    runner.progress(
+                        f"{name}: {line['dataset_size']} samples an epoch (reference epoch "
+                        f"{line['reference_epoch_s']:.2f} s); max_epoch_time "
+                        f"{line['max_epoch_time']:.2f} s"
+                    )
                 for seed in ctx.seeds:
                     for arm in GPU_RUN_ORDER:
                         runner.arm(tasks[name], seed, arm)
