@@ -215,7 +215,11 @@ print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__
             echo "gpu_window: resuming the costaware arm's stores from data/hpo/$name-stores.tar.gz"
         fi
         set +e
-        PYTHONUNBUFFERED=1 "$PY" benchmarks/hpo.py --gpu --device "$device" \
+        # --minutes stops between trials; the timeout, 1.5 minutes later, ends a trial
+        # that runs on, so that the stores below are still packed before the call's limit
+        hard="$(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 + 90 }')"
+        PYTHONUNBUFFERED=1 timeout --signal=INT --kill-after=20 "$hard" \
+            "$PY" benchmarks/hpo.py --gpu --device "$device" \
             --results "$out/$name.jsonl" --workdir "$work" --minutes "$minutes" \
             --json "$out/$name-report.json" ${COSTAWARE_HPO_ARGS:-} 2>&1 | tee "$out/$name-log.txt"
         rc=${PIPESTATUS[0]}
