@@ -196,7 +196,7 @@ TINY_TASKS: dict[str, Task] = {
             "width": [32, 64],
             "depth": [1, 2],
             "seq_len": [16, 64],
-            "batch_size": [4, 64],
+            "batch_size": [4, 16],
             "precision": ["fp32"],
             "optimizer": ["adamw", "sgd"],
         },
@@ -209,7 +209,7 @@ TINY_TASKS: dict[str, Task] = {
             "optimizer": "adamw",
             "lr": 1e-3,
         },
-        val_size=32,
+        val_size=16,
         vocab=16,
     ),
     "vision": Task(
@@ -218,7 +218,7 @@ TINY_TASKS: dict[str, Task] = {
             "width": [8, 16],
             "depth": [18],
             "image_size": [16, 32],
-            "batch_size": [4, 64],
+            "batch_size": [4, 16],
             "precision": ["fp32"],
             "optimizer": ["adamw", "sgd"],
         },
@@ -231,7 +231,7 @@ TINY_TASKS: dict[str, Task] = {
             "optimizer": "adamw",
             "lr": 1e-3,
         },
-        val_size=32,
+        val_size=16,
     ),
 }
 
@@ -1036,7 +1036,7 @@ def calibrate(ctx: Context, task: Task) -> dict[str, Any]:
     samples, then as many samples an epoch as take ``epoch_seconds`` at that speed, and
     ``max_epoch_time`` = ``time_factor`` x that epoch. Run when the task is first
     reached, so that a window spends no time on tasks it will not get to."""
-    probe = ctx.probe_samples or (64 if ctx.tiny else 512 if task.name == "lm" else 4096)
+    probe = ctx.probe_samples or (16 if ctx.tiny else 512 if task.name == "lm" else 4096)
     epoch, _ = measure_reference(ctx, task, probe)
     per_sample = epoch / probe
     size = (

@@ -372,12 +372,18 @@ def run_arm(bench: Bench, arm: str, seed: int) -> dict[str, Any]:
             raise optuna.TrialPruned("infeasible (oracle)")
         costaware = None
         if arm == "costaware" and bench.actuals == "callback":
+            # judge_before=False: the pruner judged this trial in the driver already. The
+            # callback in the trial process gets the trial's number, not the Optuna trial
+            # (which does not cross the fork), so it cannot see that, and would predict
+            # the fit a second time inside the capped process: a second model load and dry
+            # run under the address-space cap, which failed with std::bad_alloc there
             costaware = {
                 "store": store_url,
                 "study": name,
                 "trial": trial.number,
                 "budget": budget,
                 "device": "cpu",
+                "judge_before": False,
             }
         res = bench.runner.run(params, costaware=costaware)
         bench.truth.add(params, res, source=f"{arm}/seed{seed}", baseline=bench.baseline)

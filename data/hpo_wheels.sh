@@ -14,8 +14,8 @@
 # 97 MB, and a device call carries at most 64 MiB with the working tree (about 35 MB), so
 # the wheels are installed here into one folder laid out as pip's --target lays it out
 # (--platform manylinux, cp312), pruned (tests, Jupyter widgets), its shared libraries
-# stripped, packed as one tar.xz (about 45 MB) and split into parts of at most
-# PART_MIB (24) MiB, one folder each (.whl/hpo-N/, with MANIFEST: the parts' count and
+# stripped, packed as one tar.xz (39 MB) and split into parts of at most
+# PART_MIB (20) MiB, one folder each (.whl/hpo-N/, with MANIFEST: the parts' count and
 # the archive's sha256). On the machine, `bash data/gpu_window.sh hpo-site` gathers the
 # parts carried by successive calls into /tmp/hpo-parts and unpacks them into /tmp/site
 # once all have arrived (data/README.md, "The GPU HPO benchmark").
@@ -51,7 +51,7 @@ WHEELS=(
 )
 #: requirements of those wheels that the machine already has (KINDS.md's package list)
 ON_MACHINE="numpy scipy pandas matplotlib six packaging tqdm pyyaml typing-extensions markupsafe wrapt colorama tomli plotly"
-PART_MIB="${PART_MIB:-24}"
+PART_MIB="${PART_MIB:-20}"
 PY="${PYTHON:-python3}"
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
     --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
@@ -100,9 +100,17 @@ if missing:
 print(f"hpo_wheels: every requirement of the {len(have)} wheels is carried or on the machine")
 EOF
 
-# one folder as pip --target lays it out for the machine, pruned and stripped
 site="$(mktemp -d)"
 trap 'rm -rf "$site"' EXIT
+packed=0
+if ((check)) && [[ -f .whl/hpo-1/MANIFEST ]] \
+    && grep -qxF "wheels ${WHEELS[*]}" .whl/hpo-1/MANIFEST; then
+    packed=1  # --check of the parts packed before from the same wheels
+    sum="$(awk '$1 == "sha256" { print $2 }' .whl/hpo-1/MANIFEST)"
+    echo "hpo_wheels: checking the parts packed before ($(du -shc .whl/hpo-[0-9]* | tail -1 | cut -f1))"
+fi
+if ((!packed)); then
+# one folder as pip --target lays it out for the machine, pruned and stripped
 "$PY" -m pip install --quiet --no-index --no-deps --no-compile --only-binary=:all: \
     --python-version 3.12 --implementation cp "${PLATFORMS[@]}" --target "$site/site" \
     "$dl"/*.whl
@@ -127,12 +135,19 @@ for i in "${!parts[@]}"; do
 done
 echo "hpo_wheels: $(du -sh "$site/hpo-site.tar.xz" | cut -f1) in $n parts:"
 du -sh .whl/hpo-[0-9]*
+fi
 
 if ((check)); then
     # a fresh Python 3.12 venv: the machine's own packages from PyPI (without torch:
     # catboost, gensim, optuna and SQLAlchemy do not import it), then the packed set
-    py312="${PY312:-$(command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -1)}"
-    [[ -n "$py312" ]] || { echo "hpo_wheels: no python3.12 here for --check" >&2; exit 1; }
+    py312="${PY312:-}"
+    if [[ -z "$py312" ]]; then
+        for c in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do
+            if "$c" --version >/dev/null 2>&1; then py312="$c"; break; fi
+        done
+    fi
+    [[ -n "$py312" ]] || { echo "hpo_wheels: no python3.12 here for --check (PY312=...)" >&2; exit 1; }
+    echo "hpo_wheels: checking with $("$py312" --version) at $py312"
     venv="$site/venv"
     "$py312" -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet numpy scipy pandas matplotlib six packaging \
