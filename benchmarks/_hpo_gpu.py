@@ -417,7 +417,7 @@ def _callbacks() -> Any:
     return EpochGuard
 
 
-def _finder(guard: Any, init_val: int) -> Any:
+def _finder(guard: Any, init_val: int, max_trials: int = 25) -> Any:
     """Lightning's BatchSizeFinder, with the epoch guard paused while it searches."""
     from lightning.pytorch.callbacks import BatchSizeFinder
 
@@ -433,7 +433,7 @@ def _finder(guard: Any, init_val: int) -> Any:
                 self.search_s = time.perf_counter() - t0
                 guard.paused = False
 
-    return TimedFinder(mode="power", init_val=init_val, steps_per_trial=3, max_trials=25)
+    return TimedFinder(mode="power", init_val=init_val, steps_per_trial=3, max_trials=max_trials)
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -469,7 +469,7 @@ def run_trial(
     callbacks: list[Any] = [guard]
     bsf = None
     if finder:
-        bsf = _finder(guard, params["batch_size"])
+        bsf = _finder(guard, params["batch_size"], max_trials=2 if ctx.tiny else 25)
         callbacks.append(bsf)
     ca_cb = None
     if costaware is not None:

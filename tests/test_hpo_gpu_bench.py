@@ -54,7 +54,7 @@ def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         *extra,
     ]
     return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=280, env=_env(), cwd=tmp_path
+        cmd, capture_output=True, text=True, timeout=420, env=_env(), cwd=tmp_path
     )
 
 
@@ -63,7 +63,7 @@ def _lines(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # two runs of the benchmark, each importing torch and Lightning
+@pytest.mark.timeout(900)  # two runs of the benchmark, each importing torch and Lightning
 def test_gpu_mode_runs_every_arm_on_the_cpu_and_resumes_where_it_stopped(
     tmp_path: Path,
 ) -> None:
