@@ -152,7 +152,7 @@ EOF
 }
 
 hpo_site() {  # gather the carried parts; unpack them into /tmp/site once all are here
-    local parts=/tmp/hpo-parts site=/tmp/site manifest n sum have
+    local parts="${HPO_PARTS:-/tmp/hpo-parts}" site="${HPO_SITE:-/tmp/site}" manifest n sum have
     if [[ -f "$site/.hpo-site-ok" ]]; then
         echo "gpu_window: /tmp/site is unpacked already"
         return 0
@@ -203,7 +203,7 @@ case "$step" in
         pkg="$(mktemp -d)"
         cp -r src/costaware "$pkg/costaware"
         cp -r integrations "$pkg/costaware/integrations"
-        export PYTHONPATH="$pkg:${PYTHONPATH#src:}:/tmp/site"
+        export PYTHONPATH="$pkg:${PYTHONPATH#src:}:${HPO_SITE:-/tmp/site}"
         "$PY" -c "import optuna, catboost, gensim, sqlalchemy, lightning, costaware.integrations.optuna as o; \
 print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__, 'lightning', lightning.__version__)"
         name="$tag-hpo-gpu"
