@@ -32,6 +32,10 @@ Run: ``python benchmarks/hpo.py --seeds 3 --trials 24 --out docs/benchmarks.md``
 ``--actuals address-space`` makes the costaware arm record the address-space peak itself
 instead of through the Lightning callback (to separate the callback's CPU measurement
 from the rest of costaware).
+
+``--gpu`` runs the GPU mode instead (``benchmarks/_hpo_gpu.py``): GPT and ResNet trials
+of tens of seconds on a GPU under a simulated smaller card, the same arms plus Lightning's
+BatchSizeFinder, resumable from a JSONL file (``python benchmarks/hpo.py --gpu --help``).
 """
 
 from __future__ import annotations
