@@ -1361,7 +1361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     t_start = time.monotonic()
     results_path = Path(args.results)
-    results_path.parent.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        results_path.parent.mkdir(parents=True, exist_ok=True)
     results = Results(results_path)
     cmd = str(results_path)
     if not args.report_only:
