@@ -32,6 +32,10 @@ Run: ``python benchmarks/hpo.py --seeds 3 --trials 24 --out docs/benchmarks.md``
 ``--actuals address-space`` makes the costaware arm record the address-space peak itself
 instead of through the Lightning callback (to separate the callback's CPU measurement
 from the rest of costaware).
+
+``--gpu`` runs the GPU mode instead (``benchmarks/_hpo_gpu.py``): GPT and ResNet trials
+of tens of seconds on a GPU under a simulated smaller card, the same arms plus Lightning's
+BatchSizeFinder, resumable from a JSONL file (``python benchmarks/hpo.py --gpu --help``).
 """
 
 from __future__ import annotations
@@ -372,12 +376,18 @@ def run_arm(bench: Bench, arm: str, seed: int) -> dict[str, Any]:
             raise optuna.TrialPruned("infeasible (oracle)")
         costaware = None
         if arm == "costaware" and bench.actuals == "callback":
+            # judge_before=False: the pruner judged this trial in the driver already. The
+            # callback in the trial process gets the trial's number, not the Optuna trial
+            # (which does not cross the fork), so it cannot see that, and would predict
+            # the fit a second time inside the capped process: a second model load and dry
+            # run under the address-space cap, which failed with std::bad_alloc there
             costaware = {
                 "store": store_url,
                 "study": name,
                 "trial": trial.number,
                 "budget": budget,
                 "device": "cpu",
+                "judge_before": False,
             }
         res = bench.runner.run(params, costaware=costaware)
         bench.truth.add(params, res, source=f"{arm}/seed{seed}", baseline=bench.baseline)
@@ -551,17 +561,20 @@ def compute_to(points: Sequence[tuple[float, float | None]], target: float) -> f
     return None
 
 
-def seed_figures(bench: Bench, results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per-arm figures of one seed (the ground truth is complete by now)."""
+def seed_figures(
+    bench: Any, results: dict[str, dict[str, Any]], arms: Sequence[str] = ARMS
+) -> dict[str, dict[str, Any]]:
+    """Per-arm figures of one seed (the ground truth is complete by now); ``bench`` needs
+    only ``truth.feasible(key)``."""
     figs: dict[str, dict[str, Any]] = {}
-    curves = {arm: curve(results[arm]["records"]) for arm in ARMS}
-    totals = {arm: curves[arm][-1][0] if curves[arm] else 0.0 for arm in ARMS}
+    curves = {arm: curve(results[arm]["records"]) for arm in arms}
+    totals = {arm: curves[arm][-1][0] if curves[arm] else 0.0 for arm in arms}
     equal = min(totals.values())
     base_best = max(
         (r["value"] for r in results["baseline"]["records"] if r["value"] is not None),
         default=None,
     )
-    for arm in ARMS:
+    for arm in arms:
         recs = results[arm]["records"]
         ran = [r for r in recs if r["compute_s"] > 0]
         waste = [r for r in recs if r["status"] in WASTE]
@@ -600,7 +613,7 @@ def seed_figures(bench: Bench, results: dict[str, dict[str, Any]]) -> dict[str, 
             100 * figs[arm]["waste_s"] / totals[arm] if totals[arm] > 0 else 0.0
         )
     bw, bctb = figs["baseline"]["waste_s"], figs["baseline"]["compute_to_best"]
-    for arm in ARMS:
+    for arm in arms:
         f = figs[arm]
         f["waste_saved_pct"] = 100 * (1 - f["waste_s"] / bw) if bw > 0 else None
         f["ctb_ratio"] = (
@@ -630,9 +643,11 @@ def fmt_ms(values: Iterable[float | None], digits: int = 1, unit: str = "", n: i
     return text
 
 
-def summarize(per_seed: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def summarize(
+    per_seed: list[dict[str, dict[str, Any]]], arms: Sequence[str] = ARMS
+) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for arm in ARMS:
+    for arm in arms:
         rows = [s[arm] for s in per_seed]
         fr = sum(r["false_rej_n"] for r in rows)
         feas = sum(r["feasible_n"] for r in rows)
@@ -670,13 +685,15 @@ TABLE_COLUMNS = (
 )
 
 
-def table_rows(summary: dict[str, dict[str, Any]], seeds: int) -> list[list[str]]:
+def table_rows(
+    summary: dict[str, dict[str, Any]], seeds: int, arms: Sequence[str] = ARMS
+) -> list[list[str]]:
     rows = []
-    for arm in ARMS:
+    for arm in arms:
         r = summary[arm]["rows"]
         s = summary[arm]
         fr = f"{s['false_rej_n']}/{s['feasible_n']} ({s['false_rej_pct']:.0f}%)"
-        if arm in ("baseline", "baseline-pruned"):
+        if arm in ("baseline", "baseline-pruned", "batch-size-finder"):
             fr = "-"
         saved = "-" if arm == "baseline" else fmt_ms([x["waste_saved_pct"] for x in r], 0, "%")
         ctb = "1.00" if arm == "baseline" else fmt_ms([x["ctb_ratio"] for x in r], 2, "x", n=seeds)
@@ -699,11 +716,13 @@ def table_rows(summary: dict[str, dict[str, Any]], seeds: int) -> list[list[str]
     return rows
 
 
-def curve_rows(per_seed: list[dict[str, dict[str, Any]]]) -> list[list[str]]:
+def curve_rows(
+    per_seed: list[dict[str, dict[str, Any]]], arms: Sequence[str] = ARMS
+) -> list[list[str]]:
     """Best value (mean over seeds) at fractions of the baseline's total compute."""
     fracs = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
     rows = []
-    for arm in ARMS:
+    for arm in arms:
         row = [arm]
         for frac in fracs:
             vals = [best_at(s[arm]["curve"], frac * s["baseline"]["total_s"]) for s in per_seed]
@@ -850,7 +869,29 @@ def diagnostics(bench: Bench, results: list[dict[str, dict[str, Any]]]) -> dict[
         "reject_reasons": reasons,
         "by_kind": by_kind,
         "callback_memory": callback_memory(bench, results),
+        "arm_address_space": arm_address_space(bench),
     }
+
+
+def arm_address_space(bench: Bench) -> str:
+    """How much more address space the costaware arm's trial processes took than the other
+    arms' for the same configuration (completed runs only): the Lightning callback's own
+    memory (its profiler over the first batches, its store writes), which the cap counts
+    and the prediction, of training's tensors, does not."""
+    diffs: list[float] = []
+    for runs in bench.truth.runs.values():
+        ok = [r for r in runs if r["status"] == "ok" and r["as_peak"] is not None]
+        mine = [r["as_peak"] for r in ok if r["source"].startswith("costaware/")]
+        other = [r["as_peak"] for r in ok if not r["source"].startswith("costaware/")]
+        if mine and other:
+            diffs.append((statistics.median(mine) - statistics.median(other)) / MiB)
+    if not diffs:
+        return "-"
+    s = sorted(diffs)
+    return (
+        f"median {statistics.median(s):+.1f} MiB (range {s[0]:+.1f} to {s[-1]:+.1f} MiB, "
+        f"{len(s)} configurations that the costaware arm and another arm completed)"
+    )
 
 
 def callback_memory(bench: Bench, results: list[dict[str, dict[str, Any]]]) -> str:
@@ -970,6 +1011,10 @@ def print_report(report: dict[str, Any]) -> None:
             highlight=False,
         )
     console.print(f"  callback memory: {d['callback_memory']}", highlight=False)
+    console.print(
+        f"  costaware arm's address space minus the other arms': {d['arm_address_space']}",
+        highlight=False,
+    )
     console.print(
         f"  budget: {report['budget']}; wall time {report['wall_s']:.0f} s",
         highlight=False,
@@ -1118,7 +1163,9 @@ above the baseline, configurations over 2 MiB; the median epoch time):
 {kind_table}
 
 What costaware's Lightning callback recorded as each completed trial's peak memory (the
-figure the online refit learns from): {d["callback_memory"]}.
+figure the online refit learns from): {d["callback_memory"]}. The costaware arm's trial
+processes' address-space peak minus the other arms' for the same configuration (the
+callback's own memory, which the cap counts): {d["arm_address_space"]}.
 
 ### Per seed
 
@@ -1240,6 +1287,11 @@ def fmt_mib(n: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--gpu" in argv:  # the GPU mode: benchmarks/_hpo_gpu.py
+        import _hpo_gpu
+
+        return _hpo_gpu.main([a for a in argv if a != "--gpu"])
     args = parse_args(argv)
     t_start = time.perf_counter()
     load_start = ", ".join(f"{x:.1f}" for x in os.getloadavg())

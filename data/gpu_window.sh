@@ -22,6 +22,12 @@
 #                                                  of a committed shard again, into a file named after
 #                                                  today's date: how far two windows (or two machines) differ;
 #                                                  each row also profiles its ops in the step (--in-context)
+#   bash data/gpu_window.sh hpo-site               unpack the packed Python packages the HPO benchmark
+#                                                  needs (data/hpo_wheels.sh) into /tmp/site, once
+#                                                  every part has been carried here (.whl/hpo-N)
+#   bash data/gpu_window.sh hpo [MINUTES]          the GPU HPO benchmark (benchmarks/hpo.py --gpu),
+#                                                  MINUTES (default 8.5) of trials, resumed from
+#                                                  data/hpo/; hpo-site first
 #
 # Files are named after the GPU (h100-..., h200-...: memory transfers across GPUs of one
 # generation, time does not) and each step first copies the committed file of the same
@@ -39,6 +45,11 @@
 # then on an H200 corpus 0 1-4 and ops-held, on an H100 corpus 1 0-4 (a shard takes 4-5 minutes, so one command measures about two; shards
 # already complete are skipped in seconds). Plan a 15-minute window as one command of
 # about 9 minutes (the start takes 1-2 minutes of it); a 30-minute one starts with check.
+#
+# The HPO benchmark (issue 45) needs packages the machine lacks: here, bash data/hpo_wheels.sh
+# packs them into .whl/hpo-1 and .whl/hpo-2; there, one call carries .whl/hpo-1 and runs
+# hpo-site, and the next, at once (the machine stays warm 30 s), carries .whl/hpo-2 and
+# runs hpo 8.5 (data/README.md, "The GPU HPO benchmark").
 #
 # For a test on a machine without a GPU: COSTAWARE_DEVICE=cpu (and COSTAWARE_CORPUS=cpu,
 # COSTAWARE_LIMIT=N, COSTAWARE_SHARDS=N) run the same steps on the CPU.
@@ -59,7 +70,7 @@ die() {
 step="${1:-}"
 case "$step" in
     -h | --help) usage; exit 0 ;;
-    check | ops-held | corpus | small | repeat | oom) shift ;;
+    check | ops-held | corpus | small | repeat | oom | hpo-site | hpo) shift ;;
     "") die "no step given" ;;
     *) die "unknown step '$step'" ;;
 esac
@@ -91,6 +102,10 @@ case "$step" in
         is_number "$minutes" || die "MINUTES must be a number, not '$minutes'"
         [[ "$caps" =~ ^[0-9]+([.][0-9]+)?(,[0-9]+([.][0-9]+)?)*$ ]] \
             || die "CAPS must be GiB numbers separated by commas, such as 12,24; not '$caps'"
+        ;;
+    hpo)
+        minutes="${1:-8.5}"
+        is_number "$minutes" || die "MINUTES must be a number, not '$minutes'"
         ;;
     repeat)
         [[ $# -ge 2 ]] || die "repeat needs SEED and SHARD"
@@ -141,7 +156,84 @@ print(f"gpu_window: {sys.argv[1]}: {len(rows)} rows ({dict(sorted(counts.items()
 EOF
 }
 
+hpo_site() {  # gather the carried parts; unpack them into /tmp/site once all are here
+    local parts="${HPO_PARTS:-/tmp/hpo-parts}" site="${HPO_SITE:-/tmp/site}" manifest n sum have
+    if [[ -f "$site/.hpo-site-ok" ]]; then
+        echo "gpu_window: /tmp/site is unpacked already"
+        return 0
+    fi
+    mkdir -p "$parts"
+    for dir in .whl/hpo-[0-9]*; do
+        [[ -f "$dir/MANIFEST" ]] || continue
+        cp "$dir"/hpo-site.tar.xz.part* "$parts/"
+        cp "$dir/MANIFEST" "$parts/MANIFEST"
+        echo "gpu_window: took $(basename "$dir") ($(du -sh "$dir" | cut -f1))"
+    done
+    manifest="$parts/MANIFEST"
+    [[ -f "$manifest" ]] || {
+        echo "gpu_window: no part of the HPO packages is here: make them with" \
+            "'bash data/hpo_wheels.sh' and carry .whl/hpo-1, .whl/hpo-2, ... one a call" >&2
+        return 1
+    }
+    n="$(awk '$1 == "parts" { print $2 }' "$manifest")"
+    sum="$(awk '$1 == "sha256" { print $2 }' "$manifest")"
+    have="$(find "$parts" -name 'hpo-site.tar.xz.part*' | wc -l)"
+    if ((have < n)); then
+        echo "gpu_window: $have of the $n parts are here ($(ls "$parts" | tr '\n' ' '));" \
+            "carry the others in the next calls, while this machine is warm" >&2
+        return 3
+    fi
+    [[ "$(cat "$parts"/hpo-site.tar.xz.part* | sha256sum | cut -d' ' -f1)" == "$sum" ]] || {
+        echo "gpu_window: the parts' sha256 is not the MANIFEST's: parts of two packings?" >&2
+        rm -rf "$parts"
+        return 1
+    }
+    mkdir -p "$site"
+    cat "$parts"/hpo-site.tar.xz.part* | xz -d | tar -x -C "$site"
+    touch "$site/.hpo-site-ok"
+    echo "gpu_window: unpacked the HPO packages into $site ($(du -sh "$site" | cut -f1))"
+}
+
 case "$step" in
+    hpo-site)
+        rc=0
+        hpo_site || rc=$?
+        exit "$rc"
+        ;;
+    hpo)
+        # on the CPU (a test), the packages may come from the environment instead
+        hpo_site || [[ "$device" == cpu ]] || exit 1
+        # costaware laid out as pip installs it (integrations/ as costaware.integrations);
+        # /tmp/site holds only packages the machine lacks, so it shadows none of its own
+        pkg="$(mktemp -d)"
+        cp -r src/costaware "$pkg/costaware"
+        cp -r integrations "$pkg/costaware/integrations"
+        export PYTHONPATH="$pkg:${PYTHONPATH#src:}:${HPO_SITE:-/tmp/site}"
+        "$PY" -c "import optuna, catboost, gensim, sqlalchemy, lightning, costaware.integrations.optuna as o; \
+print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__, 'lightning', lightning.__version__)"
+        name="$tag-hpo-gpu"
+        outabs="$(cd "$out" && pwd)"
+        resume "$name.jsonl" data/hpo
+        work="$(mktemp -d)"
+        if [[ -f "data/hpo/$name-stores.tar.gz" ]]; then
+            tar -xzf "data/hpo/$name-stores.tar.gz" -C "$work"
+            echo "gpu_window: resuming the costaware arm's stores from data/hpo/$name-stores.tar.gz"
+        fi
+        set +e
+        # --minutes stops between trials; the timeout, 1.5 minutes later, ends a trial
+        # that runs on, so that the stores below are still packed before the call's limit
+        hard="$(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 + 90 }')"
+        PYTHONUNBUFFERED=1 timeout --signal=INT --kill-after=20 "$hard" \
+            "$PY" benchmarks/hpo.py --gpu --device "$device" \
+            --results "$out/$name.jsonl" --workdir "$work" --minutes "$minutes" \
+            --json "$out/$name-report.json" ${COSTAWARE_HPO_ARGS:-} 2>&1 | tee "$out/$name-log.txt"
+        rc=${PIPESTATUS[0]}
+        set -e
+        # the stores (SQLite) of the costaware arm, for the next window's resume
+        (cd "$work" && tar -czf "$outabs/$name-stores.tar.gz" --exclude='*.tmp' .) || true
+        ls -la "$out"
+        exit "$rc"
+        ;;
     check)
         nvidia-smi 2>/dev/null | tee "$out/nvidia-smi.txt" || echo "gpu_window: no nvidia-smi"
         "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \

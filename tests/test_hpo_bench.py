@@ -84,3 +84,8 @@ def test_quick_run_prints_the_table_for_every_arm(tmp_path: Path) -> None:
         assert len(result["records"]) == data["trials"], arm
     # the costaware arm predicted every trial before it ran
     assert all("prediction" in r for r in data["results"][0]["costaware"]["records"])
+    # and its trials ran as the others' do: the callback in the capped trial process only
+    # measures (judge_before=False), where a second prediction there failed with
+    # std::bad_alloc under the address-space cap
+    errors = [r for r in data["results"][0]["costaware"]["records"] if r["status"] == "error"]
+    assert not errors, errors
