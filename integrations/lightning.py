@@ -157,7 +157,13 @@ import torch
 
 from costaware.budget import Budget
 from costaware.devices import Device, cpu_device, detect_device, get_device
-from costaware.errors import CostAwareWarning, TrialRejected, UserCodeError, first_line
+from costaware.errors import (
+    CostawareError,
+    CostAwareWarning,
+    TrialRejected,
+    UserCodeError,
+    first_line,
+)
 from costaware.gate import Gate
 from costaware.model import CostModel, Prediction
 from costaware.profile import (
@@ -272,14 +278,46 @@ def _optimizer_bytes(optimizers: Any, device_type: str) -> int:
 #: first with the optimizer state allocated, the steady state's peak
 _MEMORY_STEPS = 2
 
-#: Lightning's precision strings, as the cost model knows them: pure half precision
-#: ("bf16-true", "16-true") is predicted as autocast, which keeps fp32 parameters and so
-#: needs more memory, never less
-_PRECISIONS = {
-    "32-true": "fp32", "32": "fp32", "64-true": "fp32", "64": "fp32",
-    "bf16-mixed": "bf16", "bf16": "bf16", "bf16-true": "bf16",
-    "16-mixed": "fp16", "16": "fp16", "16-true": "fp16",
+#: Lightning's precision strings (its plugins' ``precision``, and the aliases a Trainer
+#: takes), as a spec takes them; None for those costaware does not model
+_PRECISIONS: dict[str, str | None] = {
+    "32-true": "fp32", "32": "fp32",
+    "bf16-mixed": "bf16", "bf16": "bf16",
+    "16-mixed": "fp16", "16": "fp16",
+    "bf16-true": "bf16-true", "16-true": "fp16-true", "64-true": "fp64-true", "64": "fp64-true",
+    "transformer-engine": None, "transformer-engine-float16": None,
 }  # fmt: skip
+
+
+def lightning_precision(trainer: Any) -> str:
+    """The spec's precision (see :class:`~costaware.TrainingSpec`) of a Trainer's precision
+    string (``trainer.precision``: ``"bf16-true"`` gives pure ``"bf16-true"``,
+    ``"16-mixed"`` autocast ``"fp16"``, ...).
+
+    Raises:
+        CostawareError: a precision costaware does not model (Transformer Engine's FP8), or
+            a string Lightning does not know either (a custom precision plugin's); the
+            callback then admits the fit with a warning that says so.
+    """
+    value = getattr(trainer, "precision", "32-true")
+    text = str(value).strip().lower()
+    if text not in _PRECISIONS:
+        plugin = getattr(trainer, "precision_plugin", None)
+        source = f" (from the precision plugin {type(plugin).__name__})" if plugin else ""
+        known = ", ".join(repr(k) for k in _PRECISIONS if "-" in k)
+        raise CostawareError(
+            f"the Trainer's precision {value!r}{source} is not one Lightning knows ({known}), "
+            "so costaware cannot tell what it trains in; pass the callback "
+            "spec=TrainingSpec(..., precision=...) with the precision it amounts to"
+        )
+    found = _PRECISIONS[text]
+    if found is None:
+        raise CostawareError(
+            f"the Trainer's precision {value!r} (FP8 through NVIDIA Transformer Engine) is not "
+            "one costaware models: it predicts fp32, autocast bf16/fp16 and pure "
+            "bf16/fp16/fp64 steps"
+        )
+    return found
 
 
 def lightning_step_loss(model: Any, batch: Any) -> torch.Tensor:
@@ -358,14 +396,14 @@ def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
         )
     batch, dataset_size = _example_batch(trainer)
     optimizer = _first_optimizer(pl_module.configure_optimizers())
-    precision = str(getattr(trainer, "precision", "32-true"))
+    precision = lightning_precision(trainer)
     epochs = getattr(trainer, "max_epochs", None)
     return TrainingSpec.from_module(
         pl_module,
         batch,
         optimizer=optimizer if optimizer is not None else "adamw",
         loss=lightning_step_loss,
-        precision=_PRECISIONS.get(precision, precision),
+        precision=precision,
         prepare=_silence_logging,
         grad_accumulation=max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1)),
         dataset_size=dataset_size,
@@ -1440,7 +1478,7 @@ if _PLCallback is not None:
         _namespace = "pytorch_lightning"
 
 
-__all__ = ["CostAwareWarning", "lightning_step_loss", "spec_from_lightning"]
+__all__ = ["CostAwareWarning", "lightning_precision", "lightning_step_loss", "spec_from_lightning"]
 if _LightningCallback is not None:
     __all__ += ["CostAwareBatchSizeFinder", "CostAwareCallback"]
 if _PLCallback is not None:
