@@ -54,7 +54,9 @@ def main() -> None:
         f"| {'configuration':<38} | {'precision':<9} | {'dry-run peak':>12} | {'measured':>10} "
         f"| {'error':>7} | {'vs fp32':>7} | {'time pred.':>10} | {'measured':>9} |"
     )
-    print(f"|{'-' * 40}|{'-' * 11}|{'-' * 14}|{'-' * 12}|{'-' * 9}|{'-' * 9}|{'-' * 12}|{'-' * 11}|")
+    print(
+        f"|{'-' * 40}|{'-' * 11}|{'-' * 14}|{'-' * 12}|{'-' * 9}|{'-' * 9}|{'-' * 12}|{'-' * 11}|"
+    )
     for name, expr in CONFIGS.items():
         fp32_peak = None
         for precision in args.precisions.split(","):

@@ -81,7 +81,9 @@ def test_pure_bf16_traces_weights_gradients_state_and_inputs_in_bf16() -> None:
         assert getattr(pure, what) == pytest.approx(getattr(fp32, what) / 2, rel=0.01), what
     # AdamW's moments in bf16; its step counters stay fp32 scalars
     assert pure.optimizer_state_bytes == pytest.approx(fp32.optimizer_state_bytes / 2, rel=0.03)
-    assert pure.peak_breakdown["inputs"] == pytest.approx(fp32.peak_breakdown["inputs"] / 2, rel=0.05)
+    assert pure.peak_breakdown["inputs"] == pytest.approx(
+        fp32.peak_breakdown["inputs"] / 2, rel=0.05
+    )
     # every matrix product runs in bf16; the FLOPs are the same count
     bf16, fp32_code = 1, 0
     mm = [i for i in range(len(pure.node_class)) if pure.graph.nodes[i]["op"] in ("addmm", "mm")]
@@ -90,7 +92,9 @@ def test_pure_bf16_traces_weights_gradients_state_and_inputs_in_bf16() -> None:
     assert pure.flops == fp32.flops
     assert pure.peak_live < 0.6 * fp32.peak_live
     assert ca.dry_run(_spec("fp16-true")).param_bytes == pure.param_bytes
-    assert ca.dry_run(_spec("fp64-true")).param_bytes == pytest.approx(2 * fp32.param_bytes, rel=0.01)
+    assert ca.dry_run(_spec("fp64-true")).param_bytes == pytest.approx(
+        2 * fp32.param_bytes, rel=0.01
+    )
 
 
 def _wide_mlp() -> nn.Module:
@@ -145,7 +149,9 @@ def test_a_model_already_in_bf16_is_pure_bf16() -> None:
     assert ca.TrainingSpec(model=net, batch=ca.ImageBatch((64,), classes=10), batch_size=4).pure
     # an fp32 model stays fp32, and an explicit choice is kept
     assert ca.TrainingSpec.from_module(_mlp(), batch).precision == "fp32"
-    assert ca.TrainingSpec.from_module(_mlp(), batch, precision="bf16-true").precision == "bf16-true"
+    assert (
+        ca.TrainingSpec.from_module(_mlp(), batch, precision="bf16-true").precision == "bf16-true"
+    )
     assert ca.TrainingSpec.from_module(net, batch, precision="bf16").precision == "bf16"
     # a model half in one type and half in another is none of them
     mixed = _mlp()
@@ -206,9 +212,7 @@ def _module(ns: Any) -> Any:
 
 
 def _data() -> DataLoader[Any]:
-    return DataLoader(
-        TensorDataset(torch.randn(32, 64), torch.randint(0, 10, (32,))), batch_size=8
-    )
+    return DataLoader(TensorDataset(torch.randn(32, 64), torch.randint(0, 10, (32,))), batch_size=8)
 
 
 def _trainer(ns: Any, callbacks: list[Any], **kwargs: Any) -> Any:

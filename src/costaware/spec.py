@@ -77,6 +77,8 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 PURE_PRECISIONS = ("bf16-true", "fp16-true", "fp64-true")
 _PURE_DTYPES = {"bf16-true": torch.bfloat16, "fp16-true": torch.float16, "fp64-true": torch.float64}
 _DTYPE_PRECISIONS = {dtype: name for name, dtype in _PURE_DTYPES.items()}
+#: Allocator modes of PyTorch's CUDA caching allocator (``PYTORCH_CUDA_ALLOC_CONF``).
+ALLOCATORS = ("default", "expandable_segments")
 
 
 def parse_precision(value: object) -> str:
@@ -139,7 +141,8 @@ def eager_module(module: nn.Module) -> nn.Module:
     """The module a ``torch.compile(m)`` wrapper runs (``m``), else ``module`` itself."""
     wrapper = _optimized_module_type()
     while wrapper is not None and isinstance(module, wrapper):
-        module = module._orig_mod
+        inner: nn.Module = getattr(module, "_orig_mod")  # noqa: B009  (set by torch.compile)
+        module = inner
     return module
 
 
@@ -177,8 +180,9 @@ def cast_floating(batch: Any, dtype: torch.dtype) -> Any:
         return batch.to(dtype) if batch.is_floating_point() else batch
     if isinstance(batch, Mapping):
         items = {k: cast_floating(v, dtype) for k, v in batch.items()}
+        kind: Any = type(batch)
         try:
-            return type(batch)(items)
+            return kind(items)
         except Exception:
             return items
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
@@ -186,8 +190,6 @@ def cast_floating(batch: Any, dtype: torch.dtype) -> Any:
     if isinstance(batch, (tuple, list)):
         return type(batch)(cast_floating(v, dtype) for v in batch)
     return batch
-#: Allocator modes of PyTorch's CUDA caching allocator (``PYTORCH_CUDA_ALLOC_CONF``).
-ALLOCATORS = ("default", "expandable_segments")
 
 
 def _positive_int(name: str, value: object) -> int:
