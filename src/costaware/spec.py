@@ -635,6 +635,12 @@ class TrainingSpec:
         grad_accumulation: micro-batches per optimizer step.
         epochs: planned epochs, for the trial time and a feature.
         name: a label for reports (default: the model's class name).
+        world_size: the processes DDP (``DistributedDataParallel``) trains with, one per
+            device; the prediction is one rank's (its batch is ``batch_size``). 1 (the
+            default) trains without DDP.
+        bucket_cap_mb: DDP's ``bucket_cap_mb``: the gradient buckets' size, which DDP
+            allocates besides the gradients (``gradient_as_bucket_view=False``, its
+            default) and all-reduces bucket by bucket during the backward.
         compiled: whether ``torch.compile`` runs the model. Its figures are those of eager
             mode, and the prediction says so. Set for a model given as an ``nn.Module``
             that is compiled (see :func:`compiled_parts`).
@@ -654,6 +660,8 @@ class TrainingSpec:
     epochs: int = 1
     name: str | None = None
     compiled: bool = False
+    world_size: int = 1
+    bucket_cap_mb: float = 25.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.model, nn.Module) or callable(self.model)):
@@ -671,6 +679,22 @@ class TrainingSpec:
         _positive_int("batch_size", self.batch_size)
         _positive_int("grad_accumulation", self.grad_accumulation)
         _positive_int("epochs", self.epochs)
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or (
+            self.world_size < 1
+        ):
+            raise SpecError(
+                "world_size must be a positive integer (the processes DDP trains with, one per "
+                f"device; 1 trains without DDP), but got world_size={self.world_size!r}."
+            )
+        if (
+            isinstance(self.bucket_cap_mb, bool)
+            or not isinstance(self.bucket_cap_mb, (int, float))
+            or not self.bucket_cap_mb > 0
+        ):
+            raise SpecError(
+                "bucket_cap_mb must be a positive number of MiB (DDP's gradient bucket size, "
+                f"25 by default), but got bucket_cap_mb={self.bucket_cap_mb!r}."
+            )
         if self.dataset_size is not None:
             _positive_int("dataset_size", self.dataset_size)
         if isinstance(self.optimizer, str):
@@ -843,6 +867,8 @@ class TrainingSpec:
             loss_fp,
             str(min(self.grad_accumulation, 2)),
         ]
+        if self.world_size > 1:  # DDP's buckets are in the trace
+            parts.append(f"ddp{self.bucket_cap_mb}")
         return hashlib.sha1("|".join(parts).encode()).hexdigest()
 
     def summary(self) -> dict[str, Any]:
@@ -861,4 +887,9 @@ class TrainingSpec:
             "grad_accumulation": self.grad_accumulation,
             "epochs": self.epochs,
             **({"compiled": True} if self.compiled else {}),
+            **(
+                {"world_size": self.world_size, "bucket_cap_mb": self.bucket_cap_mb}
+                if self.world_size > 1
+                else {}
+            ),
         }

@@ -2137,6 +2137,9 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
         with rec, fused, fused_rnn, fused_norm:
             rec.label(list(model.parameters()), "parameters")
             rec.label(list(model.buffers()), "buffers")
+            # DDP's gradient buckets, allocated with the model and held throughout
+            buckets = _ddp_buckets(model, spec.bucket_cap_mb) if spec.world_size > 1 else []
+            rec.label(buckets, "gradients")
             try:
                 opt = opt_cls(model.parameters(), **opt_kwargs)
             except (TypeError, ValueError) as e:
@@ -2191,6 +2194,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
             opt.zero_grad(set_to_none=True)
             rec.mark("end")
             rec.closed = True
+            del buckets
 
     param_count = sum(p.numel() for p in model.parameters())
     param_bytes = sum(
@@ -2299,6 +2303,34 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
         param_tensors=param_tensors,
         stepped_numel=int(stepped_numel),
     )
+
+
+#: DDP's first gradient bucket's size (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)
+_DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+
+
+def ddp_bucket_sizes(params: Sequence[torch.Tensor], cap_mb: float) -> list[tuple[int, torch.dtype]]:
+    """``(elements, dtype)`` of each gradient bucket DDP allocates for ``params``, as its
+    reducer assigns them (``_compute_bucket_assignment_by_size``): the parameters that
+    take a gradient in reverse order, one open bucket per dtype, closed once it reaches
+    1 MiB for the first and ``cap_mb`` MiB for the others."""
+    limits = (_DDP_FIRST_BUCKET_BYTES, int(cap_mb * 2**20))
+    open_: dict[torch.dtype, list[int]] = {}  # dtype -> [elements, buckets closed]
+    out: list[tuple[int, torch.dtype]] = []
+    for p in reversed(list(params)):
+        state = open_.setdefault(p.dtype, [0, 0])
+        state[0] += p.numel()
+        if state[0] * p.element_size() >= limits[min(state[1], 1)]:
+            out.append((state[0], p.dtype))
+            state[0], state[1] = 0, state[1] + 1
+    out += [(n, dtype) for dtype, (n, _) in open_.items() if n]
+    return out
+
+
+def _ddp_buckets(model: nn.Module, cap_mb: float) -> list[torch.Tensor]:
+    """DDP's gradient buckets for ``model``'s parameters, as (fake) tensors."""
+    params = [p for p in {id(p): p for p in model.parameters()}.values() if p.requires_grad]
+    return [torch.empty(n, dtype=dtype) for n, dtype in ddp_bucket_sizes(params, cap_mb)]
 
 
 def _optimizer_step(rec: _Recorder, fm: Any, opt: torch.optim.Optimizer) -> int:
