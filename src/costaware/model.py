@@ -1358,6 +1358,9 @@ class CostModel:
             it_hi = _analytic.time_upper(it)
             kind, coverage = "analytic", None
             basis["features_used"] = 0
+        if est.exposed_allreduce:  # DDP: the all-reduce the backward does not hide
+            basis["exposed_allreduce"] = est.exposed_allreduce
+            it, it_hi = it + est.exposed_allreduce, it_hi + est.exposed_allreduce
         capacity, capacity_hi = self._capacity(est, peak, peak_hi, dev.kind, learned_here)
         basis["simulated_min_capacity"] = est.min_capacity
         steps = spec.steps_per_epoch
