@@ -34,7 +34,6 @@ def rank_run(rank: int, world: int, expr: str, port: int, out: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    import costaware as ca
     from costaware import zoo  # noqa: F401
     from costaware.profile import AllocatorPeak
     from costaware.spec import default_loss
@@ -47,9 +46,7 @@ def rank_run(rank: int, world: int, expr: str, port: int, out: Any) -> None:
     times = []
     with AllocatorPeak() as peak:
         model = spec.model()
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            model, bucket_cap_mb=spec.bucket_cap_mb
-        )
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=spec.bucket_cap_mb)
         opt = spec.optimizer_class(ddp.parameters(), **spec.optimizer_kwargs)
         for i in range(12):
             if i == 3:

@@ -320,6 +320,32 @@ def lightning_precision(trainer: Any) -> str:
     return found
 
 
+def lightning_parallel(trainer: Any) -> dict[str, Any]:
+    """The spec's ``world_size`` and ``bucket_cap_mb`` of a Trainer's strategy (none for
+    one process): DDP (``strategy="ddp"``, ``devices=4``) is predicted per rank.
+
+    Raises:
+        CostawareError: a strategy over several processes that is not DDP (FSDP,
+            DeepSpeed, ...): costaware does not model its shards; the callback admits the
+            fit with a warning that says so.
+    """
+    world = getattr(trainer, "world_size", 1)
+    world = world if isinstance(world, int) and world > 1 else 1
+    if world == 1:
+        return {}
+    strategy = getattr(trainer, "strategy", None)
+    name = type(strategy).__name__
+    if name != "DDPStrategy":
+        raise CostawareError(
+            f"the Trainer's strategy {name} over {world} processes is not one costaware "
+            "models: it predicts one rank of DDP (strategy='ddp'), not sharded training "
+            "(FSDP, DeepSpeed)"
+        )
+    kwargs = getattr(strategy, "_ddp_kwargs", None) or {}
+    cap = kwargs.get("bucket_cap_mb")
+    return {"world_size": world, "bucket_cap_mb": float(cap) if cap is not None else 25.0}
+
+
 def lightning_step_loss(model: Any, batch: Any) -> torch.Tensor:
     """A LightningModule's loss for one batch, as automatic optimization takes it: the
     tensor ``training_step`` returns, or its ``"loss"`` entry."""
@@ -386,8 +412,8 @@ def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
     """The :class:`~costaware.TrainingSpec` of a Lightning fit, from the fit itself: the
     LightningModule (dry-run from a meta copy, ``training_step`` as the loss), one batch
     of its training data, the first optimizer of ``configure_optimizers``, the Trainer's
-    precision, ``accumulate_grad_batches`` and ``max_epochs``. Nothing is moved to a
-    device and the module is not modified. A module with manual optimization is refused:
+    precision, ``accumulate_grad_batches``, ``max_epochs`` and, under DDP, the world size
+    and ``bucket_cap_mb``. Nothing is moved to a device and the module is not modified. A module with manual optimization is refused:
     its step is not the one costaware dry-runs."""
     if getattr(pl_module, "automatic_optimization", True) is False:
         raise NotImplementedError(
@@ -397,6 +423,7 @@ def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
     batch, dataset_size = _example_batch(trainer)
     optimizer = _first_optimizer(pl_module.configure_optimizers())
     precision = lightning_precision(trainer)
+    parallel = lightning_parallel(trainer)
     epochs = getattr(trainer, "max_epochs", None)
     return TrainingSpec.from_module(
         pl_module,
@@ -409,6 +436,7 @@ def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
         dataset_size=dataset_size,
         epochs=int(epochs) if isinstance(epochs, int) and epochs > 0 else 1,
         name=type(pl_module).__name__,
+        **parallel,
     )
 
 
@@ -1478,7 +1506,13 @@ if _PLCallback is not None:
         _namespace = "pytorch_lightning"
 
 
-__all__ = ["CostAwareWarning", "lightning_precision", "lightning_step_loss", "spec_from_lightning"]
+__all__ = [
+    "CostAwareWarning",
+    "lightning_parallel",
+    "lightning_precision",
+    "lightning_step_loss",
+    "spec_from_lightning",
+]
 if _LightningCallback is not None:
     __all__ += ["CostAwareBatchSizeFinder", "CostAwareCallback"]
 if _PLCallback is not None:

@@ -60,15 +60,15 @@ from costaware.spec import TrainingSpec
 from costaware.trace import Trace, exact_live_peak
 
 __all__ = [
+    "ALLREDUCE_EFFICIENCY",
+    "ALLREDUCE_LATENCY_S",
     "BENCHMARK_NOTE",
     "COMPUTE_EFFICIENCY",
     "CUBLAS_OPS",
     "CUBLAS_WORKSPACE_BYTES",
+    "INTERCONNECT_BANDWIDTH",
     "LAUNCH_OVERHEAD_S",
     "MEMORY_EFFICIENCY",
-    "ALLREDUCE_EFFICIENCY",
-    "ALLREDUCE_LATENCY_S",
-    "INTERCONNECT_BANDWIDTH",
     "ROOFLINE_UNDER",
     "WORKSPACE_BYTES",
     "AnalyticEstimate",

@@ -679,8 +679,10 @@ class TrainingSpec:
         _positive_int("batch_size", self.batch_size)
         _positive_int("grad_accumulation", self.grad_accumulation)
         _positive_int("epochs", self.epochs)
-        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or (
-            self.world_size < 1
+        if (
+            isinstance(self.world_size, bool)
+            or not isinstance(self.world_size, int)
+            or (self.world_size < 1)
         ):
             raise SpecError(
                 "world_size must be a positive integer (the processes DDP trains with, one per "

@@ -2309,7 +2309,9 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
 _DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 
 
-def ddp_bucket_sizes(params: Sequence[torch.Tensor], cap_mb: float) -> list[tuple[int, torch.dtype]]:
+def ddp_bucket_sizes(
+    params: Sequence[torch.Tensor], cap_mb: float
+) -> list[tuple[int, torch.dtype]]:
     """``(elements, dtype)`` of each gradient bucket DDP allocates for ``params``, as its
     reducer assigns them (``_compute_bucket_assignment_by_size``): the parameters that
     take a gradient in reverse order, one open bucket per dtype, closed once it reaches
