@@ -157,7 +157,13 @@ import torch
 
 from costaware.budget import Budget
 from costaware.devices import Device, cpu_device, detect_device, get_device
-from costaware.errors import CostAwareWarning, TrialRejected, UserCodeError, first_line
+from costaware.errors import (
+    CostawareError,
+    CostAwareWarning,
+    TrialRejected,
+    UserCodeError,
+    first_line,
+)
 from costaware.gate import Gate
 from costaware.model import CostModel, Prediction
 from costaware.profile import (
@@ -272,14 +278,72 @@ def _optimizer_bytes(optimizers: Any, device_type: str) -> int:
 #: first with the optimizer state allocated, the steady state's peak
 _MEMORY_STEPS = 2
 
-#: Lightning's precision strings, as the cost model knows them: pure half precision
-#: ("bf16-true", "16-true") is predicted as autocast, which keeps fp32 parameters and so
-#: needs more memory, never less
-_PRECISIONS = {
-    "32-true": "fp32", "32": "fp32", "64-true": "fp32", "64": "fp32",
-    "bf16-mixed": "bf16", "bf16": "bf16", "bf16-true": "bf16",
-    "16-mixed": "fp16", "16": "fp16", "16-true": "fp16",
+#: Lightning's precision strings (its plugins' ``precision``, and the aliases a Trainer
+#: takes), as a spec takes them; None for those costaware does not model
+_PRECISIONS: dict[str, str | None] = {
+    "32-true": "fp32", "32": "fp32",
+    "bf16-mixed": "bf16", "bf16": "bf16",
+    "16-mixed": "fp16", "16": "fp16",
+    "bf16-true": "bf16-true", "16-true": "fp16-true", "64-true": "fp64-true", "64": "fp64-true",
+    "transformer-engine": None, "transformer-engine-float16": None,
 }  # fmt: skip
+
+
+def lightning_precision(trainer: Any) -> str:
+    """The spec's precision (see :class:`~costaware.TrainingSpec`) of a Trainer's precision
+    string (``trainer.precision``: ``"bf16-true"`` gives pure ``"bf16-true"``,
+    ``"16-mixed"`` autocast ``"fp16"``, ...).
+
+    Raises:
+        CostawareError: a precision costaware does not model (Transformer Engine's FP8), or
+            a string Lightning does not know either (a custom precision plugin's); the
+            callback then admits the fit with a warning that says so.
+    """
+    value = getattr(trainer, "precision", "32-true")
+    text = str(value).strip().lower()
+    if text not in _PRECISIONS:
+        plugin = getattr(trainer, "precision_plugin", None)
+        source = f" (from the precision plugin {type(plugin).__name__})" if plugin else ""
+        known = ", ".join(repr(k) for k in _PRECISIONS if "-" in k)
+        raise CostawareError(
+            f"the Trainer's precision {value!r}{source} is not one Lightning knows ({known}), "
+            "so costaware cannot tell what it trains in; pass the callback "
+            "spec=TrainingSpec(..., precision=...) with the precision it amounts to"
+        )
+    found = _PRECISIONS[text]
+    if found is None:
+        raise CostawareError(
+            f"the Trainer's precision {value!r} (FP8 through NVIDIA Transformer Engine) is not "
+            "one costaware models: it predicts fp32, autocast bf16/fp16 and pure "
+            "bf16/fp16/fp64 steps"
+        )
+    return found
+
+
+def lightning_parallel(trainer: Any) -> dict[str, Any]:
+    """The spec's ``world_size`` and ``bucket_cap_mb`` of a Trainer's strategy (none for
+    one process): DDP (``strategy="ddp"``, ``devices=4``) is predicted per rank.
+
+    Raises:
+        CostawareError: a strategy over several processes that is not DDP (FSDP,
+            DeepSpeed, ...): costaware does not model its shards; the callback admits the
+            fit with a warning that says so.
+    """
+    world = getattr(trainer, "world_size", 1)
+    world = world if isinstance(world, int) and world > 1 else 1
+    if world == 1:
+        return {}
+    strategy = getattr(trainer, "strategy", None)
+    name = type(strategy).__name__
+    if name != "DDPStrategy":
+        raise CostawareError(
+            f"the Trainer's strategy {name} over {world} processes is not one costaware "
+            "models: it predicts one rank of DDP (strategy='ddp'), not sharded training "
+            "(FSDP, DeepSpeed)"
+        )
+    kwargs = getattr(strategy, "_ddp_kwargs", None) or {}
+    cap = kwargs.get("bucket_cap_mb")
+    return {"world_size": world, "bucket_cap_mb": float(cap) if cap is not None else 25.0}
 
 
 def lightning_step_loss(model: Any, batch: Any) -> torch.Tensor:
@@ -348,8 +412,8 @@ def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
     """The :class:`~costaware.TrainingSpec` of a Lightning fit, from the fit itself: the
     LightningModule (dry-run from a meta copy, ``training_step`` as the loss), one batch
     of its training data, the first optimizer of ``configure_optimizers``, the Trainer's
-    precision, ``accumulate_grad_batches`` and ``max_epochs``. Nothing is moved to a
-    device and the module is not modified. A module with manual optimization is refused:
+    precision, ``accumulate_grad_batches``, ``max_epochs`` and, under DDP, the world size
+    and ``bucket_cap_mb``. Nothing is moved to a device and the module is not modified. A module with manual optimization is refused:
     its step is not the one costaware dry-runs."""
     if getattr(pl_module, "automatic_optimization", True) is False:
         raise NotImplementedError(
@@ -358,19 +422,21 @@ def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
         )
     batch, dataset_size = _example_batch(trainer)
     optimizer = _first_optimizer(pl_module.configure_optimizers())
-    precision = str(getattr(trainer, "precision", "32-true"))
+    precision = lightning_precision(trainer)
+    parallel = lightning_parallel(trainer)
     epochs = getattr(trainer, "max_epochs", None)
     return TrainingSpec.from_module(
         pl_module,
         batch,
         optimizer=optimizer if optimizer is not None else "adamw",
         loss=lightning_step_loss,
-        precision=_PRECISIONS.get(precision, precision),
+        precision=precision,
         prepare=_silence_logging,
         grad_accumulation=max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1)),
         dataset_size=dataset_size,
         epochs=int(epochs) if isinstance(epochs, int) and epochs > 0 else 1,
         name=type(pl_module).__name__,
+        **parallel,
     )
 
 
@@ -1440,7 +1506,13 @@ if _PLCallback is not None:
         _namespace = "pytorch_lightning"
 
 
-__all__ = ["CostAwareWarning", "lightning_step_loss", "spec_from_lightning"]
+__all__ = [
+    "CostAwareWarning",
+    "lightning_parallel",
+    "lightning_precision",
+    "lightning_step_loss",
+    "spec_from_lightning",
+]
 if _LightningCallback is not None:
     __all__ += ["CostAwareBatchSizeFinder", "CostAwareCallback"]
 if _PLCallback is not None:

@@ -538,6 +538,8 @@ def test_missing_namespace_class_raises_import_error(monkeypatch: pytest.MonkeyP
     spec_.loader.exec_module(mod)
     assert mod.__all__ == [
         "CostAwareWarning",
+        "lightning_parallel",
+        "lightning_precision",
         "lightning_step_loss",
         "spec_from_lightning",
         "CostAwareBatchSizeFinder",

@@ -60,15 +60,19 @@ from costaware.spec import TrainingSpec
 from costaware.trace import Trace, exact_live_peak
 
 __all__ = [
+    "ALLREDUCE_EFFICIENCY",
+    "ALLREDUCE_LATENCY_S",
     "BENCHMARK_NOTE",
     "COMPUTE_EFFICIENCY",
     "CUBLAS_OPS",
     "CUBLAS_WORKSPACE_BYTES",
+    "INTERCONNECT_BANDWIDTH",
     "LAUNCH_OVERHEAD_S",
     "MEMORY_EFFICIENCY",
     "ROOFLINE_UNDER",
     "WORKSPACE_BYTES",
     "AnalyticEstimate",
+    "allreduce_time",
     "calls_cublas",
     "estimate",
     "time_upper",
@@ -121,6 +125,59 @@ STEP_OVERHEAD_S = {"cuda": 2e-3, "cpu": 1e-3}
 ROOFLINE_UNDER = 0.59
 
 
+#: Assumed bandwidth, bytes/s in each direction, of the link between two devices of one
+#: machine that DDP's all-reduce runs over, by catalog device (the datasheets' figures):
+#: NVLink for SXM parts (H100/H200 NVLink 4: 900 GB/s both ways; A100 NVLink 3: 600;
+#: V100 NVLink 2: 300), PCIe for the others (gen 5 x16 for the H100 PCIe, gen 4 x16 for
+#: Ampere and Ada cards, gen 3 x16 for the T4), and, for processes on one CPU, gloo over
+#: the loopback (an assumption, not a datasheet figure). Devices not listed take PCIe 4.
+INTERCONNECT_BANDWIDTH = {
+    "H100-SXM": 450e9, "H200": 450e9, "A100-40GB": 300e9, "A100-80GB": 300e9,
+    "V100": 150e9, "V100-16GB": 150e9,
+    "H100-PCIe": 64e9, "A100-40GB-PCIe": 32e9, "A100-80GB-PCIe": 32e9, "A10": 32e9,
+    "RTX-3090": 32e9, "L4": 32e9, "L40S": 32e9, "RTX-4090": 32e9, "T4": 16e9,
+    "CPU": 2e9,
+}  # fmt: skip
+#: the share of that bandwidth a ring all-reduce achieves (assumed), and its cost per
+#: bucket besides the bytes (launch and synchronisation; assumed)
+ALLREDUCE_EFFICIENCY = 0.8
+ALLREDUCE_LATENCY_S = 5e-5
+
+
+def allreduce_time(trace: Trace, spec: TrainingSpec, device: Device) -> tuple[float, float]:
+    """``(total, exposed)`` seconds of DDP's gradient all-reduce per micro-batch step of
+    ``spec`` on ``device`` (0 without DDP).
+
+    A ring all-reduce of ``b`` bytes over ``n`` ranks moves ``2 (n - 1) / n * b`` bytes
+    through each rank's link (:data:`INTERCONNECT_BANDWIDTH` at
+    :data:`ALLREDUCE_EFFICIENCY`), plus :data:`ALLREDUCE_LATENCY_S` per bucket; with
+    gradient accumulation it runs once per optimizer step. DDP all-reduces each bucket as
+    soon as its gradients are ready, during the backward: the assumption is that all of
+    it overlaps with the backward's kernels but the last bucket's (taken as a whole
+    ``bucket_cap_mb``), and what does not fit in the backward's roofline time. No
+    multi-device time has been measured: these are assumptions, not a fit.
+    """
+    n, grads = spec.world_size, trace.gradient_bytes
+    if n <= 1 or grads <= 0:
+        return 0.0, 0.0
+    cap = int(spec.bucket_cap_mb * 2**20)
+    link = INTERCONNECT_BANDWIDTH.get(device.name, 32e9) * ALLREDUCE_EFFICIENCY
+
+    def seconds(nbytes: float, buckets: int) -> float:
+        return 2 * (n - 1) / n * nbytes / link + buckets * ALLREDUCE_LATENCY_S
+
+    total = seconds(grads, 1 + max(0, -(-(grads - 2**20) // cap)))
+    kernel = (trace.node_class != VIEW) & (trace.node_phase == 1)
+    t_compute, t_memory = node_seconds(
+        trace.node_flops, trace.node_bytes, trace.node_dtype, trace.node_class, device
+    )
+    backward = float(np.where(kernel, np.maximum(t_compute, t_memory), 0.0).sum())
+    backward /= min(spec.grad_accumulation, 2)
+    last = seconds(min(grads, cap), 1)
+    exposed = min(total, last + max(0.0, total - last - backward))
+    return total / spec.grad_accumulation, exposed / spec.grad_accumulation
+
+
 def time_upper(seconds: float) -> float:
     """The heuristic upper bound of a roofline time (no learned model to calibrate one)."""
     return seconds / (1 - ROOFLINE_UNDER)
@@ -145,6 +202,9 @@ class AnalyticEstimate:
     #: the smallest capacity the step runs in (:func:`~costaware.allocator.min_capacity`,
     #: workspaces included): between ``allocated`` and ``reserved``. On a CPU, the peak
     min_capacity: int = 0
+    #: DDP's all-reduce per micro-batch step not hidden behind the backward
+    #: (:func:`allreduce_time`; 0 without DDP), not part of ``iteration_time``
+    exposed_allreduce: float = 0.0
 
 
 def calls_cublas(trace: Trace) -> bool:
@@ -221,6 +281,18 @@ def estimate(trace: Trace, spec: TrainingSpec, device: Device) -> AnalyticEstima
         if spec.cudnn_benchmark and trace.layer_counts.get("conv", 0) > 0:
             notes.append(BENCHMARK_NOTE)
     total, compute, memory, overhead = roofline_time(trace, spec, device)
+    comm, exposed = allreduce_time(trace, spec, device)
+    if spec.world_size > 1:
+        link = INTERCONNECT_BANDWIDTH.get(device.name)
+        where = f"{link / 1e9:g} GB/s" if link else "32 GB/s (PCIe 4, the device is not listed)"
+        notes.append(
+            f"DDP over {spec.world_size} ranks, per rank: the memory holds DDP's gradient "
+            f"buckets (bucket_cap_mb={spec.bucket_cap_mb:g}); the time adds the all-reduce "
+            f"not hidden behind the backward, {exposed * 1e3:.3g} ms of {comm * 1e3:.3g} ms, "
+            f"at an assumed {where} link ({ALLREDUCE_EFFICIENCY:.0%} achieved) with all but "
+            "the last bucket overlapping the backward: an assumption, not measured on "
+            "several devices"
+        )
     return AnalyticEstimate(
         live_peak=trace.peak_live,
         allocated=int(allocated),
@@ -234,4 +306,5 @@ def estimate(trace: Trace, spec: TrainingSpec, device: Device) -> AnalyticEstima
         notes=tuple(notes),
         workspace=workspace,
         min_capacity=int(capacity),
+        exposed_allreduce=exposed,
     )

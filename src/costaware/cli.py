@@ -126,6 +126,7 @@ def _build_spec(args: argparse.Namespace) -> Any:
         grad_accumulation=args.grad_accumulation,
         epochs=args.epochs,
         name=args.model.rpartition(":")[2],
+        world_size=args.world_size,
     )
 
 
@@ -159,7 +160,16 @@ def _spec_arguments(p: argparse.ArgumentParser, *, batch_help: str, batch_requir
     )
     p.add_argument("--lr", type=float, help="learning rate")
     p.add_argument(
-        "--precision", default="fp32", help="fp32, bf16 or fp16 (mixed precision); default fp32"
+        "--precision",
+        default="fp32",
+        help="fp32, bf16 or fp16 (mixed precision), or bf16-true, fp16-true, fp64-true (pure: "
+        "parameters, gradients and optimizer state in that type); default fp32",
+    )
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=1,
+        help="DDP's processes, one per device: predict one rank (default 1: no DDP)",
     )
     p.add_argument("--dataset-size", type=int, help="samples per epoch, for the epoch time")
     p.add_argument("--epochs", type=int, default=1, help="planned epochs (default 1)")

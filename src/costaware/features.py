@@ -207,8 +207,11 @@ def hyperparameter_features(spec: TrainingSpec) -> dict[str, float]:
     }
     for name in OPTIMIZERS:
         feats[f"optimizer_is_{name}"] = float(spec.optimizer_name == name)
+    # a pure precision (bf16-true, ...) is learned as fp32 is, a step without autocast: its
+    # parameters' type shows in the trace's bytes and the analytic figures
+    learned_as = spec.precision if spec.precision in PRECISIONS else "fp32"
     for p in PRECISIONS:
-        feats[f"precision_is_{p}"] = float(spec.precision == p)
+        feats[f"precision_is_{p}"] = float(learned_as == p)
     return feats
 
 

@@ -48,13 +48,22 @@ def meta_copy(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Modul
 
     Each submodule is copied shallowly (``copy.copy``): its parameters, buffers and
     submodules are new, everything else it holds is shared with the original. Tied
-    parameters stay tied. The original is not modified.
+    parameters stay tied. The original is not modified. The copy runs in eager mode: a
+    ``torch.compile`` wrapper is copied as the module it wraps, and a compiled call is
+    left out of the copy (:func:`costaware.spec.drop_compiled`).
     """
+    from costaware.spec import drop_compiled, eager_module
+
     memo = {} if memo is None else memo
     if id(module) in memo:
         return memo[id(module)]  # type: ignore[no-any-return]
+    wrapper = module
+    module = eager_module(module)
+    if id(module) in memo:
+        return memo[id(module)]  # type: ignore[no-any-return]
     clone = copy.copy(module)
-    memo[id(module)] = clone
+    memo[id(module)] = memo[id(wrapper)] = clone
+    drop_compiled(clone)
     params: dict[str, Any] = {}
     for name, p in module._parameters.items():
         if p is None:
@@ -249,8 +258,19 @@ def spec_from_module(
     ``example_batch`` (see the module docstring). ``prepare(copy)`` is called on each meta
     copy before it is dry-run (to silence a LightningModule's ``log``, say); other keyword
     arguments (``dataset_size``, ``epochs``, ``grad_accumulation``, ``name``, ...) go to
-    the spec as they are."""
-    from costaware.spec import TrainingSpec
+    the spec as they are.
+
+    A module whose parameters are all bfloat16 (float16, float64) trains in pure
+    ``"bf16-true"`` (``"fp16-true"``, ``"fp64-true"``) where ``precision`` is ``"fp32"``
+    (which trains the parameters as they are); a compiled module
+    (:func:`~costaware.spec.compiled_parts`) gives ``compiled=True``."""
+    from costaware.spec import (
+        TrainingSpec,
+        compiled_parts,
+        eager_module,
+        module_precision,
+        parse_precision,
+    )
 
     if not isinstance(module, nn.Module):
         raise SpecError(
@@ -260,7 +280,11 @@ def spec_from_module(
     batch = BatchLikeExample(example_batch)
     opt, opt_kwargs = optimizer_of(optimizer)
     opt_kwargs.update(spec_kwargs.pop("optimizer_kwargs", {}) or {})
-    spec_kwargs.setdefault("name", type(module).__name__)
+    spec_kwargs.setdefault("name", type(eager_module(module)).__name__)
+    precision = parse_precision(precision)
+    if precision == "fp32" and (found := module_precision(module)) is not None:
+        precision = found
+    spec_kwargs["compiled"] = bool(spec_kwargs.get("compiled")) or bool(compiled_parts(module))
     return TrainingSpec(
         model=_MetaFactory(module, prepare),
         batch=batch,

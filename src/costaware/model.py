@@ -60,6 +60,7 @@ from costaware.features import (
 from costaware.optime import OpTimeModel, node_table
 from costaware.spec import PRECISIONS, TrainingSpec
 from costaware.trace import (
+    COMPILED_NOTE,
     Trace,
     _call_with_timeout,
     build_model,
@@ -309,6 +310,25 @@ def _arch_key(spec: TrainingSpec) -> str:
     shapes = ";".join(f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters())
     body = hashlib.sha1((repr(model) + shapes).encode()).hexdigest()
     return spec._key_with("module:" + body)
+
+
+def _pure_note(spec: TrainingSpec, learned: bool) -> str:
+    """The note of a prediction in a pure precision: what was traced in it, and that no
+    learned correction was calibrated on such steps."""
+    dtype = str(spec.param_dtype).removeprefix("torch.").replace("bfloat16", "bf16")
+    dtype = dtype.replace("float16", "fp16").replace("float64", "fp64")
+    note = (
+        f"pure {dtype} ({spec.precision}): parameters, gradients, optimizer state and the "
+        f"batch's floating-point inputs traced in {dtype}"
+    )
+    if not learned:
+        return note
+    return (
+        f"{note}. The learned model was trained on no pure-precision step: its correction "
+        "here is the one it learned for fp32 steps (no autocast), and the time rests on the "
+        f"analytic roofline at {dtype}'s peak and those fp32 rows, not calibrated for pure "
+        f"{dtype}"
+    )
 
 
 def _attention_mode(device: Device) -> str:
@@ -1272,6 +1292,10 @@ class CostModel:
         trace, graph_feats, source = self.trace(spec, exact=exact, attention=_attention_mode(dev))
         est = _analytic.estimate(trace, spec, dev)
         notes = list(trace.notes) + list(est.notes)
+        if spec.compiled and COMPILED_NOTE not in notes:
+            notes.append(COMPILED_NOTE)
+        if spec.pure:
+            notes.append(_pure_note(spec, self.is_fitted and self.covers(dev)))
         if isinstance(device, str) and device.strip().lower() == "auto" and dev.kind == "cpu":
             notes.append(
                 "device='auto' found no GPU here (NVML sees none), so this is for this "
@@ -1334,6 +1358,9 @@ class CostModel:
             it_hi = _analytic.time_upper(it)
             kind, coverage = "analytic", None
             basis["features_used"] = 0
+        if est.exposed_allreduce:  # DDP: the all-reduce the backward does not hide
+            basis["exposed_allreduce"] = est.exposed_allreduce
+            it, it_hi = it + est.exposed_allreduce, it_hi + est.exposed_allreduce
         capacity, capacity_hi = self._capacity(est, peak, peak_hi, dev.kind, learned_here)
         basis["simulated_min_capacity"] = est.min_capacity
         steps = spec.steps_per_epoch

@@ -63,7 +63,7 @@ from typing import Any
 
 import torch
 
-from costaware.spec import TrainingSpec, default_loss
+from costaware.spec import TrainingSpec, cast_floating, default_loss
 
 __all__ = [
     "MALLOC_DEFAULT",
@@ -807,6 +807,8 @@ def _build(
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     model = spec.model if isinstance(spec.model, torch.nn.Module) else spec.model()
     model = model.to(device).train()
+    if spec.param_dtype is not None:  # a pure precision: converted, as Lightning converts it
+        model = model.to(spec.param_dtype)
     kwargs = dict(spec.optimizer_kwargs)
     return model, spec.optimizer_class(model.parameters(), **kwargs)
 
@@ -834,10 +836,12 @@ def _train_step(
     """One optimizer step of ``spec``, as the dry run traces it (not synchronised).
     ``mark(phase)`` wraps each of :data:`STEP_PHASES` (a profiler range; none by default)."""
     loss_fn = spec.loss or default_loss
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
+    amp = spec.autocast_dtype
     for _ in range(spec.grad_accumulation):
         with mark("input"), torch.device(dev):
             batch = spec.batch_spec.make(spec.batch_size)
+            if spec.param_dtype is not None:
+                batch = cast_floating(batch, spec.param_dtype)
         with mark("forward"):
             if amp is not None:
                 with torch.autocast(dev.type, dtype=amp):

@@ -12,6 +12,7 @@ import functools
 import hashlib
 import inspect
 import math
+import sys
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,14 +28,22 @@ __all__ = [
     "ALLOCATORS",
     "OPTIMIZERS",
     "PRECISIONS",
+    "PURE_PRECISIONS",
     "BatchLike",
     "ImageBatch",
     "SegmentationBatch",
     "TokenBatch",
     "TrainingSpec",
+    "cast_floating",
     "check_positions",
+    "compiled_parts",
     "default_loss",
+    "drop_compiled",
+    "eager_module",
+    "module_precision",
+    "parse_precision",
     "position_table",
+    "uncompiled",
 ]
 
 #: Optimizers known by name, and how many tensors of state each holds per parameter.
@@ -54,11 +63,133 @@ _PRECISION_ALIASES = {
     "fp32": "fp32", "32": "fp32", "32-true": "fp32", "float32": "fp32",
     "bf16": "bf16", "bf16-mixed": "bf16", "bfloat16": "bf16",
     "fp16": "fp16", "16": "fp16", "16-mixed": "fp16", "float16": "fp16",
+    "bf16-true": "bf16-true",
+    "fp16-true": "fp16-true", "16-true": "fp16-true",
+    "fp64-true": "fp64-true", "64-true": "fp64-true", "64": "fp64-true", "fp64": "fp64-true",
+    "float64": "fp64-true", "double": "fp64-true",
 }  # fmt: skip
-#: Canonical precision names (mixed precision through autocast for bf16 and fp16).
+#: Canonical names of the precisions that train fp32 parameters: fp32 itself, and mixed
+#: precision through autocast for bf16 and fp16 (the cost model's precision features).
 PRECISIONS = ("fp32", "bf16", "fp16")
+#: Canonical names of pure precisions: parameters, gradients, optimizer state and the
+#: batch's floating inputs all in one type (Lightning's ``"bf16-true"``, ``"16-true"``,
+#: ``"64-true"``; ``model.to(torch.bfloat16)``), without autocast.
+PURE_PRECISIONS = ("bf16-true", "fp16-true", "fp64-true")
+_PURE_DTYPES = {"bf16-true": torch.bfloat16, "fp16-true": torch.float16, "fp64-true": torch.float64}
+_DTYPE_PRECISIONS = {dtype: name for name, dtype in _PURE_DTYPES.items()}
 #: Allocator modes of PyTorch's CUDA caching allocator (``PYTORCH_CUDA_ALLOC_CONF``).
 ALLOCATORS = ("default", "expandable_segments")
+
+
+def parse_precision(value: object) -> str:
+    """The canonical name (of :data:`PRECISIONS` or :data:`PURE_PRECISIONS`) of a precision
+    written as costaware or Lightning writes it.
+
+    Raises:
+        SpecError: ``value`` names no precision costaware knows.
+    """
+    found = _PRECISION_ALIASES.get(str(value).strip().lower()) if value is not None else None
+    if found is None:
+        raise SpecError(
+            f"precision must be one of {PRECISIONS} (fp32 parameters; bf16 and fp16 by "
+            f"autocast) or {PURE_PRECISIONS} (parameters, gradients and optimizer state in "
+            "that type), or Lightning's spelling of one ('32-true', 'bf16-mixed', '16-mixed', "
+            f"'bf16-true', '16-true', '64-true'), but got precision={value!r}."
+        )
+    return found
+
+
+def module_precision(module: nn.Module) -> str | None:
+    """The pure precision (of :data:`PURE_PRECISIONS`) ``module`` is already in: every
+    floating-point parameter in bfloat16, float16 or float64 (``model.to(torch.bfloat16)``);
+    None for fp32 parameters, mixed types or no floating-point parameters."""
+    dtypes = {p.dtype for p in module.parameters() if p.is_floating_point()}
+    if len(dtypes) != 1:
+        return None
+    return _DTYPE_PRECISIONS.get(dtypes.pop())
+
+
+def _optimized_module_type() -> type | None:
+    """torch.compile's wrapper class, where torch._dynamo is loaded (a compiled module
+    exists only then; importing it costs seconds, so it is never imported here)."""
+    found = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
+    return found if isinstance(found, type) else None
+
+
+#: the methods Lightning replaces by compiled ones on a LightningModule given to ``fit``
+#: compiled (``lightning.pytorch.utilities.compile.from_compiled``)
+_LIGHTNING_COMPILED = ("forward", "training_step", "validation_step", "test_step", "predict_step")
+
+
+def compiled_parts(module: nn.Module) -> list[str]:
+    """The names of the parts of ``module`` that torch.compile runs (``""`` for ``module``
+    itself): a ``torch.compile(m)`` wrapper (``OptimizedModule``), a module compiled in
+    place (``m.compile()``), or a LightningModule that a Trainer was given compiled."""
+    wrapper = _optimized_module_type()
+    found = []
+    for name, m in module.named_modules():
+        if (
+            (wrapper is not None and isinstance(m, wrapper))
+            or m.__dict__.get("_compiled_call_impl") is not None
+            or isinstance(m.__dict__.get("_compiler_ctx"), Mapping)
+        ):
+            found.append(name)
+    return found
+
+
+def eager_module(module: nn.Module) -> nn.Module:
+    """The module a ``torch.compile(m)`` wrapper runs (``m``), else ``module`` itself."""
+    wrapper = _optimized_module_type()
+    while wrapper is not None and isinstance(module, wrapper):
+        inner: nn.Module = getattr(module, "_orig_mod")  # noqa: B009  (set by torch.compile)
+        module = inner
+    return module
+
+
+def drop_compiled(module: nn.Module) -> None:
+    """Make ``module`` (one module, not its children) run in eager mode: its in-place
+    compiled call and Lightning's compiled step methods are removed from its own
+    attributes. For a copy: the methods are shared with the module it was copied from."""
+    if module.__dict__.get("_compiled_call_impl") is not None:
+        module.__dict__["_compiled_call_impl"] = None
+    if isinstance(module.__dict__.get("_compiler_ctx"), Mapping):
+        for name in _LIGHTNING_COMPILED:
+            module.__dict__.pop(name, None)
+        module.__dict__["_compiler_ctx"] = None
+
+
+def uncompiled(module: nn.Module) -> nn.Module:
+    """``module`` in eager mode, changed in place (call it on a copy): every
+    ``torch.compile`` wrapper replaced by the module it wraps, every compiled call
+    dropped (see :func:`drop_compiled`)."""
+    module = eager_module(module)
+    for m in list(module.modules()):
+        drop_compiled(m)
+        for name, child in list(m._modules.items()):
+            if child is not None:
+                m._modules[name] = eager_module(child)
+    return module
+
+
+def cast_floating(batch: Any, dtype: torch.dtype) -> Any:
+    """``batch`` with its floating-point tensors converted to ``dtype``, as Lightning's
+    pure-precision plugins convert a batch (tensors, tuples, lists, namedtuples and
+    mappings, rebuilt as their own type where it takes its items; integer tensors and
+    other values as they are)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, Mapping):
+        items = {k: cast_floating(v, dtype) for k, v in batch.items()}
+        kind: Any = type(batch)
+        try:
+            return kind(items)
+        except Exception:
+            return items
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(cast_floating(v, dtype) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(cast_floating(v, dtype) for v in batch)
+    return batch
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -485,8 +616,16 @@ class TrainingSpec:
         batch_size: samples per step (per micro-batch with gradient accumulation).
         optimizer: a name from :data:`OPTIMIZERS` or a ``torch.optim.Optimizer`` subclass.
         optimizer_kwargs: passed to the optimizer (``lr``, ``momentum``, ...).
-        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (mixed precision via autocast);
-            Lightning's ``"bf16-mixed"`` / ``"16-mixed"`` spellings are accepted.
+        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (fp32 parameters; the last two
+            are mixed precision through autocast), or a pure precision,
+            ``"bf16-true"``, ``"fp16-true"`` or ``"fp64-true"``: parameters, gradients,
+            optimizer state and the batch's floating-point inputs in that type, as
+            Lightning's ``precision="bf16-true"`` trains (the model is converted with
+            ``model.to(dtype)``). Lightning's spellings (``"bf16-mixed"``,
+            ``"16-mixed"``, ``"32-true"``, ``"16-true"``, ``"64-true"``) are accepted. A
+            model given as an ``nn.Module`` whose parameters are all bfloat16 (float16,
+            float64) with ``"fp32"`` is in ``"bf16-true"`` (``"fp16-true"``,
+            ``"fp64-true"``): fp32 precision trains the parameters as they are.
         loss: ``callable(model, batch) -> scalar tensor``; default :func:`default_loss`.
         dataset_size: samples per epoch, for the epoch time.
         cudnn_benchmark: whether ``torch.backends.cudnn.benchmark`` is on (its algorithm
@@ -496,6 +635,15 @@ class TrainingSpec:
         grad_accumulation: micro-batches per optimizer step.
         epochs: planned epochs, for the trial time and a feature.
         name: a label for reports (default: the model's class name).
+        world_size: the processes DDP (``DistributedDataParallel``) trains with, one per
+            device; the prediction is one rank's (its batch is ``batch_size``). 1 (the
+            default) trains without DDP.
+        bucket_cap_mb: DDP's ``bucket_cap_mb``: the gradient buckets' size, which DDP
+            allocates besides the gradients (``gradient_as_bucket_view=False``, its
+            default) and all-reduces bucket by bucket during the backward.
+        compiled: whether ``torch.compile`` runs the model. Its figures are those of eager
+            mode, and the prediction says so. Set for a model given as an ``nn.Module``
+            that is compiled (see :func:`compiled_parts`).
     """
 
     model: Callable[[], nn.Module] | nn.Module
@@ -511,6 +659,9 @@ class TrainingSpec:
     grad_accumulation: int = 1
     epochs: int = 1
     name: str | None = None
+    compiled: bool = False
+    world_size: int = 1
+    bucket_cap_mb: float = 25.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.model, nn.Module) or callable(self.model)):
@@ -528,6 +679,24 @@ class TrainingSpec:
         _positive_int("batch_size", self.batch_size)
         _positive_int("grad_accumulation", self.grad_accumulation)
         _positive_int("epochs", self.epochs)
+        if (
+            isinstance(self.world_size, bool)
+            or not isinstance(self.world_size, int)
+            or (self.world_size < 1)
+        ):
+            raise SpecError(
+                "world_size must be a positive integer (the processes DDP trains with, one per "
+                f"device; 1 trains without DDP), but got world_size={self.world_size!r}."
+            )
+        if (
+            isinstance(self.bucket_cap_mb, bool)
+            or not isinstance(self.bucket_cap_mb, (int, float))
+            or not self.bucket_cap_mb > 0
+        ):
+            raise SpecError(
+                "bucket_cap_mb must be a positive number of MiB (DDP's gradient bucket size, "
+                f"25 by default), but got bucket_cap_mb={self.bucket_cap_mb!r}."
+            )
         if self.dataset_size is not None:
             _positive_int("dataset_size", self.dataset_size)
         if isinstance(self.optimizer, str):
@@ -547,10 +716,16 @@ class TrainingSpec:
         if not isinstance(self.optimizer_kwargs, Mapping):
             raise SpecError(f"optimizer_kwargs must be a dict, but got {self.optimizer_kwargs!r}.")
         self.optimizer_kwargs = dict(self.optimizer_kwargs)
-        precision = _PRECISION_ALIASES.get(str(self.precision).lower())
-        if precision is None:
-            raise SpecError(f"precision must be one of {PRECISIONS}, but got {self.precision!r}.")
-        self.precision = precision
+        self.precision = parse_precision(self.precision)
+        if isinstance(self.model, nn.Module):
+            if self.precision == "fp32" and (found := module_precision(self.model)) is not None:
+                self.precision = found  # fp32 precision trains the parameters as they are
+            self.compiled = self.compiled or bool(compiled_parts(self.model))
+        if not isinstance(self.compiled, bool):
+            raise SpecError(
+                "compiled must be True or False (whether torch.compile runs the model), but "
+                f"got compiled={self.compiled!r}."
+            )
         if self.allocator not in ALLOCATORS:
             raise SpecError(f"allocator must be one of {ALLOCATORS}, but got {self.allocator!r}.")
         if self.loss is not None and not callable(self.loss):
@@ -588,6 +763,22 @@ class TrainingSpec:
         if name in ("adam", "adamw") and kw.get("amsgrad", False):
             states += 1.0
         return states
+
+    @property
+    def pure(self) -> bool:
+        """Whether the parameters train in a pure precision (:data:`PURE_PRECISIONS`)."""
+        return self.precision in PURE_PRECISIONS
+
+    @property
+    def param_dtype(self) -> torch.dtype | None:
+        """The type a pure precision converts parameters, buffers and the batch's
+        floating-point inputs to; None where they stay as the model and batch make them."""
+        return _PURE_DTYPES.get(self.precision)
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The type autocast runs the forward in (bf16 or fp16 mixed precision), else None."""
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
 
     @property
     def learning_rate(self) -> float:
@@ -678,6 +869,8 @@ class TrainingSpec:
             loss_fp,
             str(min(self.grad_accumulation, 2)),
         ]
+        if self.world_size > 1:  # DDP's buckets are in the trace
+            parts.append(f"ddp{self.bucket_cap_mb}")
         return hashlib.sha1("|".join(parts).encode()).hexdigest()
 
     def summary(self) -> dict[str, Any]:
@@ -695,4 +888,10 @@ class TrainingSpec:
             "allocator": self.allocator,
             "grad_accumulation": self.grad_accumulation,
             "epochs": self.epochs,
+            **({"compiled": True} if self.compiled else {}),
+            **(
+                {"world_size": self.world_size, "bucket_cap_mb": self.bucket_cap_mb}
+                if self.world_size > 1
+                else {}
+            ),
         }

@@ -79,9 +79,18 @@ from costaware.flops import (
     rnn_backward_formula,
     rnn_formula,
 )
-from costaware.spec import ImageBatch, TokenBatch, TrainingSpec, check_positions, default_loss
+from costaware.spec import (
+    ImageBatch,
+    TokenBatch,
+    TrainingSpec,
+    cast_floating,
+    check_positions,
+    compiled_parts,
+    default_loss,
+    uncompiled,
+)
 
-__all__ = ["ATTENTION_MODES", "CATEGORIES", "Trace", "build_model", "dry_run"]
+__all__ = ["ATTENTION_MODES", "CATEGORIES", "COMPILED_NOTE", "Trace", "build_model", "dry_run"]
 
 _T = TypeVar("_T")
 
@@ -91,6 +100,15 @@ _T = TypeVar("_T")
 #: CUDA GPU runs them (one flash-attention kernel, no score matrix, no dropout mask; one
 #: cuDNN kernel per recurrent layer and pass, with its reserve space).
 ATTENTION_MODES = ("native", "fused")
+
+#: The note of a prediction for a model that ``torch.compile`` runs: the dry run traces the
+#: module it wraps, in eager mode.
+COMPILED_NOTE = (
+    "torch.compile: the model runs compiled, but these figures are those of eager mode "
+    "(the dry run traces the module torch.compile wraps). A compiled step fuses kernels and "
+    "chooses what it saves for the backward, so it often runs faster, and may need less "
+    "memory, than predicted"
+)
 
 #: Categories of live memory in :attr:`Trace.peak_breakdown`.
 CATEGORIES = (
@@ -1177,22 +1195,29 @@ def _too_large(meta_error: BaseException, limit: int, default: bool, attribute: 
     )
 
 
-def _to_fake(model: nn.Module) -> None:
-    """Swap parameters and buffers for fake CPU tensors; call inside FakeTensorMode."""
+def _to_fake(model: nn.Module, dtype: torch.dtype | None = None) -> None:
+    """Swap parameters and buffers for fake CPU tensors; call inside FakeTensorMode.
+    With ``dtype``, floating-point ones take that type (``model.to(dtype)``)."""
+
+    def type_of(t: torch.Tensor) -> torch.dtype:
+        return dtype if dtype is not None and t.is_floating_point() else t.dtype
+
     done: dict[int, Any] = {}
     for mod in model.modules():
         for k, p in list(mod._parameters.items()):
             if p is None:
                 continue
             if id(p) not in done:
-                t = torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="cpu")
+                t = torch.empty_strided(p.shape, p.stride(), dtype=type_of(p), device="cpu")
                 done[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
             mod._parameters[k] = done[id(p)]
         for k, b in list(mod._buffers.items()):
             if b is None:
                 continue
             if id(b) not in done:
-                done[id(b)] = torch.empty_strided(b.shape, b.stride(), dtype=b.dtype, device="cpu")
+                done[id(b)] = torch.empty_strided(
+                    b.shape, b.stride(), dtype=type_of(b), device="cpu"
+                )
             mod._buffers[k] = done[id(b)]
 
 
@@ -2095,7 +2120,8 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
     loss_fn = spec.loss or default_loss
     batch_spec = spec.batch_spec
     bs = spec.batch_size
-    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
+    autocast_dtype = spec.autocast_dtype
+    param_dtype = spec.param_dtype  # a pure precision: the model and inputs in one type
     opt_cls = spec.optimizer_class
     opt_kwargs = dict(spec.optimizer_kwargs)
     try:
@@ -2106,11 +2132,14 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
         pass
 
     with fm:
-        _to_fake(model)
+        _to_fake(model, param_dtype)
         model.train()
         with rec, fused, fused_rnn, fused_norm:
             rec.label(list(model.parameters()), "parameters")
             rec.label(list(model.buffers()), "buffers")
+            # DDP's gradient buckets, allocated with the model and held throughout
+            buckets = _ddp_buckets(model, spec.bucket_cap_mb) if spec.world_size > 1 else []
+            rec.label(buckets, "gradients")
             try:
                 opt = opt_cls(model.parameters(), **opt_kwargs)
             except (TypeError, ValueError) as e:
@@ -2123,7 +2152,16 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
             rec.mark("step")
             for _ in range(micro):
                 rec.mark("input")
-                batch = batch_spec.make(bs)
+                if param_dtype is None:
+                    batch = batch_spec.make(bs)
+                else:
+                    # converted before it reaches the device, as Lightning's pure precision
+                    # converts a batch: the device holds the converted tensors alone
+                    rec.paused = True
+                    try:
+                        batch = cast_floating(batch_spec.make(bs), param_dtype)
+                    finally:
+                        rec.paused = False
                 rec.label(batch, "inputs")
                 _bound_batch(rec, batch_spec, batch)
                 check_positions(model, batch)
@@ -2156,6 +2194,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
             opt.zero_grad(set_to_none=True)
             rec.mark("end")
             rec.closed = True
+            del buckets
 
     param_count = sum(p.numel() for p in model.parameters())
     param_bytes = sum(
@@ -2264,6 +2303,36 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
         param_tensors=param_tensors,
         stepped_numel=int(stepped_numel),
     )
+
+
+#: DDP's first gradient bucket's size (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)
+_DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+
+
+def ddp_bucket_sizes(
+    params: Sequence[torch.Tensor], cap_mb: float
+) -> list[tuple[int, torch.dtype]]:
+    """``(elements, dtype)`` of each gradient bucket DDP allocates for ``params``, as its
+    reducer assigns them (``_compute_bucket_assignment_by_size``): the parameters that
+    take a gradient in reverse order, one open bucket per dtype, closed once it reaches
+    1 MiB for the first and ``cap_mb`` MiB for the others."""
+    limits = (_DDP_FIRST_BUCKET_BYTES, int(cap_mb * 2**20))
+    open_: dict[torch.dtype, list[int]] = {}  # dtype -> [elements, buckets closed]
+    out: list[tuple[int, torch.dtype]] = []
+    for p in reversed(list(params)):
+        state = open_.setdefault(p.dtype, [0, 0])
+        state[0] += p.numel()
+        if state[0] * p.element_size() >= limits[min(state[1], 1)]:
+            out.append((state[0], p.dtype))
+            state[0], state[1] = 0, state[1] + 1
+    out += [(n, dtype) for dtype, (n, _) in open_.items() if n]
+    return out
+
+
+def _ddp_buckets(model: nn.Module, cap_mb: float) -> list[torch.Tensor]:
+    """DDP's gradient buckets for ``model``'s parameters, as (fake) tensors."""
+    params = [p for p in {id(p): p for p in model.parameters()}.values() if p.requires_grad]
+    return [torch.empty(n, dtype=dtype) for n, dtype in ddp_bucket_sizes(params, cap_mb)]
 
 
 def _optimizer_step(rec: _Recorder, fm: Any, opt: torch.optim.Optimizer) -> int:
@@ -2841,6 +2910,9 @@ def dry_run(
 
     def run() -> Trace:
         model, how = build_model(spec, real_build_limit=real_build_limit)
+        compiled = bool(compiled_parts(model))
+        if compiled:  # traced as eager mode runs it (the model is the dry run's own copy)
+            model = uncompiled(model)
         built["model"] = model
         layers = _layer_counts(model)
         with torch.enable_grad():
@@ -2865,6 +2937,8 @@ def dry_run(
                 built["model"] = model
                 trace = _trace(spec, model, "cpu", attention)
         trace.layer_counts = layers
+        if compiled and COMPILED_NOTE not in trace.notes:
+            trace.notes.append(COMPILED_NOTE)
         return trace
 
     def checked() -> Trace:
