@@ -32,7 +32,9 @@
 # name from data/gpu/ into $OUT, so an interrupted shard resumes where it stopped.
 # On 2026-11-26 an H200 window (15 minutes of device time, one start) measured corpus 0
 # shard 0 and 96 of shard 1's 115 (4m22s a shard there) and 2,195 held op cases.
-# Next window, whichever GPU: small 0 first. Its 350 small models of every family add to
+# Next window, whichever GPU: broad 0 0-2 first (issue 42: the families the corpus lacks,
+# 275 configurations estimated at 19 minutes on an H100, so two or three commands; it
+# resumes). Then small 0 (on a GPU without that file yet). Its 350 small models of every family add to
 # the whole-model rows and are the host-bound steps the time model lacks: held out by
 # family, its worst error is the MLPs', the only family of the GPU corpus whose steps
 # are that small (docs/predictions.md, "The GPU issue-time model, probed offline"). At
