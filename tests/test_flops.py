@@ -17,9 +17,17 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import costaware as ca
-from costaware.flops import attention_pairs, count_flops
+import costaware.flops
+from costaware.features import FEATURE_VERSION
+from costaware.flops import PROJECT_FORMULAS, attention_pairs, count_flops
 
 aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def _project_formulas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The project's formulas on (see costaware.flops.PROJECT_FORMULAS)."""
+    monkeypatch.setattr(costaware.flops, "PROJECT_FORMULAS", True)
 
 
 class _Count(TorchDispatchMode):
@@ -305,3 +313,22 @@ def test_rms_norm() -> None:
         )
         == 1_080
     )
+
+
+def test_without_the_project_formulas_the_counts_are_torchs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Off, the counts are those the shipped model was fitted on (feature version 19):
+    torch's depthwise backward (its weight gradient 256x: 2 * 9 * 256 * 256 * 256 * 32 =
+    9,663,676,416), and CPU attention as torch counts the CUDA kernels."""
+    monkeypatch.setattr(costaware.flops, "PROJECT_FORMULAS", False)
+    counts = _count(
+        lambda: (
+            F.conv2d(_leaf(32, 256, 16, 16), _leaf(256, 1, 3, 3), padding=1, groups=256)
+            .sum()
+            .backward()
+        )
+    )
+    assert counts["convolution_backward"] == 37_748_736 + 9_663_676_416
+    assert _sdpa(is_causal=True)["_scaled_dot_product_flash_attention_for_cpu"] == 65_536
+    assert ("20" if PROJECT_FORMULAS else "19") == FEATURE_VERSION

@@ -1,8 +1,9 @@
 """Per-operator FLOP formulas and operator classes, as a typed registry.
 
 FLOPs come from PyTorch's own ``torch.utils.flop_counter`` registry (matmul, the CUDA
-attention kernels' lower layers), replaced by the project's own formulas where torch's
-are wrong or missing (each worked out by hand in ``tests/test_flops.py``):
+attention kernels' lower layers), replaced, with :data:`PROJECT_FORMULAS` on, by the
+project's own formulas where torch's are wrong or missing (each worked out by hand in
+``tests/test_flops.py``):
 
 - **Convolution**, forward and backward, any ``groups``, stride, dilation, padding and
   transposed (:func:`conv_flops`, :func:`conv_backward_flops`). torch's backward counts
@@ -72,6 +73,37 @@ _REGISTRY: dict[Any, Callable[..., int]] = dict(flop_counter.flop_registry)
 def register_flop_formula(op: Any, formula: Callable[..., int]) -> None:
     """Register ``formula(*args, out_val=out, **kwargs) -> int`` for an aten overload packet."""
     _REGISTRY[op] = formula
+
+
+#: Whether :func:`count_flops` counts with the project's formulas (:func:`register_named_formula`)
+#: where they replace torch's. Off, the counts are torch's with the CPU attention kernel
+#: added (feature version 19, which the shipped model was fitted on); on, they are the
+#: formulas below (feature version 20, :data:`costaware.features.FEATURE_VERSION`). The
+#: features change with it, so it is turned on together with a refit of the model.
+PROJECT_FORMULAS = False
+
+
+def _cpu_sdpa(
+    query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any
+) -> int:
+    return int(flop_counter.sdpa_flop_count(query.shape, key.shape, value.shape))  # type: ignore[no-untyped-call]
+
+
+def _cpu_sdpa_backward(
+    grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any
+) -> int:
+    return int(
+        flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)  # type: ignore[no-untyped-call]
+    )
+
+
+# torch's counts of the CPU flash kernel, for the counts without the project's formulas
+for _name, _f in (
+    ("_scaled_dot_product_flash_attention_for_cpu", _cpu_sdpa),
+    ("_scaled_dot_product_flash_attention_for_cpu_backward", _cpu_sdpa_backward),
+):
+    if hasattr(aten, _name):
+        register_flop_formula(getattr(aten, _name), _f)
 
 
 #: formulas over an op's arguments by their schema names: ``formula(named, out) -> int``,
@@ -586,7 +618,7 @@ def op_class(name: str) -> int:
 
 def count_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     """FLOPs of one dispatched aten op (0 when no formula is registered)."""
-    named = _NAMED.get(func._schema.name)
+    named = _NAMED.get(func._schema.name) if PROJECT_FORMULAS else None
     if named is not None:
         return int(named(_bind(func, args, kwargs), out))
     formula = _REGISTRY.get(func._overloadpacket)
