@@ -8,6 +8,10 @@
 #   bash data/gpu_window.sh ops-held [MINUTES]     re-time the op cases of seed 0 held (opbench schema 2)
 #   bash data/gpu_window.sh corpus SEED SHARD [MINUTES]   measure one shard of the whole-model corpus,
 #                                                  or shards in turn (SHARD as FIRST-LAST) until MINUTES
+#   bash data/gpu_window.sh broad SEED SHARD [MINUTES]    the same for the broad families' corpus (gpu-broad:
+#                                                  ConvNeXt, EfficientNet, Swin, mixers, LLaMA, T5,
+#                                                  Inception, ResNeXt/RegNet, recurrent LMs; 3 shards
+#                                                  a seed), into h100-broad-shardI.jsonl.gz and so on
 #   bash data/gpu_window.sh small SEED [MINUTES]   measure the CPU corpus (350 small models of every
 #                                                  family) on the GPU: the host-bound steps that only
 #                                                  the MLP family has in the GPU corpus
@@ -34,7 +38,9 @@
 # name from data/gpu/ into $OUT, so an interrupted shard resumes where it stopped.
 # On 2026-11-26 an H200 window (15 minutes of device time, one start) measured corpus 0
 # shard 0 and 96 of shard 1's 115 (4m22s a shard there) and 2,195 held op cases.
-# Next window, whichever GPU: small 0 first. Its 350 small models of every family add to
+# Next window, whichever GPU: broad 0 0-2 first (issue 42: the families the corpus lacks,
+# 275 configurations estimated at 19 minutes on an H100, so two or three commands; it
+# resumes). Then small 0 (on a GPU without that file yet). Its 350 small models of every family add to
 # the whole-model rows and are the host-bound steps the time model lacks: held out by
 # family, its worst error is the MLPs', the only family of the GPU corpus whose steps
 # are that small (docs/predictions.md, "The GPU issue-time model, probed offline"). At
@@ -70,7 +76,7 @@ die() {
 step="${1:-}"
 case "$step" in
     -h | --help) usage; exit 0 ;;
-    check | ops-held | corpus | small | repeat | oom | hpo-site | hpo) shift ;;
+    check | ops-held | corpus | broad | small | repeat | oom | hpo-site | hpo) shift ;;
     "") die "no step given" ;;
     *) die "unknown step '$step'" ;;
 esac
@@ -81,8 +87,8 @@ case "$step" in
         minutes="${1:-8}"
         is_number "$minutes" || die "MINUTES must be a number, not '$minutes'"
         ;;
-    corpus)
-        [[ $# -ge 2 ]] || die "corpus needs SEED and SHARD"
+    corpus | broad)
+        [[ $# -ge 2 ]] || die "$step needs SEED and SHARD"
         seed="$1" shard="$2" minutes="${3:-8.5}"
         [[ "$seed" =~ ^[0-9]+$ ]] || die "SEED and SHARD must be whole numbers, not '$seed'"
         [[ "$shard" =~ ^[0-9]+(-[0-9]+)?$ ]] \
@@ -263,7 +269,9 @@ print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__
             --out "$out/$name" --max-minutes "$minutes"
         summary "$out/$name"
         ;;
-    corpus)
+    corpus | broad)
+        kind="${COSTAWARE_CORPUS:-gpu}" infix=""
+        if [[ "$step" == broad ]]; then kind="${kind%-broad}-broad" infix="broad-"; fi
         extra=()
         [[ -n "${COSTAWARE_LIMIT:-}" ]] && extra+=(--limit "$COSTAWARE_LIMIT")
         [[ -n "${COSTAWARE_SHARDS:-}" ]] && extra+=(--shards "$COSTAWARE_SHARDS")
@@ -276,10 +284,10 @@ print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__
                     "shards $s-$last wait for the next command"
                 break
             fi
-            if [[ "$seed" == 0 ]]; then name="$tag-shard$s.jsonl.gz"
-            else name="$tag-seed$seed-shard$s.jsonl.gz"; fi
+            if [[ "$seed" == 0 ]]; then name="$tag-${infix}shard$s.jsonl.gz"
+            else name="$tag-${infix}seed$seed-shard$s.jsonl.gz"; fi
             resume "$name"
-            "$PY" -m costaware.collect --corpus "${COSTAWARE_CORPUS:-gpu}" --seed "$seed" \
+            "$PY" -m costaware.collect --corpus "$kind" --seed "$seed" \
                 --shard "$s" --device "$device" --timeout 90 --max-minutes "$left" \
                 --out "$out/$name" "${extra[@]}"
             summary "$out/$name"

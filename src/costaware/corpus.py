@@ -36,7 +36,7 @@ import json
 import math
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from costaware import zoo
@@ -55,7 +55,10 @@ __all__ = [
 
 #: Bumped when the generator changes (ids are content hashes, so old rows stay valid).
 CORPUS_VERSION = 1
-KINDS = ("gpu", "cpu")
+#: "gpu" and "cpu" draw the original sixteen families; "gpu-broad" and "cpu-broad" the
+#: broad ones (:data:`costaware.zoo.BROAD_FAMILIES`) at the same sizes, apart, so that the
+#: corpora already measured keep their configurations, order and shards
+KINDS = ("gpu", "cpu", "gpu-broad", "cpu-broad")
 #: A shard should finish within this many seconds (estimated, H100 for "gpu").
 SHARD_TARGET_SECONDS = 8 * 60.0
 
@@ -88,6 +91,17 @@ _FACTORIES: dict[str, Callable[..., Any]] = {
     "bert": zoo.bert,
     "unet": zoo.unet,
     "random_dag": zoo.random_dag,
+    # the broad families (kinds "gpu-broad" and "cpu-broad")
+    "convnext": zoo.convnext,
+    "efficientnet": zoo.efficientnet,
+    "swin": zoo.swin,
+    "mlp_mixer": zoo.mlp_mixer,
+    "poolformer": zoo.poolformer,
+    "llama": zoo.llama,
+    "t5": zoo.t5,
+    "inception": zoo.inception,
+    "resnext": zoo.resnext,
+    "regnet": zoo.regnet,
 }
 
 
@@ -609,6 +623,314 @@ _GENERATORS: dict[str, tuple[_Gen, dict[str, int]]] = {
     "random_transformer": (_g_random_transformer, {"gpu": 40, "cpu": 25}),
 }
 
+
+# ------------------------------------------------------------- broad family generators
+def _convnext_flops(size: int, depths: tuple[int, ...], dims: tuple[int, ...]) -> float:
+    """Forward FLOPs per sample: each block's depthwise 7x7 and 4x MLP at its stage's map."""
+    total, side = 2.0 * (size // 4) ** 2 * 48 * dims[0], size // 4
+    for i, (depth, dim) in enumerate(zip(depths, dims)):
+        if i:
+            side = max(1, side // 2)
+        total += depth * 2.0 * side * side * (49 * dim + 8 * dim * dim)
+    return total
+
+
+def _g_convnext(kind: str, rng: random.Random) -> Config:
+    if kind == "gpu":
+        depths, dims = rng.choice(
+            (
+                ((3, 3, 9, 3), (96, 192, 384, 768)),  # T
+                ((2, 2, 6, 2), (64, 128, 256, 512)),
+                ((3, 3, 27, 3), (96, 192, 384, 768)),  # S
+                ((2, 2, 8, 2), (128, 256, 512, 1024)),
+            )
+        )
+        size = rng.choice((64, 128, 160, 224))
+    else:
+        depths, dims = rng.choice(
+            (((1, 1, 2, 1), (16, 32, 64, 128)), ((2, 2, 2, 2), (24, 48, 96, 192)))
+        )
+        size = rng.choice((32, 64))
+    classes = rng.choice((10, 100, 1000))
+    kw = {"depths": depths, "dims": dims, "classes": classes}
+    flops = _convnext_flops(size, depths, dims)
+    bs = _image_bs(kind, rng, size)
+    return _make(
+        kind, "convnext", "convnext", kw, "image", (3, size, size), classes, bs, flops, rng
+    )
+
+
+def _g_efficientnet(kind: str, rng: random.Random) -> Config:
+    if kind == "gpu":
+        w, d = rng.choice(((1.0, 1.0), (1.0, 1.1), (1.1, 1.2), (1.2, 1.4), (0.5, 1.0), (0.75, 1.0)))
+        size = rng.choice((96, 128, 160, 224, 240))
+    else:
+        w, d = rng.choice(((0.25, 0.34), (0.35, 0.5), (0.5, 0.5)))
+        size = rng.choice((32, 64))
+    classes = rng.choice((10, 100, 1000))
+    mnas = rng.random() < 0.3  # MnasNet-style: no squeeze-and-excitation, ReLU
+    kw: dict[str, Any] = {"width_mult": w, "depth_mult": d, "classes": classes}
+    if mnas:
+        kw.update(se_ratio=0.0, activation="relu")
+    flops = 0.8e9 * w * w * d * _scale(size)
+    bs = _image_bs(kind, rng, size)
+    return _make(
+        kind, "efficientnet", "efficientnet", kw, "image", (3, size, size), classes, bs, flops, rng
+    )
+
+
+def _g_swin(kind: str, rng: random.Random) -> Config:
+    if kind == "gpu":
+        size, patch, window = rng.choice(((224, 4, 7), (192, 4, 6), (128, 4, 4)))
+        dim = rng.choice((64, 96, 128))
+        depths: tuple[int, ...] = rng.choice(((2, 2, 6, 2), (2, 2, 2, 2), (2, 2, 18, 2)))
+        bs = rng.choice((8, 16, 32, 64, 128))
+    else:
+        size, patch, window = 32, 2, 4
+        dim = rng.choice((16, 24, 32))
+        depths = rng.choice(((1, 1, 1), (2, 2, 2)))
+        bs = rng.choice((2, 4, 8))
+    heads = tuple(max(1, (dim << i) // 32) for i in range(len(depths)))
+    classes = rng.choice((10, 100, 1000))
+    flops, side, d = 2.0 * (size // patch) ** 2 * 3 * patch * patch * dim, size // patch, dim
+    for i, depth in enumerate(depths):
+        if i:
+            side, d = side // 2, 2 * d
+        tokens, ws = side * side, min(window, side)
+        flops += depth * (2.0 * tokens * 12 * d * d + 4.0 * tokens * ws * ws * d)
+    kw = {
+        "image_size": size,
+        "patch": patch,
+        "dim": dim,
+        "depths": depths,
+        "heads": heads,
+        "window": window,
+        "classes": classes,
+    }
+    return _make(kind, "swin", "swin", kw, "image", (3, size, size), classes, bs, flops, rng)
+
+
+def _g_mixer(kind: str, rng: random.Random) -> Config:
+    classes = rng.choice((10, 100, 1000))
+    if rng.random() < 0.5:  # MLP-Mixer
+        if kind == "gpu":
+            size, patch = rng.choice(((224, 16), (224, 32), (128, 16), (64, 8)))
+            dim = rng.choice((256, 512, 768))
+            depth = rng.choice((8, 12))
+            bs = rng.choice((16, 32, 64, 128, 256))
+        else:
+            size, patch = rng.choice(((32, 4), (32, 8)))
+            dim = rng.choice((32, 64))
+            depth = rng.choice((2, 4))
+            bs = rng.choice((4, 8, 16))
+        tokens = (size // patch) ** 2
+        kw: dict[str, Any] = {
+            "image_size": size,
+            "patch": patch,
+            "dim": dim,
+            "depth": depth,
+            "token_hidden": dim // 2,
+            "channel_hidden": 4 * dim,
+            "classes": classes,
+        }
+        flops = depth * (4.0 * tokens * (dim // 2) * dim + 16.0 * tokens * dim * dim)
+        return _make(
+            kind, "mixer", "mlp_mixer", kw, "image", (3, size, size), classes, bs, flops, rng
+        )
+    if kind == "gpu":  # PoolFormer
+        depths, dims = rng.choice(
+            (((2, 2, 6, 2), (64, 128, 320, 512)), ((4, 4, 12, 4), (64, 128, 320, 512)))
+        )
+        size = rng.choice((64, 128, 224))
+    else:
+        depths, dims = ((1, 1, 2, 1), (16, 32, 64, 128))
+        size = rng.choice((32, 64))
+    kw = {"depths": depths, "dims": dims, "classes": classes}
+    flops, side = 0.0, size // 4
+    for i, (depth, dim) in enumerate(zip(depths, dims)):
+        side = max(1, side // 2) if i else side
+        flops += depth * 2.0 * side * side * 8 * dim * dim
+    bs = _image_bs(kind, rng, size)
+    return _make(kind, "mixer", "poolformer", kw, "image", (3, size, size), classes, bs, flops, rng)
+
+
+def _g_llama(kind: str, rng: random.Random) -> Config:
+    if kind == "gpu":
+        dim = rng.choice((512, 768, 1024, 2048))
+        depth = rng.choice((4, 8, 12) if dim < 2048 else (4, 8))
+        seq = rng.choice((256, 512, 1024, 2048))
+        vocab = rng.choice((32000, 32768, 50257))
+        bs = rng.choice((1, 2, 4, 8, 16))
+    else:
+        dim = rng.choice((64, 128))
+        depth = rng.choice((1, 2))
+        seq = rng.choice((32, 64, 128))
+        vocab = rng.choice((1000, 4096))
+        bs = rng.choice((2, 4, 8))
+    heads = max(2, dim // 64)
+    kv_heads = rng.choice([k for k in (1, 2, 4, heads) if heads % k == 0])
+    ffn = 256 * math.ceil(8 * dim / 3 / 256)
+    kv = kv_heads * (dim // heads)
+    per_tok = depth * (2.0 * (2 * dim * dim + 2 * kv * dim + 3 * dim * ffn) + 2.0 * seq * dim)
+    flops = seq * (per_tok + 2.0 * dim * vocab)
+    kw = {"vocab": vocab, "dim": dim, "depth": depth, "heads": heads, "kv_heads": kv_heads}
+    return _make(kind, "llama", "llama", kw, "tokens", (seq,), vocab, bs, flops, rng)
+
+
+def _g_t5(kind: str, rng: random.Random) -> Config:
+    if kind == "gpu":
+        dim = rng.choice((256, 512, 768))
+        depth = rng.choice((4, 6, 8, 12))
+        seq = rng.choice((128, 256, 512))
+        vocab = 32128
+        bs = rng.choice((4, 8, 16, 32, 64))
+    else:
+        dim = rng.choice((64, 128))
+        depth = rng.choice((1, 2))
+        seq = rng.choice((32, 64))
+        vocab = rng.choice((1000, 4096))
+        bs = rng.choice((2, 4, 8))
+    heads = max(1, dim // 64)
+    ffn = 4 * dim
+    # encoder (attention + MLP) and decoder (self-, cross-attention + MLP) layers
+    per_tok = depth * (
+        2.0 * (4 * dim * dim + 2 * dim * ffn) * 2 + 2.0 * 4 * dim * dim + 12.0 * seq * dim
+    )
+    flops = seq * (per_tok + 2.0 * dim * vocab)
+    kw = {
+        "vocab": vocab,
+        "dim": dim,
+        "depth": depth,
+        "heads": heads,
+        "ffn": ffn,
+        "dropout": rng.choice((0.0, 0.1)),
+    }
+    return _make(kind, "t5", "t5", kw, "tokens", (seq,), vocab, bs, flops, rng)
+
+
+def _g_inception(kind: str, rng: random.Random) -> Config:
+    if kind == "gpu":
+        width = rng.choice((0.5, 0.75, 1.0))
+        blocks_c = rng.choice((2, 3, 4))
+        size = rng.choice((128, 160, 224, 299))
+    else:
+        width = rng.choice((0.1, 0.15, 0.25))
+        blocks_c = rng.choice((1, 2))
+        size = rng.choice((32, 64))
+    classes = rng.choice((10, 100, 1000))
+    kw = {"width": width, "blocks_c": blocks_c, "classes": classes}
+    flops = 8e9 * width * width * (0.6 + 0.1 * blocks_c) * (size / 299) ** 2
+    bs = _image_bs(kind, rng, size)
+    return _make(
+        kind, "inception", "inception", kw, "image", (3, size, size), classes, bs, flops, rng
+    )
+
+
+#: RegNet stages (depths, widths, group width, SE ratio) and forward GFLOPs at 224 px
+_REGNETS = (
+    ((1, 2, 7, 12), (32, 64, 160, 384), 16, 0.0, 0.8),  # X-400MF
+    ((1, 3, 7, 5), (64, 128, 288, 672), 16, 0.0, 1.6),  # X-800MF
+    ((2, 4, 10, 2), (72, 168, 408, 912), 24, 0.0, 3.2),  # X-1.6GF
+    ((1, 3, 8, 2), (64, 144, 320, 768), 16, 0.25, 1.6),  # Y-800MF
+)
+
+
+def _g_resnext(kind: str, rng: random.Random) -> Config:
+    classes = rng.choice((10, 100, 1000))
+    size = _image_size(kind, rng, (64, 128, 160, 224), (32, 64))
+    if rng.random() < 0.5:
+        if kind == "gpu":  # 32x4d, 64x4d, wide (groups 1, 128 wide: WRN-50-2)
+            depth, groups, wpg = rng.choice(((50, 32, 4), (101, 32, 4), (50, 64, 4), (50, 1, 128)))
+            base = 64
+        else:
+            depth, groups, wpg, base = 50, rng.choice((4, 8)), 2, 8
+        kw: dict[str, Any] = {
+            "depth": depth,
+            "groups": groups,
+            "width_per_group": wpg,
+            "classes": classes,
+            "base": base,
+        }
+        ref = {50: 8.5, 101: 16.0}[depth] * (groups * wpg / 128) * (base / 64) ** 2
+        flops = ref * 1e9 * _scale(size)
+        bs = _image_bs(kind, rng, size)
+        return _make(
+            kind, "resnext", "resnext", kw, "image", (3, size, size), classes, bs, flops, rng
+        )
+    if kind == "gpu":
+        depths, widths, gw, se, gflops = rng.choice(_REGNETS)
+    else:
+        depths, widths, gw, se, gflops = (
+            (1, 1, 2, 1),
+            (16, 32, 64, 128),
+            8,
+            rng.choice((0.0, 0.25)),
+            0.05,
+        )
+    kw = {"depths": depths, "widths": widths, "group_width": gw, "se_ratio": se, "classes": classes}
+    bs = _image_bs(kind, rng, size)
+    return _make(
+        kind,
+        "resnext",
+        "regnet",
+        kw,
+        "image",
+        (3, size, size),
+        classes,
+        bs,
+        gflops * 1e9 * _scale(size),
+        rng,
+    )
+
+
+def _g_rnn_lm(kind: str, rng: random.Random) -> Config:
+    """Recurrent language models at the sizes people train them: large vocabularies (the
+    Penn Treebank's 10k, WikiText-103's 267k clipped to GPT-2's 50k), 2-4 layers."""
+    cell = rng.choice(("lstm", "gru"))
+    if kind == "gpu":
+        vocab = rng.choice((10000, 33278, 50257))
+        embed = rng.choice((400, 650, 1024))
+        hidden = rng.choice((650, 1024, 1500))
+        layers = rng.choice((2, 3, 4))
+        seq = rng.choice((35, 70, 128, 256))
+        bs = rng.choice((16, 32, 64, 128))
+    else:
+        vocab = rng.choice((5000, 10000))
+        embed = rng.choice((128, 200))
+        hidden = rng.choice((128, 200, 256))
+        layers = rng.choice((2, 3))
+        seq = rng.choice((20, 35))
+        bs = rng.choice((4, 8))
+    gates = 4 if cell == "lstm" else 3
+    per_tok = sum(
+        2 * gates * hidden * ((embed if i == 0 else hidden) + hidden) for i in range(layers)
+    )
+    flops = seq * (per_tok + 2 * hidden * vocab)
+    kw = {
+        "kind": cell,
+        "vocab": vocab,
+        "embed": embed,
+        "hidden": hidden,
+        "layers": layers,
+        "dropout": rng.choice((0.2, 0.5)),
+    }
+    return _make(kind, "rnn_lm", "rnn", kw, "tokens", (seq,), vocab, bs, flops, rng)
+
+
+#: the broad families' generators (kinds "gpu-broad", "cpu-broad"; the same counts per
+#: family for every kind's device sizes)
+_BROAD_GENERATORS: dict[str, tuple[_Gen, dict[str, int]]] = {
+    "convnext": (_g_convnext, {"gpu": 30, "cpu": 20}),
+    "efficientnet": (_g_efficientnet, {"gpu": 30, "cpu": 20}),
+    "swin": (_g_swin, {"gpu": 30, "cpu": 20}),
+    "mixer": (_g_mixer, {"gpu": 30, "cpu": 20}),
+    "llama": (_g_llama, {"gpu": 40, "cpu": 25}),
+    "t5": (_g_t5, {"gpu": 30, "cpu": 20}),
+    "inception": (_g_inception, {"gpu": 25, "cpu": 15}),
+    "resnext": (_g_resnext, {"gpu": 30, "cpu": 20}),
+    "rnn_lm": (_g_rnn_lm, {"gpu": 30, "cpu": 20}),
+}
+
 #: The CPU corpus keeps configurations estimated below this (one measurement, seconds).
 _CPU_MAX_SECONDS = 4.0
 
@@ -617,17 +939,21 @@ _CPU_MAX_SECONDS = 4.0
 def _full(kind: str, seed: int) -> tuple[Config, ...]:
     out: list[Config] = []
     seen: set[str] = set()
-    for family, (gen, counts) in _GENERATORS.items():
+    base = kind.split("-")[0]  # the device sizes ("gpu", "cpu") a broad kind draws at
+    generators = _BROAD_GENERATORS if kind.endswith("-broad") else _GENERATORS
+    for family, (gen, counts) in generators.items():
         # one stream per family, so adding a family does not change the others
         rng = random.Random(f"{kind}:{family}:{seed}")
-        want, tries = counts[kind], 0
+        want, tries = counts[base], 0
         made = 0
         while made < want and tries < 20 * want:
             tries += 1
-            cfg = gen(kind, rng)
+            cfg = gen(base, rng)
+            if base != kind:
+                cfg = replace(cfg, corpus=kind)
             if cfg.id in seen:
                 continue
-            if kind == "cpu" and cfg.est_seconds > _CPU_MAX_SECONDS:
+            if base == "cpu" and cfg.est_seconds > _CPU_MAX_SECONDS:
                 continue
             seen.add(cfg.id)
             out.append(cfg)

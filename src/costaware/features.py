@@ -58,6 +58,14 @@ trained on one version refuses features of another.
   parameter tensors as its serial steps: :func:`costaware.optime.optimizer_step_row`),
   not from the trace's optimizer nodes, whose elementwise ops carry no FLOPs: an Adam
   step was priced at a fifth of what it costs.
+  Version 20 (with :data:`costaware.flops.PROJECT_FORMULAS` on; version 19 with it off,
+  as the shipped model is fitted): the FLOPs of convolutions, attention, embeddings and
+  norms are the project's own formulas (:mod:`costaware.flops`): a grouped or depthwise convolution's
+  backward is counted per group (torch's formula counted its weight gradient ``groups``
+  times over), a bias one add per output element, causal attention only the scores it
+  keeps and a mask one add per score, an embedding's backward one add per gradient
+  element, and the norms (layer, group, batch, RMS) their FLOPs per element; each of
+  these counted 0 before, or torch's count.
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ import numpy as np
 
 from costaware.analytic import calls_cublas
 from costaware.devices import Device
+from costaware.flops import PROJECT_FORMULAS
 from costaware.spec import OPTIMIZERS, PRECISIONS, TrainingSpec
 from costaware.trace import CATEGORIES, Trace
 
@@ -83,7 +92,7 @@ __all__ = [
 ]
 
 #: Bump when feature names or meanings change; saved models record it.
-FEATURE_VERSION = "19"
+FEATURE_VERSION = "20" if PROJECT_FORMULAS else "19"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}

@@ -39,21 +39,32 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
+    "BROAD_FAMILIES",
     "FAMILIES",
     "ZooEntry",
     "bert",
+    "convnext",
     "densenet",
+    "efficientnet",
     "entries",
     "googlenet",
     "gpt",
+    "inception",
+    "llama",
     "mlp",
+    "mlp_mixer",
     "mobilenet_v2",
     "mobilenet_v3",
+    "poolformer",
     "random_dag",
+    "regnet",
     "resnet",
+    "resnext",
     "rnn",
     "shufflenet_v2",
     "squeezenet",
+    "swin",
+    "t5",
     "unet",
     "vgg",
     "vit",
@@ -1681,3 +1692,871 @@ def entries(family: str | None = None) -> list[ZooEntry]:
     if family is not None and family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
     return [e for e in _build_entries() if family is None or e.family == family]
+
+
+# --------------------------------------------------------------------------- broad families
+# Families of what people train today beyond the original sixteen (issue 42, item 2):
+# ConvNeXt, EfficientNet/MnasNet (depthwise, squeeze-and-excitation, SiLU), Swin (shifted
+# windows), MLP-Mixer and pooling mixers, LLaMA-style decoders (RMSNorm, SwiGLU, rotary,
+# grouped-query attention), T5-style encoder-decoders, Inception-v3-style multi-branch
+# blocks, ResNeXt/RegNet (grouped bottlenecks) and recurrent LMs at realistic sizes. They
+# obey the same two rules as the rest of the zoo, and the corpus draws them apart
+# (``costaware.corpus``, kinds "gpu-broad" and "cpu-broad"), so that the original corpora
+# stay as they were measured.
+
+#: the broad families, in the order the broad corpora draw them
+BROAD_FAMILIES: tuple[str, ...] = (
+    "convnext",
+    "efficientnet",
+    "swin",
+    "mixer",
+    "llama",
+    "t5",
+    "inception",
+    "resnext",
+    "rnn_lm",
+)
+
+
+def _layer_scale(dim: int, value: float, *shape: int) -> nn.Parameter:
+    """A per-channel scale (ConvNeXt's and PoolFormer's layer scale), ``value`` everywhere."""
+    return nn.Parameter(torch.full((dim, *shape), value))
+
+
+class _LayerNorm2d(nn.LayerNorm):
+    """LayerNorm over the channels of an ``(N, C, H, W)`` map, as ConvNeXt normalises."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.layer_norm(
+            x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias, self.eps
+        )
+        return y.permute(0, 3, 1, 2)
+
+
+class _ConvNeXtBlock(nn.Module):
+    """Depthwise 7x7 -> LayerNorm -> Linear 4x -> GELU -> Linear, layer-scaled residual."""
+
+    def __init__(self, dim: int, layer_scale: float = 1e-6) -> None:
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = _layer_scale(dim, layer_scale)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y: Tensor = self.dwconv(x).permute(0, 2, 3, 1)
+        y = self.pwconv2(self.act(self.pwconv1(self.norm(y)))) * self.gamma
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    """ConvNeXt (Liu et al., 2022): a 4x4 patchify stem, four stages of depthwise 7x7
+    blocks with LayerNorm and inverted MLPs, 2x2 strided downsampling between them."""
+
+    def __init__(self, depths: Sequence[int], dims: Sequence[int], classes: int) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, dims[0], 4, 4), _LayerNorm2d(dims[0], eps=1e-6)]
+        for i, (depth, dim) in enumerate(zip(depths, dims)):
+            if i:
+                layers += [_LayerNorm2d(dims[i - 1], eps=1e-6), nn.Conv2d(dims[i - 1], dim, 2, 2)]
+            layers += [_ConvNeXtBlock(dim) for _ in range(depth)]
+        self.features = nn.Sequential(*layers)
+        self.norm = nn.LayerNorm(dims[-1], eps=1e-6)
+        self.head = nn.Linear(dims[-1], classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.features(x).mean((2, 3))
+        x = self.head(self.norm(x))
+        return x
+
+
+def convnext(
+    depths: Sequence[int] = (3, 3, 9, 3),
+    dims: Sequence[int] = (96, 192, 384, 768),
+    classes: int = 1000,
+) -> nn.Module:
+    """ConvNeXt; the defaults are ConvNeXt-T (28.6M parameters). Inputs of at least 32 px."""
+    if len(depths) != len(dims) or not depths:
+        raise ValueError(f"convnext needs one depth per stage width, got {depths=} {dims=}")
+    return ConvNeXt(tuple(depths), tuple(dims), classes)
+
+
+class _SqueezeExcite(nn.Module):
+    """Squeeze-and-excitation: a channel gate from the global mean, through a bottleneck."""
+
+    def __init__(self, channels: int, squeeze: int, act: Callable[[], nn.Module]) -> None:
+        super().__init__()
+        self.fc1 = nn.Conv2d(channels, squeeze, 1)
+        self.act = act()
+        self.fc2 = nn.Conv2d(squeeze, channels, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        s = self.fc2(self.act(self.fc1(x.mean((2, 3), keepdim=True))))
+        return x * torch.sigmoid(s)
+
+
+class _MBConv(nn.Module):
+    """Inverted residual (MobileNetV2/EfficientNet): 1x1 expand, depthwise kxk, optional
+    squeeze-and-excitation, 1x1 project, residual when the shape allows."""
+
+    def __init__(
+        self,
+        cin: int,
+        cout: int,
+        kernel: int,
+        stride: int,
+        expand: int,
+        se_ratio: float,
+        act: Callable[[], nn.Module],
+    ) -> None:
+        super().__init__()
+        hidden = cin * expand
+        layers: list[nn.Module] = []
+        if expand != 1:
+            layers.append(_conv_bn(cin, hidden, 1, act=act))
+        layers.append(_conv_bn(hidden, hidden, kernel, stride, groups=hidden, act=act))
+        if se_ratio > 0:
+            layers.append(_SqueezeExcite(hidden, max(1, int(cin * se_ratio)), act))
+        layers.append(_conv_bn(hidden, cout, 1))
+        self.block = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: Tensor) -> Tensor:
+        y: Tensor = self.block(x)
+        return x + y if self.residual else y
+
+
+#: EfficientNet-B0's stages: (expansion, kernel, stride, channels, repeats)
+_EFFICIENTNET_B0 = (
+    (1, 3, 1, 16, 1),
+    (6, 3, 2, 24, 2),
+    (6, 5, 2, 40, 2),
+    (6, 3, 2, 80, 3),
+    (6, 5, 1, 112, 3),
+    (6, 5, 2, 192, 4),
+    (6, 3, 1, 320, 1),
+)
+
+
+class EfficientNet(nn.Module):
+    """EfficientNet (Tan & Le, 2019) scaled in width and depth; with ``se_ratio=0`` and
+    ReLU, a MnasNet-style net of the same inverted residuals."""
+
+    def __init__(
+        self,
+        width_mult: float,
+        depth_mult: float,
+        classes: int,
+        se_ratio: float,
+        activation: str,
+        dropout: float,
+    ) -> None:
+        super().__init__()
+        act = nn.SiLU if activation == "silu" else _relu
+        cin = _make_divisible(32 * width_mult)
+        layers: list[nn.Module] = [_conv_bn(3, cin, 3, 2, act=act)]
+        for expand, kernel, stride, channels, repeats in _EFFICIENTNET_B0:
+            cout = _make_divisible(channels * width_mult)
+            for i in range(math.ceil(repeats * depth_mult)):
+                layers.append(
+                    _MBConv(cin, cout, kernel, stride if i == 0 else 1, expand, se_ratio, act)
+                )
+                cin = cout
+        head = _make_divisible(1280 * max(1.0, width_mult))
+        layers.append(_conv_bn(cin, head, 1, act=act))
+        self.features = nn.Sequential(*layers)
+        self.dropout = nn.Dropout(dropout)
+        self.fc = nn.Linear(head, classes)
+        _init_convnet(self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.features(x).mean((2, 3))
+        x = self.fc(self.dropout(x))
+        return x
+
+
+def efficientnet(
+    width_mult: float = 1.0,
+    depth_mult: float = 1.0,
+    classes: int = 1000,
+    se_ratio: float = 0.25,
+    activation: Literal["silu", "relu"] = "silu",
+    dropout: float = 0.2,
+) -> nn.Module:
+    """EfficientNet-B0 at ``(1.0, 1.0)`` (5.3M parameters); B1-B7 scale width and depth
+    (``(1.0, 1.1)``, ``(1.1, 1.2)``, ...). ``se_ratio=0, activation="relu"``: MnasNet-style."""
+    if activation not in ("silu", "relu"):
+        raise ValueError(f"efficientnet activation must be 'silu' or 'relu', got {activation!r}")
+    return EfficientNet(width_mult, depth_mult, classes, se_ratio, activation, dropout)
+
+
+def _windows(x: Tensor, ws: int) -> Tensor:
+    """``(N, H, W, C)`` -> ``(N * H/ws * W/ws, ws * ws, C)``: the non-overlapping windows."""
+    n, h, w, c = x.shape
+    x = x.view(n, h // ws, ws, w // ws, ws, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, ws * ws, c)
+
+
+def _unwindow(x: Tensor, ws: int, n: int, h: int, w: int) -> Tensor:
+    c = x.shape[-1]
+    x = x.view(n, h // ws, w // ws, ws, ws, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(n, h, w, c)
+
+
+def _shift_mask(h: int, w: int, ws: int, shift: int, like: Tensor) -> Tensor:
+    """Swin's mask for shifted windows: ``(windows, ws*ws, ws*ws)``, -100 between tokens
+    that the cyclic shift brought together from different regions, 0 elsewhere."""
+    img = torch.zeros(1, h, w, 1, device=like.device)
+    region = 0
+    for hs in (slice(0, -ws), slice(-ws, -shift), slice(-shift, None)):
+        for wsl in (slice(0, -ws), slice(-ws, -shift), slice(-shift, None)):
+            img[:, hs, wsl, :] = float(region)
+            region += 1
+    win = _windows(img, ws).squeeze(-1)
+    diff = win.unsqueeze(1) - win.unsqueeze(2)
+    return torch.zeros(diff.shape, dtype=like.dtype, device=like.device).masked_fill(
+        diff != 0, -100.0
+    )
+
+
+class _SwinBlock(nn.Module):
+    """Window attention (shifted by half a window in every other block) with a learned
+    bias per head over the window's token pairs, then an MLP; pre-norm residuals."""
+
+    def __init__(self, dim: int, heads: int, window: int, shift: int) -> None:
+        super().__init__()
+        self.heads, self.window, self.shift = heads, window, shift
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.bias = nn.Parameter(torch.zeros(heads, window * window, window * window))
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, h, w, c = x.shape
+        ws, s = self.window, self.shift
+        y = self.norm1(x)
+        if s:
+            y = torch.roll(y, (-s, -s), (1, 2))
+        y = _windows(y, ws)
+        b, t = y.shape[0], y.shape[1]
+        q, k, v = self.qkv(y).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        mask = self.bias.to(q.dtype).unsqueeze(0)
+        if s:
+            shift = _shift_mask(h, w, ws, s, q).repeat(n, 1, 1).unsqueeze(1)
+            mask = mask + shift
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = self.proj(y.transpose(1, 2).reshape(b, t, c))
+        y = _unwindow(y, ws, n, h, w)
+        if s:
+            y = torch.roll(y, (s, s), (1, 2))
+        x = x + y
+        out: Tensor = x + self.mlp(self.norm2(x))
+        return out
+
+
+class _PatchMerging(nn.Module):
+    """2x2 neighbouring tokens concatenated (4C), normalised and projected to 2C."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(4 * dim)
+        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)
+        return self.reduction(self.norm(x))  # type: ignore[no-any-return]
+
+
+class Swin(nn.Module):
+    """Swin Transformer (Liu et al., 2021): patch embedding, stages of (shifted) window
+    attention, patch merging between them. A stage whose map is no larger than the window
+    attends over the whole map, unshifted."""
+
+    def __init__(
+        self,
+        image_size: int,
+        patch: int,
+        dim: int,
+        depths: Sequence[int],
+        heads: Sequence[int],
+        window: int,
+        classes: int,
+    ) -> None:
+        super().__init__()
+        self.patch_embed = nn.Conv2d(3, dim, patch, patch)
+        self.embed_norm = nn.LayerNorm(dim)
+        side = image_size // patch
+        stages: list[nn.Module] = []
+        for i, (depth, h) in enumerate(zip(depths, heads)):
+            if i:
+                stages.append(_PatchMerging(dim))
+                dim, side = 2 * dim, side // 2
+            ws = min(window, side)
+            stages += [
+                _SwinBlock(dim, h, ws, ws // 2 if j % 2 and side > ws else 0) for j in range(depth)
+            ]
+        self.stages = nn.Sequential(*stages)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+        _init_transformer(self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.embed_norm(self.patch_embed(x).permute(0, 2, 3, 1))
+        x = self.norm(self.stages(x)).mean((1, 2))
+        x = self.head(x)
+        return x
+
+
+def swin(
+    image_size: int = 224,
+    patch: int = 4,
+    dim: int = 96,
+    depths: Sequence[int] = (2, 2, 6, 2),
+    heads: Sequence[int] = (3, 6, 12, 24),
+    window: int = 7,
+    classes: int = 1000,
+) -> nn.Module:
+    """Swin; the defaults are Swin-T (28.3M parameters). Every stage's map must split
+    into whole windows: ``image_size / patch / 2**i`` a multiple of the window (or no
+    larger than it), and each stage's width a multiple of its heads."""
+    if len(depths) != len(heads) or not depths:
+        raise ValueError(f"swin needs one head count per stage, got {depths=} {heads=}")
+    side = image_size // patch
+    for i, h in enumerate(heads):
+        ws = min(window, side)
+        if image_size % patch or side % ws or side == 0 or (dim << i) % h:
+            raise ValueError(
+                f"swin stage {i}: a {side}x{side} map of width {dim << i} does not split into "
+                f"{ws}x{ws} windows and {h} heads (image_size {image_size}, patch {patch})"
+            )
+        side //= 2
+    return Swin(image_size, patch, dim, tuple(depths), tuple(heads), window, classes)
+
+
+class _MixerBlock(nn.Module):
+    """MLP-Mixer block: an MLP across tokens, then an MLP across channels."""
+
+    def __init__(self, tokens: int, dim: int, token_hidden: int, channel_hidden: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.token_mlp = nn.Sequential(
+            nn.Linear(tokens, token_hidden), nn.GELU(), nn.Linear(token_hidden, tokens)
+        )
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.channel_mlp = nn.Sequential(
+            nn.Linear(dim, channel_hidden), nn.GELU(), nn.Linear(channel_hidden, dim)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.token_mlp(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.channel_mlp(self.norm2(x))  # type: ignore[no-any-return]
+
+
+class MLPMixer(nn.Module):
+    """MLP-Mixer (Tolstikhin et al., 2021): patches, then token- and channel-mixing MLPs."""
+
+    def __init__(
+        self,
+        image_size: int,
+        patch: int,
+        dim: int,
+        depth: int,
+        token_hidden: int,
+        channel_hidden: int,
+        classes: int,
+    ) -> None:
+        super().__init__()
+        tokens = (image_size // patch) ** 2
+        self.stem = nn.Conv2d(3, dim, patch, patch)
+        self.blocks = nn.Sequential(
+            *(_MixerBlock(tokens, dim, token_hidden, channel_hidden) for _ in range(depth))
+        )
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x).flatten(2).transpose(1, 2)
+        x = self.norm(self.blocks(x)).mean(1)
+        x = self.head(x)
+        return x
+
+
+def mlp_mixer(
+    image_size: int = 224,
+    patch: int = 16,
+    dim: int = 512,
+    depth: int = 8,
+    token_hidden: int = 256,
+    channel_hidden: int = 2048,
+    classes: int = 1000,
+) -> nn.Module:
+    """MLP-Mixer; the defaults are Mixer-S/16 (18.5M parameters). Inputs must be
+    ``image_size`` squared (a multiple of ``patch``)."""
+    if image_size % patch:
+        raise ValueError(f"image_size {image_size} is not a multiple of patch {patch}")
+    return MLPMixer(image_size, patch, dim, depth, token_hidden, channel_hidden, classes)
+
+
+class _PoolBlock(nn.Module):
+    """PoolFormer block: average pooling as the token mixer (minus the identity), then a
+    1x1-conv MLP; GroupNorm(1) norms and layer scales."""
+
+    def __init__(self, dim: int, layer_scale: float = 1e-5) -> None:
+        super().__init__()
+        self.norm1 = nn.GroupNorm(1, dim)
+        self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        self.norm2 = nn.GroupNorm(1, dim)
+        self.mlp = nn.Sequential(nn.Conv2d(dim, 4 * dim, 1), nn.GELU(), nn.Conv2d(4 * dim, dim, 1))
+        self.gamma1 = _layer_scale(dim, layer_scale, 1, 1)
+        self.gamma2 = _layer_scale(dim, layer_scale, 1, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.norm1(x)
+        x = x + self.gamma1 * (self.pool(y) - y)
+        out: Tensor = x + self.gamma2 * self.mlp(self.norm2(x))
+        return out
+
+
+class PoolFormer(nn.Module):
+    """PoolFormer (Yu et al., 2022): a MetaFormer whose token mixer is pooling."""
+
+    def __init__(self, depths: Sequence[int], dims: Sequence[int], classes: int) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, dims[0], 7, 4, 2)]
+        for i, (depth, dim) in enumerate(zip(depths, dims)):
+            if i:
+                layers.append(nn.Conv2d(dims[i - 1], dim, 3, 2, 1))
+            layers += [_PoolBlock(dim) for _ in range(depth)]
+        self.features = nn.Sequential(*layers)
+        self.norm = nn.GroupNorm(1, dims[-1])
+        self.head = nn.Linear(dims[-1], classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.norm(self.features(x)).mean((2, 3))
+        x = self.head(x)
+        return x
+
+
+def poolformer(
+    depths: Sequence[int] = (2, 2, 6, 2),
+    dims: Sequence[int] = (64, 128, 320, 512),
+    classes: int = 1000,
+) -> nn.Module:
+    """PoolFormer; the defaults are PoolFormer-S12 (11.9M parameters)."""
+    if len(depths) != len(dims) or not depths:
+        raise ValueError(f"poolformer needs one depth per stage width, got {depths=} {dims=}")
+    return PoolFormer(tuple(depths), tuple(dims), classes)
+
+
+def _rotate(x: Tensor, base: float = 10000.0) -> Tensor:
+    """Rotary position embedding of ``(N, heads, T, d)`` queries or keys (the half-split
+    form of GPT-NeoX and LLaMA's Hugging Face port), its angles made from the positions."""
+    t, d = x.shape[-2], x.shape[-1]
+    inv = 1.0 / base ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    angles = torch.outer(torch.arange(t, device=x.device, dtype=torch.float32), inv)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1)
+
+
+class _LlamaBlock(nn.Module):
+    """RMSNorm -> causal attention with rotary embeddings and grouped-query heads ->
+    RMSNorm -> SwiGLU MLP; no biases."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, ffn: int, eps: float) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.attn_norm = nn.RMSNorm(dim, eps=eps)
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+        self.ffn_norm = nn.RMSNorm(dim, eps=eps)
+        self.w1 = nn.Linear(dim, ffn, bias=False)
+        self.w3 = nn.Linear(dim, ffn, bias=False)
+        self.w2 = nn.Linear(ffn, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, t, dim = x.shape
+        h = self.attn_norm(x)
+        q = self.wq(h).view(n, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.wk(h).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(h).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        y = F.scaled_dot_product_attention(
+            _rotate(q), _rotate(k), v, is_causal=True, enable_gqa=self.kv_heads != self.heads
+        )
+        x = x + self.wo(y.transpose(1, 2).reshape(n, t, dim))
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))  # type: ignore[no-any-return]
+
+
+class Llama(nn.Module):
+    """A LLaMA-style decoder (Touvron et al., 2023): token embedding, RMSNorm/SwiGLU
+    blocks with rotary, grouped-query causal attention, an untied LM head."""
+
+    def __init__(
+        self, vocab: int, dim: int, depth: int, heads: int, kv_heads: int, ffn: int, eps: float
+    ) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.Sequential(
+            *(_LlamaBlock(dim, heads, kv_heads, ffn, eps) for _ in range(depth))
+        )
+        self.norm = nn.RMSNorm(dim, eps=eps)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        _init_transformer(self)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        x = self.norm(self.blocks(self.embed(input_ids)))
+        logits: Tensor = self.lm_head(x)
+        return logits
+
+
+def llama(
+    vocab: int = 32000,
+    dim: int = 2048,
+    depth: int = 16,
+    heads: int = 32,
+    kv_heads: int = 8,
+    ffn: int | None = None,
+    eps: float = 1e-5,
+) -> nn.Module:
+    """LLaMA-style decoder on token ids ``(N, T)`` -> ``(N, T, vocab)``; ``ffn`` defaults
+    to LLaMA's ``8/3 * dim`` rounded up to a multiple of 256. ``heads`` must be a multiple
+    of ``kv_heads`` (equal: multi-head attention) and divide ``dim`` into even head dims."""
+    if heads % kv_heads or dim % heads or (dim // heads) % 2:
+        raise ValueError(
+            f"llama needs heads ({heads}) a multiple of kv_heads ({kv_heads}) and dim ({dim}) "
+            "split into even head dims"
+        )
+    if ffn is None:
+        ffn = 256 * math.ceil(8 * dim / 3 / 256)
+    return Llama(vocab, dim, depth, heads, kv_heads, ffn, eps)
+
+
+class _T5Attention(nn.Module):
+    """T5 attention: no biases, no 1/sqrt(d) scaling beyond SDPA's own, an additive bias."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.k = nn.Linear(dim, dim, bias=False)
+        self.v = nn.Linear(dim, dim, bias=False)
+        self.o = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: Tensor, kv: Tensor, bias: Tensor | None) -> Tensor:
+        n, t, dim = x.shape
+        s, d = kv.shape[1], dim // self.heads
+        q = self.q(x).view(n, t, self.heads, d).transpose(1, 2)
+        k = self.k(kv).view(n, s, self.heads, d).transpose(1, 2)
+        v = self.v(kv).view(n, s, self.heads, d).transpose(1, 2)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if bias is None else bias.to(q.dtype)
+        )
+        return self.o(y.transpose(1, 2).reshape(n, t, dim))  # type: ignore[no-any-return]
+
+
+class _T5Layer(nn.Module):
+    """Pre-RMSNorm self-attention, cross-attention (decoder only) and a ReLU MLP."""
+
+    def __init__(self, dim: int, heads: int, ffn: int, dropout: float, decoder: bool) -> None:
+        super().__init__()
+        self.norm1 = nn.RMSNorm(dim, eps=1e-6)
+        self.self_attn = _T5Attention(dim, heads)
+        self.cross: nn.ModuleList | None = None
+        if decoder:
+            self.cross = nn.ModuleList([nn.RMSNorm(dim, eps=1e-6), _T5Attention(dim, heads)])
+        self.norm2 = nn.RMSNorm(dim, eps=1e-6)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, ffn, bias=False),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(ffn, dim, bias=False),
+        )
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, bias: Tensor, memory: Tensor | None = None) -> Tensor:
+        h = self.norm1(x)
+        x = x + self.drop(self.self_attn(h, h, bias))
+        if self.cross is not None and memory is not None:
+            x = x + self.drop(self.cross[1](self.cross[0](x), memory, None))
+        out: Tensor = x + self.drop(self.mlp(self.norm2(x)))
+        return out
+
+
+class T5(nn.Module):
+    """A T5-style encoder-decoder (Raffel et al., 2020) on one token sequence: the encoder
+    reads it, the decoder reads it shifted right by one (a start token 0 first) and attends
+    to the encoder. Relative positions as learned per-head biases over clipped offsets
+    (T5's buckets, linear), causal in the decoder."""
+
+    def __init__(
+        self, vocab: int, dim: int, depth: int, heads: int, ffn: int, dropout: float, buckets: int
+    ) -> None:
+        super().__init__()
+        self.buckets = buckets
+        self.embed = nn.Embedding(vocab, dim)
+        self.enc_bias = nn.Embedding(buckets, heads)
+        self.dec_bias = nn.Embedding(buckets, heads)
+        self.encoder = nn.ModuleList(
+            _T5Layer(dim, heads, ffn, dropout, False) for _ in range(depth)
+        )
+        self.decoder = nn.ModuleList(_T5Layer(dim, heads, ffn, dropout, True) for _ in range(depth))
+        self.enc_norm = nn.RMSNorm(dim, eps=1e-6)
+        self.dec_norm = nn.RMSNorm(dim, eps=1e-6)
+        self.drop = nn.Dropout(dropout)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        _init_transformer(self)
+
+    def _bias(self, table: nn.Embedding, t: int, device: torch.device, causal: bool) -> Tensor:
+        pos = torch.arange(t, device=device)
+        rel = pos[None, :] - pos[:, None]  # key - query
+        half = self.buckets // 2
+        # the decoder sees only earlier keys: offsets 0..buckets-1 back; the encoder both ways
+        bucket = (-rel).clamp(0, self.buckets - 1) if causal else rel.clamp(-half, half - 1) + half
+        bias: Tensor = table(bucket).permute(2, 0, 1)  # (heads, T, T)
+        if causal:
+            bias = bias.masked_fill(rel > 0, -1e4)
+        return bias
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        t, device = input_ids.shape[1], input_ids.device
+        x = self.drop(self.embed(input_ids))
+        bias = self._bias(self.enc_bias, t, device, causal=False)
+        for layer in self.encoder:
+            x = layer(x, bias)
+        memory = self.drop(self.enc_norm(x))
+        start = torch.zeros_like(input_ids[:, :1])
+        y = self.drop(self.embed(torch.cat([start, input_ids[:, :-1]], 1)))
+        bias = self._bias(self.dec_bias, t, device, causal=True)
+        for layer in self.decoder:
+            y = layer(y, bias, memory)
+        logits: Tensor = self.lm_head(self.drop(self.dec_norm(y)))
+        return logits
+
+
+def t5(
+    vocab: int = 32128,
+    dim: int = 512,
+    depth: int = 6,
+    heads: int = 8,
+    ffn: int = 2048,
+    dropout: float = 0.1,
+    buckets: int = 32,
+) -> nn.Module:
+    """T5-style encoder-decoder on token ids ``(N, T)`` -> ``(N, T, vocab)``; the defaults
+    are T5-small's shape (``depth`` layers in each of the encoder and the decoder)."""
+    if dim % heads:
+        raise ValueError(f"t5 dim {dim} is not a multiple of heads {heads}")
+    return T5(vocab, dim, depth, heads, ffn, dropout, buckets)
+
+
+def _cbr(cin: int, cout: int, kernel: int | tuple[int, int], stride: int = 1) -> nn.Sequential:
+    """Conv (same padding, also for 1xn and nx1 kernels) -> BatchNorm -> ReLU."""
+    k = (kernel, kernel) if isinstance(kernel, int) else kernel
+    pad = (k[0] // 2, k[1] // 2)
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, k, stride, pad, bias=False),
+        nn.BatchNorm2d(cout, eps=0.001),
+        nn.ReLU(inplace=True),
+    )
+
+
+class _InceptionA(nn.Module):
+    """Inception-v3 block A: 1x1, 1x1-5x5, 1x1-3x3-3x3 and pool-1x1 branches."""
+
+    def __init__(self, cin: int, s: Callable[[int], int], pool: int) -> None:
+        super().__init__()
+        self.b1 = _cbr(cin, s(64), 1)
+        self.b5 = nn.Sequential(_cbr(cin, s(48), 1), _cbr(s(48), s(64), 5))
+        self.b3 = nn.Sequential(_cbr(cin, s(64), 1), _cbr(s(64), s(96), 3), _cbr(s(96), s(96), 3))
+        self.bp = nn.Sequential(nn.AvgPool2d(3, 1, 1), _cbr(cin, s(pool), 1))
+        self.out_channels = s(64) + s(64) + s(96) + s(pool)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cat([self.b1(x), self.b5(x), self.b3(x), self.bp(x)], 1)
+
+
+class _InceptionB(nn.Module):
+    """Inception-v3 grid reduction: a strided 3x3, a 1x1-3x3-strided 3x3, a max pool."""
+
+    def __init__(self, cin: int, s: Callable[[int], int]) -> None:
+        super().__init__()
+        self.b3 = _cbr(cin, s(384), 3, 2)
+        self.b3d = nn.Sequential(
+            _cbr(cin, s(64), 1), _cbr(s(64), s(96), 3), _cbr(s(96), s(96), 3, 2)
+        )
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.out_channels = s(384) + s(96) + cin
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cat([self.b3(x), self.b3d(x), self.pool(x)], 1)
+
+
+class _InceptionC(nn.Module):
+    """Inception-v3 block C: the factorised 7x7 branches (1x7 and 7x1 convolutions)."""
+
+    def __init__(self, cin: int, s: Callable[[int], int], c7: int) -> None:
+        super().__init__()
+        c7 = s(c7)
+        self.b1 = _cbr(cin, s(192), 1)
+        self.b7 = nn.Sequential(_cbr(cin, c7, 1), _cbr(c7, c7, (1, 7)), _cbr(c7, s(192), (7, 1)))
+        self.b7d = nn.Sequential(
+            _cbr(cin, c7, 1),
+            _cbr(c7, c7, (7, 1)),
+            _cbr(c7, c7, (1, 7)),
+            _cbr(c7, c7, (7, 1)),
+            _cbr(c7, s(192), (1, 7)),
+        )
+        self.bp = nn.Sequential(nn.AvgPool2d(3, 1, 1), _cbr(cin, s(192), 1))
+        self.out_channels = 4 * s(192)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cat([self.b1(x), self.b7(x), self.b7d(x), self.bp(x)], 1)
+
+
+class InceptionV3(nn.Module):
+    """An Inception-v3-style net (Szegedy et al., 2016): its stem, three A blocks, a grid
+    reduction, ``blocks_c`` factorised C blocks, global pooling. Padded throughout, so
+    small inputs keep a map (a 32 px input reaches the C blocks at 2x2)."""
+
+    def __init__(self, width: float, blocks_c: int, classes: int, dropout: float) -> None:
+        super().__init__()
+
+        def s(c: int) -> int:
+            return max(4, round(c * width))
+
+        layers: list[nn.Module] = [
+            _cbr(3, s(32), 3, 2),
+            _cbr(s(32), s(32), 3),
+            _cbr(s(32), s(64), 3),
+            nn.MaxPool2d(3, 2, 1),
+            _cbr(s(64), s(80), 1),
+            _cbr(s(80), s(192), 3),
+            nn.MaxPool2d(3, 2, 1),
+        ]
+        cin = s(192)
+        for pool in (32, 64, 64):
+            a = _InceptionA(cin, s, pool)
+            layers.append(a)
+            cin = a.out_channels
+        b = _InceptionB(cin, s)
+        layers.append(b)
+        cin = b.out_channels
+        for i in range(blocks_c):
+            c = _InceptionC(cin, s, (128, 160, 160, 192)[min(i, 3)])
+            layers.append(c)
+            cin = c.out_channels
+        self.features = nn.Sequential(*layers)
+        self.dropout = nn.Dropout(dropout)
+        self.fc = nn.Linear(cin, classes)
+        _init_convnet(self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.features(x).mean((2, 3))
+        x = self.fc(self.dropout(x))
+        return x
+
+
+def inception(
+    width: float = 1.0, blocks_c: int = 4, classes: int = 1000, dropout: float = 0.5
+) -> nn.Module:
+    """Inception-v3-style classifier, channel counts scaled by ``width``."""
+    if width <= 0 or blocks_c < 0:
+        raise ValueError(f"inception needs width > 0 and blocks_c >= 0, got {width=} {blocks_c=}")
+    return InceptionV3(width, blocks_c, classes, dropout)
+
+
+class _XBlock(nn.Module):
+    """A grouped bottleneck (ResNeXt; RegNet's X block, Y with squeeze-and-excitation):
+    1x1 -> grouped 3x3 (the stride) -> [SE] -> 1x1, projected shortcut where needed."""
+
+    def __init__(
+        self, cin: int, cout: int, stride: int, width: int, groups: int, se_ratio: float
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [
+            _conv_bn(cin, width, 1, act=_relu),
+            _conv_bn(width, width, 3, stride, groups=groups, act=_relu),
+        ]
+        if se_ratio > 0:
+            layers.append(_SqueezeExcite(width, max(1, int(cin * se_ratio)), _relu))
+        layers.append(_conv_bn(width, cout, 1))
+        self.block = nn.Sequential(*layers)
+        self.shortcut = (
+            _conv_bn(cin, cout, 1, stride) if stride != 1 or cin != cout else nn.Identity()
+        )
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.block(x) + self.shortcut(x))  # type: ignore[no-any-return]
+
+
+class GroupedResNet(nn.Module):
+    """A stem, stages of :class:`_XBlock` (the first of each strided but the first
+    stage's), global pooling: ResNeXt and RegNet are both this net."""
+
+    def __init__(
+        self,
+        stem: int,
+        stages: Sequence[tuple[int, int, int, int]],
+        se_ratio: float,
+        classes: int,
+        deep_stem: bool,
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [_conv_bn(3, stem, 7 if deep_stem else 3, 2, act=_relu)]
+        if deep_stem:
+            layers.append(nn.MaxPool2d(3, 2, 1))
+        cin = stem
+        for i, (depth, cout, width, groups) in enumerate(stages):
+            for j in range(depth):
+                stride = 2 if j == 0 and (i > 0 or not deep_stem) else 1
+                layers.append(_XBlock(cin, cout, stride, width, groups, se_ratio))
+                cin = cout
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, classes)
+        _init_convnet(self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.fc(self.features(x).mean((2, 3)))
+        return x
+
+
+def resnext(
+    depth: int = 50, groups: int = 32, width_per_group: int = 4, classes: int = 1000, base: int = 64
+) -> nn.Module:
+    """ResNeXt-50/101 (32x4d by default: 25.0M parameters); wide ResNets are ``groups=1``
+    with a large ``width_per_group`` (Wide ResNet-50-2: ``groups=1, width_per_group=128``)."""
+    blocks = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
+    if depth not in blocks:
+        raise ValueError(f"resnext depth must be one of {sorted(blocks)}, got {depth}")
+    stages = [
+        (n, base * 4 << i, groups * width_per_group << i, groups)
+        for i, n in enumerate(blocks[depth])
+    ]
+    return GroupedResNet(base, stages, 0.0, classes, deep_stem=True)
+
+
+def regnet(
+    depths: Sequence[int] = (1, 3, 7, 5),
+    widths: Sequence[int] = (64, 128, 288, 672),
+    group_width: int = 16,
+    se_ratio: float = 0.0,
+    classes: int = 1000,
+) -> nn.Module:
+    """RegNetX (``se_ratio=0``) or RegNetY (``se_ratio=0.25``) with bottleneck ratio 1;
+    the defaults are RegNetX-800MF's stages. Each width must be a multiple of the group
+    width (or smaller than it: one group)."""
+    if len(depths) != len(widths) or not depths:
+        raise ValueError(f"regnet needs one depth per stage width, got {depths=} {widths=}")
+    stages = [(d, w, w, max(1, w // group_width)) for d, w in zip(depths, widths)]
+    for _, w, _, g in stages:
+        if w % g:
+            raise ValueError(f"regnet width {w} does not split into groups of {group_width}")
+    return GroupedResNet(32, stages, se_ratio, classes, deep_stem=False)
