@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from costaware.collect import append_row
-from costaware.profile import ALLOCATOR_METHOD
+from costaware.measure.collect import append_row
+from costaware.measure.profile import ALLOCATOR_METHOD
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import accuracy  # noqa: E402
@@ -99,7 +99,7 @@ def test_each_gpu_is_also_predicted_by_models_that_never_saw_it() -> None:
     import functools
 
     import costaware as ca
-    from costaware.model import CostModel, Observation
+    from costaware.core.model import CostModel, Observation
     from tests.conftest import tiny_cnn
 
     model = CostModel()
@@ -150,7 +150,7 @@ def test_each_gpu_is_also_predicted_by_models_that_never_saw_it() -> None:
 def test_left_out_peaks_are_sorted_by_their_reason_code_not_their_wording() -> None:
     """Each kind of left-out peak gets its own paragraph, from the code the collector
     sets (``meta["memory_left_out_kind"]``), whatever its words say."""
-    from costaware.collect import LEFT_OUT_HELD, LEFT_OUT_RSS, LEFT_OUT_WORKSPACE
+    from costaware.measure.collect import LEFT_OUT_HELD, LEFT_OUT_RSS, LEFT_OUT_WORKSPACE
 
     res: dict[str, Any] = {
         "left_out": [

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import costaware as ca
-from costaware.corpus import corpus
+from costaware.measure.corpus import corpus
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import calibration  # noqa: E402

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from costaware.collect import append_row
-from costaware.opbench import load_op_rows
+from costaware.measure.collect import append_row
+from costaware.measure.opbench import load_op_rows
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import op_memory  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 from costaware.cli import main
 from tests.test_devices import REQUIRED
 
-MODELS = Path(__file__).resolve().parent.parent / "examples" / "models.py"
+MODELS = Path(__file__).resolve().parents[2] / "examples" / "models.py"
 TINY = """
 from torch import nn
 

@@ -1,4 +1,4 @@
-"""Tests of the CUDA caching allocator replay (``costaware.allocator``).
+"""Tests of the CUDA caching allocator replay (``costaware.core.allocator``).
 
 Expected values are worked out by hand from the rules of ``CUDACachingAllocator.cpp``; the
 random-sequence tests also compare the fast replay with a slow, literal model of the C++ code
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from costaware.allocator import (
+from costaware.core.allocator import (
     ALLOC_MODES,
     AllocatorResult,
     allocation_size,

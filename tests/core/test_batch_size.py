@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 import costaware as ca
 from costaware import zoo
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

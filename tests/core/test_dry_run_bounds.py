@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 import costaware as ca
-from costaware.gate import Gate
-from costaware.trace import available_memory, default_real_build_limit
+from costaware.core.trace import available_memory, default_real_build_limit
+from costaware.runtime.gate import Gate
 
 pytestmark = pytest.mark.timeout(120, method="thread")
 

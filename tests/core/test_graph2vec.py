@@ -1,4 +1,4 @@
-"""Tests for costaware.graph2vec (WL words, PV-DBOW fit/transform, pickle-free persistence)."""
+"""Tests for costaware.core.graph2vec (WL words, PV-DBOW fit/transform, pickle-free persistence)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-import costaware.graph2vec as g2v
+import costaware.core.graph2vec as g2v
+from costaware.core.graph2vec import Graph2Vec, wl_words
 from costaware.errors import NotFittedError
-from costaware.graph2vec import Graph2Vec, wl_words
 
-SRC_DIR = Path(__file__).resolve().parents[1] / "src" / "costaware"
+SRC_DIR = Path(__file__).resolve().parents[2] / "src" / "costaware"
 
 # --------------------------------------------------------------------------- synthetic graphs
 
@@ -283,7 +283,7 @@ import numpy as np, networkx as nx
 pkg = types.ModuleType("costaware")  # skip costaware/__init__ (imports torch): faster start
 pkg.__path__ = [sys.argv[1]]
 sys.modules["costaware"] = pkg
-from costaware.graph2vec import Graph2Vec
+from costaware.core.graph2vec import Graph2Vec
 specs = __import__("json").load(open(sys.argv[3]))
 graphs = []
 for ops, edges in specs:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import costaware as ca
-from costaware.model import Observation, benchmark_search_peak
+from costaware.core.model import Observation, benchmark_search_peak
 from tests.conftest import tiny_cnn
 
 MiB = 2**20
@@ -49,7 +49,7 @@ def test_default_model_and_cpu_device(cnn_spec: ca.TrainingSpec) -> None:
     # no caching allocator on the CPU: the analytic peak is the exact live peak of the
     # tensors and of the kernels' buffers inside ops (oneDNN's blocked copies), each block
     # at its own size (the trace's live peak rounds each to 512 B, as CUDA's does)
-    from costaware.trace import exact_live_peak
+    from costaware.core.trace import exact_live_peak
 
     assert pred.peak_memory == pred.basis["simulated_reserved"]
     assert pred.peak_memory == exact_live_peak(ca.dry_run(cnn_spec).allocator_events())
@@ -65,7 +65,7 @@ def test_a_gpu_step_holds_cublas_workspace_only_where_it_calls_cublas(
 ) -> None:
     """The H100 and H200 peaks of models without a matmul differed by cuBLAS's workspace:
     a step that calls no cuBLAS never allocates it, one with a linear layer does."""
-    from costaware.analytic import CUBLAS_WORKSPACE_BYTES, WORKSPACE_BYTES
+    from costaware.core.analytic import CUBLAS_WORKSPACE_BYTES, WORKSPACE_BYTES
 
     def conv_only() -> torch.nn.Module:  # the classifier is a 1x1 convolution
         return torch.nn.Sequential(
@@ -297,7 +297,7 @@ def test_unfitted_save_and_empty_fit_are_errors(tmp_path: Path) -> None:
 
 
 def test_conformal_quantile() -> None:
-    from costaware.model import _conformal_quantile
+    from costaware.core.model import _conformal_quantile
 
     r = np.arange(1, 100, dtype=float)  # 99 residuals
     assert _conformal_quantile(r, 0.95) == (95.0, 0.95)  # the ceil(100 * 0.95) = 95th smallest
@@ -479,7 +479,7 @@ def test_small_sample_time_refit_tries_a_slope_only_from_ten_rows() -> None:
     """Measured/predicted drifting with size (log slope 0.3): 8 rows get one factor per
     precision (on so few, a slope chosen by leave-one-out made held-out families' times
     worse, ``benchmarks/refit_replay.py``); from ``_MIN_SLOPE_ROWS`` rows it is learned."""
-    from costaware.model import _MIN_SLOPE_ROWS, _small_sample_line
+    from costaware.core.model import _MIN_SLOPE_ROWS, _small_sample_line
 
     log_base = np.log(np.geomspace(1e-3, 1.0, 12))
     y = 0.1 + 0.3 * log_base
@@ -592,7 +592,7 @@ def test_bounds_follow_an_additive_error_without_widening_large_predictions() ->
     """Measured = predicted + up to 200 MiB (allocator slack, workspaces): as one factor,
     a 10 MiB model's spread would put every 10 GiB model's bound at 20x. The shifted
     quantile keeps the large bounds tight and still covers new rows."""
-    from costaware.model import _shifted_quantile
+    from costaware.core.model import _shifted_quantile
 
     rng = np.random.default_rng(0)
 
@@ -621,7 +621,7 @@ def test_dispatch_baseline_recovers_a_cpu_bound_and_a_gpu_bound_regime() -> None
     """Steps of many tiny kernels take the CPU's issue time, steps of large kernels their
     kernel time: the fitted baseline recovers both regimes, and the CPU's cost per op of
     each phase, from whole-model timings."""
-    from costaware.model import _Dispatch
+    from costaware.core.model import _Dispatch
 
     rng = np.random.default_rng(1)
     n = 200
@@ -886,7 +886,7 @@ def test_cpu_step_model_recovers_its_constants_and_saves_with_the_model(
     parts, a cost per kernel and a cost per parameter tensor. Fitted on whole-step timings
     it recovers each, and a GRU-like step of thousands of tiny kernels on a few tensors is
     charged their own small cost."""
-    from costaware.model import _CpuSteps
+    from costaware.core.model import _CpuSteps
 
     rng = np.random.default_rng(3)
     n = 300
@@ -1215,7 +1215,7 @@ def test_a_malformed_manifest_is_a_clear_error(
 def test_the_shipped_model_is_loaded_once_per_process_and_shared_read_only(
     monkeypatch: pytest.MonkeyPatch, cnn_spec: ca.TrainingSpec
 ) -> None:
-    import costaware.model as cm
+    import costaware.core.model as cm
 
     loads: list[int] = []
     real = cm._load_shipped
@@ -1255,7 +1255,7 @@ def test_the_shipped_model_is_loaded_once_per_process_and_shared_read_only(
 def test_a_damaged_shipped_model_is_refused_once_with_a_clear_error(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, catboost_reads: tuple[list[str], set[str]]
 ) -> None:
-    import costaware.model as cm
+    import costaware.core.model as cm
 
     root = _shipped_copy(tmp_path)
     _flip(root / "cuda" / "time.cbm", random.Random(0))

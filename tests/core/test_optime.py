@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 
 import costaware as ca
-from costaware.devices import get_device
-from costaware.model import Observation
-from costaware.optime import (
+from costaware.core.model import Observation
+from costaware.core.optime import (
     CPU_HARNESS_FLOOR_S,
     HARNESS_FLOOR_S,
     HELD_TIMER,
@@ -26,6 +25,7 @@ from costaware.optime import (
     op_rows_digest,
     op_samples,
 )
+from costaware.devices import get_device
 from tests.conftest import tiny_cnn
 
 

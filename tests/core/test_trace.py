@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import costaware as ca
-from costaware.trace import CATEGORIES, rescale
+from costaware.core.trace import CATEGORIES, rescale
 from tests.conftest import tiny_cnn
 
 MiB = 2**20
@@ -289,7 +289,7 @@ def _conv_stack() -> nn.Module:
 
 
 def test_conv_backward_transients_are_input_plus_output_gradient() -> None:
-    from costaware.allocator import simulate
+    from costaware.core.allocator import simulate
 
     spec = ca.TrainingSpec(
         model=_conv_stack, batch=ca.ImageBatch((3, 32, 32), classes=10), batch_size=8
@@ -319,9 +319,9 @@ def test_conv_backward_transients_are_input_plus_output_gradient() -> None:
 
 
 def test_gpu_estimate_replays_cudnn_blocks_and_a_cpu_trace_has_none_of_them() -> None:
-    from costaware import analytic
+    from costaware.core import analytic
+    from costaware.core.trace import exact_live_peak
     from costaware.devices import get_device
-    from costaware.trace import exact_live_peak
 
     spec = ca.TrainingSpec(
         model=_conv_stack, batch=ca.ImageBatch((3, 64, 64), classes=10), batch_size=32
@@ -350,10 +350,10 @@ def _two_convs(c_in: int = 16, c: int = 16, side: int = 32) -> nn.Module:
 
 
 def test_a_cpu_trace_holds_the_columns_of_pytorchs_own_convolution() -> None:
-    from costaware.analytic import estimate
+    from costaware.core.analytic import estimate
+    from costaware.core.trace import exact_live_peak
     from costaware.devices import cpu_device
-    from costaware.profile import allocator_peak
-    from costaware.trace import exact_live_peak
+    from costaware.measure.profile import allocator_peak
 
     # at batch 1 a small fp32 convolution runs through PyTorch's own kernel (not oneDNN),
     # which copies its input into im2col columns forward and back
@@ -424,10 +424,10 @@ def test_a_cpu_trace_holds_onednns_buffers_inside_a_convolution(
     weight: int,
     torch_threads: int,
 ) -> None:
-    from costaware.analytic import estimate
+    from costaware.core.analytic import estimate
+    from costaware.core.trace import exact_live_peak
     from costaware.devices import cpu_device
-    from costaware.profile import allocator_peak
-    from costaware.trace import exact_live_peak
+    from costaware.measure.profile import allocator_peak
 
     spec = ca.TrainingSpec(
         model=model,
@@ -435,7 +435,7 @@ def test_a_cpu_trace_holds_onednns_buffers_inside_a_convolution(
         batch_size=batch_size,
         optimizer="sgd",
     )
-    from costaware.trace import cpu_capability
+    from costaware.core.trace import cpu_capability
 
     tr = ca.dry_run(spec)
     # with AVX-512 a small kernel larger than its input holds one weight-sized buffer,
@@ -454,10 +454,10 @@ def test_a_cpu_trace_holds_onednns_buffers_inside_a_convolution(
 )
 def test_a_cpu_trace_holds_the_lstm_workspace_onednn_keeps_for_the_backward() -> None:
     from costaware import zoo
-    from costaware.analytic import estimate
+    from costaware.core.analytic import estimate
+    from costaware.core.trace import exact_live_peak
     from costaware.devices import cpu_device
-    from costaware.profile import allocator_peak
-    from costaware.trace import exact_live_peak
+    from costaware.measure.profile import allocator_peak
 
     spec = ca.TrainingSpec(
         model=lambda: zoo.rnn("lstm", vocab=500, embed=64, hidden=256, layers=1),
@@ -475,7 +475,7 @@ def test_a_cpu_trace_holds_the_lstm_workspace_onednn_keeps_for_the_backward() ->
 
 
 class _OneLSTM(nn.Module):
-    """One nn.LSTM layer on a learned (T, B, I) input, as costaware.opbench times it."""
+    """One nn.LSTM layer on a learned (T, B, I) input, as costaware.measure.opbench times it."""
 
     def __init__(self, t: int, b: int, i: int, h: int) -> None:
         super().__init__()
@@ -509,7 +509,7 @@ def _lstm_spec(t: int, b: int, i: int, h: int) -> ca.TrainingSpec:
 def test_a_gpu_trace_holds_cudnns_recurrent_backward_work_space(
     shape: tuple[int, int, int, int], measured: int
 ) -> None:
-    from costaware.allocator import simulate
+    from costaware.core.allocator import simulate
 
     tr = ca.dry_run(_lstm_spec(*shape), attention="fused")
     assert tr.op_counts["rnn_backward"] == 1  # one layer: one block in each of two steps
@@ -638,7 +638,7 @@ def test_a_simulated_cpu_without_avx512_runs_a_half_convolution_as_pytorchs_own(
     measured on an AVX2 CPU ran its bf16 convolutions as PyTorch's own (im2col columns
     inside the op), and its dry run must too on an AVX-512 CPU, where oneDNN would take
     them (the committed AVX2 rows' bf16 U-Nets came out 37% under)."""
-    from costaware.trace import (
+    from costaware.core.trace import (
         _cpu_conv_transient,
         _onednn_conv_transient,
         simulated_cpu_capability,
@@ -664,7 +664,7 @@ def test_a_simulated_cpu_is_each_threads_own_and_reaches_the_dry_runs_helper_thr
     thread) still sees the CPU its caller simulates."""
     import threading
 
-    from costaware.trace import _call_with_timeout, cpu_capability, simulated_cpu_capability
+    from costaware.core.trace import _call_with_timeout, cpu_capability, simulated_cpu_capability
 
     both_inside = threading.Barrier(2, timeout=30)
     seen: dict[str, list[str]] = {}

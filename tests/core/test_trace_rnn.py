@@ -20,10 +20,10 @@ from torch import nn
 
 import costaware as ca
 from costaware import zoo
-from costaware.features import op_group
-from costaware.flops import MATMUL, op_class, rnn_flops
-from costaware.optime import OPTIMIZER_STEP, node_table
-from costaware.trace import Trace, _FusedRNN
+from costaware.core.features import op_group
+from costaware.core.flops import MATMUL, op_class, rnn_flops
+from costaware.core.optime import OPTIMIZER_STEP, node_table
+from costaware.core.trace import Trace, _FusedRNN
 
 VOCAB, EMBED, HIDDEN, SEQ, BATCH = 50, 8, 16, 24, 4
 
@@ -185,7 +185,7 @@ def test_native_lstm_trace_does_not_depend_on_the_fake_tensor_cache() -> None:
 
 
 def test_the_layer_flops_are_opbenchs_lstm_formula() -> None:
-    from costaware.opbench import _analyze
+    from costaware.measure.opbench import _analyze
 
     flops, _, _ = _analyze("lstm", {"T": 35, "B": 8, "I": 24, "H": 40}, 4, "fwd+bwd")
     assert rnn_flops("lstm", 35, 8, 24, 40) == flops["fwd"]

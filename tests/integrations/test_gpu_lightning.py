@@ -46,7 +46,7 @@ def test_memory_an_earlier_trial_left_is_recorded() -> None:
     """Trials of one study share a process: what an earlier one left on the device is in
     the next one's reserved peak. The callback collects garbage in reference cycles first,
     then records what is still held (and warns): the store keeps such a peak out of the
-    refit (``tests/test_store.py``)."""
+    refit (``tests/runtime/test_store.py``)."""
     leak = torch.empty(768 * 2**20, dtype=torch.uint8, device="cuda")  # still referenced
 
     class Cycle:  # unreachable but for a cycle: gc.collect frees it

@@ -28,8 +28,8 @@ from costaware.integrations.lightning import (
     CostAwareWarning,
     PLCostAwareCallback,
 )
-from costaware.profile import ALLOCATOR_METHOD
-from costaware.store import ObservationStore, StoreError
+from costaware.measure.profile import ALLOCATOR_METHOD
+from costaware.runtime.store import ObservationStore, StoreError
 
 NAMESPACES = {"lightning": (L, CostAwareCallback), "pytorch_lightning": (PL, PLCostAwareCallback)}
 # a hidden layer of 256 KiB: its gradient and AdamW states are over glibc's 64 KiB mmap

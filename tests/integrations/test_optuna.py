@@ -24,7 +24,7 @@ from costaware.integrations.optuna import (
     CostAwareWarning,
     admit,
 )
-from costaware.store import ObservationStore
+from costaware.runtime.store import ObservationStore
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 BUDGET = ca.Budget(max_memory="1.25GiB", max_epoch_time="1h")
@@ -284,8 +284,8 @@ def _rss_mib() -> float:
 def shipped_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """As in a fresh process: the shipped model not yet loaded, admit's gates not yet
     made; returns a list that grows by one on every load of the shipped model."""
+    import costaware.core.model as cm
     import costaware.integrations.optuna as co
-    import costaware.model as cm
 
     loads: list[int] = []
     real = cm._load_shipped
@@ -337,7 +337,7 @@ def test_a_damaged_shipped_model_admits_trials_with_the_reason(
 ) -> None:
     """The shipped model is costaware's own: a damaged file fails open, in the pruner (with
     a store, whose refit has no base then) and in admit, every trial saying why."""
-    import costaware.model as cm
+    import costaware.core.model as cm
 
     with resources.as_file(resources.files("costaware") / "data" / "default_model") as src:
         shutil.copytree(src, tmp_path / "shipped")

@@ -30,7 +30,7 @@ from costaware.integrations.ray import (  # noqa: E402
     limit_memory,
     resources,
 )
-from costaware.store import ObservationStore  # noqa: E402
+from costaware.runtime.store import ObservationStore  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 MODEL = ca.CostModel.default()
@@ -249,7 +249,7 @@ def test_limit_memory_without_cuda_and_epoch_meter() -> None:
 def test_epoch_meter_on_a_cpu_is_the_allocators_peak_until_the_second_step() -> None:
     import torch
 
-    from costaware.profile import ALLOCATOR_METHOD
+    from costaware.measure.profile import ALLOCATOR_METHOD
 
     meter = EpochMeter("cpu")
     with meter:

@@ -17,7 +17,8 @@ import torch
 import costaware as ca
 from costaware import zoo
 from costaware.cli import main
-from costaware.collect import (
+from costaware.core.model import CostModel, Observation
+from costaware.measure.collect import (
     LEFT_OUT_HELD,
     LEFT_OUT_WORKSPACE,
     append_row,
@@ -28,9 +29,14 @@ from costaware.collect import (
     read_rows,
     reserved_before,
 )
-from costaware.corpus import Config, corpus, full_corpus, recommended_shards, shard_estimates
-from costaware.model import CostModel, Observation
-from costaware.store import MAX_HELD_BEFORE
+from costaware.measure.corpus import (
+    Config,
+    corpus,
+    full_corpus,
+    recommended_shards,
+    shard_estimates,
+)
+from costaware.runtime.store import MAX_HELD_BEFORE
 from tests.conftest import tiny_cnn
 
 
@@ -197,7 +203,7 @@ def test_a_config_over_its_time_limit_is_a_timeout_row(tmp_path: Path) -> None:
 def test_an_alarm_inside_a_grad_mode_switch_does_not_leak_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import costaware.collect as collect_mod
+    import costaware.measure.collect as collect_mod
 
     real = collect_mod.measure
 
@@ -254,13 +260,13 @@ def test_progress_log_lines_when_not_a_tty(tmp_path: Path) -> None:
 
 def test_module_help_and_torch_only_imports() -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "costaware.collect", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "costaware.measure.collect", "--help"], capture_output=True, text=True
     )
     assert r.returncode == 0
     assert "--max-minutes" in r.stdout
     code = (
-        "import sys, costaware.collect, costaware.corpus\n"
-        "costaware.corpus.corpus('gpu', 0, 4)\n"
+        "import sys, costaware.measure.collect, costaware.measure.corpus\n"
+        "costaware.measure.corpus.corpus('gpu', 0, 4)\n"
         "print([m for m in ('catboost', 'gensim', 'sqlalchemy', 'rich') if m in sys.modules])"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -308,7 +314,7 @@ def test_cli_fit_builds_a_loadable_model(
                 }
             )
     rows.append({**rows[0], "id": "bad", "status": "error"})
-    # a per-op timing row (costaware.opbench) in the same file is not a model configuration
+    # a per-op timing row (costaware.measure.opbench) in the same file is not a model configuration
     rows.append({"schema": 1, "kind": "op", "id": "op-1", "op": "relu", "status": "ok"})
     for r in rows:
         append_row(data, r)
@@ -475,7 +481,7 @@ def test_rows_in_measured_order_whatever_the_order_read() -> None:
 
 
 # ------------------------------------------------------------- data/gpu_window.sh
-WINDOW = Path(__file__).resolve().parents[1] / "data" / "gpu_window.sh"
+WINDOW = Path(__file__).resolve().parents[2] / "data" / "gpu_window.sh"
 
 
 def _window(
@@ -539,7 +545,7 @@ def test_gpu_window_check_runs_the_gpu_tests_with_the_integrations_importable(
 
 @pytest.mark.slow
 def test_gpu_window_names_by_device_and_resumes_the_committed_file(tmp_path: Path) -> None:
-    (tmp_path / "src").symlink_to(Path(__file__).resolve().parents[1] / "src")
+    (tmp_path / "src").symlink_to(Path(__file__).resolve().parents[2] / "src")
     committed = tmp_path / "data" / "gpu"
     committed.mkdir(parents=True)
     name = "cpu-ops-held-seed0.jsonl.gz"
@@ -560,7 +566,7 @@ def test_gpu_window_names_by_device_and_resumes_the_committed_file(tmp_path: Pat
 
 @pytest.mark.slow
 def test_gpu_window_measures_shards_in_turn_until_its_minutes_are_spent(tmp_path: Path) -> None:
-    (tmp_path / "src").symlink_to(Path(__file__).resolve().parents[1] / "src")
+    (tmp_path / "src").symlink_to(Path(__file__).resolve().parents[2] / "src")
     (tmp_path / "data" / "gpu").mkdir(parents=True)
     small = {"COSTAWARE_CORPUS": "cpu", "COSTAWARE_SHARDS": "4", "COSTAWARE_LIMIT": "1"}
     r = _window(tmp_path, "corpus", "1", "0-1", "3", env=small)
@@ -577,7 +583,7 @@ def test_gpu_window_measures_shards_in_turn_until_its_minutes_are_spent(tmp_path
 
 @pytest.mark.slow
 def test_gpu_window_small_measures_the_cpu_corpus_on_the_device(tmp_path: Path) -> None:
-    (tmp_path / "src").symlink_to(Path(__file__).resolve().parents[1] / "src")
+    (tmp_path / "src").symlink_to(Path(__file__).resolve().parents[2] / "src")
     (tmp_path / "data" / "gpu").mkdir(parents=True)
     # seed 10's first configuration is a small MLP: a second's measurement here
     r = _window(tmp_path, "small", "10", "3", env={"COSTAWARE_LIMIT": "1"})
@@ -589,7 +595,7 @@ def test_gpu_window_small_measures_the_cpu_corpus_on_the_device(tmp_path: Path) 
 
 @pytest.mark.slow
 def test_gpu_window_repeats_a_committed_shard_into_a_dated_file(tmp_path: Path) -> None:
-    (tmp_path / "src").symlink_to(Path(__file__).resolve().parents[1] / "src")
+    (tmp_path / "src").symlink_to(Path(__file__).resolve().parents[2] / "src")
     committed = tmp_path / "data" / "gpu"
     committed.mkdir(parents=True)
     small = {"COSTAWARE_CORPUS": "cpu", "COSTAWARE_SHARDS": "4"}
@@ -617,7 +623,7 @@ def test_features_cache_keeps_each_versions_features(
     # A run whose features version differs (another op model, or none as in a CPU-only
     # run) must not discard what another version computed: that cost 8 minutes of dry
     # runs here when a CPU-only benchmark overwrote the full corpus's cache
-    import costaware.collect as collect_mod
+    import costaware.measure.collect as collect_mod
 
     rows = [_cpu_row("a"), _cpu_row("b")]
     cache = tmp_path / "feats.json.gz"
@@ -642,7 +648,7 @@ def test_features_cache_outlives_measuring_a_configuration_again(tmp_path: Path)
     # The features depend on the configuration, the device and a CPU's torch threads, not
     # on when a row was measured: timing the CPU corpus again (new finish times) once cost
     # 34 minutes of dry runs, unless the cache was carried over by hand
-    from costaware.collect import _legacy_cache_key, features_version
+    from costaware.measure.collect import _legacy_cache_key, features_version
 
     cache = tmp_path / "feats.json.gz"
     first = {**_cpu_row("a"), "env": {"torch_threads": 1}}
@@ -678,7 +684,7 @@ def test_features_cache_outlives_measuring_a_configuration_again(tmp_path: Path)
 
 
 def test_a_cpu_row_is_traced_with_the_threads_it_was_measured_with() -> None:
-    from costaware.collect import _as_measured
+    from costaware.measure.collect import _as_measured
 
     before = torch.get_num_threads()
     other = 1 if before != 1 else 2
@@ -697,14 +703,14 @@ def test_a_cpu_row_is_traced_as_the_instruction_set_it_was_measured_on() -> None
     """oneDNN pads a convolution's channels to 8 floats with AVX2 and 16 with AVX-512: a
     row's features are its CPU's, whichever CPU computes them (features of the AVX2 rows
     computed on an AVX-512 CPU put the U-Net's CPU memory 6.8% off instead of 0.0%)."""
-    from costaware.collect import (
+    from costaware.core.trace import cpu_capability
+    from costaware.measure.collect import (
         LEGACY_CPU_CAPABILITY,
         _as_measured,
         _cache_key,
         measured_cpu_capability,
         measured_cpu_device,
     )
-    from costaware.trace import cpu_capability
 
     here = cpu_capability()
     cfg = corpus("cpu", seed=0)[0]
@@ -756,7 +762,7 @@ def test_collect_in_context_keeps_each_ops_time_beside_the_measurement(tmp_path:
     """With ``in_context`` a row that measured ok also carries the profiled ops of its
     step; without it rows stay as they were. benchmarks/in_context.py reads them back and
     costs the same configuration with the op model."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import in_context
 
     out = tmp_path / "ctx.jsonl.gz"
@@ -788,7 +794,7 @@ def test_a_profile_over_the_time_limit_keeps_its_measurement(
 ) -> None:
     """The limit covers the measurement and the profile after it: a profile that runs
     out of time is a timed-out profile, not a timed-out measurement."""
-    import costaware.collect as collect_mod
+    import costaware.measure.collect as collect_mod
 
     def endless(*args: object, **kw: object) -> dict[str, object]:
         time.sleep(60)  # the alarm interrupts it

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from costaware import opbench
-from costaware.collect import read_rows
-from costaware.opbench import OPS, OpCase, bench, cases, load_op_rows
+from costaware.measure import opbench
+from costaware.measure.collect import read_rows
+from costaware.measure.opbench import OPS, OpCase, bench, cases, load_op_rows
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run(
-        [sys.executable, "-m", "costaware.opbench", *args],
+        [sys.executable, "-m", "costaware.measure.opbench", *args],
         capture_output=True,
         text=True,
         env=env,

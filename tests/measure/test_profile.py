@@ -1,4 +1,4 @@
-"""costaware.profile on the CPU: the resident-set peak leaves out file-backed pages."""
+"""costaware.measure.profile on the CPU: the resident-set peak leaves out file-backed pages."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from costaware.profile import RssPeak
+from costaware.measure.profile import RssPeak
 
 MiB = 2**20
 
@@ -17,7 +17,7 @@ MiB = 2**20
 _CHILD = r"""
 import json, mmap, sys
 import torch
-from costaware.profile import RssPeak, mmap_threshold
+from costaware.measure.profile import RssPeak, mmap_threshold
 
 path, anon_mib = sys.argv[1], int(sys.argv[2])
 with mmap_threshold(64 * 1024):
@@ -77,7 +77,7 @@ def _small_spec(**kw: object) -> object:
 
 
 def test_cpu_measurement_has_no_cuda_only_fields() -> None:
-    from costaware.profile import measure
+    from costaware.measure.profile import measure
 
     m = measure(_small_spec(), "cpu", warmup=1, steps=10)  # type: ignore[arg-type]
     assert m.status == "ok", m.error
@@ -94,7 +94,7 @@ def test_host_speed_times_what_it_names(monkeypatch: pytest.MonkeyPatch) -> None
 
     import torch
 
-    from costaware.profile import host_speed
+    from costaware.measure.profile import host_speed
 
     threads, grad = torch.get_num_threads(), torch.is_grad_enabled()
     speed = host_speed(repeats=2)
@@ -122,7 +122,7 @@ def test_host_speed_times_what_it_names(monkeypatch: pytest.MonkeyPatch) -> None
 def test_cuda_measurement_separates_the_warm_up_and_starts_clean() -> None:
     import torch
 
-    from costaware.profile import measure
+    from costaware.measure.profile import measure
 
     keep = torch.ones(64 * MiB // 4, device="cuda")  # an earlier configuration's leftovers
     del keep
@@ -141,7 +141,7 @@ def test_cuda_measurement_separates_the_warm_up_and_starts_clean() -> None:
 def test_allocator_peak_is_the_highest_total_of_blocks_allocated_while_it_runs() -> None:
     import torch
 
-    from costaware.profile import AllocatorPeak
+    from costaware.measure.profile import AllocatorPeak
 
     before = torch.empty(4 * MiB, dtype=torch.uint8)  # allocated before: not counted
     with AllocatorPeak() as peak:
@@ -156,7 +156,7 @@ def test_allocator_peak_is_the_highest_total_of_blocks_allocated_while_it_runs()
 def test_allocator_peak_leaves_a_running_profiler_alone() -> None:
     import torch
 
-    from costaware.profile import AllocatorPeak
+    from costaware.measure.profile import AllocatorPeak
 
     with torch.profiler.profile(profile_memory=True) as user:
         with AllocatorPeak() as peak:
@@ -172,7 +172,7 @@ def test_allocator_peak_counts_only_its_own_thread_and_stops_where_it_started() 
 
     import torch
 
-    from costaware.profile import AllocatorPeak
+    from costaware.measure.profile import AllocatorPeak
 
     peak = AllocatorPeak().start()
     assert peak.running and peak.profiler == "thread-local"
@@ -191,7 +191,7 @@ def test_allocator_peak_counts_only_its_own_thread_and_stops_where_it_started() 
 def test_cpu_meters_at_once_do_not_take_the_shared_resident_set_as_their_own() -> None:
     import torch
 
-    from costaware.profile import CpuMemoryMeter, measurements_on
+    from costaware.measure.profile import CpuMemoryMeter, measurements_on
 
     with torch.profiler.profile(profile_memory=True):  # the allocator's peak cannot be read
         first = CpuMemoryMeter("over the test", "since start").start()
@@ -215,7 +215,7 @@ def test_device_claims_end_with_close_garbage_collection_and_fork() -> None:
     import gc
     import os
 
-    from costaware.profile import DeviceUse, measurements_on
+    from costaware.measure.profile import DeviceUse, measurements_on
 
     a, b = DeviceUse("cuda:0"), DeviceUse("cuda:0")
     c = DeviceUse("cuda:1")  # another GPU is not shared
@@ -245,7 +245,7 @@ def test_measure_refuses_a_gpu_that_another_measurement_of_the_process_uses(
     is stood in for (no GPU here): the refusal comes before any CUDA call."""
     import torch
 
-    import costaware.profile as profile
+    import costaware.measure.profile as profile
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(profile, "environment", lambda device: {"alloc_conf": ""})
@@ -259,7 +259,7 @@ def test_cpu_measurement_is_the_allocator_peak_the_dry_run_predicts() -> None:
     import torch
 
     import costaware as ca
-    from costaware.profile import ALLOCATOR_METHOD, measure
+    from costaware.measure.profile import ALLOCATOR_METHOD, measure
 
     spec = ca.TrainingSpec(
         model=lambda: torch.nn.Sequential(
@@ -284,9 +284,9 @@ def test_a_cpu_estimate_counts_small_tensors_at_their_size_as_the_cpu_allocator_
     import torch
 
     import costaware as ca
-    from costaware.analytic import estimate
+    from costaware.core.analytic import estimate
     from costaware.devices import cpu_device
-    from costaware.profile import measure
+    from costaware.measure.profile import measure
 
     # 40 tiny layers: each weight, bias, gradient and momentum buffer is far under 512 B,
     # the block a CUDA caching allocator rounds to and a CPU's allocator does not
@@ -310,9 +310,9 @@ def test_a_cpu_dry_run_steps_the_optimizer_as_a_cpu_does(foreach: bool | None) -
     import torch
 
     import costaware as ca
-    from costaware.analytic import estimate
+    from costaware.core.analytic import estimate
     from costaware.devices import cpu_device
-    from costaware.profile import measure
+    from costaware.measure.profile import measure
 
     # eight equal layers under AdamW at a small batch: the optimizer step is the peak. A
     # CPU steps the tensors one at a time by default, so its temporaries are two of one
@@ -346,7 +346,7 @@ _UNDER_PROFILER = r"""
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
 from test_profile import _small_spec
-from costaware.profile import measure
+from costaware.measure.profile import measure
 
 with torch.profiler.profile(profile_memory=True):
     m = measure(_small_spec(), "cpu", warmup=1, steps=10)
@@ -355,7 +355,7 @@ print(json.dumps({"status": m.status, "malloc": m.env.get("malloc"), "method": m
 
 
 def test_cpu_steps_run_under_the_process_malloc_unless_the_resident_set_is_the_figure() -> None:
-    from costaware.profile import MALLOC_DEFAULT, measure
+    from costaware.measure.profile import MALLOC_DEFAULT, measure
 
     m = measure(_small_spec(), "cpu", warmup=1, steps=10)  # type: ignore[arg-type]
     assert m.status == "ok", m.error
@@ -379,7 +379,7 @@ def test_in_context_op_times_puts_each_op_in_its_phase_once(cnn_spec: object) ->
     """A profiled CPU step: the convolution's chain in the forward, its backward op in the
     backward, the optimizer's ops in the optimizer; each op counted once, so the ops and
     the time outside them add up to no more than the profiled step."""
-    from costaware.profile import STEP_PHASES, in_context_op_times
+    from costaware.measure.profile import STEP_PHASES, in_context_op_times
 
     r = in_context_op_times(cnn_spec, "cpu", warmup=1, steps=2)  # type: ignore[arg-type]
     assert r["status"] == "ok", r["error"]
@@ -400,7 +400,7 @@ def test_in_context_op_times_reports_a_failing_step_instead_of_raising() -> None
     import torch
 
     import costaware as ca
-    from costaware.profile import in_context_op_times
+    from costaware.measure.profile import in_context_op_times
 
     def broken() -> torch.nn.Module:
         raise RuntimeError("no such layer")
@@ -418,7 +418,7 @@ def test_in_context_op_times_on_cuda_are_each_ops_own_kernels(cnn_spec: object) 
     """On a GPU an op's time is its kernels': the convolution's in the forward, its
     backward's in the backward, never counted twice (the kernels of a step add up to
     no more than the step)."""
-    from costaware.profile import in_context_op_times
+    from costaware.measure.profile import in_context_op_times
 
     r = in_context_op_times(cnn_spec, "cuda", warmup=2, steps=3)  # type: ignore[arg-type]
     assert r["status"] == "ok", r["error"]

@@ -22,7 +22,7 @@ import costaware as ca
 from costaware import zoo
 from costaware.cli import main
 from costaware.reporting import Report, ReportError, TrialRow, rel_errors
-from costaware.store import ObservationStore, measurements_table, predictions_table
+from costaware.runtime.store import ObservationStore, measurements_table, predictions_table
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 MiB = 2**20
@@ -229,8 +229,8 @@ def test_store_url_and_study_filter(store: ObservationStore, tmp_path: Path) -> 
 
 
 def test_calibration_rows_are_no_studys_trials(store: ObservationStore) -> None:
-    from costaware.calibrate import STUDY, calibrate, calibration_configs
-    from costaware.profile import Measurement
+    from costaware.measure.profile import Measurement
+    from costaware.runtime.calibrate import STUDY, calibrate, calibration_configs
 
     def measure(spec: ca.TrainingSpec, device: str) -> Measurement:  # a machine of known speed
         return Measurement(status="ok", device=device, iteration_time=0.01, max_reserved=MiB)
@@ -495,7 +495,7 @@ def test_html_escapes_every_user_string(tmp_path: Path) -> None:
 def test_plotly_json_cannot_end_its_script_element() -> None:
     """Defence in depth: strings reach the figures escaped, and plotly's JSON escapes
     < > / again, so even a raw one could not close the script element."""
-    from costaware._report_html import _Fig, _Figures
+    from costaware.reporting.html import _Fig, _Figures
 
     fig = _Fig({"type": "scatter", "x": [1], "y": [1], "name": EVIL})
     div = _Figures().div(fig, "t", 200, EVIL)
@@ -532,7 +532,7 @@ def test_html_is_one_self_contained_page(store: ObservationStore, tmp_path: Path
 
 def test_figures_follow_plotlys_schema(store: ObservationStore) -> None:
     """The figures are built as plain dicts for speed; plotly's validator checks them here."""
-    from costaware._report_html import render_html
+    from costaware.reporting.html import render_html
 
     for rep in (
         ca.report(store),

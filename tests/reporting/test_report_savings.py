@@ -17,7 +17,7 @@ from torch import nn
 
 import costaware as ca
 from costaware.reporting import Report, TrialRow
-from costaware.store import ObservationStore
+from costaware.runtime.store import ObservationStore
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 MiB = 2**20

@@ -1,4 +1,4 @@
-"""costaware.calibrate: measure a few corpus models here and give the online refit its
+"""costaware.runtime.calibrate: measure a few corpus models here and give the online refit its
 first rows. Real measurements on this CPU and a real SQLite store; a stand-in measure
 only where the test needs a machine of a known speed."""
 
@@ -16,7 +16,11 @@ import pytest
 
 import costaware as ca
 from costaware import zoo
-from costaware.calibrate import (
+from costaware.cli import main as cli
+from costaware.integrations.optuna import CostAwarePruner
+from costaware.measure.corpus import Config, corpus
+from costaware.measure.profile import Measurement
+from costaware.runtime.calibrate import (
     SEED,
     STUDY,
     CalibrationRow,
@@ -24,12 +28,8 @@ from costaware.calibrate import (
     calibration_configs,
     judge,
 )
-from costaware.cli import main as cli
-from costaware.corpus import Config, corpus
-from costaware.integrations.optuna import CostAwarePruner
-from costaware.profile import Measurement
-from costaware.refit import OnlineRefit
-from costaware.store import ObservationStore
+from costaware.runtime.refit import OnlineRefit
+from costaware.runtime.store import ObservationStore
 
 
 def _fast_cpu_configs(n: int) -> list[Config]:
@@ -200,7 +200,7 @@ def test_cli_calibrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_a_gpu_is_predicted_as_its_catalog_entry(monkeypatch: pytest.MonkeyPatch) -> None:
-    from costaware import calibrate as cal
+    from costaware.runtime import calibrate as cal
 
     # no GPU here: torch's name of one stands in
     monkeypatch.setattr("torch.cuda.get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")

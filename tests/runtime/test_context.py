@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 import costaware as ca
-from costaware.gate import Gate
-from costaware.store import ObservationStore
+from costaware.runtime.gate import Gate
+from costaware.runtime.store import ObservationStore
 
 MiB = 2**20
 

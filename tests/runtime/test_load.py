@@ -54,7 +54,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from costaware.store import ObservationStore
+from costaware.runtime.store import ObservationStore
 
 PG_ENV = "COSTAWARE_TEST_POSTGRES_URL"
 ALIVE = "costaware-load-test: stderr still reaches the parent"
@@ -81,7 +81,7 @@ WRITERS_STUDY, FORK_STUDY, PARENT_STUDY, OPTUNA_STUDY = (
 # MIN_ROWS rows and on until the stop file appears (the study is over); prints how many
 _WRITER = r"""
 import os, sys, time
-from costaware.store import ObservationStore
+from costaware.runtime.store import ObservationStore
 
 url, worker, study, stop_file = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 min_rows, max_rows, pause = int(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7])
@@ -496,7 +496,7 @@ KILL_WRITERS = 4
 # "i id" on stdout after each record_measurement returns
 _KILLED_WRITER = r"""
 import sys
-from costaware.store import ObservationStore
+from costaware.runtime.store import ObservationStore
 
 url, round_, worker = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 store = ObservationStore(url)

@@ -16,8 +16,8 @@ import pytest
 import sqlalchemy as sa
 
 import costaware as ca
-from costaware.refit import KEEP_VERSIONS, OnlineRefit
-from costaware.store import ObservationStore
+from costaware.runtime.refit import KEEP_VERSIONS, OnlineRefit
+from costaware.runtime.store import ObservationStore
 from tests.conftest import tiny_cnn
 
 
@@ -222,9 +222,9 @@ _FULL_DISK = """
 import json, pathlib, resource, signal, sys
 sys.path.insert(0, sys.argv[2])
 import costaware as ca
-from costaware.refit import OnlineRefit
-from costaware.store import ObservationStore
-from tests.test_refit import CONFIGS, _record, _spec
+from costaware.runtime.refit import OnlineRefit
+from costaware.runtime.store import ObservationStore
+from tests.runtime.test_refit import CONFIGS, _record, _spec
 
 models = pathlib.Path(sys.argv[1])
 store = ObservationStore("sqlite://")  # in memory: the file-size limit is for the models
@@ -249,7 +249,7 @@ print(json.dumps({"tries": tries, "left": left, "failures": failures, "error": e
 def test_a_refit_on_a_full_disk_backs_off_and_leaves_nothing_behind(tmp_path: Path) -> None:
     """A save that fails midway (a real EFBIG from a file-size limit, as on a full disk)
     leaves no folder behind, and the next try waits twice as long each time."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     models = tmp_path / "models"
     out = subprocess.run(
         [sys.executable, "-c", _FULL_DISK, str(models), str(repo)],

@@ -1,4 +1,4 @@
-"""Tests for costaware.store on SQLite and, when COSTAWARE_TEST_POSTGRES_URL is set, PostgreSQL.
+"""Tests for costaware.runtime.store on SQLite and, when COSTAWARE_TEST_POSTGRES_URL is set, PostgreSQL.
 
 Start the PostgreSQL server with ``eval "$(bash .ci/postgres.sh)"``; without it the
 PostgreSQL cases are skipped.
@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from costaware.errors import CostawareError, CostAwareWarning
-from costaware.store import (
+from costaware.runtime.store import (
     SCHEMA_VERSION,
     ObservationStore,
     StoreError,
@@ -268,7 +268,7 @@ def test_observations_leave_out_peaks_partly_held_by_something_else(
     """A trial whose process already held more than MAX_HELD_BEFORE reserved bytes when
     its training started (the Lightning callback's ``held_before``) keeps its time but not
     its peak: the memory model must not learn an earlier trial's leftovers."""
-    from costaware.store import MAX_HELD_BEFORE
+    from costaware.runtime.store import MAX_HELD_BEFORE
 
     _predict(store, 0)
     _measure(store, 0, epoch=0, peak_memory=5 * 2**30, peak_allocated=4 * 2**30,
@@ -569,7 +569,7 @@ def test_forked_writers_of_a_parent_that_already_wrote(store_url: str, via: str)
     inherited before its first query (from ``os.register_at_fork``, or, for a store the
     hook does not know, from the process-id check before every use) and opens its own.
     Sharing the parent's PostgreSQL connection hung most runs for ever."""
-    import costaware.store as store_module
+    import costaware.runtime.store as store_module
 
     store = ObservationStore(store_url)
     _measure(store, "parent-before", study="forked-parent")  # a pooled connection now
@@ -736,7 +736,7 @@ def test_a_connection_check_with_no_answer_gives_up(
 ) -> None:
     """A pooled connection to a server that takes data and never answers: the check before
     its next use hangs it up after PING_TIMEOUT_S, and the write goes through a new one."""
-    import costaware.store as store_module
+    import costaware.runtime.store as store_module
 
     monkeypatch.setattr(store_module, "PING_TIMEOUT_S", 1.0)
     p, url = proxy
@@ -782,7 +782,7 @@ def test_a_server_that_refuses_is_no_reason_to_retry() -> None:
 def test_a_server_that_comes_back_gets_the_writes(
     proxy: tuple[TcpProxy, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import costaware.store as store_module
+    import costaware.runtime.store as store_module
 
     monkeypatch.setattr(store_module, "RETRY_FIRST_S", 0.05)
     p, url = proxy
@@ -813,9 +813,9 @@ def test_a_study_whose_store_is_down_at_start_up_runs_and_records_once_it_is_bac
     pytest.importorskip("optuna")
     import optuna
 
-    import costaware.store as store_module
+    import costaware.runtime.store as store_module
     from costaware.integrations.optuna import CostAwarePruner
-    from tests.test_integration_optuna import BUDGET, _run, spec_fn
+    from tests.integrations.test_optuna import BUDGET, _run, spec_fn
 
     monkeypatch.setattr(store_module, "RETRY_FIRST_S", 0.01)
     p, url = proxy
@@ -927,7 +927,7 @@ def test_malformed_rows_are_skipped_counted_and_reported(store: ObservationStore
 
 
 def test_a_drivers_message_masks_the_password_not_every_word_like_it() -> None:
-    from costaware.store import _reason
+    from costaware.runtime.store import _reason
 
     url = sa.engine.make_url("postgresql+psycopg://costaware:costaware@127.0.0.1:5432/x")
     message = _reason(

@@ -174,7 +174,7 @@ def _spec_arguments(p: argparse.ArgumentParser, *, batch_help: str, batch_requir
 
 def _cmd_max_batch_size(args: argparse.Namespace) -> int:
     import costaware as ca
-    from costaware.batch_size import max_batch_size
+    from costaware.core.batch_size import max_batch_size
 
     if args.limit < 1:
         raise CliError(f"--limit must be at least 1, but got {args.limit}.")
@@ -275,7 +275,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
-    from costaware import collect
+    from costaware.measure import collect
 
     if not args.out and not args.list:
         raise CliError(
@@ -286,7 +286,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     import costaware as ca
-    from costaware.calibrate import calibrate
+    from costaware.runtime.calibrate import calibrate
 
     if args.n < 1:
         raise CliError(f"-n must be at least 1, but got {args.n}.")
@@ -327,7 +327,7 @@ def _sha256(path: Path) -> str:
 
 def _cmd_fit(args: argparse.Namespace) -> int:
     import costaware as ca
-    from costaware.collect import in_measured_order, observations, read_rows
+    from costaware.measure.collect import in_measured_order, observations, read_rows
 
     files = [Path(p) for p in args.data]
     for f in files:
@@ -354,7 +354,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     feature_model = ca.CostModel(trace_timeout=args.trace_timeout)
     op_rows = [r for r in rows if r.get("kind") == "op"]
     if op_rows:  # per-op timings: an op-level time model per device kind, whose sums are features
-        from costaware.optime import fit_op_models
+        from costaware.core.optime import fit_op_models
 
         try:
             op_models, no_model = fit_op_models(
@@ -583,7 +583,7 @@ def _parser() -> argparse.ArgumentParser:
     dv.add_argument("--json", action="store_true", help="print the catalog as JSON")
     dv.set_defaults(func=_cmd_devices)
 
-    from costaware.collect import add_arguments
+    from costaware.measure.collect import add_arguments
 
     co = sub.add_parser(
         "collect",
@@ -604,7 +604,7 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Rebuild every measured configuration, trace it, compute its features and fit the "
             "memory and time residual models. Per-op GPU timings (kind 'op', from "
-            "costaware.opbench) among the files first fit the op-level time model, whose sums "
+            "costaware.measure.opbench) among the files first fit the op-level time model, whose sums "
             "over each trace become features. Example: costaware fit data/cpu/*.jsonl.gz --out model/"
         ),
     )
@@ -627,7 +627,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     fi.set_defaults(func=_cmd_fit)
 
-    from costaware.calibrate import RECORD_MODES, SEED, STUDY
+    from costaware.runtime.calibrate import RECORD_MODES, SEED, STUDY
 
     ca_ = sub.add_parser(
         "calibrate",

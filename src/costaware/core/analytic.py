@@ -13,15 +13,15 @@ measured figure or a documented assumption:
   measured on both GPUs allocated 65.0-67.5 MiB more on the H100 (65.0 in 17): the H100
   collector kept the workspace of an earlier configuration (the H200 collector drops it
   before each), so the H100 peaks of those models include it (see
-  :func:`costaware.collect.observations`). One flat 80 MiB, the constant before this,
+  :func:`costaware.measure.collect.observations`). One flat 80 MiB, the constant before this,
   over-predicted the U-Nets and SqueezeNets on the H200 by up to 2x.
 - The allocator replay adds the block cuDNN takes and frees again in the backward of each
   convolution larger than 1x1 that is not depthwise (input plus output gradient; see
-  :attr:`~costaware.trace.Trace.transients`). It barely moves the allocated peak but adds
+  :attr:`~costaware.core.trace.Trace.transients`). It barely moves the allocated peak but adds
   the segments a real run keeps: without it the H100 conv nets' reserved peaks were
   under-predicted (VGG by 7%, U-Net by 6%).
 - A CPU's peak is the live-tensor peak, unrounded, with the columns of PyTorch's own
-  convolution where a CPU runs it (:func:`~costaware.trace._cpu_conv_transient`).
+  convolution where a CPU runs it (:func:`~costaware.core.trace._cpu_conv_transient`).
 - cuDNN's benchmark mode (``torch.backends.cudnn.benchmark=True``) is not a factor on the
   peak. Its algorithm search takes a workspace sized to the free memory: PyTorch keeps the
   plans whose workspace fits the largest free block (``cacheInfo`` starts from
@@ -53,11 +53,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costaware.allocator import min_capacity, simulate
+from costaware.core.allocator import min_capacity, simulate
+from costaware.core.flops import CONV, VIEW
+from costaware.core.trace import Trace, exact_live_peak
 from costaware.devices import Device
-from costaware.flops import CONV, VIEW
 from costaware.spec import TrainingSpec
-from costaware.trace import Trace, exact_live_peak
 
 __all__ = [
     "BENCHMARK_NOTE",
@@ -142,7 +142,7 @@ class AnalyticEstimate:
     notes: tuple[str, ...] = field(default=())
     #: of ``allocated`` and ``reserved``: the workspaces (:func:`workspace_bytes`)
     workspace: int = 0
-    #: the smallest capacity the step runs in (:func:`~costaware.allocator.min_capacity`,
+    #: the smallest capacity the step runs in (:func:`~costaware.core.allocator.min_capacity`,
     #: workspaces included): between ``allocated`` and ``reserved``. On a CPU, the peak
     min_capacity: int = 0
 
@@ -164,7 +164,7 @@ def node_seconds(
     flops: np.ndarray, nbytes: np.ndarray, dtype: np.ndarray, cls: np.ndarray, device: Device
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-node (compute-bound, memory-bound) roofline seconds on ``device``, launch not
-    included. ``dtype`` and ``cls`` are the trace's codes (see :class:`~costaware.trace.Trace`);
+    included. ``dtype`` and ``cls`` are the trace's codes (see :class:`~costaware.core.trace.Trace`);
     the peak is the dtype's, TF32 for fp32 convolutions."""
     fp32 = device.peak_flops("fp32")
     tf32 = device.peak_flops("fp32", allow_tf32=True)

@@ -36,7 +36,7 @@ from costaware.devices import Device, get_device
 from costaware.errors import CostawareError
 
 if TYPE_CHECKING:
-    from costaware.model import CostModel, Prediction
+    from costaware.core.model import CostModel, Prediction
     from costaware.spec import TrainingSpec
 
 __all__ = ["DEFAULT_LIMIT", "BatchSizeResult", "NothingFitsError", "max_batch_size"]

@@ -1,6 +1,6 @@
 """Features for the cost model: NSM, hyperparameters, analytic figures, device specs.
 
-Everything here is a pure function of a :class:`~costaware.trace.Trace`, a
+Everything here is a pure function of a :class:`~costaware.core.trace.Trace`, a
 :class:`~costaware.spec.TrainingSpec` and a :class:`~costaware.devices.Device`, returning
 ``dict[str, float]``. The names are stable and versioned (:data:`FEATURE_VERSION`): a model
 trained on one version refuses features of another.
@@ -15,47 +15,47 @@ trained on one version refuses features of another.
   peak, the roofline time on the target device.
 - **Device**: memory, bandwidth, peak FLOP/s per precision, SMs.
 - **Op-level time** (version 2): ``optime_*``, the per-kernel GPU times of
-  :mod:`costaware.optime` summed over the trace (added by ``model.features_for`` when the
+  :mod:`costaware.core.optime` summed over the trace (added by ``model.features_for`` when the
   model has an op model; NaN on a CPU). Version 2 also traces attention as a fused kernel
   for CUDA targets; version 3 traces recurrent layers (nn.LSTM / GRU / RNN) as fused cuDNN
   kernels for CUDA targets too (``costaware::rnn`` and ``rnn_backward``, group "rnn").
   Version 4: the analytic reserved peak of a conv net under cuDNN's benchmark mode is
-  what the step needs (it was 1.8x that; see :mod:`costaware.analytic`). Version 5: the
+  what the step needs (it was 1.8x that; see :mod:`costaware.core.analytic`). Version 5: the
   op-level sum costs a backward ``mm`` (or add, mul) as the forward kernel it is, and adds
   the kernel time alone and the kernel nodes per phase (``optime_kernel_ms``,
-  ``kernels_fwd``, ``kernels_bwd``, ``kernels_opt``; see :mod:`costaware.optime`).
+  ``kernels_fwd``, ``kernels_bwd``, ``kernels_opt``; see :mod:`costaware.core.optime`).
   Version 6: on a GPU the allocator replay holds cuDNN's conv-backward block
-  (:attr:`~costaware.trace.Trace.transients`). Version 7: ``param_tensors``, the parameter
+  (:attr:`~costaware.core.trace.Trace.transients`). Version 7: ``param_tensors``, the parameter
   tensors the optimizer steps (the CPU's per-tensor share of a step: see
-  ``costaware.model._Dispatch``). Version 8: the op-level sum costs a fused recurrent
-  layer by its time steps too (:attr:`~costaware.trace.Trace.node_serial`). Version 9:
+  ``costaware.core.model._Dispatch``). Version 8: the op-level sum costs a fused recurrent
+  layer by its time steps too (:attr:`~costaware.core.trace.Trace.node_serial`). Version 9:
   the dry run no longer depends on what the process traced before (an op's outputs that
   share a storage only when FakeTensorMode's cache missed). Version 10: a CPU dry run
   counts the FLOPs of the oneDNN layer it runs ``nn.LSTM`` as (``mkldnn_rnn_layer`` and
   its backward, counted as 0 before), so the roofline no longer leaves out an LSTM's
   recurrent matrix products. Version 11: a CPU's analytic peak is the live-tensor peak
-  unrounded (:func:`~costaware.trace.exact_live_peak`: a CPU's allocator does not round
+  unrounded (:func:`~costaware.core.trace.exact_live_peak`: a CPU's allocator does not round
   blocks to 512 B). Version 12, a CPU dry run as a CPU runs the step: the optimizer steps
   one parameter at a time, as PyTorch's optimizers do on a CPU (``foreach`` defaults to
   off there; it took the multi-tensor step a GPU runs, whose temporaries span every
   parameter at once); PyTorch's own convolution, where the CPU runs it, holds its im2col
   columns; and oneDNN's LSTM layer keeps its workspace from the forward to the backward
-  and its buffers inside each call (:mod:`costaware.trace`). GPU features are unchanged.
+  and its buffers inside each call (:mod:`costaware.core.trace`). GPU features are unchanged.
   Version 13 (a CPU feature for dense convolutions) was measured and reverted; no model
   carries it. Version 14: on a GPU the allocator replay holds the work space cuDNN's
-  recurrent backward takes (:func:`costaware.trace._cudnn_rnn_transient`, fitted on the
+  recurrent backward takes (:func:`costaware.core.trace._cudnn_rnn_transient`, fitted on the
   H100 per-op LSTM peaks), and a rescaled trace keeps that block's fixed part. CPU
   features are unchanged. Version 15: on a CPU, oneDNN's fp32 convolution holds blocked
   copies of its input, weight and output inside the forward and the backward
-  (:func:`costaware.trace._onednn_conv_transient`, measured on single convolutions);
+  (:func:`costaware.core.trace._onednn_conv_transient`, measured on single convolutions);
   GPU features are unchanged. Version 16: the op-level time features of a GPU cost a
   kernel larger than the op data's largest of its group as that one scaled up by its size
-  (:meth:`costaware.optime.OpTimeModel.predict_kernels`); CPU features are unchanged.
+  (:meth:`costaware.core.optime.OpTimeModel.predict_kernels`); CPU features are unchanged.
   Version 17: a CPU gets op-level time features too, from an op model fitted on a CPU's
   per-op timings (one op model per device kind); GPU features are unchanged.
   Version 19: the op-level sum prices the optimizer step from what opbench's cases
   describe (an analytic count of FLOPs and bytes over the stepped parameters, and the
-  parameter tensors as its serial steps: :func:`costaware.optime.optimizer_step_row`),
+  parameter tensors as its serial steps: :func:`costaware.core.optime.optimizer_step_row`),
   not from the trace's optimizer nodes, whose elementwise ops carry no FLOPs: an Adam
   step was priced at a fifth of what it costs.
 """
@@ -67,10 +67,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from costaware.analytic import calls_cublas
+from costaware.core.analytic import calls_cublas
+from costaware.core.trace import CATEGORIES, Trace
 from costaware.devices import Device
 from costaware.spec import OPTIMIZERS, PRECISIONS, TrainingSpec
-from costaware.trace import CATEGORIES, Trace
 
 __all__ = [
     "FEATURE_VERSION",
@@ -228,7 +228,7 @@ def trace_features(trace: Trace) -> dict[str, float]:
         "arithmetic_intensity": trace.flops / max(trace.bytes_moved, 1.0),
         "kernels": float(np.count_nonzero(trace.node_class < 3)),
         "graph_nodes": float(trace.graph.number_of_nodes()),
-        # whether a GPU step allocates cuBLAS's workspace (see costaware.analytic)
+        # whether a GPU step allocates cuBLAS's workspace (see costaware.core.analytic)
         "calls_cublas": float(calls_cublas(trace)),
     }
     for cat in CATEGORIES:

@@ -4,9 +4,9 @@ FLOPs come from PyTorch's own ``torch.utils.flop_counter`` registry (matmul, con
 CUDA attention kernels, in forward and backward), plus formulas it lacks on a CPU trace:
 ``_scaled_dot_product_flash_attention_for_cpu`` and its backward, without which attention
 counts as zero FLOPs on a CPU-only machine, and the fused recurrent layer
-(``costaware::rnn`` and ``costaware::rnn_backward``, see :mod:`costaware.trace`) and the
+(``costaware::rnn`` and ``costaware::rnn_backward``, see :mod:`costaware.core.trace`) and the
 oneDNN layer a CPU runs an LSTM as (``mkldnn_rnn_layer`` and its backward), costed as
-:mod:`costaware.opbench` costs its LSTM (:func:`rnn_flops`). An op without a formula counts 0 FLOPs and is
+:mod:`costaware.measure.opbench` costs its LSTM (:func:`rnn_flops`). An op without a formula counts 0 FLOPs and is
 costed by the bytes it moves; an op whose formula fails is counted by the caller, never
 fatal (fvcore's rule).
 """
@@ -78,7 +78,7 @@ def rnn_flops(
     """Forward FLOPs of one recurrent layer: ``2*T*B*G*H*(I+H) + c*T*B*H`` per direction.
 
     ``G`` gates (4 LSTM, 3 GRU, 1 RNN) and ``c`` elementwise FLOPs per unit and step; for an
-    LSTM this is the formula :mod:`costaware.opbench` gives its measured ``lstm`` op.
+    LSTM this is the formula :mod:`costaware.measure.opbench` gives its measured ``lstm`` op.
     """
     g = RNN_GATES[mode]
     per = 2 * seq * batch * g * hidden * (input_size + hidden)

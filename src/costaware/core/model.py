@@ -39,8 +39,24 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import nn
 
-from costaware import analytic as _analytic
 from costaware._format import fmt_bytes, fmt_seconds
+from costaware.core import analytic as _analytic
+from costaware.core.features import (
+    FEATURE_VERSION,
+    device_features,
+    hyperparameter_features,
+    nsm_features,
+    trace_features,
+)
+from costaware.core.optime import OpTimeModel, node_table
+from costaware.core.trace import (
+    Trace,
+    _call_with_timeout,
+    build_model,
+    cpu_conditions,
+    dry_run,
+    rescale,
+)
 from costaware.devices import Device, device_kind, get_device
 from costaware.errors import (
     CostawareError,
@@ -50,23 +66,7 @@ from costaware.errors import (
     TraceError,
     first_line,
 )
-from costaware.features import (
-    FEATURE_VERSION,
-    device_features,
-    hyperparameter_features,
-    nsm_features,
-    trace_features,
-)
-from costaware.optime import OpTimeModel, node_table
 from costaware.spec import PRECISIONS, TrainingSpec
-from costaware.trace import (
-    Trace,
-    _call_with_timeout,
-    build_model,
-    cpu_conditions,
-    dry_run,
-    rescale,
-)
 
 __all__ = ["CostModel", "Observation", "Prediction", "benchmark_search_peak", "features_for"]
 
@@ -326,7 +326,7 @@ def features_for(
 ) -> dict[str, float]:
     """The full feature dict for one (trace, spec, device), as the learned model sees it.
 
-    With ``op_model`` (:class:`~costaware.optime.OpTimeModel`), the op-level time sums
+    With ``op_model`` (:class:`~costaware.core.optime.OpTimeModel`), the op-level time sums
     (``optime_*``) are added: learned per-kernel GPU times summed over the trace. They are
     NaN for a CPU and absent without an op model.
     """
@@ -536,7 +536,7 @@ class _Dispatch(_StepModel):
     model's (with its learned correction) from 18.2% to 17.6%. The eight constants are
     fitted on whole-model timings (the training rows of ``fit``), minimising the mean
     absolute log error; the kernel time and the three kernel counts are the
-    :data:`INPUTS` features of :mod:`costaware.optime`, ``param_tensors`` the dry run's,
+    :data:`INPUTS` features of :mod:`costaware.core.optime`, ``param_tensors`` the dry run's,
     per optimizer step as ``kernels_opt`` is.
     """
 
@@ -819,7 +819,7 @@ def _bound_keys(feats: Mapping[str, float]) -> tuple[str, str]:
 def benchmark_search_peak(feats: Mapping[str, float]) -> bool:
     """Whether a measured peak of this feature row holds cuDNN's benchmark-mode search: a
     conv net on a GPU with ``cudnn_benchmark`` on. The search's workspace is sized to the
-    free memory (see :mod:`costaware.analytic`), so that peak measures the card, not what
+    free memory (see :mod:`costaware.core.analytic`), so that peak measures the card, not what
     the step needs: it is not a memory target (times still are)."""
     bench = feats.get("cudnn_benchmark", 0.0)
     gpu = feats.get("device_is_cpu", 0.0) != 1.0
@@ -1000,7 +1000,7 @@ class CostModel:
         cache_size: architectures whose traces are kept for warm predictions.
         time_baseline: what the time residual is learned over: "optime" (a step model
             fitted on the training timings: on a GPU the op-level sum of
-            :mod:`costaware.optime` through :class:`_Dispatch`, on a CPU the roofline's
+            :mod:`costaware.core.optime` through :class:`_Dispatch`, on a CPU the roofline's
             parts and op counts through :class:`_CpuSteps`; the roofline where neither
             applies) or "roofline" (always the roofline). On the H100 data the op-level
             sum was the better baseline on held-out families, and so was the CPU step
@@ -1143,7 +1143,7 @@ class CostModel:
         (under autocast, the half-precision weight gradients of the backward look like
         activation gradients), so a second batch size is always traced; where that dry run
         fails, the one trace is rescaled and the note says so. ``exact=True`` always traces.
-        ``attention`` is the dry run's SDPA mode (:func:`~costaware.trace.dry_run`):
+        ``attention`` is the dry run's SDPA mode (:func:`~costaware.core.trace.dry_run`):
         "fused" for a CUDA target, "native" for a CPU; the cache keeps them apart.
         A factory without a fingerprint is built to key the cache: that build and the dry
         run share one time limit, ``trace_timeout``.
@@ -1370,9 +1370,9 @@ class CostModel:
     ) -> Any:
         """The largest batch size of ``spec`` that ``budget`` (default ``Budget()``: the
         device's memory alone) admits on ``device``: a
-        :class:`~costaware.batch_size.BatchSizeResult`. No step runs; see
-        :func:`costaware.batch_size.max_batch_size`."""
-        from costaware.batch_size import max_batch_size
+        :class:`~costaware.core.batch_size.BatchSizeResult`. No step runs; see
+        :func:`costaware.core.batch_size.max_batch_size`."""
+        from costaware.core.batch_size import max_batch_size
 
         return max_batch_size(self, spec, device, budget, limit=limit)
 
@@ -1386,7 +1386,7 @@ class CostModel:
     ) -> tuple[float, float]:
         """The smallest capacity the step runs in, and its upper bound.
 
-        The point is the simulated capacity (:func:`~costaware.allocator.min_capacity`)
+        The point is the simulated capacity (:func:`~costaware.core.allocator.min_capacity`)
         moved by the same learned correction as the reserved peak. The bound is the point
         times the capacity quantile (:attr:`capacity_q_`: the spread of the measured
         allocated peaks around the simulated ones, which the capacity follows, where the
@@ -2040,7 +2040,7 @@ class CostModel:
         # base manifests (each verifies its own files in turn)
         listed = [e["file"] for e in files.values() if "file" in e]
         if g2v is not None:
-            from costaware.graph2vec import ARRAYS_NAME, JSON_NAME
+            from costaware.core.graph2vec import ARRAYS_NAME, JSON_NAME
 
             listed += [f"graph2vec/{JSON_NAME}", f"graph2vec/{ARRAYS_NAME}"]
         listed += [f"{k}/{MANIFEST}" for k in sorted(self._by_kind())]
@@ -2230,7 +2230,7 @@ class CostModel:
                     read(f"{k}/{MANIFEST}")
                 self.kinds_ = {k: cls._load(root / k, parts, unverified) for k in kinds}
             if manifest.get("graph2vec"):
-                from costaware.graph2vec import ARRAYS_NAME, JSON_NAME, Graph2Vec
+                from costaware.core.graph2vec import ARRAYS_NAME, JSON_NAME, Graph2Vec
 
                 read(f"graph2vec/{JSON_NAME}")
                 read(f"graph2vec/{ARRAYS_NAME}")

@@ -1,14 +1,14 @@
 """Op-level time model: per-op timings learned, then summed over a traced step.
 
-Habitat / PreNeT style. :mod:`costaware.opbench` times individual operations (conv,
+Habitat / PreNeT style. :mod:`costaware.measure.opbench` times individual operations (conv,
 linear/matmul, bmm, attention, norms, elementwise, pooling, embedding, LSTM, optimizer
 steps) over many random shapes on a GPU, or on a CPU. :class:`OpTimeModel` learns
 ``log seconds`` of one kernel from what a dry run knows about a graph node: its operator
-group (the NSM groups of :mod:`costaware.features`), its phase (forward, backward,
+group (the NSM groups of :mod:`costaware.core.features`), its phase (forward, backward,
 optimizer), dtype, FLOPs, bytes, arithmetic intensity and the time steps it runs in
-sequence (a fused recurrent layer's T; see :attr:`costaware.trace.Trace.node_serial`).
+sequence (a fused recurrent layer's T; see :attr:`costaware.core.trace.Trace.node_serial`).
 :meth:`OpTimeModel.step_features` sums the predictions over a trace's kernel nodes, the
-way :func:`costaware.analytic.roofline_time` sums roofline times, and returns them as
+way :func:`costaware.core.analytic.roofline_time` sums roofline times, and returns them as
 features of the whole-model cost model.
 
 A node whose group has no op data is costed by the elementwise (memory-bound) model from
@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from costaware.core.flops import MEMORY, VIEW
+from costaware.core.trace import Trace
 from costaware.devices import device_kind
-from costaware.flops import MEMORY, VIEW
-from costaware.trace import Trace
 
 __all__ = [
     "MIN_OP_SAMPLES",
@@ -120,7 +120,7 @@ def optimizer_step_row(
 
 
 #: opbench op -> (forward group, backward group); the groups are the NSM groups of
-#: costaware.features, plus "optimizer" for a whole optimizer step
+#: costaware.core.features, plus "optimizer" for a whole optimizer step
 OPBENCH_GROUPS: dict[str, tuple[str, str]] = {
     "conv2d": ("conv", "conv_bwd"),
     "linear": ("matmul", "matmul"),
@@ -338,7 +338,7 @@ class _Arrays:
 
 
 def _arrays(table: NodeTable) -> _Arrays:
-    from costaware.features import op_group
+    from costaware.core.features import op_group
 
     fb = [t for t in table if t[1] in (0, 1)]
     step = next((t for t in table if t[0] == OPTIMIZER_STEP), None)
@@ -370,8 +370,8 @@ def _arrays(table: NodeTable) -> _Arrays:
 
 
 def _roofline_nodes(a: _Arrays, device: Any) -> np.ndarray:
-    """Per-row roofline seconds on ``device`` (costaware.analytic's formula, no launch)."""
-    from costaware.analytic import node_seconds
+    """Per-row roofline seconds on ``device`` (costaware.core.analytic's formula, no launch)."""
+    from costaware.core.analytic import node_seconds
 
     out: np.ndarray = np.maximum(*node_seconds(a.flops, a.nbytes, a.dtype, a.cls, device))
     return out
@@ -416,7 +416,7 @@ class OpTimeModel:
                 f"the op model needs at least {MIN_OP_SAMPLES} op timings, but got {len(y)}."
             )
         if device is None:
-            from costaware.collect import catalog_device
+            from costaware.measure.collect import catalog_device
 
             names = {catalog_device(dict(r)) for r in ops if r.get("status") == "ok"}
             if len(names) != 1:
@@ -533,7 +533,7 @@ class OpTimeModel:
 
         Sums predicted kernel times, forward and backward per micro-batch and the
         optimizer step once per ``grad_accumulation`` micro-batches, as
-        :func:`costaware.analytic.roofline_time` does; on a GPU each kernel also pays the
+        :func:`costaware.core.analytic.roofline_time` does; on a GPU each kernel also pays the
         analytic launch overhead (a CPU's op timings are whole calls: theirs is in them).
         Backward nodes of :data:`FORWARD_KERNEL_GROUPS` are costed as the forward kernels
         they are. Another device of the op data's kind is scaled by the ratio of the
@@ -543,7 +543,7 @@ class OpTimeModel:
         """
         if device.kind != self.kind:
             return nan_features()
-        from costaware.analytic import LAUNCH_OVERHEAD_S, STEP_OVERHEAD_S
+        from costaware.core.analytic import LAUNCH_OVERHEAD_S, STEP_OVERHEAD_S
 
         a, per = self.node_times(table, device)
         gpu = device.kind == "cuda"
@@ -619,7 +619,7 @@ def fit_op_models(
     of the same kind scales its kernel times to another device by the roofline's ratio. A
     kind with fewer than :data:`MIN_OP_SAMPLES` usable timings gets no model.
     """
-    from costaware.collect import catalog_device
+    from costaware.measure.collect import catalog_device
 
     by_device: dict[str, dict[str, list[Mapping[str, Any]]]] = {}
     for r in rows:

@@ -13,7 +13,7 @@ allocation and release, which gives:
 - the live-bytes timeline (each storage rounded to 512 B as the CUDA allocator does) and
   the peak broken down into parameters, buffers, inputs, gradients, optimizer state,
   activations and temporaries;
-- the allocation/free event sequence that :mod:`costaware.allocator` replays.
+- the allocation/free event sequence that :mod:`costaware.core.allocator` replays.
 
 Why fake ``cpu`` rather than fake ``cuda``: on a CPU-only build the first autograd op on a
 fake CUDA tensor aborts the process with an uncatchable C++ terminate, and on an H200 the
@@ -61,6 +61,15 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from costaware.core.flops import (
+    RNN_GATES,
+    VIEW,
+    count_flops,
+    op_class,
+    register_flop_formula,
+    rnn_backward_formula,
+    rnn_formula,
+)
 from costaware.errors import (
     CostawareError,
     SpecError,
@@ -69,15 +78,6 @@ from costaware.errors import (
     UntraceableModelError,
     UserCodeError,
     first_line,
-)
-from costaware.flops import (
-    RNN_GATES,
-    VIEW,
-    count_flops,
-    op_class,
-    register_flop_formula,
-    rnn_backward_formula,
-    rnn_formula,
 )
 from costaware.spec import ImageBatch, TokenBatch, TrainingSpec, check_positions, default_loss
 
@@ -163,7 +163,7 @@ class Trace:
     optimizer_state_bytes: int
     input_bytes: int
     op_counts: Counter[str]
-    #: per graph node (one step): FLOPs, bytes moved, op class (see costaware.flops),
+    #: per graph node (one step): FLOPs, bytes moved, op class (see costaware.core.flops),
     #: dtype code (0 fp32, 1 bf16, 2 fp16, 3 fp64, 4 other), phase (0 forward,
     #: 1 backward, 2 optimizer, 3 optimizer-state initialisation, step 1 only) and the
     #: time steps the kernel runs in sequence (a fused recurrent layer's T, forward or
@@ -242,7 +242,7 @@ def _conv_transient(args: tuple[Any, ...]) -> int:
     groups (the tenth). On a GPU, the backward of a convolution whose kernel is larger
     than 1x1 and that is not depthwise takes a block about the size of its input plus its
     output gradient, beyond the gradients it returns. Two sets of H100 measurements show
-    it: ``costaware.opbench``'s conv2d rows peak that much above their tensors (median
+    it: ``costaware.measure.opbench``'s conv2d rows peak that much above their tensors (median
     1.0x input + output for those convolutions, about 0 for depthwise and 1x1 ones, in
     fp32 and half precision alike), and with this block the simulated reserved peak of
     the collected conv nets went from 5.2% to 4.0% mean error (VGG 7.8% -> 3.9%, U-Net
@@ -299,7 +299,7 @@ def _cudnn_rnn_transient(args: tuple[Any, ...]) -> tuple[int, int]:
     bytes of them that do not grow with the batch.
 
     cuDNN does not publish its work-space sizes. The H100 per-op benchmark
-    (``costaware.opbench``'s LSTM cases: one ``nn.LSTM`` layer forward and backward, its
+    (``costaware.measure.opbench``'s LSTM cases: one ``nn.LSTM`` layer forward and backward, its
     peak allocation measured) peaked far above the dry run's tensors: a median 3.1x, 8.0
     MiB at the least. Least squares (non-negative, relative) on those 191 cases put the
     difference at the backward at 8 MiB plus 3.15x the input, 1.07x the gates (``gates x T
@@ -345,7 +345,7 @@ def simulated_cpu_capability(capability: str | None) -> Iterator[None]:
 
     oneDNN's blocked layouts, and so a CPU step's buffers, depend on the instruction set: a
     row measured on an AVX2 CPU is traced as AVX2 runs it when its features are computed
-    on an AVX-512 one (:func:`costaware.collect.observations`).
+    on an AVX-512 one (:func:`costaware.measure.collect.observations`).
     """
     if capability is None:
         yield

@@ -16,7 +16,7 @@ Record what a training run really costs, epoch by epoch, and stop one that blows
   device-wide used memory the driver reported (``cudaMemGetInfo``, the figure NVML shows,
   CUDA context included). On the CPU it is the peak of the bytes PyTorch's CPU allocator
   held for the training thread over the first two training batches, read from torch's
-  thread-local profiler's memory events (:class:`costaware.profile.AllocatorPeak`;
+  thread-local profiler's memory events (:class:`costaware.measure.profile.AllocatorPeak`;
   trials that train at once in threads of one process each measure their own), plus the
   bytes of the model's parameters and buffers and of any optimizer state, which were
   allocated before: the quantity the cost model predicts for a CPU, exactly. The two
@@ -39,7 +39,7 @@ Record what a training run really costs, epoch by epoch, and stop one that blows
   Lightning's ``setup`` hook (before the model is on the device) and again when training
   starts. What the process still holds reserved at ``setup``, less parameters the module
   already had on the device, is ``held_before``. Above
-  :data:`costaware.store.MAX_HELD_BEFORE` (256 MiB) the callback warns once, and the
+  :data:`costaware.runtime.store.MAX_HELD_BEFORE` (256 MiB) the callback warns once, and the
   store does not refit memory on that trial's peak, which is partly someone else's.
 
 Trials at once in one process
@@ -47,7 +47,7 @@ Trials at once in one process
 Trials that train at the same time in threads of one process (Optuna's ``n_jobs``) share
 what belongs to the process or the device: a GPU's peak statistics and cache, the resident
 set, glibc's settings. Each run claims its device from ``setup`` to the end of fit
-(:class:`costaware.profile.DeviceUse`), and none resets the peaks, empties the cache or
+(:class:`costaware.measure.profile.DeviceUse`), and none resets the peaks, empties the cache or
 changes glibc's settings while another one's claim is open. A run that shared its GPU with
 another at any time since its claim records the device's figures, not its own:
 ``device_peak_memory`` / ``device_peak_allocated`` are ``torch.cuda.max_memory_reserved`` /
@@ -60,7 +60,7 @@ arrived keep their own peaks. On a CPU the allocator's peak is each thread's own
 holds at any concurrency; only its resident-set fallback is the process's.
 
 Each epoch becomes one ``record_measurement(status="ok", epoch=...)`` row in an
-:class:`~costaware.store.ObservationStore` (or ``"stopped"`` when the budget was enforced on
+:class:`~costaware.runtime.store.ObservationStore` (or ``"stopped"`` when the budget was enforced on
 it). A crash is recorded by ``on_exception``: ``"oom"`` for CUDA/CPU out-of-memory errors,
 ``"stopped"`` for ``optuna.TrialPruned`` or ``KeyboardInterrupt``, ``"error"`` otherwise, with
 the memory reached so far; the exception still propagates to the caller. With a
@@ -156,11 +156,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from costaware.budget import Budget
+from costaware.core.model import CostModel, Prediction
 from costaware.devices import Device, cpu_device, detect_device, get_device
 from costaware.errors import CostAwareWarning, TrialRejected, UserCodeError, first_line
-from costaware.gate import Gate
-from costaware.model import CostModel, Prediction
-from costaware.profile import (
+from costaware.measure.profile import (
     CpuMemoryMeter,
     DeviceUse,
     clear_cuda_cache,
@@ -168,10 +167,11 @@ from costaware.profile import (
     device_key,
     malloc_trim,
 )
+from costaware.runtime.gate import Gate
 from costaware.spec import TrainingSpec
 
 if TYPE_CHECKING:
-    from costaware.store import ObservationStore
+    from costaware.runtime.store import ObservationStore
 
 _INSTALL_HINT = "pip install 'costaware[lightning]'"
 _MAX_REASON = 500
@@ -753,7 +753,7 @@ class _CostAwareCallbackBase:
         Lightning's ``setup`` hook runs before the strategy moves the model there, wraps
         it (DDP allocates its gradient buckets then) and builds the optimizers. Anything
         reserved now, less parameters the module already had on the device, is an earlier
-        run's (after :func:`~costaware.profile.clear_cuda_cache`)."""
+        run's (after :func:`~costaware.measure.profile.clear_cuda_cache`)."""
         self._setup_held = None
         dev = trainer.strategy.root_device
         if dev.type != "cuda" or self._setup_use is None or not self._setup_use.alone:
@@ -831,7 +831,7 @@ class _CostAwareCallbackBase:
             self._store_obj = self.store
             return self._store_obj
         try:
-            from costaware.store import ObservationStore
+            from costaware.runtime.store import ObservationStore
 
             self._store_obj = ObservationStore(self.store, retry=True)  # server down: retried
         except Exception as e:
@@ -953,7 +953,7 @@ class _CostAwareCallbackBase:
                     getattr(trainer, "optimizers", None), "cuda"
                 )
                 self._held_before = max(0, reserved - own)
-            from costaware.store import MAX_HELD_BEFORE  # SQLAlchemy only once needed
+            from costaware.runtime.store import MAX_HELD_BEFORE  # SQLAlchemy only once needed
 
             if self._held_before > MAX_HELD_BEFORE:
                 self._warn_once(
@@ -1279,7 +1279,7 @@ _DOC = """Record a run's real cost per epoch and, with ``enforce=True``, stop it
     measured and how, and for the class to use with the other Lightning namespace.
 
     Args:
-        store: an :class:`~costaware.store.ObservationStore`, a URL or path to open one
+        store: an :class:`~costaware.runtime.store.ObservationStore`, a URL or path to open one
             (``"sqlite:///hpo.db"``; opened when fitting starts), or None to keep the records
             in memory only (``callback.records``, always kept). A store that cannot be
             opened or written only warns.
@@ -1329,7 +1329,7 @@ class _BatchSizeFinderBase:
     out of memory, and its answer can still run out later. This callback runs nothing:
     in ``setup``, before the model is on the device, it builds the fit's spec
     (:func:`spec_from_lightning`), searches the largest batch size ``budget`` admits on
-    the device (:func:`costaware.batch_size.max_batch_size`: the calibrated upper bound
+    the device (:func:`costaware.core.batch_size.max_batch_size`: the calibrated upper bound
     of the memory the step needs, plus the CUDA context) and sets it where Lightning's
     finder does (``lightning_setattr``: the module's or the datamodule's ``attr_name``,
     or its ``hparams``). The training dataloader must read that attribute, as it must for
@@ -1343,7 +1343,7 @@ class _BatchSizeFinderBase:
         attr_name: the attribute that holds the batch size (default ``"batch_size"``).
         limit: the largest batch size searched.
 
-    After ``setup``, ``result`` holds the :class:`~costaware.batch_size.BatchSizeResult`.
+    After ``setup``, ``result`` holds the :class:`~costaware.core.batch_size.BatchSizeResult`.
     Not even a batch of one fitting raises :class:`~costaware.NothingFitsError`, with the
     memory that batch needs.
     """
@@ -1382,7 +1382,7 @@ class _BatchSizeFinderBase:
                 f"has an attribute {self.attr_name!r} (nor one in hparams). Keep the batch size "
                 f"there and read it in train_dataloader(), or pass attr_name=."
             )
-        from costaware.batch_size import NothingFitsError, max_batch_size
+        from costaware.core.batch_size import NothingFitsError, max_batch_size
 
         spec = spec_from_lightning(trainer, pl_module)
         device = self.device

@@ -14,7 +14,7 @@ Two ways in:
 Either way, the prediction and the decision are written as user attributes through the
 study's storage (readable from any worker), a constraint is set on *every* trial so that
 GPSampler, NSGA-II and ``study.best_trial`` respect feasibility, and, with a store, a
-prediction record goes to the :class:`~costaware.store.ObservationStore` that the
+prediction record goes to the :class:`~costaware.runtime.store.ObservationStore` that the
 Lightning callback's measurements join for the online refit.
 
 The user's bug fails fast, costaware's own failure fails open. An error in the user's code
@@ -69,10 +69,10 @@ except ImportError as e:  # pragma: no cover - exercised only without optuna
     ) from e
 
 from costaware.budget import Budget
+from costaware.core.model import CostModel
 from costaware.devices import Device
 from costaware.errors import CostAwareWarning, SpecError
-from costaware.gate import Gate, spec_build_error
-from costaware.model import CostModel
+from costaware.runtime.gate import Gate, spec_build_error
 from costaware.spec import TrainingSpec
 
 __all__ = [
@@ -117,7 +117,7 @@ class _PrunerGate:
 
     @property
     def gate(self) -> Gate:
-        """The :class:`~costaware.gate.Gate` (budget, device, model, store) this pruner
+        """The :class:`~costaware.runtime.gate.Gate` (budget, device, model, store) this pruner
         judges with; ``CostAwareCallback(trial=trial)`` and :func:`admit` use it too."""
         return self._gate
 
@@ -268,7 +268,7 @@ class CostAwarePruner(BasePruner, _PrunerGate):
 
     @property
     def refit(self) -> Any:
-        """The :class:`~costaware.refit.OnlineRefit` in use, or None."""
+        """The :class:`~costaware.runtime.refit.OnlineRefit` in use, or None."""
         return self._gate.refit
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:

@@ -13,7 +13,7 @@ Three pieces, usable together or alone:
   do not count towards ``num_samples``.
 - :class:`CostAwareScheduler` wraps a ``TrialScheduler`` (default FIFO; ASHA, HyperBand,
   ...). It reads the actual cost every trial reports, records it in the
-  :class:`~costaware.store.ObservationStore` (the online refit learns from it), and stops a
+  :class:`~costaware.runtime.store.ObservationStore` (the online refit learns from it), and stops a
   running trial whose measured cost breaks the budget. Everything else is delegated.
 - :func:`resources` computes per-trial fractional GPUs from the predicted memory, for
   ``tune.with_resources(trainable, resources=...)``; :func:`limit_memory` enforces the
@@ -84,11 +84,11 @@ except ImportError as e:  # pragma: no cover - exercised only without ray
     ) from e
 
 from costaware.budget import Budget, Reason
+from costaware.core.model import CostModel
 from costaware.devices import Device, get_device
 from costaware.errors import CostAwareWarning, SpecError, first_line
-from costaware.gate import Gate, open_store, spec_build_error
-from costaware.model import CostModel
-from costaware.profile import CpuMemoryMeter, clear_cuda_cache
+from costaware.measure.profile import CpuMemoryMeter, clear_cuda_cache
+from costaware.runtime.gate import Gate, open_store, spec_build_error
 from costaware.spec import TrainingSpec
 
 __all__ = [
@@ -255,7 +255,7 @@ class CostAwareSearcher(Searcher):
 
     @property
     def refit(self) -> Any:
-        """The :class:`~costaware.refit.OnlineRefit` in use, or None."""
+        """The :class:`~costaware.runtime.refit.OnlineRefit` in use, or None."""
         return self._judge.refit
 
     # -- Searcher API -----------------------------------------------------------------------
@@ -678,15 +678,15 @@ class EpochMeter:
     epochs measured so far.
 
     On a CPU the peak is what the cost model predicts for one: the peak of the bytes held
-    by PyTorch's CPU allocator (:class:`costaware.profile.AllocatorPeak`), profiled from
+    by PyTorch's CPU allocator (:class:`costaware.measure.profile.AllocatorPeak`), profiled from
     the meter's creation to the end of the first epoch, or to the second call of
     :meth:`step` (call it after each optimizer step to keep the profiler's few
     microseconds per op to two steps). Where the profiler cannot run (another torch
     profiler is active) it is the growth of the process's anonymous resident set since the
-    meter was created (:class:`costaware.profile.RssPeak`); ``memory_method`` says which.
+    meter was created (:class:`costaware.measure.profile.RssPeak`); ``memory_method`` says which.
 
     On CUDA, creating the meter first returns what earlier work left in the caching
-    allocator (:func:`costaware.profile.clear_cuda_cache`: a Ray worker that runs one trial
+    allocator (:func:`costaware.measure.profile.clear_cuda_cache`: a Ray worker that runs one trial
     after another would otherwise count an earlier trial's cached and leftover blocks),
     then records what is still reserved as ``held_before`` (``"held_before_bytes"`` in
     :meth:`metrics`): nothing of this trial's exists yet, so it is all someone else's.

@@ -1,8 +1,8 @@
 """Measure corpus configurations for real and append the results to a ``.jsonl.gz`` file.
 
 Runs on a bare GPU machine: it imports only torch, the standard library and costaware's
-torch-only modules (:mod:`costaware.spec`, :mod:`costaware.profile`, :mod:`costaware.zoo`,
-:mod:`costaware.corpus`), never catboost, gensim, SQLAlchemy, rich or tqdm.
+torch-only modules (:mod:`costaware.spec`, :mod:`costaware.measure.profile`, :mod:`costaware.zoo`,
+:mod:`costaware.measure.corpus`), never catboost, gensim, SQLAlchemy, rich or tqdm.
 
 - One JSON line per configuration, each line its own gzip member appended to the file
   (gzip readers read concatenated members as one stream), so an interrupted run loses at
@@ -19,7 +19,7 @@ torch-only modules (:mod:`costaware.spec`, :mod:`costaware.profile`, :mod:`costa
 
 Example (this machine's CPU, 15 minutes)::
 
-    python -m costaware.collect --corpus cpu --device cpu --out data/cpu/cpu-shard0.jsonl.gz \\
+    python -m costaware.measure.collect --corpus cpu --device cpu --out data/cpu/cpu-shard0.jsonl.gz \\
         --max-minutes 15
 """
 
@@ -48,9 +48,9 @@ from typing import Any, TextIO
 
 import torch
 
-from costaware.corpus import KINDS, Config, corpus, recommended_shards, shard_estimates
 from costaware.devices import cpu_device, cpu_half_flags
-from costaware.profile import (
+from costaware.measure.corpus import KINDS, Config, corpus, recommended_shards, shard_estimates
+from costaware.measure.profile import (
     ALLOCATOR_METHOD,
     Measurement,
     host_speed,
@@ -333,13 +333,13 @@ def collect(
     """Measure ``configs`` on ``device`` and append one row per configuration to ``out_path``.
 
     Args:
-        configs: corpus configurations (:func:`costaware.corpus.corpus`).
+        configs: corpus configurations (:func:`costaware.measure.corpus.corpus`).
         out_path: a ``.jsonl.gz`` file; created (with its folder) if missing.
         device: ``"cpu"`` or ``"cuda"`` (``"cuda:1"``...).
         max_minutes: stop cleanly between configurations when the next one would not finish
             in time (the first one always runs).
         resume: skip config ids already in ``out_path`` (else measure them again).
-        warmup, steps: passed to :func:`costaware.profile.measure`.
+        warmup, steps: passed to :func:`costaware.measure.profile.measure`.
         progress: a progress bar on a TTY, else a log line every 10 configurations.
         spawn: measure each allocator mode in a child process (default: True on CUDA; a
             child that dies is restarted after its configuration is recorded as a crash). Without it, configurations asking for another allocator than this
@@ -350,7 +350,7 @@ def collect(
             ``status="timeout"``.
         in_context: after each measurement that succeeds, profile a few more steps of the
             configuration and keep each op's time in the step
-            (:func:`costaware.profile.in_context_op_times`) in the row's ``in_context``:
+            (:func:`costaware.measure.profile.in_context_op_times`) in the row's ``in_context``:
             what an op costs inside a model, against the op model's isolated timings
             (``benchmarks/in_context.py``). The profiled steps are not the timed ones.
 
@@ -510,7 +510,7 @@ def _collect_spawned(
     timeout_s: float | None = None,
     in_context: bool = False,
 ) -> CollectSummary:
-    """Run each allocator group in a child process (``python -m costaware.collect``)."""
+    """Run each allocator group in a child process (``python -m costaware.measure.collect``)."""
     t0 = time.perf_counter()
     groups: dict[str, list[Config]] = {}
     for c in todo:
@@ -542,7 +542,7 @@ def _collect_spawned(
                 cmd = [
                     sys.executable,
                     "-m",
-                    "costaware.collect",
+                    "costaware.measure.collect",
                     "--configs-file",
                     cfg_file,
                     "--device",
@@ -605,7 +605,7 @@ def catalog_device(row: dict[str, Any]) -> str:
 
 
 def cpu_allocator_peak(measurement: dict[str, Any]) -> bool:
-    """Whether a CPU row's peak is the CPU allocator's (:class:`costaware.profile.AllocatorPeak`).
+    """Whether a CPU row's peak is the CPU allocator's (:class:`costaware.measure.profile.AllocatorPeak`).
 
     CPU rows collected before it recorded the growth of the process's peak resident set,
     which in a collector's long-lived process can be a small part of what the tensors
@@ -617,7 +617,7 @@ def cpu_allocator_peak(measurement: dict[str, Any]) -> bool:
 def reserved_before(measurement: dict[str, Any]) -> int | None:
     """Reserved bytes the process held when a GPU measurement began, or None if unknown.
 
-    Rows from ``costaware.profile.measure`` since the ``reserved_before`` field record it.
+    Rows from ``costaware.measure.profile.measure`` since the ``reserved_before`` field record it.
     Older rows give a lower bound: the reserved peak minus the NVML-measured growth of the
     process's device memory over the run (NVML's baseline is taken at the start, so memory
     held then is in the reserved peak but not in the growth; CUDA's lazily loaded kernels
@@ -653,7 +653,7 @@ def _held_cublas_workspace(held: int, feats: Mapping[str, float]) -> bool:
     pair also measured on the H200 (whose collector drops the workspace first, holding
     16-42 MiB) allocated 65.0-67.5 MiB more on the H100 (65.0 in 17 of the 20 pairs).
     """
-    from costaware.analytic import CUBLAS_WORKSPACE_BYTES  # not on the bare-GPU path
+    from costaware.core.analytic import CUBLAS_WORKSPACE_BYTES  # not on the bare-GPU path
 
     return (
         held >= CUBLAS_WORKSPACE_BYTES - _HELD_SLACK_BYTES and feats.get("calls_cublas", 1.0) == 0.0
@@ -731,7 +731,7 @@ def features_version(model: Any) -> str:
     The op-level time features depend on the op model (its data and settings), so a cache
     computed with another op model, or none, is not reused.
     """
-    from costaware.features import FEATURE_VERSION
+    from costaware.core.features import FEATURE_VERSION
 
     kinds = ("cuda", "cpu")
     op_models = (
@@ -758,7 +758,7 @@ def _as_measured(row: dict[str, Any], device: str) -> Iterator[None]:
     if device != "CPU":
         yield
         return
-    from costaware.trace import simulated_cpu_capability
+    from costaware.core.trace import simulated_cpu_capability
 
     threads = row.get("env", {}).get("torch_threads")
     before = torch.get_num_threads()
@@ -785,7 +785,7 @@ def observations(
     the catalog are skipped. A CPU peak that is not the CPU allocator's (a resident-set
     growth, recorded before :func:`cpu_allocator_peak`) is dropped (kept as a time row). So
     is a GPU peak measured while
-    the process already held more than :data:`costaware.store.MAX_HELD_BEFORE` reserved
+    the process already held more than :data:`costaware.runtime.store.MAX_HELD_BEFORE` reserved
     (:func:`reserved_before`; the same limit the store applies to a trial's peak), or held
     a cuBLAS workspace that the step never calls (:func:`_held_cublas_workspace`);
     ``meta["memory_left_out"]`` says so, and ``meta["memory_left_out_kind"]`` which of
@@ -793,7 +793,7 @@ def observations(
     :data:`LEFT_OUT_WORKSPACE`). Returns ``(observations,
     reasons for each skipped row)``.
 
-    ``model`` defaults to an unfitted ``CostModel()``; this imports costaware.model, so it
+    ``model`` defaults to an unfitted ``CostModel()``; this imports costaware.core.model, so it
     is not for the bare-GPU path. ``on_row(i, row)`` is called before each row that needs
     features, for progress. ``cache`` is a ``.json.gz`` file of features already computed
     (keyed by row id, configuration, device and, on a CPU, torch threads, per features
@@ -801,8 +801,8 @@ def observations(
     features); it is updated, and keeps the sections of up to ``_CACHE_VERSIONS``
     versions, so that a run with another op model, or none, does not discard them.
     """
-    from costaware.model import CostModel, Observation
-    from costaware.store import MAX_HELD_BEFORE
+    from costaware.core.model import CostModel, Observation
+    from costaware.runtime.store import MAX_HELD_BEFORE
 
     # a generous dry-run limit: this is offline, and a busy machine slows tracing down
     cm = model if model is not None else CostModel(trace_timeout=600.0)
@@ -835,7 +835,7 @@ def observations(
     for i, row in enumerate(rows):
         status = row.get("status")
         rid = str(row.get("id", f"row{i}"))
-        if row.get("kind") == "op":  # a per-op timing (costaware.opbench), not a model
+        if row.get("kind") == "op":  # a per-op timing (costaware.measure.opbench), not a model
             skipped.append(f"{rid}: a per-op timing row")
             continue
         if status not in ("ok", "oom"):
@@ -1001,9 +1001,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m costaware.collect``: measure a corpus shard (torch-only)."""
+    """``python -m costaware.measure.collect``: measure a corpus shard (torch-only)."""
     p = argparse.ArgumentParser(
-        prog="python -m costaware.collect",
+        prog="python -m costaware.measure.collect",
         description=(
             "Measure a shard of the costaware corpus for real (peak memory, step time) and "
             "append the rows to a .jsonl.gz file. Imports only torch and the standard library."

@@ -20,7 +20,7 @@ balanced on a rough time estimate (:attr:`Config.est_seconds`), disjoint and cov
 Imports only torch and costaware's torch-only modules (it runs on bare GPU boxes).
 
 Example:
-    >>> from costaware.corpus import corpus
+    >>> from costaware.measure.corpus import corpus
     >>> configs = corpus("cpu", shard=0, shards=4)
     >>> spec = configs[0].to_spec()
     >>> spec.batch_size == configs[0].batch_size

@@ -34,7 +34,7 @@ reserved memory only, not the CUDA context, so ``cap`` is the memory left to PyT
 
 Example (on a GPU, 12 and 24 GiB caps, 6 minutes)::
 
-    python -m costaware.oomprobe --out h200-oom-seed0.jsonl.gz --caps 12,24 --max-minutes 6
+    python -m costaware.measure.oomprobe --out h200-oom-seed0.jsonl.gz --caps 12,24 --max-minutes 6
 """
 
 from __future__ import annotations
@@ -52,9 +52,15 @@ from typing import Any
 
 import torch
 
-from costaware.collect import _now, _time_limit, append_row, read_rows
-from costaware.corpus import Config, full_corpus
-from costaware.profile import _failure, _train_step, clear_cuda_cache, environment, nvml_driver
+from costaware.measure.collect import _now, _time_limit, append_row, read_rows
+from costaware.measure.corpus import Config, full_corpus
+from costaware.measure.profile import (
+    _failure,
+    _train_step,
+    clear_cuda_cache,
+    environment,
+    nvml_driver,
+)
 
 __all__ = ["SCHEMA_VERSION", "boundary_configs", "context_memory", "main", "probe_boundary"]
 
@@ -166,7 +172,7 @@ class _Prober:
             torch.cuda.reset_accumulated_memory_stats(dev)  # type: ignore[no-untyped-call]
             torch.backends.cudnn.benchmark = False
         else:
-            from costaware.profile import AllocatorPeak
+            from costaware.measure.profile import AllocatorPeak
 
             peak_meter = AllocatorPeak().start()
         try:
@@ -484,9 +490,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m costaware.oomprobe``: bisect batch sizes under memory caps (torch-only)."""
+    """``python -m costaware.measure.oomprobe``: bisect batch sizes under memory caps (torch-only)."""
     p = argparse.ArgumentParser(
-        prog="python -m costaware.oomprobe",
+        prog="python -m costaware.measure.oomprobe",
         description=(
             "For one configuration per corpus family, search the largest batch size that "
             "trains under each memory cap (set_per_process_memory_fraction on CUDA), and "

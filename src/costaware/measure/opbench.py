@@ -1,10 +1,10 @@
 """Per-operation microbenchmarks: time single operations over many random shapes on a device.
 
-In the spirit of Habitat and PreNeT: rather than whole training steps (:mod:`costaware.collect`),
+In the spirit of Habitat and PreNeT: rather than whole training steps (:mod:`costaware.measure.collect`),
 this times one operation at a time (a convolution, a matmul, attention, a norm, an optimizer
 step...) over thousands of random shapes, dtypes and directions, so that an op-level time
 model can be fitted. Runs on a bare GPU machine: it imports only torch, the standard library
-and :mod:`costaware.collect` (for the ``.jsonl.gz`` row format).
+and :mod:`costaware.measure.collect` (for the ``.jsonl.gz`` row format).
 
 - :func:`cases` draws a deterministic list of :class:`OpCase` s from a seed; ``cases(s, n)``
   is a prefix of ``cases(s, m)`` for ``n <= m``, so a larger ``--n`` extends a run. Sizes are
@@ -25,7 +25,7 @@ and :mod:`costaware.collect` (for the ``.jsonl.gz`` row format).
   tens of microseconds, is inside every sample. A ``fwd+bwd`` case on CUDA also records the
   peak allocation of one forward and of its backward apart (``peak_alloc_phase``).
 - One row per case, each its own gzip member appended to the file (the format of
-  :func:`costaware.collect.append_row`; rows are written as they come and synced every few
+  :func:`costaware.measure.collect.append_row`; rows are written as they come and synced every few
   seconds). An OOM or any error is a row (``status`` "oom" / "error"), never a crash; a case
   that killed the process is recorded as ``status="crash"`` on the next run (from the
   ``.inflight`` marker next to the file). Re-running resumes: ids already in the file are
@@ -33,7 +33,7 @@ and :mod:`costaware.collect` (for the ``.jsonl.gz`` row format).
 
 Example (an H100, 8 minutes)::
 
-    PYTHONPATH=src python -m costaware.opbench --device cuda --seed 0 --n 30000 \\
+    PYTHONPATH=src python -m costaware.measure.opbench --device cuda --seed 0 --n 30000 \\
         --out data/ops/h100-ops-seed0.jsonl.gz --max-minutes 8
 """
 
@@ -60,8 +60,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from costaware.collect import CollectSummary, _fmt_s, _inflight_path, done_ids, read_rows
-from costaware.profile import host_speed, nvml_driver
+from costaware.measure.collect import CollectSummary, _fmt_s, _inflight_path, done_ids, read_rows
+from costaware.measure.profile import host_speed, nvml_driver
 
 __all__ = [
     "OPS",
@@ -76,7 +76,7 @@ __all__ = [
 
 #: Version of the op row layout.
 OP_SCHEMA_VERSION = 2
-#: seconds between two host-speed probes (:func:`costaware.profile.host_speed`, about
+#: seconds between two host-speed probes (:func:`costaware.measure.profile.host_speed`, about
 #: 20 ms), whose latest figures every row carries in ``env["host_speed"]``
 HOST_SPEED_EVERY_S = 60.0
 
@@ -974,7 +974,7 @@ class _Bar:
 
 
 class _Writer:
-    """Appends rows as gzip members (the format of :func:`costaware.collect.append_row`).
+    """Appends rows as gzip members (the format of :func:`costaware.measure.collect.append_row`).
 
     Each row reaches the OS at once (a crashed process loses nothing); the file is synced to
     disk every ``sync_s`` seconds and on close, not after every row.
@@ -1250,9 +1250,9 @@ def load_op_rows(
 
 # ------------------------------------------------------------------------------- command line
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m costaware.opbench``: time random single operations (torch-only)."""
+    """``python -m costaware.measure.opbench``: time random single operations (torch-only)."""
     p = argparse.ArgumentParser(
-        prog="python -m costaware.opbench",
+        prog="python -m costaware.measure.opbench",
         description=(
             "Time single operations (conv2d, linear, matmul, bmm, attention, norms, softmax, "
             "pointwise ops, embedding, pooling, cross-entropy, LSTM, optimizer steps) over "
@@ -1261,7 +1261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "the same command resumes."
         ),
         epilog=(
-            "example: PYTHONPATH=src python -m costaware.opbench --device cuda --seed 0 "
+            "example: PYTHONPATH=src python -m costaware.measure.opbench --device cuda --seed 0 "
             "--n 30000 --out data/ops/h100-ops-seed0.jsonl.gz --max-minutes 8"
         ),
     )

@@ -156,8 +156,8 @@ def host_speed(repeats: int = 5) -> dict[str, float]:
 
     A shared, throttled or moved host changes speed from one hour to the next (the CPU
     corpus' container ran the same configurations 2x faster on one day than on another),
-    and a time measured then is that host's. :mod:`costaware.collect` and
-    :mod:`costaware.opbench` stamp this on their rows (``env["host_speed"]``) so that the
+    and a time measured then is that host's. :mod:`costaware.measure.collect` and
+    :mod:`costaware.measure.opbench` stamp this on their rows (``env["host_speed"]``) so that the
     drift is measured beside the times, not guessed at afterwards.
     """
     if repeats < 1:
@@ -1046,7 +1046,7 @@ def in_context_op_times(
     steps: int = 3,
 ) -> dict[str, Any]:
     """What each operator of ``spec``'s training step costs inside the step: the per-op
-    times that :mod:`costaware.opbench` measures one op at a time, here in context.
+    times that :mod:`costaware.measure.opbench` measures one op at a time, here in context.
 
     Runs ``warmup`` steps, then ``steps`` steps under ``torch.profiler``, each part of a
     step (:data:`STEP_PHASES`) in a range of its own. On CUDA an op's time is the GPU time
@@ -1054,7 +1054,7 @@ def in_context_op_times(
     it spent itself (``self_cpu_time_total``), so that each kernel or microsecond counts
     once. Ops are named by their chain of aten calls, outermost first
     (``"conv2d>convolution>_convolution>cudnn_convolution"``), which lets an analysis find
-    the op a dry run records (:mod:`costaware.features` groups them) whatever level the
+    the op a dry run records (:mod:`costaware.core.features` groups them) whatever level the
     kernels come from. Backward ops run on autograd's thread and are placed by time: an op
     belongs to the phase whose range holds its start.
 

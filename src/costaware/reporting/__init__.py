@@ -8,7 +8,7 @@ saved, and how far the predictions were from reality.
   :class:`~costaware.integrations.optuna.CostAwarePruner` writes (the prediction, the
   decision and its reasons) and the ``costaware_stopped`` / ``costaware_oom`` attributes
   the Lightning callback sets;
-- the :class:`~costaware.store.ObservationStore` (an object, a URL or a SQLite path):
+- the :class:`~costaware.runtime.store.ObservationStore` (an object, a URL or a SQLite path):
   every prediction and decision, and every measured epoch (peak memory, epoch time) or
   crash that :class:`~costaware.integrations.lightning.CostAwareCallback` and
   :class:`~costaware.integrations.ray.CostAwareScheduler` recorded;
@@ -22,7 +22,7 @@ what is missing is said in :attr:`Report.notes`, with what to add.
 
 Example:
     >>> import costaware as ca
-    >>> from costaware.store import ObservationStore
+    >>> from costaware.runtime.store import ObservationStore
     >>> store = ObservationStore("sqlite://")
     >>> _ = store.record_prediction(
     ...     study="s", trial=0, spec={"name": "mlp", "epochs": 2}, features=None,
@@ -267,7 +267,7 @@ def rel_errors(pairs: Sequence[tuple[float, float, float | None]]) -> dict[str, 
 def _held_by_others(row: TrialRow) -> bool:
     """Whether ``row``'s measured peak is partly memory its process held before it
     (more than the store's ``MAX_HELD_BEFORE``, which the refit leaves out too)."""
-    from costaware.store import MAX_HELD_BEFORE
+    from costaware.runtime.store import MAX_HELD_BEFORE
 
     return (row.memory_held_before or 0.0) > MAX_HELD_BEFORE
 
@@ -691,7 +691,7 @@ class Report:
 
         Writes it to ``path`` when given; returns the HTML either way.
         """
-        from costaware._report_html import render_html
+        from costaware.reporting.html import render_html
 
         text = render_html(self, progress=progress)
         if path is not None:
@@ -700,7 +700,7 @@ class Report:
 
     def to_markdown(self, path: str | os.PathLike[str] | None = None) -> str:
         """The report as Markdown (tables, no figures), for a pull request or a wiki."""
-        from costaware._report_text import render_markdown
+        from costaware.reporting.text import render_markdown
 
         text = render_markdown(self)
         if path is not None:
@@ -709,7 +709,7 @@ class Report:
 
     def print(self, console: Any = None) -> None:
         """Print the summary to the terminal (a ``rich.console.Console``; default stdout)."""
-        from costaware._report_text import print_summary
+        from costaware.reporting.text import print_summary
 
         print_summary(self, console)
 
@@ -947,7 +947,7 @@ def _open_store(store: Any) -> Any:
             f"{_safe(url)} has no costaware tables ({what}): --store takes the URL the "
             "pruner and CostAwareCallback wrote to, e.g. sqlite:///costaware.db."
         )
-    from costaware.store import ObservationStore
+    from costaware.runtime.store import ObservationStore
 
     try:
         return ObservationStore(url)
@@ -1323,7 +1323,7 @@ def report(
 
     Args:
         source: what to report on: an ``optuna.Study``, an
-            :class:`~costaware.store.ObservationStore`, a database URL or SQLite path
+            :class:`~costaware.runtime.store.ObservationStore`, a database URL or SQLite path
             (an Optuna storage, an observation store, or one file holding both), or a
             Ray Tune experiment directory. May be None when ``storage``, ``store`` or
             ``ray_dir`` says it.

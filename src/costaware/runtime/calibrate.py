@@ -4,7 +4,7 @@ The shipped time model learned one H100 (and one CPU). On another GPU it starts 
 GPU's roofline, and the online refit corrects it once a study's own trials are measured.
 :func:`calibrate` gives that refit its first rows before the study starts: it measures
 ``n`` small configurations of the corpus (spread over families and precisions) on this
-machine with :func:`costaware.profile.measure`, compares them with the model's
+machine with :func:`costaware.measure.profile.measure`, compares them with the model's
 predictions, and judges whether a correction fitted on them predicts left-out rows better
 than the model alone:
 
@@ -15,7 +15,7 @@ than the model alone:
   2 points.
 
 Given a store, the useful rows are recorded there as one study's trials (predictions and
-measurements, as the integrations record them), so an :class:`~costaware.refit.OnlineRefit`
+measurements, as the integrations record them), so an :class:`~costaware.runtime.refit.OnlineRefit`
 over the store, which the integrations start with ``refit_every``, learns from them from
 its first refit. ``record="always"`` records them regardless.
 
@@ -32,7 +32,7 @@ its data was timed, and calibrations 29.7-51.2%: this container's speed moves by
 percent within the hour, and a calibration learns the minute it ran in.
 
 Example:
-    >>> from costaware.calibrate import calibrate               # doctest: +SKIP
+    >>> from costaware.runtime.calibrate import calibrate               # doctest: +SKIP
     >>> result = calibrate("cuda", store="sqlite:///costaware.db")  # doctest: +SKIP
     >>> print(result)                                            # doctest: +SKIP
 """
@@ -49,11 +49,11 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
-from costaware.corpus import Config, corpus
+from costaware.core.model import CostModel, _small_sample_line
 from costaware.devices import Device, get_device
-from costaware.gate import open_store
-from costaware.model import CostModel, _small_sample_line
-from costaware.profile import host_speed, measure
+from costaware.measure.corpus import Config, corpus
+from costaware.measure.profile import host_speed, measure
+from costaware.runtime.gate import open_store
 from costaware.spec import TrainingSpec
 
 __all__ = [
@@ -285,7 +285,7 @@ def calibrate(
         max_minutes: stop measuring after this long (at least one configuration runs).
         progress: a line per configuration on ``stream`` (default stderr).
         configs: configurations to measure instead of :func:`calibration_configs`.
-        measure_fn: what measures one spec (``costaware.profile.measure``).
+        measure_fn: what measures one spec (``costaware.measure.profile.measure``).
 
     Returns:
         A :class:`Calibration`.

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from costaware.budget import Budget, Decision
+from costaware.core.model import CostModel, Prediction
 from costaware.devices import Device, get_device
 from costaware.errors import (
     CostawareError,
@@ -32,7 +33,6 @@ from costaware.errors import (
     first_line,
     is_user_error,
 )
-from costaware.model import CostModel, Prediction
 from costaware.spec import TrainingSpec
 
 __all__ = [
@@ -77,7 +77,7 @@ def open_store(store: Any, *, retry: bool = False) -> Any:
     another reason (a wrong path or password, a newer schema) still raises.
     """
     if isinstance(store, (str, bytes)) or hasattr(store, "__fspath__"):
-        from costaware.store import ObservationStore
+        from costaware.runtime.store import ObservationStore
 
         return ObservationStore(store, retry=retry)
     return store
@@ -99,7 +99,7 @@ def spec_build_error(
     explained, with ``missing`` as the fix."""
     if isinstance(error, CostawareError):
         return error
-    from costaware.trace import _failing_line, _raised_by_costaware
+    from costaware.core.trace import _failing_line, _raised_by_costaware
 
     if _raised_by_costaware(error):
         return error  # costaware's own bug: not the user's to fix, the trial fails open
@@ -172,7 +172,7 @@ class Gate:
 
     def _start_refit(self) -> None:
         if self.store is not None and self.refit_every:
-            from costaware.refit import OnlineRefit
+            from costaware.runtime.refit import OnlineRefit
 
             base = self._model
             if base is None:

@@ -1,6 +1,6 @@
 """Online refit: keep a cost model current with what the user's trials really cost.
 
-:class:`OnlineRefit` watches an :class:`~costaware.store.ObservationStore`. Once ``every``
+:class:`OnlineRefit` watches an :class:`~costaware.runtime.store.ObservationStore`. Once ``every``
 new trials have been measured, it refits in a background thread (a trial's start never
 waits for it) a residual over the base model, the shipped one by default, on all the
 study's measurements, and saves the result beside the store. Every worker that shares
@@ -15,8 +15,8 @@ leaves nothing behind, and a reader never sees half a model. The newest
 
 Example:
     >>> import costaware as ca
-    >>> from costaware.refit import OnlineRefit
-    >>> from costaware.store import ObservationStore
+    >>> from costaware.runtime.refit import OnlineRefit
+    >>> from costaware.runtime.store import ObservationStore
     >>> refit = OnlineRefit(ObservationStore("sqlite://"), every=5)
     >>> refit.model().is_fitted   # nothing measured yet: the base model
     False
@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
+from costaware.core.model import CostModel
 from costaware.errors import NotEnoughObservations
-from costaware.model import CostModel
 
 __all__ = ["KEEP_VERSIONS", "OnlineRefit"]
 

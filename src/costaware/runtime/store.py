@@ -14,7 +14,7 @@ Workers on several machines share a PostgreSQL database
 (``pip install 'costaware[postgres]'``). Each record is one transaction.
 
 Example:
-    >>> from costaware.store import ObservationStore
+    >>> from costaware.runtime.store import ObservationStore
     >>> with ObservationStore("sqlite://") as store:   # in memory; a path for a file
     ...     _ = store.record_prediction(
     ...         study="demo", trial=0, spec={"name": "mlp", "batch_size": 64},
@@ -58,7 +58,7 @@ from sqlalchemy.pool import ConnectionPoolEntry, NullPool, StaticPool
 from costaware.errors import CostawareError, CostAwareWarning
 
 if TYPE_CHECKING:
-    from costaware.model import Observation
+    from costaware.core.model import Observation
 
 __all__ = [
     "MAX_HELD_BEFORE",
@@ -86,7 +86,7 @@ MAX_HELD_BEFORE: Final = 256 << 20
 starts (``actual["held_before"]``, recorded by the Lightning callback) for the trial's
 reserved peak to still count as its own: above this, the peak is partly memory that an
 earlier trial or a pinned workspace left behind, and :meth:`ObservationStore.observations`
-leaves it out of the memory rows. :func:`costaware.collect.observations` applies the same
+leaves it out of the memory rows. :func:`costaware.measure.collect.observations` applies the same
 limit to a collected row's ``reserved_before``. Configurations measured one after another
 in one process reuse a cuBLAS workspace kept from an earlier one (64-162 MiB on the H100
 data), but a workspace left inside a large segment pins the whole segment, and
@@ -238,7 +238,7 @@ class ObservationStore:
 
     Example:
         >>> import tempfile, pathlib
-        >>> from costaware.store import ObservationStore
+        >>> from costaware.runtime.store import ObservationStore
         >>> path = pathlib.Path(tempfile.mkdtemp()) / "hpo.db"
         >>> store = ObservationStore(path)
         >>> store.record_measurement(study="s", trial=3, status="oom", device="H100",
@@ -562,7 +562,7 @@ class ObservationStore:
 
         Trials come in the order of their first measurement.
         """
-        from costaware.model import Observation
+        from costaware.core.model import Observation
 
         p, m = predictions_table, measurements_table
         # whole rows, so that every reader skips the same malformed ones
