@@ -177,7 +177,8 @@ def _same_configurations(raw: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     runs with cuDNN's benchmark mode on (its search is sized to the card's free memory),
     are no memory targets and are left out of the memory comparison.
     """
-    from costaware.measure.collect import catalog_device, reserved_before
+    from costaware.core.optime import catalog_device
+    from costaware.measure.collect import reserved_before
     from costaware.runtime.store import MAX_HELD_BEFORE
 
     latest: dict[str, dict[str, dict[str, Any]]] = {}

@@ -65,9 +65,9 @@ def predicted_groups(row: dict[str, Any], model: Any) -> dict[tuple[str, str], f
     """The op model's seconds per step by (phase, op group) for ``row``'s configuration on
     its device (None where the model has no op model of that device's kind)."""
     from costaware.core.model import _attention_mode
-    from costaware.core.optime import GROUPS, node_table
+    from costaware.core.optime import GROUPS, catalog_device, node_table
     from costaware.devices import get_device
-    from costaware.measure.collect import _as_measured, catalog_device, measured_cpu_device
+    from costaware.measure.collect import _as_measured, measured_cpu_device
     from costaware.measure.corpus import Config
 
     name = catalog_device(row)

@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("no op rows: pass opbench .jsonl.gz files")
     if args.folds < 2:
         p.error("--folds must be at least 2")
-    from costaware.measure.collect import catalog_device
+    from costaware.core.optime import catalog_device
 
     # one op model learns one device's timings: each device's rows are evaluated apart
     by_device: dict[str, list[dict]] = {}

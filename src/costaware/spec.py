@@ -641,7 +641,13 @@ class TrainingSpec:
         from costaware.from_code import spec_from_module
 
         spec: TrainingSpec = spec_from_module(
-            module, example_batch, optimizer=optimizer, loss=loss, precision=precision, **kwargs
+            cls,
+            module,
+            example_batch,
+            optimizer=optimizer,
+            loss=loss,
+            precision=precision,
+            **kwargs,
         )
         return spec
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from costaware.core.flops import MEMORY, VIEW
 from costaware.core.trace import Trace
-from costaware.devices import device_kind
+from costaware.devices import device_kind, get_device
 
 __all__ = [
     "MIN_OP_SAMPLES",
@@ -43,6 +43,7 @@ __all__ = [
     "OPTIMIZER_STEP",
     "NodeTable",
     "OpTimeModel",
+    "catalog_device",
     "fit_op_models",
     "node_table",
     "op_rows_digest",
@@ -223,6 +224,16 @@ def _x(group: Any, phase: Any, dtype: Any, flops: Any, nbytes: Any, serial: Any)
             np.log10(np.maximum(np.asarray(serial, dtype=np.float64), 1.0)),
         ]
     )
+
+
+def catalog_device(row: dict[str, Any]) -> str:
+    """The device-catalog name of a row's device ("CPU" for CPU rows, the GPU's entry else).
+
+    Raises ``UnknownDeviceError`` for a GPU that is not in the catalog.
+    """
+    if not str(row.get("device", "cpu")).startswith("cuda"):
+        return get_device("cpu").name
+    return get_device(str(row.get("device_name") or row.get("env", {}).get("gpu"))).name
 
 
 def _held(row: Mapping[str, Any]) -> bool:
@@ -416,8 +427,6 @@ class OpTimeModel:
                 f"the op model needs at least {MIN_OP_SAMPLES} op timings, but got {len(y)}."
             )
         if device is None:
-            from costaware.measure.collect import catalog_device
-
             names = {catalog_device(dict(r)) for r in ops if r.get("status") == "ok"}
             if len(names) != 1:
                 raise ValueError(
@@ -510,7 +519,6 @@ class OpTimeModel:
         forward kernels they are; another device of the op data's kind is scaled by the
         ratio of the roofline sums. The caller checks that ``device`` is of this model's
         kind."""
-        from costaware.devices import get_device
 
         a = _arrays(table)
         same = np.isin(a.group, _FORWARD_KERNEL_INDEX)
@@ -619,8 +627,6 @@ def fit_op_models(
     of the same kind scales its kernel times to another device by the roofline's ratio. A
     kind with fewer than :data:`MIN_OP_SAMPLES` usable timings gets no model.
     """
-    from costaware.measure.collect import catalog_device
-
     by_device: dict[str, dict[str, list[Mapping[str, Any]]]] = {}
     for r in rows:
         if r.get("kind") != "op":

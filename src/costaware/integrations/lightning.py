@@ -39,7 +39,7 @@ Record what a training run really costs, epoch by epoch, and stop one that blows
   Lightning's ``setup`` hook (before the model is on the device) and again when training
   starts. What the process still holds reserved at ``setup``, less parameters the module
   already had on the device, is ``held_before``. Above
-  :data:`costaware.runtime.store.MAX_HELD_BEFORE` (256 MiB) the callback warns once, and the
+  :data:`costaware.observation.MAX_HELD_BEFORE` (256 MiB) the callback warns once, and the
   store does not refit memory on that trial's peak, which is partly someone else's.
 
 Trials at once in one process
@@ -953,7 +953,7 @@ class _CostAwareCallbackBase:
                     getattr(trainer, "optimizers", None), "cuda"
                 )
                 self._held_before = max(0, reserved - own)
-            from costaware.runtime.store import MAX_HELD_BEFORE  # SQLAlchemy only once needed
+            from costaware.observation import MAX_HELD_BEFORE
 
             if self._held_before > MAX_HELD_BEFORE:
                 self._warn_once(

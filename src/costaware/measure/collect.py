@@ -62,7 +62,6 @@ __all__ = [
     "SCHEMA_VERSION",
     "CollectSummary",
     "append_row",
-    "catalog_device",
     "collect",
     "done_ids",
     "main",
@@ -591,19 +590,6 @@ def _collect_spawned(
 
 
 # ------------------------------------------------------------------------------- to observations
-def catalog_device(row: dict[str, Any]) -> str:
-    """The device-catalog name of a row's device ("CPU" for CPU rows, the GPU's entry else).
-
-    Imports :mod:`costaware.devices` lazily; raises ``UnknownDeviceError`` for a GPU that is
-    not in the catalog.
-    """
-    from costaware.devices import get_device
-
-    if not str(row.get("device", "cpu")).startswith("cuda"):
-        return get_device("cpu").name
-    return get_device(str(row.get("device_name") or row.get("env", {}).get("gpu"))).name
-
-
 def cpu_allocator_peak(measurement: dict[str, Any]) -> bool:
     """Whether a CPU row's peak is the CPU allocator's (:class:`costaware.measure.profile.AllocatorPeak`).
 
@@ -785,7 +771,7 @@ def observations(
     the catalog are skipped. A CPU peak that is not the CPU allocator's (a resident-set
     growth, recorded before :func:`cpu_allocator_peak`) is dropped (kept as a time row). So
     is a GPU peak measured while
-    the process already held more than :data:`costaware.runtime.store.MAX_HELD_BEFORE` reserved
+    the process already held more than :data:`costaware.observation.MAX_HELD_BEFORE` reserved
     (:func:`reserved_before`; the same limit the store applies to a trial's peak), or held
     a cuBLAS workspace that the step never calls (:func:`_held_cublas_workspace`);
     ``meta["memory_left_out"]`` says so, and ``meta["memory_left_out_kind"]`` which of
@@ -802,7 +788,8 @@ def observations(
     versions, so that a run with another op model, or none, does not discard them.
     """
     from costaware.core.model import CostModel, Observation
-    from costaware.runtime.store import MAX_HELD_BEFORE
+    from costaware.core.optime import catalog_device
+    from costaware.observation import MAX_HELD_BEFORE
 
     # a generous dry-run limit: this is offline, and a busy machine slows tracing down
     cm = model if model is not None else CostModel(trace_timeout=600.0)

@@ -16,16 +16,13 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from costaware._format import fmt_bytes, fmt_seconds
-from costaware.reporting import (
+from costaware._format import fmt_bytes, fmt_money, fmt_pct, fmt_seconds, fmt_value
+from costaware.reporting.rows import (
     OUTCOME_LABELS,
     OUTCOMES,
     ProgressFn,
     TrialRow,
-    fmt_money,
-    fmt_pct,
     fmt_saved,
-    fmt_value,
     lean_words,
 )
 
@@ -309,11 +306,6 @@ def _hover(r: TrialRow, extra: Sequence[str] = ()) -> str:
         lines.append(e(_params(r.params, 100)))
     lines += list(extra)
     return "<br>".join(lines)
-
-
-def _log_axis(values: Sequence[float]) -> bool:
-    pos = [v for v in values if v > 0]
-    return bool(pos) and max(pos) / min(pos) > 30
 
 
 def _budget_figure(rep: Report, figs: _Figures) -> str:

@@ -11,19 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from costaware._format import fmt_bytes, fmt_seconds
-from costaware.reporting import (
-    OUTCOME_LABELS,
-    OUTCOMES,
-    fmt_money,
-    fmt_pct,
-    fmt_saved,
-    fmt_value,
-    lean_words,
-)
+from costaware._format import fmt_bytes, fmt_money, fmt_pct, fmt_seconds, fmt_value
+from costaware.reporting.rows import OUTCOME_LABELS, OUTCOMES, fmt_saved, lean_words
 
 if TYPE_CHECKING:
-    from costaware.reporting import Report, TrialRow
+    from costaware.reporting import Report
+    from costaware.reporting.rows import TrialRow
 
 __all__ = ["print_summary", "render_markdown"]
 

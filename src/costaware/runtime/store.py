@@ -56,6 +56,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.pool import ConnectionPoolEntry, NullPool, StaticPool
 
 from costaware.errors import CostawareError, CostAwareWarning
+from costaware.observation import MAX_HELD_BEFORE  # also this module's name, for callers
 
 if TYPE_CHECKING:
     from costaware.core.model import Observation
@@ -80,18 +81,6 @@ PREDICTION_STATUSES: Final = ("admitted", "rejected", "error")
 
 MEASUREMENT_STATUSES: Final = ("ok", "oom", "error", "stopped")
 """``stopped``: the trial ended early on purpose (pruned, time budget); its numbers count."""
-
-MAX_HELD_BEFORE: Final = 256 << 20
-"""Bytes a GPU process may hold reserved beyond a trial's own tensors when its training
-starts (``actual["held_before"]``, recorded by the Lightning callback) for the trial's
-reserved peak to still count as its own: above this, the peak is partly memory that an
-earlier trial or a pinned workspace left behind, and :meth:`ObservationStore.observations`
-leaves it out of the memory rows. :func:`costaware.measure.collect.observations` applies the same
-limit to a collected row's ``reserved_before``. Configurations measured one after another
-in one process reuse a cuBLAS workspace kept from an earlier one (64-162 MiB on the H100
-data), but a workspace left inside a large segment pins the whole segment, and
-``empty_cache`` cannot return it (one H100 shard held 816-820 MiB this way: every small
-model "peaked" at 824-940 MiB)."""
 
 DEFAULT_URL: Final = "sqlite:///costaware.db"
 SQLITE_BUSY_TIMEOUT_S: Final = 30.0
@@ -549,7 +538,7 @@ class ObservationStore:
           or ``stopped``, else ``"error"``;
         - ``peak_memory`` / ``peak_allocated``: the maximum over ``ok``/``stopped``
           records, None for an OOM (the true peak did not fit) and for a trial whose
-          process held more than :data:`MAX_HELD_BEFORE` reserved bytes of something
+          process held more than :data:`~costaware.observation.MAX_HELD_BEFORE` reserved bytes of something
           else when its training started (``actual["held_before"]``; ``meta
           ["memory_left_out"]`` says so, and its times still count);
         - ``iteration_time``: the time per step that an epoch really took, the median
