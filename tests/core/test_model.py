@@ -393,7 +393,7 @@ def test_each_device_kind_gets_its_own_bound(tmp_path: Path, cnn_spec: ca.Traini
                 )
             )
     model.fit(obs)
-    assert sorted(model._by_kind()) == ["cpu", "cuda"]
+    assert sorted(model.kinds_) == ["cpu", "cuda"]
     q_gpu, q_cpu = model._q("memory", "cuda"), model._q("memory", "cpu")
     assert q_cpu > q_gpu + 0.2  # the CPU bound is wide, the GPU one is not dragged along
     gpu = model.predict(cnn_spec, device="H100")
@@ -801,7 +801,7 @@ def test_refit_on_few_trials_moves_the_base_bound(
         )
     target = spec(16, 8)
     before = base.predict(target, "CPU")
-    few = ca.CostModel(**base._params()).fit(rows[:4], base=base)
+    few = ca.CostModel(**base.get_params()).fit(rows[:4], base=base)
     for m in (few, ca.CostModel.load(few.save(tmp_path / "few"))):
         after = m.predict(target, "CPU")
         assert after.iteration_time == pytest.approx(2.0 * before.iteration_time, rel=0.05)
@@ -812,7 +812,7 @@ def test_refit_on_few_trials_moves_the_base_bound(
             before.peak_memory_upper / before.peak_memory, rel=1e-6
         )
         assert after.coverage == before.coverage
-    many = ca.CostModel(**base._params()).fit(rows, base=base)
+    many = ca.CostModel(**base.get_params()).fit(rows, base=base)
     own = many.predict(target, "CPU")
     # ten residuals within a few percent: a bound of its own, far narrower than the base's
     assert own.iteration_time < own.iteration_time_upper < 1.3 * own.iteration_time
@@ -834,7 +834,7 @@ def test_gpu_memory_line_is_calibrated_across_families() -> None:
             obs.append(dataclasses.replace(o, peak_memory=base * factor))
     fitted = ca.CostModel(iterations=20).fit(obs)
     assert fitted.memory_cal_rows_ == len(obs)  # every row calibrates, none is held back
-    assert not fitted.__dict__.get("memory_bounds_")  # one bound for all rows
+    assert not hasattr(fitted, "memory_bounds_")  # one bound for all rows
     for o in obs:
         base = fitted._baseline(o.features, None)
         _, upper, _, _ = fitted._corrected(o.features, (base[0], base[0], base[1], base[1]), None)
@@ -952,7 +952,7 @@ def test_cpu_step_model_recovers_its_constants_and_saves_with_the_model(
                 )
             )
     model.fit(obs)
-    steps = model.__dict__["cpu_steps_"]
+    steps = model.cpu_steps_
     # one architecture at several widths: the constants are not each identifiable, the
     # steps are
     for o in obs:
@@ -969,7 +969,7 @@ def test_cpu_step_model_recovers_its_constants_and_saves_with_the_model(
     loaded = ca.CostModel.load(tmp_path / "m")
     assert loaded._point(feats, "cpu") == pytest.approx(model._point(feats, "cpu"), rel=1e-9)
     roofline = ca.CostModel(iterations=50, depth=3, time_baseline="roofline").fit(obs)
-    assert "cpu_steps_" not in roofline.__dict__
+    assert not hasattr(roofline, "cpu_steps_")
     assert roofline._baseline(feats, "cpu")[1] == pytest.approx(feats["analytic_time_ms"] / 1e3)
 
 
@@ -1240,14 +1240,14 @@ def test_the_shipped_model_is_loaded_once_per_process_and_shared_read_only(
         t.join(timeout=120)
     assert len(got) == 6 and len(loads) == 1
     assert len({id(m) for m in got}) == 6  # each caller its own model object ...
-    assert all(m._by_kind()["cpu"] is got[0]._by_kind()["cpu"] for m in got)  # ... one load
+    assert all(m.kinds_["cpu"] is got[0].kinds_["cpu"] for m in got)  # ... one load
     before = got[1].predict(cnn_spec, device="cpu")
     # refitting the one a caller got leaves everybody else's as it was
     rows = _observations(ca.CostModel(), [4], "a")
     got[0].fit(rows)
     assert got[0].training_["rows"] == len(rows)
     for m in (got[1], ca.CostModel.default()):
-        assert m.training_["rows"] > len(rows) and set(m._by_kind()) == {"cpu", "cuda"}
+        assert m.training_["rows"] > len(rows) and set(m.kinds_) == {"cpu", "cuda"}
         assert m.predict(cnn_spec, device="cpu").peak_memory == before.peak_memory
     assert len(loads) == 1
 
@@ -1276,3 +1276,88 @@ def test_a_damaged_shipped_model_is_refused_once_with_a_clear_error(
         assert f"{root / 'cuda' / 'time.cbm'} is damaged" in message
         assert "pip install --force-reinstall costaware" in message
     assert len(loads) == 1  # remembered: the files are not read again
+
+
+# -- the estimator's contract: parameters, learned state, validation -------------------------
+def _rows(n: int, *, memory: bool = True, time: bool = True) -> list[Observation]:
+    """Measured rows over hand-made features (no dry run): a memory and a time factor."""
+    rows = []
+    for i in range(n):
+        mib, ms = 100.0 + 37.0 * i, 5.0 + 1.5 * i
+        rows.append(
+            Observation(
+                features={"analytic_reserved_mib": mib, "analytic_time_ms": ms, "width": i},
+                device="H100-SXM",
+                peak_memory=mib * MiB * (1.2 + 0.001 * i) if memory else None,
+                iteration_time=ms / 1e3 * (1.5 + 0.002 * i) if time else None,
+                family=f"f{i % 6}",
+            )
+        )
+    return rows
+
+
+def _learned(model: ca.CostModel) -> set[str]:
+    return {n for n in vars(model) if n.endswith("_")}
+
+
+def test_parameters_are_what_init_declares() -> None:
+    import inspect
+
+    declared = [p for p in inspect.signature(ca.CostModel.__init__).parameters if p != "self"]
+    model = ca.CostModel(iterations=50, coverage=0.9, memory_model="trees")
+    params = model.get_params()
+    assert list(params) == declared
+    assert params["iterations"] == 50 and params["coverage"] == 0.9
+    assert ca.CostModel(**params).get_params() == params
+    assert ca.CostModel.default().get_params() == ca.CostModel().get_params()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"time_baseline": "optim"}, "time_baseline must be 'optime' or 'roofline', but got"),
+        ({"memory_model": "tree"}, "memory_model must be 'line' or 'trees', but got"),
+        ({"calibration": "loo"}, "calibration must be 'cross' or 'split', but got"),
+        ({"coverage": 95}, "coverage must be a number between 0 and 1, but got 95"),
+        ({"calibration_fraction": 0.0}, "calibration_fraction must be a number between 0 and 1"),
+        ({"iterations": 0}, "iterations must be a whole number of at least 1, but got 0"),
+        ({"depth": 2.5}, "depth must be a whole number of at least 1, but got 2.5"),
+        ({"learning_rate": -0.1}, "learning_rate must be a number above 0, but got -0.1"),
+        ({"thread_count": 0}, "thread_count must be -1 (every core) or at least 1, but got 0"),
+        ({"trace_timeout": 0}, "trace_timeout must be a number above 0, but got 0"),
+        ({"cache_size": -1}, "cache_size must be a whole number of at least 0, but got -1"),
+        ({"random_state": "0"}, "random_state must be a whole number of at least 0, but got '0'"),
+    ],
+)
+def test_bad_parameters_are_refused_with_what_was_expected(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ca.CostModel(**kwargs)
+
+
+def test_learned_state_is_declared_and_ends_in_an_underscore() -> None:
+    model = ca.CostModel(time_baseline="roofline").fit(_rows(12))
+    declared = set(ca.CostModel.__annotations__)
+    state = set(vars(model)) - set(model.get_params()) - {"_trace_cache"}
+    assert state and state <= declared
+    assert all(n.endswith("_") for n in state)
+
+
+def test_every_fit_starts_from_nothing_learned() -> None:
+    # a fit without memory targets keeps nothing of an earlier fit's memory model
+    settings = {"time_baseline": "roofline", "iterations": 20, "depth": 2}
+    model = ca.CostModel(**settings).fit(_rows(36))
+    assert hasattr(model, "memory_model_") and hasattr(model, "time_model_")
+    time_only = _rows(36, memory=False)
+    model.fit(time_only)
+    fresh = ca.CostModel(**settings).fit(time_only)
+    assert not hasattr(model, "memory_model_")
+    assert _learned(model) == _learned(fresh)
+    assert model.achieved_coverage() == fresh.achieved_coverage()
+
+
+def test_a_model_is_not_its_own_base() -> None:
+    model = ca.CostModel(time_baseline="roofline").fit(_rows(12))
+    with pytest.raises(ValueError, match="base must be another model"):
+        model.fit(_rows(12), base=model)

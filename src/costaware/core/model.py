@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -976,6 +977,43 @@ def _measured_times(obs: Sequence[Observation]) -> dict[str, tuple[float, int]]:
     return {k: (float(np.median(v)), len(v)) for k, v in times.items()}
 
 
+def _check_params(**params: Any) -> None:
+    """Raise ``ValueError`` naming the first of :class:`CostModel`'s parameters that is out
+    of its range, with what it accepts and what it got."""
+
+    def whole(name: str, low: int) -> None:
+        v = params[name]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            raise ValueError(f"{name} must be a whole number of at least {low}, but got {v!r}.")
+
+    def number(name: str, low: float, high: float = math.inf) -> None:
+        v = params[name]
+        ok = isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+        if not ok or not low < float(v) <= high or (high < math.inf and float(v) == high):
+            span = f"between {low:g} and {high:g}" if high < math.inf else f"above {low:g}"
+            raise ValueError(f"{name} must be a number {span}, but got {v!r}.")
+
+    def one_of(name: str, allowed: tuple[str, ...]) -> None:
+        if params[name] not in allowed:
+            words = " or ".join(repr(a) for a in allowed)
+            raise ValueError(f"{name} must be {words}, but got {name}={params[name]!r}.")
+
+    whole("iterations", 1)
+    whole("depth", 1)
+    number("learning_rate", 0.0)
+    number("coverage", 0.0, 1.0)
+    number("calibration_fraction", 0.0, 1.0)
+    whole("random_state", 0)
+    v = params["thread_count"]
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not (v == -1 or v >= 1):
+        raise ValueError(f"thread_count must be -1 (every core) or at least 1, but got {v!r}.")
+    number("trace_timeout", 0.0)
+    whole("cache_size", 0)
+    one_of("time_baseline", CostModel.TIME_BASELINES)
+    one_of("memory_model", CostModel.MEMORY_MODELS)
+    one_of("calibration", CostModel.CALIBRATIONS)
+
+
 class CostModel:
     """Predicts peak memory and iteration/epoch time of a :class:`TrainingSpec`.
 
@@ -1027,16 +1065,73 @@ class CostModel:
             the trees ``_CV_FOLDS`` + 1 times.
     """
 
-    # learned state, set by fit / load
+    # Learned state: set by fit (or load), each name ending in "_", and none of it kept
+    # from one fit to the next (see _LEARNED). An attribute is absent where the fit learned
+    # nothing of it (no time rows, no capacity rows, ...).
     feature_names_: list[str]
     training_: dict[str, Any]
+    base_: CostModel | None  # the model a refit corrects (None: the analytic estimate)
+    kinds_: dict[str, CostModel]  # one model per device kind, when fitted on several
+    dispatch_: _Dispatch  # the GPU step model the time residual is learned over
+    cpu_steps_: _CpuSteps  # the CPU step model the time residual is learned over
+    # per target ("memory", "time"): the residual model; its conformal quantile, shift and
+    # achieved coverage; the rows it was calibrated on; "base" where the bound is the
+    # base's, moved; and the bounds of the groups that have their own
     memory_model_: Any
-    time_model_: Any
     memory_q_: float
+    memory_shift_: float
+    memory_coverage_: float
+    memory_cal_rows_: int
+    memory_bound_: str
+    memory_bounds_: dict[str, tuple[float, float, float]]
+    time_model_: Any
     time_q_: float
+    time_shift_: float
+    time_coverage_: float
+    time_cal_rows_: int
+    time_bound_: str
+    time_bounds_: dict[str, tuple[float, float, float]]
+    capacity_q_: float
+    capacity_shift_: float
+    capacity_coverage_: float
+    capacity_rows_: int
+    time_measured_: dict[str, tuple[float, int]]  # a refit's measured configurations
+    # parts added to the model rather than learned by fit, which fit keeps: the graph
+    # embedding (a refit takes its base's) and the op-level time models (add_op_model)
     graph2vec_: Any
-    base_: CostModel | None
     op_models_: dict[str, OpTimeModel]
+
+    #: every attribute a fit learns; each fit starts without any of them
+    _LEARNED: ClassVar[tuple[str, ...]] = (
+        "feature_names_",
+        "training_",
+        "base_",
+        "kinds_",
+        "dispatch_",
+        "cpu_steps_",
+        "memory_model_",
+        "memory_q_",
+        "memory_shift_",
+        "memory_coverage_",
+        "memory_cal_rows_",
+        "memory_bound_",
+        "memory_bounds_",
+        "time_model_",
+        "time_q_",
+        "time_shift_",
+        "time_coverage_",
+        "time_cal_rows_",
+        "time_bound_",
+        "time_bounds_",
+        "capacity_q_",
+        "capacity_shift_",
+        "capacity_coverage_",
+        "capacity_rows_",
+        "time_measured_",
+    )
+    TIME_BASELINES: ClassVar[tuple[str, ...]] = ("optime", "roofline")
+    MEMORY_MODELS: ClassVar[tuple[str, ...]] = ("line", "trees")
+    CALIBRATIONS: ClassVar[tuple[str, ...]] = ("cross", "split")
 
     def __init__(
         self,
@@ -1054,10 +1149,20 @@ class CostModel:
         memory_model: str = "line",
         calibration: str = "cross",
     ) -> None:
-        if memory_model not in ("line", "trees"):
-            raise ValueError(f"memory_model must be 'line' or 'trees', but got {memory_model=}.")
-        if calibration not in ("cross", "split"):
-            raise ValueError(f"calibration must be 'cross' or 'split', but got {calibration=}.")
+        _check_params(
+            iterations=iterations,
+            depth=depth,
+            learning_rate=learning_rate,
+            coverage=coverage,
+            calibration_fraction=calibration_fraction,
+            random_state=random_state,
+            thread_count=thread_count,
+            trace_timeout=trace_timeout,
+            cache_size=cache_size,
+            time_baseline=time_baseline,
+            memory_model=memory_model,
+            calibration=calibration,
+        )
         self.iterations = iterations
         self.depth = depth
         self.learning_rate = learning_rate
@@ -1123,6 +1228,11 @@ class CostModel:
             if name in new.__dict__:
                 new.__dict__[name] = dict(new.__dict__[name])
         return new
+
+    def _forget(self) -> None:
+        """Drop everything an earlier fit learned (:attr:`_LEARNED`)."""
+        for name in self._LEARNED:
+            self.__dict__.pop(name, None)
 
     def _cache(self) -> _TraceCache:
         cache = self.__dict__.get("_trace_cache")
@@ -1568,7 +1678,7 @@ class CostModel:
                 (stepped := cpu.seconds(feats)) or 0.0
             ) > 0:
                 secs = stepped  # a CPU's step model (over the roofline's parts and op sum)
-            elif self.__dict__.get("time_baseline", "roofline") == "optime" and op_sum > 0:
+            elif self.time_baseline == "optime" and op_sum > 0:
                 secs = op_sum / 1e3  # the op-level sum where there is one, else roofline
                 dispatch = self.__dict__.get("dispatch_")
                 if dispatch is not None and (issued := dispatch.seconds(feats)) is not None:
@@ -1625,7 +1735,9 @@ class CostModel:
                     raise ValueError(
                         f"observation features lack {name!r}; build them with CostModel.features(spec, device)."
                     )
-        self.__dict__.pop("kinds_", None)
+        if base is self:
+            raise ValueError("fit's base must be another model, not the one being fitted.")
+        self._forget()
         present = sorted({device_kind(o.device) for o in obs})
         if len(present) > 1:
             return self._fit_by_kind(obs, base, present)
@@ -1641,9 +1753,7 @@ class CostModel:
         self.base_ = base
         if base is not None and base.__dict__.get("graph2vec_") is not None:
             self.graph2vec_ = base.graph2vec_
-        self.__dict__.pop("dispatch_", None)
-        self.__dict__.pop("cpu_steps_", None)
-        if base is None and self.__dict__.get("time_baseline", "roofline") == "optime":
+        if base is None and self.time_baseline == "optime":
             # the step models the time residual is learned over: a GPU's where the rows
             # have an op-level sum, a CPU's where they are all CPU rows
             dispatch = _Dispatch.fitted_on(
@@ -1689,8 +1799,6 @@ class CostModel:
             return math.log(o.iteration_time / secs)
 
         for col, which in enumerate(("memory", "time")):
-            self.__dict__.pop(f"{which}_shift_", None)
-            self.__dict__.pop(f"{which}_bound_", None)
             y = np.asarray(
                 [np.nan if (v := target(i, o, which)) is None else v for i, o in enumerate(obs)]
             )
@@ -1740,11 +1848,7 @@ class CostModel:
             model: Any
             pooled = False  # one bound for every row, not one per bound group
             one_kind = len(set(kinds[ok].tolist())) == 1
-            if (
-                which == "memory"
-                and self.__dict__.get("memory_model", "trees") == "line"
-                and one_kind
-            ):
+            if which == "memory" and self.memory_model == "line" and one_kind:
                 bases = baselines[:, 0]
                 fams = np.unique(groups[ok])
                 if len(fams) >= _MIN_CV_FAMILIES:
@@ -1767,7 +1871,7 @@ class CostModel:
                     fitted = np.asarray([model.correction(b) for b in bases[cal]])
                 fitted_train = np.asarray([model.correction(b) for b in bases[train]])
             elif (
-                self.__dict__.get("calibration", "cross") == "cross"
+                self.calibration == "cross"
                 and len(fams := np.unique(groups[ok])) >= _MIN_CV_FAMILIES
             ):
                 # cross-conformal by family: each row's residual comes from trees fitted
@@ -1810,7 +1914,6 @@ class CostModel:
                     for g in np.unique(in_cal).tolist()
                     if np.sum(in_cal == g) >= _MIN_GROUP_ROWS and not pooled
                 }
-            self.__dict__.pop(f"{which}_bounds_", None)
             if len(by_group) > 1:
                 setattr(self, f"{which}_bounds_", by_group)
             setattr(self, f"{which}_model_", model)
@@ -1822,7 +1925,6 @@ class CostModel:
                 "fit needs at least 2 observations with a measured peak memory or iteration time."
             )
         self._fit_capacity(obs)
-        self.__dict__.pop("time_measured_", None)
         if refit:
             # a refit remembers what each configuration it saw measured (see predict)
             self.time_measured_ = _measured_times(obs)
@@ -1842,9 +1944,7 @@ class CostModel:
         """The capacity bound (:func:`capacity_quantile`) from the observations with a
         measured allocated peak: each one's predicted allocated peak is the simulated one
         moved by this model's memory correction, as :meth:`predict` moves the capacity.
-        A fit without such rows keeps no capacity bound (the reserved peak's applies)."""
-        for name in ("capacity_q_", "capacity_shift_", "capacity_coverage_", "capacity_rows_"):
-            self.__dict__.pop(name, None)
+        A fit without such rows has no capacity bound (the reserved peak's applies)."""
         pairs = []
         for o in obs:
             simulated = o.features.get("analytic_allocated_mib", math.nan) * MiB
@@ -1889,7 +1989,7 @@ class CostModel:
         skipped: dict[str, str] = {}
         for kind in kinds:
             rows = [o for o in obs if device_kind(o.device) == kind]
-            sub = CostModel(**self._params())
+            sub = CostModel(**self.get_params())
             try:
                 subs[kind] = sub.fit(rows, base=base)
             except ValueError as e:
@@ -1941,21 +2041,11 @@ class CostModel:
         )
 
     # -- persistence ----------------------------------------------------------------------
-    def _params(self) -> dict[str, Any]:
-        return {
-            "iterations": self.iterations,
-            "depth": self.depth,
-            "learning_rate": self.learning_rate,
-            "coverage": self.coverage,
-            "calibration_fraction": self.calibration_fraction,
-            "random_state": self.random_state,
-            "thread_count": self.thread_count,
-            "trace_timeout": self.trace_timeout,
-            "cache_size": self.cache_size,
-            "time_baseline": self.time_baseline,
-            "memory_model": self.__dict__.get("memory_model", "trees"),
-            "calibration": self.__dict__.get("calibration", "cross"),
-        }
+    def get_params(self) -> dict[str, Any]:
+        """The parameters ``__init__`` declares, with this model's values:
+        ``CostModel(**model.get_params())`` is an unfitted model with the same settings."""
+        names = inspect.signature(type(self).__init__).parameters
+        return {name: getattr(self, name) for name in names if name != "self"}
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the model to directory ``path``: ``.cbm`` files and ``manifest.json``."""
@@ -2014,7 +2104,7 @@ class CostModel:
             "format_version": FORMAT_VERSION,
             "feature_version": FEATURE_VERSION,
             "feature_names": self.feature_names_,
-            "params": self._params(),
+            "params": self.get_params(),
             "models": files,
             "graph2vec": g2v is not None,
             "base": base is not None,

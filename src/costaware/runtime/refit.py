@@ -207,7 +207,7 @@ class OnlineRefit:
         self._counted = int(self.store.count_observations(study=self.study))
         observations = self.store.observations(study=self.study)
         template = self.base
-        model = CostModel(**template._params()).fit(observations, base=self.base)
+        model = CostModel(**template.get_params()).fit(observations, base=self.base)
         seconds = time.perf_counter() - t0
         version = None
         if self.directory is not None:
