@@ -260,7 +260,9 @@ def test_progress_log_lines_when_not_a_tty(tmp_path: Path) -> None:
 
 def test_module_help_and_torch_only_imports() -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "costaware.measure.collect", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "costaware.measure.collect", "--help"],
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0
     assert "--max-minutes" in r.stdout
@@ -646,10 +648,7 @@ def test_features_cache_keeps_each_versions_features(
 
 def test_features_cache_outlives_measuring_a_configuration_again(tmp_path: Path) -> None:
     # The features depend on the configuration, the device and a CPU's torch threads, not
-    # on when a row was measured: timing the CPU corpus again (new finish times) once cost
-    # 34 minutes of dry runs, unless the cache was carried over by hand
-    from costaware.measure.collect import _legacy_cache_key, features_version
-
+    # on when a row was measured: timing a corpus again (new finish times) traces nothing
     cache = tmp_path / "feats.json.gz"
     first = {**_cpu_row("a"), "env": {"torch_threads": 1}}
 
@@ -668,19 +667,6 @@ def test_features_cache_outlives_measuring_a_configuration_again(tmp_path: Path)
     assert traced([{**first, "env": {"torch_threads": 2}}]) == ["a"]  # other threads: traced
     other = {**first, "config": _tiny("a", batch_size=16).to_dict()}
     assert traced([other]) == ["a"]  # the same id for another configuration: traced
-
-    # a cache written under the old key (id, device, finish time) is still read, and
-    # kept under the new key
-    version = features_version(CostModel(trace_timeout=600.0))
-    feats = {"batch_size": 8.0, "analytic_reserved_mib": 1.0, "analytic_time_ms": 1.0}
-    legacy = {"versions": {version: {_legacy_cache_key({**first, "id": "b"}): feats}}}
-    cache.write_bytes(gzip.compress(json.dumps(legacy).encode()))
-    b = {**first, "id": "b"}
-    assert traced([b]) == []
-    obs, _ = observations([b], cache=cache)
-    assert obs[0].features == feats
-    stored = json.loads(gzip.decompress(cache.read_bytes()))["versions"][version]
-    assert _legacy_cache_key(b) not in stored and len(stored) == 1
 
 
 def test_a_cpu_row_is_traced_with_the_threads_it_was_measured_with() -> None:

@@ -5,15 +5,21 @@ parameters, :meth:`CostModel.fit` validates and returns ``self``, learned state 
 ``_``, and a learned component used before ``fit`` raises :class:`NotFittedError`. An
 unfitted model still predicts: it returns the analytic estimate and says so.
 
-Two CatBoost regressors learn the *residual* over a baseline, ``log(actual / simulated
-reserved peak)`` for memory and ``log(actual / step model)`` for time, from NSM, graph2vec,
-hyperparameter, analytic and device features. The time baseline is itself fitted on the
-training timings: the op-level sum against the CPU's issue time on a GPU
-(:class:`_Dispatch`), the roofline's parts with a cost per kernel and per parameter tensor
-on a CPU (:class:`_CpuSteps`). Residual learning is what
-carries over to architectures the model has never seen. The upper bounds are
-split-conformal: the calibration residuals come from rows (architecture families, when
-known) the regressors did not train on, so a nominal 95% bound covers 95%.
+For each device kind, the model learns the *residual* over a baseline:
+``log(actual / simulated reserved peak)`` for memory (a Theil-Sen line over the simulated
+peak, or CatBoost trees on every feature: ``memory_model``) and ``log(actual / step
+model)`` for time (CatBoost trees on the NSM, graph2vec, hyperparameter, analytic and
+device features). The time baseline is itself fitted on the training timings: the op-level
+sum against the CPU's issue time on a GPU (:class:`_Dispatch`), the roofline's parts with a
+cost per kernel and per parameter tensor on a CPU (:class:`_CpuSteps`). Residual learning
+is what carries over to architectures the model has never seen. With few measurements (a
+refit on the user's trials) a line per target replaces the trees.
+
+The upper bounds are conformal: their residuals come from measurements held out of the fit
+that predicted them (cross-conformal by family where there are enough families, else one
+held-out split; leave-one-out for a small sample). The coverage they target holds for
+measurements like the training data's; an architecture unlike any of them may fall outside
+more often.
 
 Models are saved as CatBoost ``.cbm`` files plus a JSON manifest. Nothing is pickled.
 """
@@ -178,10 +184,11 @@ class Prediction:
             )
         else:
             lines.append(
-                f"  model: learned residual over the analytic estimate, trained on {b.get('trained_rows')} "
-                f"measurements; upper bounds conformal, calibrated on families held out of the "
-                f"fit to cover {self.coverage:.0%} of measurements (a target, not a guarantee "
-                "for an architecture unlike any it learned)"
+                f"  model: learned residual over the estimates below, trained on "
+                f"{b.get('trained_rows')} measurements; upper bounds conformal, calibrated on "
+                f"the residuals of measurements held out of the fit to cover "
+                f"{self.coverage:.0%} of measurements like those it learned from (a target, "
+                "not a guarantee for an architecture unlike any of them)"
             )
         lines += [
             "  based on:",
@@ -376,12 +383,9 @@ _GROUP_FEATURES = {p: f"precision_is_{p}" for p in PRECISIONS}
 _MAX_LOG_SLOPE = 0.5
 #: row pairs (same precision, baselines apart) a slope needs; with fewer it is 0
 _MIN_SLOPE_PAIRS = 3
-#: time measurements a small-sample refit needs before it tries a slope at all. Replaying
-#: refits on held-out families (``benchmarks/refit_replay.py``: the first 2, 4, 8 and 13
-#: trials of a family predict its others), a slope chosen by leave-one-out on 4 or 8 rows
-#: made the H100 predictions worse: 19.8% / 23.3% mean error against 18.9% / 18.0% with
-#: one factor per precision, and under a simulated device shift too; from 13 rows on it
-#: helped where the shift grows with size
+#: time measurements a small-sample refit needs before it tries a slope at all: on fewer
+#: rows a slope chosen by leave-one-out makes predictions worse than one factor per
+#: precision (``benchmarks/refit_replay.py`` replays refits on held-out families)
 _MIN_SLOPE_ROWS = 10
 
 
@@ -517,24 +521,19 @@ class _Dispatch(_StepModel):
 
     An eager step is two pipelines: the CPU issues ops (Python, dispatcher and autograd
     per op) while the GPU runs them. A step of many tiny kernels takes its issue time, one
-    of large kernels its kernel time; adding both over-counted small models about 2x.
+    of large kernels its kernel time; adding the two would count small models twice.
     The CPU's cost per op differs by phase: a forward op goes through Python and the
     module call, a backward op only through the autograd engine in C++, and an optimizer
-    node is a ``_foreach`` op over every parameter. One cost per kernel for all three
-    (the model before this one) over-predicted backward-heavy steps: DenseNet's held-out
-    time error was 42%, 19% with this split. Besides its ops, the CPU pays per parameter
-    tensor: autograd's gradient accumulation, ``zero_grad``, each ``_foreach`` op's
-    per-tensor work and the module call around most tensors. Without that term a
-    ``_foreach`` node cost as much over the 8 tensors of an MLP as over the 160 of a
-    ResNet; with it (feature version 7) the held-out H100 time error fell from 20.5% to
-    18.2%, better in 14 of 16 families (MLPs 50% -> 39%, random transformers 29% -> 22%,
-    DenseNet 19% -> 15%). Without the two autocast factors the mixed-precision steps
-    were under-predicted (mean log error -0.065 held out by family) and the fp32 ones
-    over-predicted (+0.081): one set of constants split the difference. Fitted on the
-    575 H100 rows, an autocast step's kernel time is 1.2x its op-level sum and its issue
-    time 1.1x (autocast's dispatch on every op, and casts the op sum under-counts); held
-    out by family, the error of this step model alone fell from 19.0% to 17.5%, and the
-    model's (with its learned correction) from 18.2% to 17.6%. The eight constants are
+    node is a ``_foreach`` op over every parameter, so each phase has its own cost per
+    kernel (one cost for all three over-predicts backward-heavy steps such as DenseNet's).
+    Besides its ops, the CPU pays per parameter tensor: autograd's gradient accumulation,
+    ``zero_grad``, each ``_foreach`` op's per-tensor work and the module call around most
+    tensors; without that term a ``_foreach`` node would cost as much over the 8 tensors
+    of an MLP as over the 160 of a ResNet. Autocast dispatches every op through its cast
+    policy and adds casts that the op-level sum under-counts, hence its two factors (one
+    set of constants for both would under-predict the mixed-precision steps and
+    over-predict the fp32 ones). What each part is worth on held-out families is in
+    ``docs/accuracy.md``. The eight constants are
     fitted on whole-model timings (the training rows of ``fit``), minimising the mean
     absolute log error; the kernel time and the three kernel counts are the
     :data:`INPUTS` features of :mod:`costaware.core.optime`, ``param_tensors`` the dry run's,
@@ -547,7 +546,7 @@ class _Dispatch(_StepModel):
     opt_ms: float
     step_ms: float
     tensor_ms: float
-    amp_kernel: float = 1.0  # (a manifest written before these two loads without them)
+    amp_kernel: float = 1.0
     amp_issue: float = 1.0
 
     #: the features the step is computed from, in the order of ``_ms``'s columns, then
@@ -621,41 +620,22 @@ class _CpuSteps(_StepModel):
 
     A CPU runs the ops one after another, so the step is a sum, not the GPU's overlap of
     two pipelines (:class:`_Dispatch`). The analytic roofline charges every kernel one
-    least-squares constant over whole CPU steps (20 us; 45 us before a CPU's dry run
-    stepped the optimizer one tensor at a time), in which the cost that goes with each
-    layer (its module call, autograd's gradient accumulation, the optimizer's work on its
-    tensors) rides on the kernel count. Timed on their own (``benchmarks/cpu_overheads.py``,
-    the 2-core corpus machine, 1 thread, tiny tensors) an elementwise op costs 3-6 us
-    forward, and the optimizer 3-38 us per parameter tensor (a CPU steps the tensors one by
-    one: Adam's for-loop is about ten ops per tensor). So a GRU, which this CPU unrolls
-    into thousands of tiny per-time-step ops on a few tensors, was charged about ten times
-    what it takes (held out, its steps were over-predicted at a median 1.6x). The five
-    constants are fitted on the training rows' whole-step timings (mean absolute log
+    constant, in which the cost that goes with each layer (its module call, autograd's
+    gradient accumulation, the optimizer's work on its tensors) rides on the kernel
+    count; timed on their own (``benchmarks/cpu_overheads.py``) an elementwise op and the
+    optimizer's work per parameter tensor cost quite different amounts, so a model of
+    many tiny ops on few tensors (a GRU unrolled over its time steps) would be charged
+    several times what it takes. Hence a cost per kernel and one per parameter tensor.
+    The constants are fitted on the training rows' whole-step timings (mean absolute log
     error) from features every dry run has, so a family held out of the fit is predicted
-    by constants that never saw it. On the first collection's 1,295 CPU rows (feature
-    version 12, whose kernels include the optimizer's per-tensor ops) they came out at
-    6.7 us per kernel (an elementwise op's cost, timed alone, is 3-6 us) and 0.21 ms per
-    parameter tensor, with no fixed cost. Fitted with one family left out at a time, they stayed within
-    5.7-7.4 us and 0.206-0.221 ms (0.3-3.5 us and 0.255-0.277 ms at version 11). A cost of
-    its own per convolution fitted the rows better (0.22 ms each) but spread the conv
-    families further apart held out (MobileNets 1.24x, random conv nets 0.67x), and was
-    left out.
+    by constants that never saw it.
 
     Where the rows carry a CPU's op-level sum (an op model fitted on the CPU's per-op
-    timings, feature version 17), the step adds ``op_sum * optime_kernel_ms``: the
-    roofline has one efficiency for every FLOP, the op model has what oneDNN makes of
-    each kernel's shape. Its weight depends on the data being one host's at one time. On
-    the first CPU collection, whose whole steps were timed on a host about twice as slow
-    as its op cases (``data/README.md``), the sum was a median 0.35x of a measured step,
-    and the six constants came out at 0.40 (compute), 1.06 (memory), 1.0 us per kernel,
-    0.088 ms per parameter tensor, 0.48 ms per step and 1.40 on the op sum. Measured again
-    in one window with their op cases (2026-11-25), the sum was a median 0.79x of a step
-    (p10 0.53x, p90 1.11x). Those steps ran with glibc asked to ``mmap`` every block above
-    64 KiB, which made large tensors fault their pages in at each step; measured again
-    under glibc's defaults (1,392 rows), the sum is a median 0.88x of a step (p10 0.61x,
-    p90 1.18x). The op sum carries the step: 0.90 on it, 0.24 on the roofline's memory
-    part, 0.022 ms per parameter tensor, 0.92 ms per step, and no weight left on the
-    roofline's compute part or the kernel count.
+    timings), the step adds ``op_sum * optime_kernel_ms``: the roofline has one efficiency
+    for every FLOP, the op model has what oneDNN makes of each kernel's shape. Its weight
+    depends on the steps and their op cases being timed on one host under the same
+    settings (``data/README.md``). The fitted constants and what each term is worth on
+    held-out families are in ``docs/accuracy.md``.
     """
 
     compute: float
@@ -809,9 +789,9 @@ def _bound_keys(feats: Mapping[str, float]) -> tuple[str, str]:
     "conv+fp32"), then the coarse group. A bound is the finest group's that had the rows
     for one when the model was fitted, else the coarse group's, else the pooled one (not
     the cross-conformal memory line: one bound). Mixed precision is a group of its own
-    because its error differs in kind: on the CPU corpus' host (no bf16 arithmetic, so
-    autocast runs bf16 kernels in emulation) held-out bf16 steps were off by 28% against
-    13% for fp32, and one pooled bound covered 76% of them against 98% of fp32 steps."""
+    because its error differs in kind: on a host without bf16 arithmetic autocast runs
+    bf16 kernels in emulation, and a bound pooled with the fp32 steps would be too narrow
+    for them and too wide for the rest."""
     coarse = _bound_group(feats)
     amp = max(feats.get("precision_is_bf16", 0.0), feats.get("precision_is_fp16", 0.0))
     return f"{coarse}+{'amp' if amp == amp and amp > 0 else 'fp32'}", coarse
@@ -896,8 +876,7 @@ def _conformal_quantile(residuals: np.ndarray, coverage: float) -> tuple[float, 
     residual and the one-sided Student-t prediction bound ``mean + t(coverage, n - 1) *
     sd * sqrt(1 + 1/n)``: the largest of a handful of residuals sits about one standard
     deviation above their mean, so on its own it would cover far less than
-    ``coverage`` (in the HPO benchmark's replay, the CPU memory bounds of refits on 3-16
-    trials covered 62-81% of the study's other configurations with it, 84-94% with t).
+    ``coverage`` (``docs/predictions.md`` on the refit's bounds).
     """
     n = len(residuals)
     if n == 0:
@@ -1040,23 +1019,15 @@ class CostModel:
             fitted on the training timings: on a GPU the op-level sum of
             :mod:`costaware.core.optime` through :class:`_Dispatch`, on a CPU the roofline's
             parts and op counts through :class:`_CpuSteps`; the roofline where neither
-            applies) or "roofline" (always the roofline). On the H100 data the op-level
-            sum was the better baseline on held-out families, and so was the CPU step
-            model on the CPU data (docs/accuracy.md).
-        memory_model: how the memory residual is learned: "line" (measured = offset +
-            factor x baseline, Theil-Sen, with a cross-conformal bound by family) or
-            "trees" (CatBoost on every feature), for each device kind. On held-out H100
-            families the trees were no better than the simulated peak alone (MRE 5.5%
-            against 5.2%, the line 5.3%): the allocator simulation already carries what
-            transfers. On held-out CPU families, against the CPU allocator's peak and
-            with the dry run of feature version 12, the line is off by 0.8% and the trees
-            by 1.4% (docs/accuracy.md; the trees from ``benchmarks/accuracy.py
-            --memory-model trees``); the trees' bound covered 95.1% against 94.6%,
-            since they learn which conv nets oneDNN's buffers push up, but within the
-            corpus' 0.6-200 MiB peaks only, where a line carries to a larger model. CPU rows
-            got the trees until feature version 11, when a CPU's memory was measured as
-            resident-set growth, which the live-tensor peak does not model (33% against
-            49% then).
+            applies) or "roofline" (always the roofline). ``docs/accuracy.md`` compares
+            the two on held-out families (``benchmarks/accuracy.py --time-baseline``).
+        memory_model: how the memory residual is learned, for each device kind: "line"
+            (measured = offset + factor x the simulated peak, Theil-Sen, with a
+            cross-conformal bound by family) or "trees" (CatBoost on every feature). The
+            allocator simulation already carries what transfers between architectures; a
+            line keeps to it and extrapolates to models larger than the training data's,
+            where trees stay within the range they saw. ``docs/accuracy.md`` compares
+            them (``benchmarks/accuracy.py --memory-model``).
         calibration: how the trees' upper bounds are calibrated: "cross" (cross-conformal
             by family: residuals from trees fitted without the row's fold of families,
             ``_CV_FOLDS`` folds, and the trees fitted on every row; needs
@@ -1854,10 +1825,9 @@ class CostModel:
                 if len(fams) >= _MIN_CV_FAMILIES:
                     # cross-conformal by family: every family's residuals come from a line
                     # fitted without it, and the line itself from every row. One held-out
-                    # split calibrates on a few families, and a family's simulator error is
-                    # shared by all its rows. On held-out H100 families the bound covered
-                    # 94.2% of peaks this way, pooled; 93.3% with one split and a bound per
-                    # group, 93.1% cross-conformal per group (a group's few families)
+                    # split would calibrate on a few families, and a family's simulator
+                    # error is shared by all its rows; one pooled bound, since a group holds
+                    # too few families to calibrate its own
                     cal, train, pooled = ok.copy(), ok.copy(), True
                     oof = np.zeros(len(obs))
                     for fam in fams.tolist():
@@ -1875,10 +1845,9 @@ class CostModel:
                 and len(fams := np.unique(groups[ok])) >= _MIN_CV_FAMILIES
             ):
                 # cross-conformal by family: each row's residual comes from trees fitted
-                # without its fold of families, and the trees themselves from every row.
-                # One held-out split calibrated on three families of 16 and kept them out
-                # of the trees: on held-out CPU families its memory bound covered 89.8% of
-                # peaks (which three set it), this one 94.6%
+                # without its fold of families, and the trees themselves from every row (one
+                # held-out split calibrates on the few families it happens to draw, and
+                # keeps them out of the trees)
                 cal, train = ok.copy(), ok.copy()
                 oof = np.zeros(len(obs))
                 for fold in _family_folds(fams, _CV_FOLDS, rng):
@@ -1894,10 +1863,9 @@ class CostModel:
             per_row = baselines[:, col]
             cal_rows = (per_row[cal] * np.exp(fitted), per_row[cal] * np.exp(y[cal]))
             train_rows = (per_row[train] * np.exp(fitted_train), per_row[train] * np.exp(y[train]))
-            # the shift is chosen on rows apart from the calibration ones; cross-conformal,
-            # every row calibrates, so the bound is a factor. Choosing it on the calibrating
-            # rows themselves picked 0.125x the median peak for the fold without recurrent
-            # nets, and their coverage fell from 74% to 68% (94.9% -> 94.2% overall)
+            # the shift is chosen on rows apart from the calibration ones (chosen on the
+            # calibrating rows themselves, it fits their noise and the bound covers less);
+            # cross-conformal, every row calibrates, so the bound is a factor
             shape = None if pooled else train_rows
             shift, q, level = _shifted_quantile(cal_rows, shape, self.coverage)
             setattr(self, f"{which}_shift_", shift)
@@ -1965,11 +1933,9 @@ class CostModel:
 
         A study runs the same configuration again and again: a search over architecture,
         batch size and learning rate measures one architecture and batch at several
-        learning rates, which do not change what a step costs. Replayed over four quickstart
-        studies (21-32 measured trials, about half of them repeats), predicting a repeat
-        by its earlier measurements took the epoch-time error from 27%, 16%, 32% and 23% to
-        18%, 12%, 19% and 19% (``docs/predictions.md``, "Online refit"). Only a refit (a
-        model fitted over a ``base``) keeps them."""
+        learning rates, which do not change what a step costs, so a repeat is best predicted
+        by its earlier measurements (``docs/predictions.md``, "Online refit", measures how
+        much). Only a refit (a model fitted over a ``base``) keeps them."""
         sub = self._by_kind().get(device_kind(device), self)
         measured: dict[str, tuple[float, int]] | None = sub.__dict__.get("time_measured_")
         if not measured:

@@ -706,11 +706,6 @@ def _cache_key(row: dict[str, Any]) -> str:
     return f"{key}|isa={isa}|cores={cpu.sm_count}|half={half}|mem={cpu.memory_bytes}"
 
 
-def _legacy_cache_key(row: dict[str, Any]) -> str:
-    """The key caches written before :func:`_cache_key` used (with the finish time)."""
-    return f"{row.get('id')}|{row.get('device_name')}|{row.get('finished_at')}"
-
-
 def features_version(model: Any) -> str:
     """The version a features cache is valid for: the feature version, and the op model's.
 
@@ -832,9 +827,6 @@ def observations(
         try:
             dev = catalog_device(row)
             feats = feats_cache.get(key)
-            if feats is None and (feats := feats_cache.pop(_legacy_cache_key(row), None)):
-                feats_cache[key] = feats  # a cache written before: kept under the new key
-                dirty += 1
             if feats is None:
                 if on_row is not None:
                     on_row(i, row)

@@ -19,17 +19,12 @@ measurements, as the integrations record them), so an :class:`~costaware.runtime
 over the store, which the integrations start with ``refit_every``, learns from them from
 its first refit. ``record="always"`` records them regardless.
 
-Replayed on the held-out rows of the accuracy benchmark (``benchmarks/refit_replay.py
---calibration``), 20 calibration rows of other families took a family's H100 time error
-from 36.2% to 18.4% where every time was 1.6x longer, and from 65.3% to 18.4% where it
-was 0.625x; on the H100 data as measured, which the shipped model already fits, the gate
-took 8% of the calibrations (16.0% became 16.3%; always taking them: 18.3%). On this
-development CPU, while the shipped model had learned it at half its present speed,
-``benchmarks/calibration.py`` took 11 architectures outside the corpus from 160% to 28%;
-with the CPU data timed again under glibc's default malloc, the shipped model alone was
-26.2-29.7% off on them, at an hour when the container ran small ops 1.7x slower than when
-its data was timed, and calibrations 29.7-51.2%: this container's speed moves by tens of
-percent within the hour, and a calibration learns the minute it ran in.
+A calibration learns the machine as it runs at the minute it is taken: a shared host's
+speed can move by tens of percent within the hour. What it gains is measured by
+``benchmarks/refit_replay.py --calibration`` (held-out rows of the accuracy benchmark,
+with simulated device shifts) and ``benchmarks/calibration.py`` (architectures outside the
+corpus on this machine); ``docs/predictions.md`` and ``docs/benchmarks.md`` give the
+figures.
 
 Example:
     >>> from costaware.runtime.calibrate import calibrate               # doctest: +SKIP
