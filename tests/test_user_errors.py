@@ -311,7 +311,7 @@ def test_a_study_that_catches_the_error_fails_each_trial_visibly(tmp_path: Path)
 
 def test_a_spec_fn_that_returns_something_else_is_a_spec_error(tmp_path: Path) -> None:
     pruner = CostAwarePruner(lambda p: MLP(8), BUDGET, device="T4", refit_every=None)
-    with pytest.raises(ca.SpecError, match="spec_fn must return a costaware.TrainingSpec"):
+    with pytest.raises(ca.SpecError, match=r"spec_fn must return a costaware\.TrainingSpec"):
         _study(tmp_path, pruner).optimize(objective, n_trials=1)
 
 

@@ -2515,11 +2515,14 @@ def _limit_of_the_dry_run(exc: BaseException) -> str | None:
         return "fake"
     frames = traceback.extract_tb(exc.__traceback__)
     innermost = frames[-1].filename if frames else ""
-    if isinstance(exc, NotImplementedError) and not _is_theirs(innermost):
-        # torch's word for an operator without a meta kernel; a module without a forward,
-        # or the user's own `raise NotImplementedError`, is the user's
-        if 'missing the required "forward"' not in text:
-            return "unsupported"
+    # torch's word for an operator without a meta kernel; a module without a forward, or
+    # the user's own `raise NotImplementedError`, is the user's
+    if (
+        isinstance(exc, NotImplementedError)
+        and not _is_theirs(innermost)
+        and 'missing the required "forward"' not in text
+    ):
+        return "unsupported"
     if _raised_by_costaware(exc):
         return "internal"
     return None

@@ -695,7 +695,7 @@ class _CostAwareCallbackBase:
             return study_gate, False
         dev = self._resolve_device()
         budget = self.budget if self.budget is not None else Budget()
-        return Gate(budget, dev or "auto", self.model, None, None, self.fail_open), False
+        return Gate(budget, dev or "auto", model=self.model, fail_open=self.fail_open), False
 
     def _tell_trial(self, trial: Any, verdict: Any) -> None:
         from costaware.integrations.optuna import ATTR

@@ -264,7 +264,14 @@ class CostAwarePruner(BasePruner, _PrunerGate):
         self._spec_fn = spec_fn
         self._wrapped = wrapped
         self._warned_unjudged = set()
-        self._gate = Gate(budget, device, model, store, refit_every, fail_open)
+        self._gate = Gate(
+            budget,
+            device,
+            model=model,
+            store=store,
+            refit_every=refit_every,
+            fail_open=fail_open,
+        )
 
     @property
     def refit(self) -> Any:
@@ -301,7 +308,14 @@ class CostAwareHyperbandPruner(HyperbandPruner, _PrunerGate):
         super().__init__(**hyperband)
         self._spec_fn = spec_fn
         self._warned_unjudged = set()
-        self._gate = Gate(budget, device, model, store, refit_every, fail_open)
+        self._gate = Gate(
+            budget,
+            device,
+            model=model,
+            store=store,
+            refit_every=refit_every,
+            fail_open=fail_open,
+        )
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         decided = self._pre_launch(study, trial)
@@ -377,7 +391,7 @@ def admit(
         with _GATES_LOCK:
             found = _GATES.get(key)
             if found is None:
-                found = _GATES[key] = Gate(budget, dev, model, store, None, fail_open)
+                found = _GATES[key] = Gate(budget, dev, model=model, store=store, fail_open=fail_open)
                 while len(_GATES) > _GATES_MAX:
                     _GATES.popitem(last=False)
             _GATES.move_to_end(key)

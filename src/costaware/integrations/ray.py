@@ -230,7 +230,14 @@ class CostAwareSearcher(Searcher):
         self.max_retries = max_retries
         self.max_consecutive_rejections = max_consecutive_rejections
         self.study = study
-        self._judge = Gate(budget, device, model, _open_store(store), refit_every, fail_open)
+        self._gate = Gate(
+            budget,
+            device,
+            model=model,
+            store=_open_store(store),
+            refit_every=refit_every,
+            fail_open=fail_open,
+        )
         # state saved by get_state (checkpointed by Tune)
         self.rejections: list[dict[str, Any]] = []
         self.admitted: dict[str, dict[str, Any]] = {}
@@ -251,12 +258,12 @@ class CostAwareSearcher(Searcher):
     @property
     def store(self) -> Any:
         """The ``ObservationStore`` in use, or None."""
-        return self._judge.store
+        return self._gate.store
 
     @property
     def refit(self) -> Any:
         """The :class:`~costaware.runtime.refit.OnlineRefit` in use, or None."""
-        return self._judge.refit
+        return self._gate.refit
 
     # -- Searcher API -----------------------------------------------------------------------
     def set_search_properties(
@@ -286,7 +293,7 @@ class CostAwareSearcher(Searcher):
                     e, what="spec_fn", params=config,
                     missing="add it to the param_space, or read it with a default (cfg.get)",
                 )  # fmt: skip
-            verdict = self._judge.judge(
+            verdict = self._gate.judge(
                 spec,
                 study=self.study,
                 trial=trial_id,

@@ -148,6 +148,7 @@ class Gate:
         self,
         budget: Budget | None = None,
         device: str | Device = "auto",
+        *,
         model: CostModel | None = None,
         store: Any = None,
         refit_every: int | None = None,
