@@ -206,7 +206,7 @@ USER_BUGS: dict[str, tuple[Callable[[dict[str, Any]], ca.TrainingSpec], type, li
             shape=(3, 32, 32),
         ),
         ca.UserCodeError,
-        [r"shape mismatch", r"zoo\.py:\d+", r"in the model \(ViT, given an input of shape "
+        [r"shape mismatch", r"zoo/\S+\.py:\d+", r"in the model \(ViT, given an input of shape "
          r"\(4, 3, 32, 32\)\)", r"broadcast", r"the shape the model was built for"],
         RuntimeError,
     ),

@@ -1074,11 +1074,14 @@ def _build_for_real(
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: the zoo's models are code the user chose, not costaware's (found by path: the core
+#: does not import the zoo)
+_ZOO_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "zoo") + os.sep
 
 
 def _own_dirs() -> tuple[str, ...]:
-    """costaware's source folders: the package, and its integrations where an editable
-    install keeps them apart (``integrations/``)."""
+    """costaware's source folders: the package, and its integrations where an install
+    keeps them apart."""
     import importlib.util
 
     import costaware
@@ -1098,7 +1101,7 @@ _STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
 def _is_theirs(path: str) -> bool:
     """Whether a source file is the user's code (their own, a library's, the zoo's model
     they chose), not torch's, costaware's or the standard library's."""
-    if path.startswith(_OWN_DIRS) and os.path.basename(path) == "zoo.py":
+    if path.startswith(_ZOO_DIR):
         return True
     if path.startswith((_TORCH_DIR, *_OWN_DIRS)):
         return False

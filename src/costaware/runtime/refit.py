@@ -40,7 +40,7 @@ from costaware.errors import NotEnoughObservations
 
 __all__ = ["KEEP_VERSIONS", "OnlineRefit"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("costaware.refit")  # the name users configure, whatever the layout
 _LATEST = "LATEST"
 _TMP = ".tmp-"  # a model being written: hidden, never read, renamed into place when whole
 KEEP_VERSIONS: Final = 3

@@ -71,7 +71,7 @@ __all__ = [
     "StoreUnreachable",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("costaware.store")  # the name users configure, whatever the layout
 
 SCHEMA_VERSION: int = 1
 """The layout of the tables this code writes. A database with a newer one is refused."""
