@@ -147,17 +147,15 @@ case "$step" in
         "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'cudnn', torch.backends.cudnn.version())" | tee "$out/env.txt"
         if "$PY" -c "import pytest" 2>/dev/null; then
-            # costaware as pip lays it out, without pip (the GPU machine has no network):
-            # src/costaware with integrations/ as its subpackage costaware.integrations
+            # costaware as pip lays it out, without pip (the GPU machine has no network)
             site="$(mktemp -d)"
             trap 'rm -rf "$site"' EXIT
             cp -r src/costaware "$site/costaware"
-            cp -r integrations "$site/costaware/integrations"
             PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c \
                 "import costaware.integrations as i; print('gpu_window: costaware from', i.__file__)"
             PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest -m gpu -q \
-                -p no:cacheprovider tests/test_opbench.py tests/test_profile.py \
-                tests/test_gpu_lightning.py \
+                -p no:cacheprovider tests/measure/test_opbench.py tests/measure/test_profile.py \
+                tests/integrations/test_gpu_lightning.py \
                 2>&1 | tee "$out/gpu-tests.txt"
         else
             echo "gpu_window: pytest is not installed here: the GPU tests were skipped" \

@@ -532,8 +532,8 @@ def test_gpu_window_check_runs_the_gpu_tests_with_the_integrations_importable(
     tmp_path: Path,
 ) -> None:
     """The GPU machine has no pip install of costaware: the check step lays the package out
-    as pip would (integrations/ as costaware.integrations), or the Lightning GPU tests fail
-    to import. Here, without a GPU, they are collected and skipped."""
+    as pip would, or the Lightning GPU tests fail to import. Here, without a GPU, they are
+    collected and skipped."""
     root = WINDOW.parents[1]
     r = _window(root, "check", out=str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
