@@ -23,15 +23,13 @@ predict-demo: $(STAMP)
 	$(BIN)/python examples/predict_demo.py
 
 test: $(STAMP)
-	$(BIN)/ruff check src integrations tests benchmarks examples docs/_ext
+	$(BIN)/ruff check src tests benchmarks examples docs/_ext
 	$(BIN)/mypy
-	for f in integrations/optuna.py integrations/lightning.py integrations/ray.py; do \
-	  MYPYPATH=src $(BIN)/mypy --strict --ignore-missing-imports --follow-imports=silent $$f || exit 1; done
 	bash .ci/chromium.sh
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check src integrations tests benchmarks examples docs/_ext
+	$(BIN)/ruff check src tests benchmarks examples docs/_ext
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Debian's headless-capable Chromium, for the report's browser test (tests/test_report_browser.py).
+# Debian's headless-capable Chromium, for the report's browser test (tests/reporting/test_report_browser.py).
 #
 #   bash .ci/chromium.sh
 #

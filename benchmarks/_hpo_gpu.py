@@ -740,7 +740,7 @@ class Runner:
         store: Any = None
         if arm == "costaware":
             from costaware.integrations.optuna import CostAwarePruner
-            from costaware.store import ObservationStore
+            from costaware.runtime.store import ObservationStore
 
             db = self.workdir / f"costaware-{task.name}-seed{seed}.db"
             store = ObservationStore(db)
@@ -967,7 +967,7 @@ def context_bytes() -> int | None:
     import torch
 
     with contextlib.suppress(Exception):
-        from costaware.oomprobe import context_memory
+        from costaware.measure.oomprobe import context_memory
 
         stages = context_memory(torch.device("cuda", 0))
         held = stages.get("after_cudnn")

@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from costaware.integrations.lightning import CostAwareCallback
-from costaware.store import ObservationStore  # noqa: F401  (imported here: part of the baseline)
+from costaware.runtime.store import ObservationStore  # noqa: F401  (imported here: part of the baseline)
 
 VOCAB = 4
 CLASSES = 2

@@ -48,7 +48,7 @@ def mmap_large_allocations() -> None:
     gives its address space back at once and the cap follows the live tensors. The price:
     each large tensor faults its pages in again at every step, so these trials' steps run
     slower than a user's. costaware's own measurements leave glibc alone
-    (:mod:`costaware.profile`)."""
+    (:mod:`costaware.measure.profile`)."""
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 

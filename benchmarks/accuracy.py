@@ -18,7 +18,7 @@ The memory figures count the peaks that are a configuration's need. They leave o
 peaks measured as resident-set growth (before the CPU allocator's peak was recorded; the
 committed rows were re-measured), GPU peaks measured while the collector's process
 already held reserved memory from an earlier configuration
-(``costaware.collect.reserved_before``), and the peaks of conv nets under cuDNN's benchmark
+(``costaware.measure.collect.reserved_before``), and the peaks of conv nets under cuDNN's benchmark
 mode (its algorithm search takes what is free). Those rows still count for time; the last
 two kinds get a table of their own, and one line gives memory MRE and coverage over every
 measured peak as recorded.
@@ -57,7 +57,7 @@ PROBES = "oom"
 def _read(files: Sequence[Path]) -> list[dict[str, Any]]:
     """Every row of ``files`` in the order measured (model and per-op rows, repeats
     included), so that the last of a configuration's rows is its latest measurement."""
-    from costaware.collect import in_measured_order, read_rows
+    from costaware.measure.collect import in_measured_order, read_rows
 
     return in_measured_order(r for f in files for r in read_rows(f))
 
@@ -92,7 +92,7 @@ def _repeats(raw: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     and the last measurement are compared: |a / b - 1| of the step time, and of the peak
     where both are memory targets (for the CPU, the allocator's peak).
     """
-    from costaware.collect import cpu_allocator_peak
+    from costaware.measure.collect import cpu_allocator_peak
 
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in raw:
@@ -177,8 +177,9 @@ def _same_configurations(raw: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     runs with cuDNN's benchmark mode on (its search is sized to the card's free memory),
     are no memory targets and are left out of the memory comparison.
     """
-    from costaware.collect import catalog_device, reserved_before
-    from costaware.store import MAX_HELD_BEFORE
+    from costaware.core.optime import catalog_device
+    from costaware.measure.collect import reserved_before
+    from costaware.runtime.store import MAX_HELD_BEFORE
 
     latest: dict[str, dict[str, dict[str, Any]]] = {}
     for r in raw:
@@ -294,12 +295,12 @@ def _repeat_lines(rep: dict[str, Any] | None) -> list[str]:
 def _observations(
     rows: list[dict[str, Any]], use_cache: bool, trace_timeout: float, op_rows: list[dict[str, Any]]
 ) -> tuple[list[Any], list[str]]:
-    from costaware.collect import observations
-    from costaware.model import CostModel
+    from costaware.core.model import CostModel
+    from costaware.measure.collect import observations
 
     model = CostModel(trace_timeout=trace_timeout)
     if op_rows:  # the op-level time models: per-op timings, no model rows, so no leak
-        from costaware.optime import fit_op_models
+        from costaware.core.optime import fit_op_models
 
         t = time.perf_counter()
         op_models, no_model = fit_op_models(op_rows)
@@ -333,7 +334,7 @@ def _observations(
 def _predict(model: Any, feats: dict[str, float]) -> tuple[float, float, float, float, float]:
     """Point and upper predictions (memory, memory upper, time, time upper) from features,
     and the time baseline they correct."""
-    from costaware.analytic import time_upper
+    from costaware.core.analytic import time_upper
 
     # the roofline, or the step model of time_baseline (op-level sum, CPU step model)
     mem, secs = model._baseline(feats, None)
@@ -369,14 +370,14 @@ def _capacities(obs: list[Any], kind: str) -> dict[str, float]:
 
 def _fit(train: list[Any], settings: dict[str, Any]) -> Any:
     """A CostModel fitted on ``train`` with ``settings`` (CostModel's keyword arguments)."""
-    from costaware.model import CostModel
+    from costaware.core.model import CostModel
 
     return CostModel(**settings).fit(train)
 
 
 def _records(model: Any, test: list[Any]) -> list[dict[str, Any]]:
     """The held-out rows ``test`` as predicted by ``model``."""
-    from costaware.model import benchmark_search_peak
+    from costaware.core.model import benchmark_search_peak
 
     out = []
     for o in test:
@@ -604,7 +605,7 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
         "GPU dry runs trace attention as one fused (flash) kernel and recurrent layers as "
         "fused cuDNN kernels, as the GPU runs them. "
         + (
-            "The time residual is learned over the op-level sum (`costaware.optime`: per-kernel "
+            "The time residual is learned over the op-level sum (`costaware.core.optime`: per-kernel "
             "times learned from the per-op H100 timings, fitted on op rows only) where there is "
             "one, i.e. on GPUs: the step is max(g x kernel time, CPU issue time), the issue "
             "time a cost per forward, backward and optimizer op and per parameter tensor plus a "
@@ -744,9 +745,9 @@ def _unseen_device_lines(unseen: dict[str, Any] | None) -> list[str]:
 
 def _left_out_lines(res: dict[str, Any]) -> list[str]:
     """What the memory figures leave out, and how the prediction does on it."""
-    from costaware.analytic import CUBLAS_WORKSPACE_BYTES
-    from costaware.collect import LEFT_OUT_RSS, LEFT_OUT_WORKSPACE
-    from costaware.store import MAX_HELD_BEFORE
+    from costaware.core.analytic import CUBLAS_WORKSPACE_BYTES
+    from costaware.measure.collect import LEFT_OUT_RSS, LEFT_OUT_WORKSPACE
+    from costaware.runtime.store import MAX_HELD_BEFORE
 
     lines: list[str] = []
     left, search, every = res["left_out"], res["search"], res["as_measured"]
@@ -765,7 +766,7 @@ def _left_out_lines(res: dict[str, Any]) -> list[str]:
             f"{len(held)} GPU rows were measured while the collector's process already held "
             f"more than {MAX_HELD_BEFORE >> 20} MiB reserved from an earlier configuration "
             "(a cached segment pinned "
-            "by a workspace; see `costaware.collect.reserved_before`). Their reserved peak is "
+            "by a workspace; see `costaware.measure.collect.reserved_before`). Their reserved peak is "
             "partly that earlier configuration's, so they count for time only: " + some(held),
             "",
         ]

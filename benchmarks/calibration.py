@@ -1,12 +1,12 @@
 """What `costaware calibrate` is worth on this machine, on architectures nobody trained on.
 
-1. Calibrates: measures the calibration configurations (``costaware.calibrate``: small
+1. Calibrates: measures the calibration configurations (``costaware.runtime.calibrate``: small
    corpus models of every family, from a corpus seed the shipped model did not learn) and
    records them in a fresh SQLite store, as ``costaware calibrate --record always`` does.
 2. Refits the shipped model on them, as the integrations' online refit does first.
 3. Measures a set of architectures outside the corpus and its families (frozen layers,
    activation checkpointing, tied embeddings, LoRA adapters, ``nn.MultiheadAttention``,
-   a forward partly under ``no_grad``, einsum and FFT) with ``costaware.profile.measure``
+   a forward partly under ``no_grad``, einsum and FFT) with ``costaware.measure.profile.measure``
    and prints their step time predicted by the shipped model and by the calibrated one.
 
 The shipped CPU model learned one 2-core container in one window (``data/README.md``),
@@ -34,10 +34,10 @@ import torch.utils.checkpoint as checkpoint
 from torch import nn
 
 import costaware as ca
-from costaware.calibrate import calibrate
-from costaware.profile import measure
-from costaware.refit import OnlineRefit
-from costaware.store import ObservationStore
+from costaware.measure.profile import measure
+from costaware.runtime.calibrate import calibrate
+from costaware.runtime.refit import OnlineRefit
+from costaware.runtime.store import ObservationStore
 
 
 def _mlp(d: int = 768, h: int = 1024, layers: int = 4, inplace: bool = False) -> nn.Module:

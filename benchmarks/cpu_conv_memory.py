@@ -3,7 +3,7 @@
 A fp32 convolution that PyTorch hands to oneDNN (``mkldnn_convolution``) reorders its
 input, weight and output into blocked layouts inside the op, and its backward does the
 same for the gradients. Those buffers are freed before the op returns, so a dry run on
-fake tensors never sees them; :func:`costaware.trace._onednn_conv_transient` is the block
+fake tensors never sees them; :func:`costaware.core.trace._onednn_conv_transient` is the block
 the CPU dry run adds for them (feature version 15).
 
 This script draws random convolutions (seeded), runs each forward and backward for real
@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from costaware.profile import AllocatorPeak
-from costaware.trace import _onednn_conv_transient
+from costaware.core.trace import _onednn_conv_transient
+from costaware.measure.profile import AllocatorPeak
 
 KIB8 = 8 * 1024
 
@@ -85,7 +85,7 @@ def draw(seed: int, count: int) -> list[Case]:
 
 def _peak_above_start(fn: Callable[[], object]) -> int:
     """The highest number of bytes the CPU allocator held during ``fn`` above its start,
-    measured as the CPU corpus was (:class:`costaware.profile.AllocatorPeak`)."""
+    measured as the CPU corpus was (:class:`costaware.measure.profile.AllocatorPeak`)."""
     with AllocatorPeak() as peak:
         fn()
     if peak.peak is None:

@@ -1,7 +1,7 @@
 """What one op costs a CPU beyond its arithmetic: eager dispatch, autograd and optimizer
 bookkeeping, timed on tensors too small for the arithmetic to count.
 
-The CPU step model (``costaware.model._CpuSteps``) charges each kernel and each parameter
+The CPU step model (``costaware.core.model._CpuSteps``) charges each kernel and each parameter
 tensor a cost of its own, fitted on whole-step timings. This script measures those costs
 directly (a convolution's too, which the step model does not price apart), so the fitted
 constants can be checked against them on the machine at hand:

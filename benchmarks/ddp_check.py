@@ -2,11 +2,11 @@
 
 Each rank of a real ``DistributedDataParallel`` run (gloo, ``torch.multiprocessing``
 spawn, one torch thread per rank) builds the model, wraps it, and trains three steps on
-its own batch while :class:`costaware.profile.AllocatorPeak` reads the CPU allocator's
+its own batch while :class:`costaware.measure.profile.AllocatorPeak` reads the CPU allocator's
 peak; the median step time of steps 2-11 is timed too. The prediction is
 ``CostModel().predict(spec, "cpu")`` of the spec with ``world_size``: the live-tensor peak
 with DDP's gradient buckets, and the roofline with the exposed all-reduce (an assumed
-loopback bandwidth for gloo on one machine; see :mod:`costaware.analytic`).
+loopback bandwidth for gloo on one machine; see :mod:`costaware.core.analytic`).
 
 Usage: python benchmarks/ddp_check.py [--world-sizes 1,2]
 """
@@ -35,7 +35,7 @@ def rank_run(rank: int, world: int, expr: str, port: int, out: Any) -> None:
     import torch.distributed as dist
 
     from costaware import zoo  # noqa: F401
-    from costaware.profile import AllocatorPeak
+    from costaware.measure.profile import AllocatorPeak
     from costaware.spec import default_loss
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)

@@ -314,7 +314,7 @@ def run_arm(bench: Bench, arm: str, seed: int) -> dict[str, Any]:
     name = f"{arm}-seed{seed}"
     if arm == "costaware":
         from costaware.integrations.optuna import CostAwarePruner
-        from costaware.store import ObservationStore
+        from costaware.runtime.store import ObservationStore
 
         db = bench.workdir / f"costaware-seed{seed}.db"
         store = ObservationStore(db)
@@ -897,7 +897,7 @@ def arm_address_space(bench: Bench) -> str:
 def callback_memory(bench: Bench, results: list[dict[str, dict[str, Any]]]) -> str:
     """The peak memory costaware's Lightning callback recorded for each completed trial
     (what the online refit learns from), against the address-space peak the cap saw."""
-    from costaware.store import ObservationStore
+    from costaware.runtime.store import ObservationStore
 
     diffs: list[float] = []
     for res in results:

@@ -1,17 +1,17 @@
 """Ops inside a model against the op model: where a step's kernels cost what the op
 benchmark says, and where not.
 
-The op model (:mod:`costaware.optime`) learns each kernel's time from ops timed one at a
-time (:mod:`costaware.opbench`); a step's op sum adds them up. Rows collected with
+The op model (:mod:`costaware.core.optime`) learns each kernel's time from ops timed one at a
+time (:mod:`costaware.measure.opbench`); a step's op sum adds them up. Rows collected with
 ``costaware collect --in-context`` (on a GPU machine: ``bash data/gpu_window.sh repeat``)
 also carry each op's time inside the profiled step
-(:func:`costaware.profile.in_context_op_times`). For each such row this script dry-runs
+(:func:`costaware.measure.profile.in_context_op_times`). For each such row this script dry-runs
 the configuration as its device runs it, costs the trace's nodes with the op model, and
 compares the two per operator group and phase:
 
 - ``measured``: the profiled time of the group's ops per step (on a GPU their kernels'
   time, on a CPU their own CPU time); an op is put in the group of the outermost aten
-  call of its chain that :func:`costaware.features.op_group` knows (``conv2d`` is a
+  call of its chain that :func:`costaware.core.features.op_group` knows (``conv2d`` is a
   composite; its ``convolution`` is what a dry run records);
 - ``predicted``: the op model's time for the trace's nodes of that group;
 - ``ratio``: the median over rows of measured / predicted, where both are above 1 us.
@@ -46,7 +46,7 @@ def measured_groups(context: dict[str, Any]) -> dict[tuple[str, str], float]:
     """Seconds per step by (phase, op group) from a row's ``in_context`` record; the
     optimizer phase is one group, and time outside any aten op is ``(phase, "outside
     ops")``."""
-    from costaware.features import op_group
+    from costaware.core.features import op_group
 
     out: dict[tuple[str, str], float] = {}
     for phase, chain, _calls, secs in context.get("ops", []):
@@ -64,11 +64,11 @@ def measured_groups(context: dict[str, Any]) -> dict[tuple[str, str], float]:
 def predicted_groups(row: dict[str, Any], model: Any) -> dict[tuple[str, str], float] | None:
     """The op model's seconds per step by (phase, op group) for ``row``'s configuration on
     its device (None where the model has no op model of that device's kind)."""
-    from costaware.collect import _as_measured, catalog_device, measured_cpu_device
-    from costaware.corpus import Config
+    from costaware.core.model import _attention_mode
+    from costaware.core.optime import GROUPS, catalog_device, node_table
     from costaware.devices import get_device
-    from costaware.model import _attention_mode
-    from costaware.optime import GROUPS, node_table
+    from costaware.measure.collect import _as_measured, measured_cpu_device
+    from costaware.measure.corpus import Config
 
     name = catalog_device(row)
     device = get_device(measured_cpu_device(row) if name == "CPU" else name)
@@ -172,8 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--out", default=None, help="also write the tables to this Markdown file")
     args = p.parse_args(argv)
-    from costaware.collect import read_rows
-    from costaware.model import CostModel
+    from costaware.core.model import CostModel
+    from costaware.measure.collect import read_rows
 
     files = [Path(f) for f in args.data] or sorted((ROOT / "data").glob("**/*.jsonl.gz"))
     missing = [str(f) for f in files if not f.is_file()]

@@ -1,7 +1,7 @@
 """Dry-run peak against a measured peak, for a few models, on this machine's CPU.
 
 Each configuration is measured for real in its own subprocess with
-:func:`costaware.profile.measure` (on a CPU, the peak of the bytes PyTorch's CPU allocator
+:func:`costaware.measure.profile.measure` (on a CPU, the peak of the bytes PyTorch's CPU allocator
 held over the model's build and the warm-up steps, from the profiler's memory events; the
 resident-set growth is printed beside it), and predicted
 with the dry run (``CostModel().predict(spec, device="cpu")``: the live-tensor peak, no
@@ -32,7 +32,7 @@ import functools, json, sys, torch
 torch.set_num_threads(2)
 import costaware as ca
 from costaware import zoo
-from costaware.profile import measure
+from costaware.measure.profile import measure
 spec = {expr}
 m = measure(spec, sys.argv[1], warmup=2, steps=10)
 print(json.dumps({{"status": m.status, "error": m.error, "reserved": m.max_reserved, "allocated": m.max_allocated,

@@ -2,7 +2,7 @@
 by family.
 
 The probes (``data/oom/*.jsonl.gz``, measured by ``bash data/gpu_window.sh oom`` with
-:mod:`costaware.oomprobe`) are training runs of one configuration per corpus family under
+:mod:`costaware.measure.oomprobe`) are training runs of one configuration per corpus family under
 a memory cap (``torch.cuda.set_per_process_memory_fraction``), at batch sizes bisected to
 within 6% of the largest that runs: every run either fitted or raised out of memory. A
 rule is scored on both kinds: how many runs that ran out of memory it admits (must be 0)
@@ -18,7 +18,7 @@ and what share of the runs that fitted it rejects.
 **Held out by family:** for each probed family, the memory line and both bounds are
 fitted on the corpus rows (``data/gpu/*-shard*.jsonl.gz``) of the *other* families, as
 ``CostModel.fit`` fits them: a Theil-Sen line over the simulated reserved peak; its bound
-cross-conformal by family at 95%; the capacity bound (:func:`costaware.model.capacity_quantile`)
+cross-conformal by family at 95%; the capacity bound (:func:`costaware.core.model.capacity_quantile`)
 over the measured allocated peaks. Then the family's probes are predicted from their own
 dry runs. The probes themselves are never fitted on. The shipped model (fitted on every
 corpus family) is shown beside it. A cap is the memory left to PyTorch's allocator (the
@@ -57,7 +57,7 @@ END = "<!-- oom_boundary:end -->"
 
 
 def _probes(paths: Sequence[Path]) -> list[dict[str, Any]]:
-    from costaware.collect import read_rows
+    from costaware.measure.collect import read_rows
 
     rows = []
     for path in paths:
@@ -79,9 +79,9 @@ def _corpus_observations() -> list[Any]:
     """
     import gzip
 
-    from costaware.collect import observations, read_rows
-    from costaware.features import FEATURE_VERSION
-    from costaware.model import CostModel
+    from costaware.core.features import FEATURE_VERSION
+    from costaware.core.model import CostModel
+    from costaware.measure.collect import observations, read_rows
 
     rows = [
         r for f in sorted(glob.glob(str(ROOT / "data/gpu/*-shard*.jsonl.gz"))) for r in read_rows(f)
@@ -111,14 +111,14 @@ def _corpus_observations() -> list[Any]:
 class _Fitted:
     """What the decision needs, fitted on some corpus rows."""
 
-    line: Any  # the memory line (costaware.model._Affine)
+    line: Any  # the memory line (costaware.core.model._Affine)
     mem_q: float  # log factor of the reserved peak's bound
     cap_q: float  # the capacity bound's quantile
     rows: int
 
 
 def _fit(obs: list[Any], coverage: float | None = None) -> _Fitted:
-    from costaware.model import (
+    from costaware.core.model import (
         _conformal_quantile,
         _fit_affine,
         benchmark_search_peak,
@@ -155,7 +155,7 @@ def _fit(obs: list[Any], coverage: float | None = None) -> _Fitted:
 
 def _decide(fitted: _Fitted, basis: dict[str, Any]) -> tuple[float, float]:
     """(old upper bound, new upper bound) in bytes from a prediction's simulated figures."""
-    from costaware.model import CAPACITY_SHIFT
+    from costaware.core.model import CAPACITY_SHIFT
 
     sim_res = float(basis["simulated_reserved"])
     point = sim_res * math.exp(fitted.line.correction(sim_res))
@@ -210,7 +210,7 @@ def _batch_size_searches(probes: list[dict[str, Any]], shipped: Any) -> list[dic
     and the smallest that ran out of memory, against what ``CostModel.max_batch_size``
     (the shipped model) finds for a budget of the cap (plus the context the budget adds)."""
     import costaware as ca
-    from costaware.corpus import Config
+    from costaware.measure.corpus import Config
 
     bounds: dict[tuple[str, int], dict[str, Any]] = {}
     for r in probes:
@@ -275,8 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--update-docs", action="store_true", help="replace the marked section of docs/accuracy.md"
     )
     args = p.parse_args(argv)
-    from costaware.corpus import Config
-    from costaware.model import CostModel
+    from costaware.core.model import CostModel
+    from costaware.measure.corpus import Config
 
     paths = [Path(f) for f in args.probes] or sorted((ROOT / "data" / "oom").glob("*.jsonl.gz"))
     probes = _probes(paths)
@@ -353,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         *_table(default, "family", families),
         "",
     ]
-    from costaware.model import CAPACITY_COVERAGE
+    from costaware.core.model import CAPACITY_COVERAGE
 
     lines += [
         "The capacity bound's coverage against the two errors (held out by family, default "

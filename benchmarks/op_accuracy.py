@@ -1,13 +1,13 @@
-"""Held-out accuracy of the op-level time model (``costaware.optime``) on opbench rows.
+"""Held-out accuracy of the op-level time model (``costaware.core.optime``) on opbench rows.
 
 Splits the op rows into ``--folds`` folds by case (a case's forward and backward samples
-stay together), fits :class:`~costaware.optime.OpTimeModel` (the shipped settings) on the
+stay together), fits :class:`~costaware.core.optime.OpTimeModel` (the shipped settings) on the
 other folds and predicts each held-out sample's kernel time. Per op and overall it
 prints the mean and median relative error of the predicted time, over every sample and
 over the samples above ``--min-us`` microseconds (where the kernel, not the harness,
 should dominate). The predicted and measured times compared are the model's target:
 seconds with the harness floor taken off schema 1 ("cuda_event") timings, untouched for
-held ones ("cuda_held", see :mod:`costaware.opbench`).
+held ones ("cuda_held", see :mod:`costaware.measure.opbench`).
 
 Usage:
     python benchmarks/op_accuracy.py [OPS.jsonl.gz ...] [--folds 5] [--min-us 50]
@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from costaware.opbench import load_op_rows
-from costaware.optime import OpTimeModel, op_samples, preferred_op_rows
+from costaware.core.optime import OpTimeModel, op_samples, preferred_op_rows
+from costaware.measure.opbench import load_op_rows
 
 
 def _evaluate(device: str, device_rows: list[dict], folds: int, seed: int, min_us: float) -> None:
@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("no op rows: pass opbench .jsonl.gz files")
     if args.folds < 2:
         p.error("--folds must be at least 2")
-    from costaware.collect import catalog_device
+    from costaware.core.optime import catalog_device
 
     # one op model learns one device's timings: each device's rows are evaluated apart
     by_device: dict[str, list[dict]] = {}

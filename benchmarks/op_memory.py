@@ -1,6 +1,6 @@
 """Per-op peak memory: the GPU dry run against the opbench's measured peaks.
 
-``costaware.opbench`` records each forward-and-backward case's peak allocation on the GPU
+``costaware.measure.opbench`` records each forward-and-backward case's peak allocation on the GPU
 (``peak_alloc``: ``torch.cuda.max_memory_allocated`` over the warm-up and timed
 repetitions, above what was allocated before the case). This script rebuilds each case as
 a one-layer model whose input is a learned tensor (so the input gets a gradient, as the
@@ -9,7 +9,7 @@ recurrent layers), replays the allocations and compares the replay's allocated p
 with the measurement.
 
 - ``lstm``: one ``nn.LSTM`` layer. cuDNN's recurrent backward takes work space the dry run
-  cannot see; :func:`costaware.trace._cudnn_rnn_transient` is a formula fitted on these
+  cannot see; :func:`costaware.core.trace._cudnn_rnn_transient` is a formula fitted on these
   rows. The script prints the error without the block, with the shipped formula (fitted
   on these same rows, so in-sample), and with the formula refitted on ``--folds`` folds
   of cases and applied to the held-out fold.
@@ -38,9 +38,9 @@ from scipy.optimize import nnls
 from torch import nn
 
 import costaware as ca
-from costaware import trace as trace_mod
-from costaware.allocator import simulate
-from costaware.opbench import load_op_rows
+from costaware.core import trace as trace_mod
+from costaware.core.allocator import simulate
+from costaware.measure.opbench import load_op_rows
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -2,7 +2,7 @@
 
 Each configuration is trained for real in its own subprocess in fp32 and in pure bf16
 (``precision="bf16-true"``: parameters, gradients, optimizer state and inputs in
-bfloat16) with :func:`costaware.profile.measure` (on a CPU, the peak of the bytes
+bfloat16) with :func:`costaware.measure.profile.measure` (on a CPU, the peak of the bytes
 PyTorch's CPU allocator held over the model's build and the warm-up steps), and dry-run
 (``CostModel().predict(spec, device="cpu")``: the live-tensor peak). The shipped model's
 time prediction is printed beside the measured step time: it has no pure-precision rows,
@@ -30,7 +30,7 @@ import dataclasses, functools, json, sys, torch
 torch.set_num_threads(1)
 import costaware as ca
 from costaware import zoo
-from costaware.profile import measure
+from costaware.measure.profile import measure
 spec = dataclasses.replace({expr}, precision=sys.argv[1])
 m = measure(spec, "cpu", warmup=2, steps=10)
 print(json.dumps({{"status": m.status, "error": m.error, "peak": m.max_allocated, "time": m.iteration_time}}))

@@ -1,9 +1,9 @@
 """Replay the online refit's small-sample time correction on families no model saw.
 
-An online refit (:class:`costaware.refit.OnlineRefit`) corrects the shipped model with a
+An online refit (:class:`costaware.runtime.refit.OnlineRefit`) corrects the shipped model with a
 study's own first measurements: after 2, 4, 8 and 13 measured trials, fewer than
 ``SMALL_SAMPLE`` rows, it fits ``log(measured / predicted) = a[precision] + slope *
-log(predicted)`` (``costaware.model._small_sample_line``; the slope only where
+log(predicted)`` (``costaware.core.model._small_sample_line``; the slope only where
 leave-one-out prefers it). This replays that on the held-out predictions that
 ``benchmarks/accuracy.py --rows FILE`` writes, where each row was predicted by a model
 that never saw its architecture family: for each family, in many random orders, its first
@@ -20,7 +20,7 @@ as ``(predicted / median) ** 0.2``. A family's rows vary more than one study's t
 
 ``--calibration`` replays ``costaware calibrate`` instead: for each family, k rows drawn
 at random from the *other* families are the calibration measurements; the shipped rule is
-fitted on them, and applied to the family only where ``costaware.calibrate.judge`` finds
+fitted on them, and applied to the family only where ``costaware.runtime.calibrate.judge`` finds
 that it cuts their leave-one-out error enough (``--record auto``); the table gives both,
 and how often the correction was taken.
 
@@ -45,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from costaware.calibrate import CalibrationRow, judge, useful
-from costaware.model import _MIN_SLOPE_ROWS, _small_sample_line
+from costaware.core.model import _MIN_SLOPE_ROWS, _small_sample_line
+from costaware.runtime.calibrate import CalibrationRow, judge, useful
 
 #: the refit schedule's first steps: measured trials when a refit happens
 STEPS = (2, 4, 8, 13)

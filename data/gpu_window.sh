@@ -18,7 +18,7 @@
 #   bash data/gpu_window.sh oom [MINUTES] [CAPS]   bisect the batch size at which one configuration of
 #                                                  each corpus family stops fitting under memory caps
 #                                                  (GiB, default 12,24,8,40; set_per_process_memory_fraction),
-#                                                  every run a labelled row (costaware.oomprobe); with
+#                                                  every run a labelled row (costaware.measure.oomprobe); with
 #                                                  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True set,
 #                                                  the same into a file of its own (COSTAWARE_FAMILIES=a,b
 #                                                  narrows the families)
@@ -155,7 +155,7 @@ resume() {  # copy the committed file into $OUT so that the run appends to it
 summary() {  # rows per status in the file that comes back
     "$PY" - "$1" <<'EOF'
 import collections, sys
-from costaware.collect import read_rows
+from costaware.measure.collect import read_rows
 rows = list(read_rows(sys.argv[1]))
 counts = collections.Counter(str(r.get("status")) for r in rows)
 print(f"gpu_window: {sys.argv[1]}: {len(rows)} rows ({dict(sorted(counts.items()))})")
@@ -209,12 +209,9 @@ case "$step" in
     hpo)
         # on the CPU (a test), the packages may come from the environment instead
         hpo_site || [[ "$device" == cpu ]] || exit 1
-        # costaware laid out as pip installs it (integrations/ as costaware.integrations);
-        # /tmp/site holds only packages the machine lacks, so it shadows none of its own
-        pkg="$(mktemp -d)"
-        cp -r src/costaware "$pkg/costaware"
-        cp -r integrations "$pkg/costaware/integrations"
-        export PYTHONPATH="$pkg:${PYTHONPATH#src:}:${HPO_SITE:-/tmp/site}"
+        # costaware from src/ (its integrations included); /tmp/site holds only packages the
+        # machine lacks, so it shadows none of its own
+        export PYTHONPATH="${PYTHONPATH}:${HPO_SITE:-/tmp/site}"
         "$PY" -c "import optuna, catboost, gensim, sqlalchemy, lightning, costaware.integrations.optuna as o; \
 print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__, 'lightning', lightning.__version__)"
         name="$tag-hpo-gpu"
@@ -245,17 +242,15 @@ print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__
         "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'cudnn', torch.backends.cudnn.version())" | tee "$out/env.txt"
         if "$PY" -c "import pytest" 2>/dev/null; then
-            # costaware as pip lays it out, without pip (the GPU machine has no network):
-            # src/costaware with integrations/ as its subpackage costaware.integrations
+            # costaware as pip lays it out, without pip (the GPU machine has no network)
             site="$(mktemp -d)"
             trap 'rm -rf "$site"' EXIT
             cp -r src/costaware "$site/costaware"
-            cp -r integrations "$site/costaware/integrations"
             PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c \
                 "import costaware.integrations as i; print('gpu_window: costaware from', i.__file__)"
             PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest -m gpu -q \
-                -p no:cacheprovider tests/test_opbench.py tests/test_profile.py \
-                tests/test_gpu_lightning.py \
+                -p no:cacheprovider tests/measure/test_opbench.py tests/measure/test_profile.py \
+                tests/integrations/test_gpu_lightning.py \
                 2>&1 | tee "$out/gpu-tests.txt"
         else
             echo "gpu_window: pytest is not installed here: the GPU tests were skipped" \
@@ -265,7 +260,7 @@ print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__
     ops-held)
         name="$tag-ops-held-seed0.jsonl.gz"
         resume "$name"
-        "$PY" -m costaware.opbench --device "$device" --seed 0 --n 40000 \
+        "$PY" -m costaware.measure.opbench --device "$device" --seed 0 --n 40000 \
             --out "$out/$name" --max-minutes "$minutes"
         summary "$out/$name"
         ;;
@@ -287,7 +282,7 @@ print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__
             if [[ "$seed" == 0 ]]; then name="$tag-${infix}shard$s.jsonl.gz"
             else name="$tag-${infix}seed$seed-shard$s.jsonl.gz"; fi
             resume "$name"
-            "$PY" -m costaware.collect --corpus "$kind" --seed "$seed" \
+            "$PY" -m costaware.measure.collect --corpus "$kind" --seed "$seed" \
                 --shard "$s" --device "$device" --timeout 90 --max-minutes "$left" \
                 --out "$out/$name" "${extra[@]}"
             summary "$out/$name"
@@ -297,7 +292,7 @@ print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__
         # the CPU corpus in one shard, on this device: small models of all 16 families
         name="$tag-small-seed$seed.jsonl.gz"
         resume "$name"
-        "$PY" -m costaware.collect --corpus cpu --seed "$seed" --shard 0 --shards 1 \
+        "$PY" -m costaware.measure.collect --corpus cpu --seed "$seed" --shard 0 --shards 1 \
             --device "$device" --timeout 90 --max-minutes "$minutes" --out "$out/$name" \
             ${COSTAWARE_LIMIT:+--limit "$COSTAWARE_LIMIT"}
         summary "$out/$name"
@@ -308,7 +303,7 @@ print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__
         if [[ "$conf" == *expandable_segments:true* ]]; then name="$tag-oom-expandable-seed0.jsonl.gz"
         else name="$tag-oom-seed0.jsonl.gz"; fi
         resume "$name" data/oom
-        "$PY" -m costaware.oomprobe --device "$device" --corpus "${COSTAWARE_CORPUS:-gpu}" \
+        "$PY" -m costaware.measure.oomprobe --device "$device" --corpus "${COSTAWARE_CORPUS:-gpu}" \
             --caps "$caps" --max-minutes "$minutes" --out "$out/$name" \
             ${COSTAWARE_LIMIT:+--limit "$COSTAWARE_LIMIT"} \
             ${COSTAWARE_FAMILIES:+--families "$COSTAWARE_FAMILIES"}
@@ -323,7 +318,7 @@ print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__
         name="$tag-repeat-$(date -u +%Y%m%d)-$base.jsonl.gz"
         resume "$name"
         # --in-context: each op's time inside the step, beside the repeat (benchmarks/in_context.py)
-        "$PY" -m costaware.collect --corpus "${COSTAWARE_CORPUS:-gpu}" --seed "$seed" \
+        "$PY" -m costaware.measure.collect --corpus "${COSTAWARE_CORPUS:-gpu}" --seed "$seed" \
             --shard "$shard" --device "$device" --timeout 90 --max-minutes "$minutes" \
             --limit "$count" --in-context --out "$out/$name" \
             ${COSTAWARE_SHARDS:+--shards "$COSTAWARE_SHARDS"}

@@ -5,9 +5,9 @@ its memory. In a collector that runs configurations one after another in one pro
 heap that earlier configurations freed is reused, and the resident set grew by as little
 as 1 MiB for models whose weights and optimizer state alone take 8 MiB. This script
 rebuilds each ``ok`` row's configuration from its ``config`` record and measures what
-:func:`costaware.profile.measure` now records on a CPU: the peak of the bytes held by
+:func:`costaware.measure.profile.measure` now records on a CPU: the peak of the bytes held by
 PyTorch's CPU allocator over the model's build and the row's warm-up steps
-(:func:`costaware.profile.allocator_peak`, 1 torch thread). It writes that into
+(:func:`costaware.measure.profile.allocator_peak`, 1 torch thread). It writes that into
 ``measurement.max_allocated`` / ``max_reserved``, keeps the old resident-set figure as
 ``rss_growth``, says so in ``memory_method`` and ``memory_measured_at``, and leaves the
 timings alone. Rows already re-measured are skipped, so an interrupted run resumes; each
@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from rich.progress import track
 
-from costaware.corpus import Config
-from costaware.profile import ALLOCATOR_METHOD, allocator_peak
+from costaware.measure.corpus import Config
+from costaware.measure.profile import ALLOCATOR_METHOD, allocator_peak
 
 METHOD = (
     f"{ALLOCATOR_METHOD} over the model's build and the "

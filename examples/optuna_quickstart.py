@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import costaware as ca
 from costaware.integrations.lightning import CostAwareCallback
 from costaware.integrations.optuna import CostAwarePruner
-from costaware.store import ObservationStore
+from costaware.runtime.store import ObservationStore
 
 
 class DigitsCNN(nn.Module):

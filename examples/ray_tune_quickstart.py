@@ -44,7 +44,7 @@ from costaware.integrations.ray import (
     CostAwareWarning,
     EpochMeter,
 )
-from costaware.store import ObservationStore
+from costaware.runtime.store import ObservationStore
 
 EPOCHS = 3
 TRAIN_SIZE = 1400

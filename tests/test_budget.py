@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 import costaware as ca
-from costaware.model import Prediction
+from costaware.core.model import Prediction
 
 GiB = 2**30
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from costaware.profile import ALLOCATOR_METHOD
+from costaware.measure.profile import ALLOCATOR_METHOD
 
 ALIVE = "costaware-test: stderr still reaches the parent"
 
@@ -24,7 +24,7 @@ ALIVE = "costaware-test: stderr still reaches the parent"
 _PLAIN_THREADS = r"""
 import json, os, sys, threading
 import torch
-from costaware.profile import AllocatorPeak
+from costaware.measure.profile import AllocatorPeak
 
 torch.set_num_threads(1)
 
@@ -156,7 +156,7 @@ sys.stderr.flush()
 _KINETO_ONE_AT_A_TIME = r"""
 import json, sys, threading
 import torch
-import costaware.profile as profile
+import costaware.measure.profile as profile
 
 profile._thread_profiler = lambda: None  # as on a torch without it
 first_started, second_tried, first_done = (threading.Event() for _ in range(3))

@@ -30,8 +30,8 @@ from torch import nn
 
 import costaware as ca
 from costaware import zoo
-from costaware.gate import Gate
 from costaware.integrations.optuna import CostAwarePruner, admit
+from costaware.runtime.gate import Gate
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 BUDGET = ca.Budget(max_memory="4GiB")
@@ -248,7 +248,7 @@ USER_BUGS: dict[str, tuple[Callable[[dict[str, Any]], ca.TrainingSpec], type, li
         ca.UserCodeError,
         [
             r"shape mismatch",
-            r"zoo\.py:\d+",
+            r"zoo/\S+\.py:\d+",
             r"in the model \(ViT, given an input of shape "
             r"\(4, 3, 32, 32\)\)",
             r"broadcast",
@@ -440,7 +440,7 @@ def test_an_internal_error_of_costaware_fails_open(monkeypatch: pytest.MonkeyPat
     """A bug in costaware's own dry run (here its table of memory categories is missing,
     so its bookkeeping raises KeyError) is costaware's: the trial is admitted, and the
     reason says whose bug it is."""
-    import costaware.trace as trace
+    import costaware.core.trace as trace
 
     monkeypatch.setattr(trace, "_CAT_CODE", {})
     gate = Gate(BUDGET, device="T4", model=ca.CostModel())
@@ -467,7 +467,7 @@ def test_the_dry_run_leaves_the_users_logging_as_it_was(torch_log: list[str]) ->
 
 def test_only_the_dry_runs_thread_is_silenced() -> None:
     """While one thread is inside a dry run, another thread's torch log records pass."""
-    from costaware.trace import _quiet_torch_logs
+    from costaware.core.trace import _quiet_torch_logs
 
     logger = logging.getLogger("torch._subclasses.fake_tensor")
     handler = _Keep()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from costaware import _moved
 from costaware.errors import CostawareError as CostawareError
 from costaware.errors import CostAwareWarning as CostAwareWarning
 from costaware.errors import NotEnoughObservations as NotEnoughObservations
@@ -29,46 +30,48 @@ from costaware.errors import UserCodeError as UserCodeError
 if TYPE_CHECKING:
     from costaware._format import fmt_bytes as fmt_bytes
     from costaware._format import fmt_seconds as fmt_seconds
-    from costaware.batch_size import BatchSizeResult as BatchSizeResult
-    from costaware.batch_size import NothingFitsError as NothingFitsError
     from costaware.budget import Budget as Budget
     from costaware.budget import BudgetError as BudgetError
     from costaware.budget import Decision as Decision
     from costaware.budget import Reason as Reason
     from costaware.budget import parse_bytes as parse_bytes
     from costaware.budget import parse_duration as parse_duration
+    from costaware.core.batch_size import BatchSizeResult as BatchSizeResult
+    from costaware.core.batch_size import NothingFitsError as NothingFitsError
+    from costaware.core.model import CostModel as CostModel
+    from costaware.core.model import Observation as Observation
+    from costaware.core.model import Prediction as Prediction
+    from costaware.core.trace import Trace as Trace
+    from costaware.core.trace import dry_run as dry_run
     from costaware.devices import CATALOG as CATALOG
     from costaware.devices import Device as Device
     from costaware.devices import UnknownDeviceError as UnknownDeviceError
     from costaware.devices import get_device as get_device
     from costaware.devices import known_devices as known_devices
-    from costaware.model import CostModel as CostModel
-    from costaware.model import Observation as Observation
-    from costaware.model import Prediction as Prediction
-    from costaware.refit import OnlineRefit as OnlineRefit
     from costaware.reporting import Report as Report
     from costaware.reporting import ReportError as ReportError
     from costaware.reporting import report as report
+    from costaware.runtime.refit import OnlineRefit as OnlineRefit
+    from costaware.runtime.store import ObservationStore as ObservationStore
+    from costaware.runtime.store import StoreError as StoreError
     from costaware.spec import ImageBatch as ImageBatch
     from costaware.spec import SegmentationBatch as SegmentationBatch
     from costaware.spec import TokenBatch as TokenBatch
     from costaware.spec import TrainingSpec as TrainingSpec
     from costaware.spec import default_loss as default_loss
-    from costaware.store import ObservationStore as ObservationStore
-    from costaware.store import StoreError as StoreError
-    from costaware.trace import Trace as Trace
-    from costaware.trace import dry_run as dry_run
 
 __version__ = "0.1.0"
 
+_moved.install()  # the flat module paths (costaware.model, ...) keep working
+
 # Imported on first use: a process that only opens the store (a Ray or Optuna worker)
-# or only measures (costaware.profile on a bare GPU box) does not pay for torch's fake
+# or only measures (costaware.measure.profile on a bare GPU box) does not pay for torch's fake
 # tensors, CatBoost or SQLAlchemy it never touches.
 _LAZY = {
     "fmt_bytes": "costaware._format",
     "fmt_seconds": "costaware._format",
-    "BatchSizeResult": "costaware.batch_size",
-    "NothingFitsError": "costaware.batch_size",
+    "BatchSizeResult": "costaware.core.batch_size",
+    "NothingFitsError": "costaware.core.batch_size",
     "Budget": "costaware.budget",
     "BudgetError": "costaware.budget",
     "Decision": "costaware.budget",
@@ -80,10 +83,10 @@ _LAZY = {
     "UnknownDeviceError": "costaware.devices",
     "get_device": "costaware.devices",
     "known_devices": "costaware.devices",
-    "CostModel": "costaware.model",
-    "Observation": "costaware.model",
-    "Prediction": "costaware.model",
-    "OnlineRefit": "costaware.refit",
+    "CostModel": "costaware.core.model",
+    "Observation": "costaware.core.model",
+    "Prediction": "costaware.core.model",
+    "OnlineRefit": "costaware.runtime.refit",
     "Report": "costaware.reporting",
     "ReportError": "costaware.reporting",
     "report": "costaware.reporting",
@@ -92,10 +95,10 @@ _LAZY = {
     "TokenBatch": "costaware.spec",
     "TrainingSpec": "costaware.spec",
     "default_loss": "costaware.spec",
-    "ObservationStore": "costaware.store",
-    "StoreError": "costaware.store",
-    "Trace": "costaware.trace",
-    "dry_run": "costaware.trace",
+    "ObservationStore": "costaware.runtime.store",
+    "StoreError": "costaware.runtime.store",
+    "Trace": "costaware.core.trace",
+    "dry_run": "costaware.core.trace",
 }
 
 __all__ = [

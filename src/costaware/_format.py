@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["fmt_apart", "fmt_bytes", "fmt_seconds"]
+from typing import Any
+
+__all__ = ["fmt_apart", "fmt_bytes", "fmt_money", "fmt_pct", "fmt_seconds", "fmt_value"]
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -55,3 +57,26 @@ def fmt_apart(value: float, limit: float, *, seconds: bool) -> tuple[str, str]:
         if a != b:
             break
     return a, b
+
+
+def fmt_pct(x: float | None, signed: bool = False) -> str:
+    """``12%``, ``+12%``; ``-`` for None."""
+    if x is None:
+        return "-"
+    return f"{x:+.0%}" if signed else f"{x:.0%}"
+
+
+def fmt_money(x: float | None, currency: str) -> str:
+    """``$1,234.50``; ``-`` for None."""
+    if x is None:
+        return "-"
+    return f"{currency}{x:,.2f}"
+
+
+def fmt_value(v: Any) -> str:
+    """A parameter or objective value, short."""
+    if isinstance(v, float):
+        if v == 0 or 1e-3 <= abs(v) < 1e5:
+            return f"{v:.4g}"
+        return f"{v:.3g}"
+    return str(v)

@@ -545,7 +545,7 @@ def cpu_device(
     overhead is 0.
 
     ``cores``, ``flags`` and ``memory_bytes`` describe another CPU instead of this one (a
-    measurement's, see :func:`costaware.collect.measured_cpu_device`): its logical cores,
+    measurement's, see :func:`costaware.measure.collect.measured_cpu_device`): its logical cores,
     instruction-set flags and physical memory.
     """
     cores = max(1, cores if cores is not None else os.cpu_count() or 1)

@@ -33,12 +33,16 @@ import hashlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 from costaware.errors import SpecError
+
+#: the spec class :func:`spec_from_module` builds (the caller's, so that this module does
+#: not import :mod:`costaware.spec`, which imports it)
+_Spec = TypeVar("_Spec")
 
 __all__ = ["BatchLikeExample", "meta_copy", "optimizer_of", "spec_from_module"]
 
@@ -202,7 +206,9 @@ def _signature(node: Any) -> Any:
             return f"const{tuple(value.shape)}:{value.dtype}"
         return f"const:{type(value).__name__}:{value!r}"[:80]
     if kind == "map":
-        return {str(k): _signature(v) for k, v in sorted(node[2].items(), key=lambda kv: str(kv[0]))}
+        return {
+            str(k): _signature(v) for k, v in sorted(node[2].items(), key=lambda kv: str(kv[0]))
+        }
     return [_signature(v) for v in node[2]]
 
 
@@ -245,6 +251,7 @@ def optimizer_of(optimizer: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def spec_from_module(
+    spec_class: Callable[..., _Spec],
     module: nn.Module,
     example_batch: Any,
     *,
@@ -253,25 +260,13 @@ def spec_from_module(
     precision: str = "fp32",
     prepare: Callable[[nn.Module], None] | None = None,
     **spec_kwargs: Any,
-) -> Any:
-    """The :class:`~costaware.TrainingSpec` of training ``module`` on batches like
-    ``example_batch`` (see the module docstring). ``prepare(copy)`` is called on each meta
-    copy before it is dry-run (to silence a LightningModule's ``log``, say); other keyword
+) -> _Spec:
+    """The ``spec_class`` (:class:`~costaware.TrainingSpec`) of training ``module`` on
+    batches like ``example_batch`` (see the module docstring). ``prepare(copy)`` is called
+    on each meta copy before it is dry-run (to silence a LightningModule's ``log``, say); other keyword
     arguments (``dataset_size``, ``epochs``, ``grad_accumulation``, ``name``, ...) go to
-    the spec as they are.
-
-    A module whose parameters are all bfloat16 (float16, float64) trains in pure
-    ``"bf16-true"`` (``"fp16-true"``, ``"fp64-true"``) where ``precision`` is ``"fp32"``
-    (which trains the parameters as they are); a compiled module
-    (:func:`~costaware.spec.compiled_parts`) gives ``compiled=True``."""
-    from costaware.spec import (
-        TrainingSpec,
-        compiled_parts,
-        eager_module,
-        module_precision,
-        parse_precision,
-    )
-
+    the spec as they are. The caller (:meth:`~costaware.TrainingSpec.from_module`)
+    resolves the precision a module trains in and whether it is compiled."""
     if not isinstance(module, nn.Module):
         raise SpecError(
             f"from_module needs the model as an nn.Module, but got {type(module).__name__}; "
@@ -280,12 +275,8 @@ def spec_from_module(
     batch = BatchLikeExample(example_batch)
     opt, opt_kwargs = optimizer_of(optimizer)
     opt_kwargs.update(spec_kwargs.pop("optimizer_kwargs", {}) or {})
-    spec_kwargs.setdefault("name", type(eager_module(module)).__name__)
-    precision = parse_precision(precision)
-    if precision == "fp32" and (found := module_precision(module)) is not None:
-        precision = found
-    spec_kwargs["compiled"] = bool(spec_kwargs.get("compiled")) or bool(compiled_parts(module))
-    return TrainingSpec(
+    spec_kwargs.setdefault("name", type(module).__name__)
+    return spec_class(
         model=_MetaFactory(module, prepare),
         batch=batch,
         batch_size=batch.batch_size,

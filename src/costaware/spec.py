@@ -831,8 +831,22 @@ class TrainingSpec:
         """
         from costaware.from_code import spec_from_module
 
+        # a module whose parameters are all bfloat16 (float16, float64) trains in pure
+        # "bf16-true" ("fp16-true", "fp64-true") where precision is "fp32", which trains
+        # the parameters as they are; a compiled module (compiled_parts) is compiled=True
+        kwargs.setdefault("name", type(eager_module(module)).__name__)
+        precision = parse_precision(precision)
+        if precision == "fp32" and (found := module_precision(module)) is not None:
+            precision = found
+        kwargs["compiled"] = bool(kwargs.get("compiled")) or bool(compiled_parts(module))
         spec: TrainingSpec = spec_from_module(
-            module, example_batch, optimizer=optimizer, loss=loss, precision=precision, **kwargs
+            cls,
+            module,
+            example_batch,
+            optimizer=optimizer,
+            loss=loss,
+            precision=precision,
+            **kwargs,
         )
         return spec
 

@@ -1,0 +1,181 @@
+"""The largest batch size that fits: a search over predictions, with no trial run.
+
+Lightning's ``BatchSizeFinder`` finds a batch size by running steps until one runs out of
+memory, and its answer can still run out later, on a step that allocates more. Here the
+answer comes from the same decision a study makes for each trial
+(:meth:`costaware.Budget.decide` on :attr:`~costaware.Prediction.min_capacity_upper`, the
+calibrated upper bound of the memory the step needs), so it carries that decision's margin
+and its reasons, and no step is run.
+
+The search costs two dry runs of the architecture (the spec's own batch size and one
+other: every other batch size is interpolated from them, storage by storage) and a few
+milliseconds for each batch size it tries: it doubles from the spec's batch size until
+the budget rejects one, then bisects.
+
+Example:
+    >>> import costaware as ca
+    >>> from costaware import zoo
+    >>> spec = ca.TrainingSpec(model=lambda: zoo.mlp(784, (256,), 10),
+    ...                        batch=ca.ImageBatch((784,), classes=10), batch_size=64)
+    >>> found = ca.CostModel.default().max_batch_size(spec, device="A10", limit=4096)
+    >>> found.batch_size
+    4096
+    >>> found.limited_by
+    'search limit'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from costaware._format import fmt_bytes
+from costaware.budget import Budget, Decision
+from costaware.devices import Device, get_device
+from costaware.errors import CostawareError
+
+if TYPE_CHECKING:
+    from costaware.core.model import CostModel, Prediction
+    from costaware.spec import TrainingSpec
+
+__all__ = ["DEFAULT_LIMIT", "BatchSizeResult", "NothingFitsError", "max_batch_size"]
+
+#: the largest batch size searched unless the caller says otherwise
+DEFAULT_LIMIT = 65_536
+
+
+class NothingFitsError(CostawareError, ValueError):
+    """Not even a batch of one fits the budget (raised where a batch size must be set)."""
+
+
+@dataclass(frozen=True)
+class BatchSizeResult:
+    """What :func:`max_batch_size` found.
+
+    ``batch_size`` is the largest batch size the budget admits (0 when not even 1 does).
+    ``prediction`` is that batch size's prediction (batch 1's when nothing fits), and
+    ``rejected`` the decision on the next size tried above it (None at the search limit
+    or when nothing fits). ``limited_by`` says what stopped the search: ``"memory"`` (or
+    another budget limit's kind), ``"search limit"``, or ``"nothing fits"``.
+    """
+
+    batch_size: int
+    prediction: Prediction
+    decision: Decision
+    rejected: Decision | None
+    limited_by: str
+    device: str
+    limit: int
+    tried: tuple[int, ...] = field(default=(), repr=False)
+
+    @property
+    def fits(self) -> bool:
+        """Whether any batch size fits (``batch_size >= 1``)."""
+        return self.batch_size >= 1
+
+    def __str__(self) -> str:
+        p = self.prediction
+        if not self.fits:
+            why = "; ".join(r.message for r in self.decision.reasons) or "rejected"
+            return (
+                f"nothing fits on the {self.device}, not even a batch of 1: {why}. The step "
+                f"needs {fmt_bytes(p.min_capacity_upper)} (upper bound) at batch size 1."
+            )
+        head = (
+            f"largest batch size on the {self.device}: {self.batch_size} "
+            f"(needs {fmt_bytes(p.min_capacity_upper)} at its upper bound, "
+            f"{fmt_bytes(p.min_capacity)} predicted)"
+        )
+        if self.limited_by == "search limit":
+            return head + f"; every batch size up to the search limit of {self.limit} fits"
+        assert self.rejected is not None
+        why = "; ".join(r.message for r in self.rejected.reasons)
+        return head + f"; the next size tried is rejected: {why}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "fits": self.fits,
+            "limited_by": self.limited_by,
+            "device": self.device,
+            "limit": self.limit,
+            "prediction": self.prediction.to_dict(),
+            "decision": self.decision.to_dict(),
+            "rejected": None if self.rejected is None else self.rejected.to_dict(),
+            "tried": list(self.tried),
+        }
+
+
+def max_batch_size(
+    model: CostModel,
+    spec: TrainingSpec,
+    device: str | Device = "auto",
+    budget: Budget | None = None,
+    *,
+    limit: int = DEFAULT_LIMIT,
+    on_try: Callable[[int, Decision], None] | None = None,
+) -> BatchSizeResult:
+    """The largest batch size of ``spec`` that ``budget`` admits on ``device``.
+
+    ``budget`` defaults to ``Budget()``: the device's memory is the only limit. A budget
+    with time limits counts them too (a larger batch rarely makes an epoch slower, but a
+    trial time limit can bind). The search assumes that a batch size the budget rejects
+    is followed by no larger one it admits; the returned size was itself admitted.
+    ``on_try(batch_size, decision)`` is called for each size tried (progress).
+
+    Raises:
+        ValueError: ``limit`` is below 1.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be a whole number of at least 1, but got {limit=}.")
+    dev = get_device(device)
+    judge = budget if budget is not None else Budget()
+    seen: dict[int, tuple[Prediction, Decision]] = {}
+
+    def admit(b: int) -> bool:
+        if b not in seen:
+            pred = model.predict(spec.with_batch_size(b), dev)
+            decision = judge.decide(pred, device=dev)
+            seen[b] = (pred, decision)
+            if on_try is not None:
+                on_try(b, decision)
+        return seen[b][1].admit
+
+    def result(best: int, over: int | None, why: str) -> BatchSizeResult:
+        pred, decision = seen[max(best, 1)]
+        rejected = seen[over][1] if over is not None else None
+        return BatchSizeResult(
+            batch_size=best,
+            prediction=pred,
+            decision=decision,
+            rejected=rejected,
+            limited_by=why,
+            device=dev.name,
+            limit=limit,
+            tried=tuple(seen),
+        )
+
+    start = max(1, min(spec.batch_size, limit))
+    if admit(start):
+        lo, hi = start, None
+        while hi is None:  # double until a size is rejected or the limit is reached
+            if lo >= limit:
+                return result(lo, None, "search limit")
+            nxt = min(lo * 2, limit)
+            if admit(nxt):
+                lo = nxt
+            else:
+                hi = nxt
+    else:
+        if start == 1 or not admit(1):
+            return result(0, None, "nothing fits")
+        lo, hi = 1, start
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if admit(mid):
+            lo = mid
+        else:
+            hi = mid
+    reasons = seen[hi][1].reasons
+    return result(lo, hi, reasons[0].kind if reasons else "rejected")

@@ -1,0 +1,2394 @@
+"""The cost model: analytic estimates corrected by CatBoost, with calibrated upper bounds.
+
+:class:`CostModel` follows scikit-learn's estimator contract: ``__init__`` only stores
+parameters, :meth:`CostModel.fit` validates and returns ``self``, learned state ends in
+``_``, and a learned component used before ``fit`` raises :class:`NotFittedError`. An
+unfitted model still predicts: it returns the analytic estimate and says so.
+
+For each device kind, the model learns the *residual* over a baseline:
+``log(actual / simulated reserved peak)`` for memory (a Theil-Sen line over the simulated
+peak, or CatBoost trees on every feature: ``memory_model``) and ``log(actual / step
+model)`` for time (CatBoost trees on the NSM, graph2vec, hyperparameter, analytic and
+device features). The time baseline is itself fitted on the training timings: the op-level
+sum against the CPU's issue time on a GPU (:class:`_Dispatch`), the roofline's parts with a
+cost per kernel and per parameter tensor on a CPU (:class:`_CpuSteps`). Residual learning
+is what carries over to architectures the model has never seen. With few measurements (a
+refit on the user's trials) a line per target replaces the trees.
+
+The upper bounds are conformal: their residuals come from measurements held out of the fit
+that predicted them (cross-conformal by family where there are enough families, else one
+held-out split; leave-one-out for a small sample). The coverage they target holds for
+measurements like the training data's; an architecture unlike any of them may fall outside
+more often.
+
+Models are saved as CatBoost ``.cbm`` files plus a JSON manifest. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import inspect
+import json
+import math
+import os
+import re
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from torch import nn
+
+from costaware._format import fmt_bytes, fmt_seconds
+from costaware.core import analytic as _analytic
+from costaware.core.features import (
+    FEATURE_VERSION,
+    device_features,
+    hyperparameter_features,
+    nsm_features,
+    trace_features,
+)
+from costaware.core.optime import OpTimeModel, node_table
+from costaware.core.trace import (
+    COMPILED_NOTE,
+    Trace,
+    _call_with_timeout,
+    build_model,
+    cpu_conditions,
+    dry_run,
+    rescale,
+)
+from costaware.devices import Device, device_kind, get_device
+from costaware.errors import (
+    CostawareError,
+    CostAwareWarning,
+    NotEnoughObservations,
+    NotFittedError,
+    TraceError,
+    first_line,
+)
+from costaware.spec import PRECISIONS, TrainingSpec
+
+__all__ = ["CostModel", "Observation", "Prediction", "benchmark_search_peak", "features_for"]
+
+MiB = 2**20
+MANIFEST = "manifest.json"
+#: the most parts (per-kind models, bases) deep a saved model's folders may nest: a refit
+#: over the shipped model nests three (kind / base / kind); deeper, a manifest is malformed
+_MAX_NESTING = 16
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+#: a device kind's sub-folder name ("cpu", "cuda"): one plain name, never "." or ".."
+_KIND_NAME = re.compile(r"[A-Za-z0-9_-]+")
+#: a file's name inside a model's folder: no path separator, no leading dot
+_FILE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+#: below this many measurements of a target, fit learns a line, not trees: replayed on
+#: the HPO benchmark's studies, trees on 8-12 trials were twice as far off on memory as the
+#: line, and their few calibration rows gave bounds no wider than the point
+SMALL_SAMPLE = 30
+FORMAT_VERSION = 1
+#: the features that say which configuration a step is (:func:`repeat_key`): what the
+#: model, batch, optimizer, precision and device are, from the dry run's structure and the
+#: spec. Not the learning rate or the epochs, which do not change a step's cost, and not
+#: the simulated allocator's or the bytes' figures, which a trace rescaled from another
+#: batch size gets a little off where a dry run at this size gets them exactly
+_REPEAT_PREFIXES = ("nsm", "ops:", "layers_", "batch_", "optimizer_is_", "precision_is_", "device_")
+_REPEAT_NAMES = frozenset(
+    {
+        "params_m",
+        "param_tensors",
+        "graph_nodes",
+        "kernels",
+        "gflops",
+        "gflops_forward",
+        "grad_accumulation",
+        "optimizer_states",
+        "cudnn_benchmark",
+        "expandable_segments",
+        "calls_cublas",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted cost of one training configuration on one device.
+
+    Memory, in bytes:
+
+    - ``peak_memory``: the caching allocator's reserved peak (``max_memory_reserved``) on
+      a device with room to spare, the figure a run reports; ``peak_memory_upper`` its
+      calibrated upper bound.
+    - ``min_capacity``: the smallest memory the step runs in, the figure that decides an
+      OOM. Under a limit the allocator gives back its cached, unused memory before it
+      raises, so a step runs in less than its unlimited reserved peak (at least its
+      allocated peak). ``min_capacity_upper`` is its calibrated upper bound, which a
+      :class:`~costaware.Budget` compares with the memory it allows.
+
+    Neither includes the CUDA context (the device's ``context_overhead_bytes``).
+    Times are seconds; ``epoch_time`` is None when the spec has no ``dataset_size``.
+    """
+
+    peak_memory: int
+    peak_memory_upper: int
+    iteration_time: float
+    iteration_time_upper: float
+    epoch_time: float | None
+    epoch_time_upper: float | None
+    trial_time: float | None
+    device: str
+    kind: str
+    coverage: float | None
+    spec: Mapping[str, Any]
+    basis: Mapping[str, Any]
+    notes: tuple[str, ...] = ()
+    latency_s: float = 0.0
+    min_capacity: int = 0
+    min_capacity_upper: int = 0
+
+    def __post_init__(self) -> None:
+        # a Prediction built without the capacity figures (an older record) decides on
+        # the reserved peak, which is never below them
+        if not self.min_capacity:
+            object.__setattr__(self, "min_capacity", self.peak_memory)
+        if not self.min_capacity_upper:
+            object.__setattr__(self, "min_capacity_upper", self.peak_memory_upper)
+
+    def explain(self) -> str:
+        """What the numbers rest on, in words a person can check."""
+        b = self.basis
+        lines = [
+            f"{self.spec.get('name', 'model')} on {self.device}: batch {self.spec.get('batch_size')}, "
+            f"{self.spec.get('optimizer')}, {self.spec.get('precision')}, allocator {self.spec.get('allocator')}",
+            f"  peak memory (reserved, with room to spare): {fmt_bytes(self.peak_memory)}  "
+            f"upper bound: {fmt_bytes(self.peak_memory_upper)}",
+            f"  memory it needs (the smallest capacity it runs in): {fmt_bytes(self.min_capacity)}  "
+            f"upper bound: {fmt_bytes(self.min_capacity_upper)}  (what a budget checks)",
+            f"  iteration time: {fmt_seconds(self.iteration_time)}  "
+            f"upper bound: {fmt_seconds(self.iteration_time_upper)}",
+        ]
+        if self.epoch_time is not None:
+            lines.append(
+                f"  epoch time: {fmt_seconds(self.epoch_time)} ({self.spec.get('steps_per_epoch')} steps)  "
+                f"upper bound: {fmt_seconds(self.epoch_time_upper)}"
+            )
+        if self.kind == "analytic":
+            lines.append(
+                "  model: analytic estimate only (no learned model is fitted); the upper bounds are "
+                "heuristic margins, not calibrated"
+            )
+        else:
+            lines.append(
+                f"  model: learned residual over the estimates below, trained on "
+                f"{b.get('trained_rows')} measurements; upper bounds conformal, calibrated on "
+                f"the residuals of measurements held out of the fit to cover "
+                f"{self.coverage:.0%} of measurements like those it learned from (a target, "
+                "not a guarantee for an architecture unlike any of them)"
+            )
+        lines += [
+            "  based on:",
+            f"    dry-run live peak        {fmt_bytes(b.get('live_peak'))}",
+            f"    simulated allocator peak {fmt_bytes(b.get('simulated_reserved'))} "
+            f"(allocated {fmt_bytes(b.get('simulated_allocated'))}, incl. {fmt_bytes(b.get('workspace'))} "
+            "cuBLAS/cuDNN workspace)",
+            "    peak breakdown           "
+            + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in b.get("breakdown", {}).items() if v),
+            f"    parameters               {b.get('params', 0) / 1e6:.2f} M",
+            f"    FLOPs per step           {b.get('flops', 0) / 1e9:.1f} GFLOP "
+            f"(forward {b.get('flops_forward', 0) / 1e9:.1f})",
+            f"    roofline time            {fmt_seconds(b.get('analytic_time'))}",
+        ]
+        on_cpu = device_kind(self.device) == "cpu"
+        with_sum = b.get("op_sum_time") is not None
+        if with_sum:
+            lines.append(
+                f"    op-level time (sum)      {fmt_seconds(b.get('op_sum_time'))} "
+                f"(per-kernel times learned from {'CPU' if on_cpu else 'GPU'} microbenchmarks)"
+            )
+        if b.get("cpu_step_time") is not None:
+            lines.append(
+                f"    CPU step model           {fmt_seconds(b.get('cpu_step_time'))} "
+                f"(the roofline's parts{' and the op-level sum' if with_sum else ''}, plus "
+                "a cost per kernel and per parameter tensor, fitted on CPU timings)"
+            )
+        if self.kind == "learned":
+            lines.append(
+                f"    learned correction       memory x{b.get('memory_factor', 1):.3f}, "
+                f"time x{b.get('time_factor', 1):.3f}"
+            )
+        lines.append(
+            f"    features used            {b.get('features_used')} "
+            f"(trace: {b.get('trace_source')}, model built on {b.get('build')})"
+        )
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["spec"] = dict(self.spec)
+        d["basis"] = {k: v for k, v in self.basis.items()}
+        d["notes"] = list(self.notes)
+        return d
+
+    def __repr__(self) -> str:
+        ep = f", epoch_time={fmt_seconds(self.epoch_time)}" if self.epoch_time is not None else ""
+        return (
+            f"Prediction(peak_memory={fmt_bytes(self.peak_memory)}, "
+            f"peak_memory_upper={fmt_bytes(self.peak_memory_upper)}, "
+            f"iteration_time={fmt_seconds(self.iteration_time)}{ep}, device={self.device!r}, "
+            f"kind={self.kind!r})"
+        )
+
+
+@dataclass
+class Observation:
+    """One measured training configuration: the features it had and what it cost.
+
+    ``peak_memory`` is the measured ``max_memory_reserved`` (bytes) and ``iteration_time``
+    the measured median step time (seconds); either may be None (an OOM has no peak).
+    ``family`` names the architecture family, used to hold families out for calibration.
+    """
+
+    features: dict[str, float]
+    device: str
+    peak_memory: float | None = None
+    iteration_time: float | None = None
+    status: str = "ok"
+    family: str | None = None
+    peak_allocated: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Observation:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# --------------------------------------------------------------------------------------
+# per-architecture cache: traces, graph features
+# --------------------------------------------------------------------------------------
+@dataclass
+class _ArchEntry:
+    traces: list[Trace]
+    graph_feats: dict[str, float]
+    #: a second batch size was dry-run (kept in ``traces`` where it runs the same ops)
+    second_tried: bool = False
+    #: why there is no second trace, where its dry run failed
+    second_why: str = ""
+
+
+class _TraceCache:
+    """LRU of traces per architecture: two batch sizes each, the others interpolated."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._data: OrderedDict[str, _ArchEntry] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> _ArchEntry | None:
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is not None:
+                self._data.move_to_end(key)
+            return entry
+
+    def put(self, key: str, entry: _ArchEntry) -> None:
+        with self._lock:
+            self._data[key] = entry
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+
+def _arch_key(spec: TrainingSpec) -> str:
+    key = spec.architecture_key()
+    if key is not None:
+        return key
+    # an instance is described as it is; a factory without a fingerprint is built on meta
+    model = spec.model if isinstance(spec.model, nn.Module) else build_model(spec)[0]
+    shapes = ";".join(f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters())
+    body = hashlib.sha1((repr(model) + shapes).encode()).hexdigest()
+    return spec._key_with("module:" + body)
+
+
+def _pure_note(spec: TrainingSpec, learned: bool) -> str:
+    """The note of a prediction in a pure precision: what was traced in it, and that no
+    learned correction was calibrated on such steps."""
+    dtype = str(spec.param_dtype).removeprefix("torch.").replace("bfloat16", "bf16")
+    dtype = dtype.replace("float16", "fp16").replace("float64", "fp64")
+    note = (
+        f"pure {dtype} ({spec.precision}): parameters, gradients, optimizer state and the "
+        f"batch's floating-point inputs traced in {dtype}"
+    )
+    if not learned:
+        return note
+    return (
+        f"{note}. The learned model was trained on no pure-precision step: its correction "
+        "here is the one it learned for fp32 steps (no autocast), and the time rests on the "
+        f"analytic roofline at {dtype}'s peak and those fp32 rows, not calibrated for pure "
+        f"{dtype}"
+    )
+
+
+def _attention_mode(device: Device) -> str:
+    """The dry run's SDPA mode for a target device: fused kernels on CUDA, native on CPU."""
+    return "fused" if device.kind == "cuda" else "native"
+
+
+def features_for(
+    trace: Trace,
+    spec: TrainingSpec,
+    device: Device,
+    est: _analytic.AnalyticEstimate,
+    graph_feats: Mapping[str, float],
+    op_model: OpTimeModel | None = None,
+) -> dict[str, float]:
+    """The full feature dict for one (trace, spec, device), as the learned model sees it.
+
+    With ``op_model`` (:class:`~costaware.core.optime.OpTimeModel`), the op-level time sums
+    (``optime_*``) are added: learned per-kernel GPU times summed over the trace. They are
+    NaN for a CPU and absent without an op model.
+    """
+    feats: dict[str, float] = {}
+    feats.update(hyperparameter_features(spec))
+    feats.update(trace_features(trace))
+    feats.update(device_features(device))
+    feats.update(graph_feats)
+    feats.update(
+        {
+            "analytic_reserved_mib": est.reserved / MiB,
+            "analytic_allocated_mib": est.allocated / MiB,
+            "analytic_reserved_over_live": est.reserved / max(est.live_peak, 1),
+            "analytic_segments": float(est.allocator_segments),
+            "analytic_time_ms": est.iteration_time * 1e3,
+            "analytic_compute_ms": est.compute_time * 1e3,
+            "analytic_memory_ms": est.memory_time * 1e3,
+            "log_analytic_reserved": math.log(max(est.reserved, 1)),
+            "log_analytic_time": math.log(max(est.iteration_time, 1e-9)),
+            "memory_over_capacity": est.reserved / device.memory_bytes,
+        }
+    )
+    if op_model is not None:
+        feats.update(
+            op_model.step_features(
+                node_table(trace), device, spec.grad_accumulation, est.iteration_time
+            )
+        )
+    return feats
+
+
+@dataclass(frozen=True)
+class _Constant:
+    """A regressor for a target that never varied in training."""
+
+    value: float
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return np.full(len(x), self.value)
+
+
+#: the small-sample time correction learns one factor per precision: bf16 on a CPU without
+#: bf16 arithmetic ran several times slower than fp32, so one pooled factor fits neither
+_GROUP_FEATURES = {p: f"precision_is_{p}" for p in PRECISIONS}
+#: the shared log-log slope is clipped to this: a handful of rows can suggest anything
+_MAX_LOG_SLOPE = 0.5
+#: row pairs (same precision, baselines apart) a slope needs; with fewer it is 0
+_MIN_SLOPE_PAIRS = 3
+#: time measurements a small-sample refit needs before it tries a slope at all: on fewer
+#: rows a slope chosen by leave-one-out makes predictions worse than one factor per
+#: precision (``benchmarks/refit_replay.py`` replays refits on held-out families)
+_MIN_SLOPE_ROWS = 10
+
+
+@dataclass(frozen=True)
+class _PrecisionLine:
+    """``log(measured / baseline) = a[precision] + slope * log(baseline)``.
+
+    One intercept per precision and one slope shared by all, from a handful of
+    measurements (fewer than ``SMALL_SAMPLE``, see ``fit``). The slope follows how the measured/estimated ratio drifts
+    with size: a small model's step is mostly fixed costs that the estimate under-counts,
+    a large one's mostly kernels. With slope 0 it is one factor per precision. A row of a
+    precision with no measurement predicts NaN: the caller keeps its baseline (the
+    shipped model or the analytic estimate) and that baseline's bound.
+    """
+
+    by_group: dict[str, float]
+    columns: dict[str, int]  # group -> index of its indicator feature
+    slope: float = 0.0
+
+    def correction(self, x: np.ndarray, baseline: float) -> float:
+        """The log factor from ``baseline`` to the prediction of feature row ``x`` (NaN:
+        its precision was never measured)."""
+        for g, v in self.by_group.items():
+            col = self.columns.get(g)
+            if col is not None and x[0, col] == 1.0:
+                return v + self.slope * math.log(max(baseline, 1e-12))
+        return math.nan
+
+
+def _fit_precision_line(
+    y: np.ndarray, log_base: np.ndarray, groups: np.ndarray, fit_slope: bool = True
+) -> tuple[dict[str, float], float]:
+    """Theil-Sen within precisions: the median slope of same-precision row pairs whose
+    baselines differ by over 10% (0 without ``fit_slope`` or with too few pairs), then
+    each precision's median intercept."""
+    slopes: list[float] = []
+    for g in np.unique(groups) if fit_slope else ():
+        idx = np.nonzero(groups == g)[0] if g else np.zeros(0, dtype=int)
+        i, j = np.triu_indices(len(idx), k=1)
+        du = log_base[idx[j]] - log_base[idx[i]]
+        apart = np.abs(du) > 0.1
+        slopes += ((y[idx[j]] - y[idx[i]])[apart] / du[apart]).tolist()
+    slope = 0.0
+    if len(slopes) >= _MIN_SLOPE_PAIRS:
+        slope = float(np.clip(np.median(slopes), -_MAX_LOG_SLOPE, _MAX_LOG_SLOPE))
+    rest = y - slope * log_base
+    return {str(g): float(np.median(rest[groups == g])) for g in np.unique(groups) if g}, slope
+
+
+def _small_sample_line(
+    y: np.ndarray,
+    log_base: np.ndarray,
+    groups: np.ndarray,
+    min_slope_rows: int = _MIN_SLOPE_ROWS,
+) -> tuple[dict[str, float], float, np.ndarray]:
+    """The per-precision line through every row, and the leave-one-out residuals of the
+    rows whose precision keeps a measurement without them (a lone row would be predicted
+    by the baseline, whose own bound covers it, so it calibrates nothing here).
+
+    The slope is tried only from ``min_slope_rows`` rows on, and kept only when it
+    predicts left-out rows better than one factor per precision does: over a narrow range
+    of sizes, or a handful of rows, timing noise is all a slope would learn.
+    """
+    best: tuple[float, dict[str, float], float, np.ndarray] | None = None
+    for fit_slope in (False, True) if len(y) >= min_slope_rows else (False,):
+        loo = []
+        for i in range(len(y)):
+            keep = np.arange(len(y)) != i
+            if not groups[i] or not np.any(groups[keep] == groups[i]):
+                continue
+            fit_g, fit_s = _fit_precision_line(y[keep], log_base[keep], groups[keep], fit_slope)
+            loo.append(y[i] - fit_g[str(groups[i])] - fit_s * log_base[i])
+        res = np.asarray(loo)
+        err = float(np.mean(np.abs(res))) if len(res) else 0.0
+        if best is None or err < best[0]:
+            by_group, slope = _fit_precision_line(y, log_base, groups, fit_slope)
+            best = (err, by_group, slope, res)
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
+#: whole-model timings below which no step model (_Dispatch, _CpuSteps) is fitted: the op
+#: sum or the roofline stays the baseline
+_MIN_DISPATCH_ROWS = 20
+
+
+class _StepModel:
+    """A whole step's time (milliseconds) from a few of its features: what a model's time
+    residual is learned over. Subclasses give the features (:meth:`row`) and the formula
+    (:meth:`_ms`)."""
+
+    @classmethod
+    def row(cls, feats: Mapping[str, float]) -> list[float] | None:
+        raise NotImplementedError
+
+    def _ms(self, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    @classmethod
+    def fit(cls, rows: np.ndarray, measured_s: np.ndarray) -> Any:
+        raise NotImplementedError
+
+    def seconds(self, feats: Mapping[str, float]) -> float | None:
+        """The step time for ``feats``; None when a feature it needs is missing."""
+        row = self.row(feats)
+        return None if row is None else float(self._ms(np.asarray([row]))[0]) / 1e3
+
+    @classmethod
+    def fitted_on(
+        cls, obs: Sequence[Observation], keep: Callable[[Observation], bool] = lambda o: True
+    ) -> Any:
+        """Fitted on the measured step times of the ``keep`` observations that have every
+        feature it needs; None below ``_MIN_DISPATCH_ROWS`` of them."""
+        timed = [
+            (row, o.iteration_time)
+            for o in obs
+            if (row := cls.row(o.features)) is not None and o.iteration_time and keep(o)
+        ]
+        if len(timed) < _MIN_DISPATCH_ROWS:
+            return None
+        return cls.fit(
+            np.asarray([row for row, _ in timed], dtype=np.float64),
+            np.asarray([secs for _, secs in timed], dtype=np.float64),
+        )
+
+
+@dataclass(frozen=True)
+class _Dispatch(_StepModel):
+    """A GPU step as ``max(gpu * kernel time, CPU issue time)`` (milliseconds), where the
+    CPU's issue time is ``fwd * kernels_fwd + bwd * kernels_bwd + opt * kernels_opt +
+    tensor * param_tensors + step``; under autocast (bf16, fp16) the kernel time is
+    multiplied by ``amp_kernel`` and the issue time by ``amp_issue``.
+
+    An eager step is two pipelines: the CPU issues ops (Python, dispatcher and autograd
+    per op) while the GPU runs them. A step of many tiny kernels takes its issue time, one
+    of large kernels its kernel time; adding the two would count small models twice.
+    The CPU's cost per op differs by phase: a forward op goes through Python and the
+    module call, a backward op only through the autograd engine in C++, and an optimizer
+    node is a ``_foreach`` op over every parameter, so each phase has its own cost per
+    kernel (one cost for all three over-predicts backward-heavy steps such as DenseNet's).
+    Besides its ops, the CPU pays per parameter tensor: autograd's gradient accumulation,
+    ``zero_grad``, each ``_foreach`` op's per-tensor work and the module call around most
+    tensors; without that term a ``_foreach`` node would cost as much over the 8 tensors
+    of an MLP as over the 160 of a ResNet. Autocast dispatches every op through its cast
+    policy and adds casts that the op-level sum under-counts, hence its two factors (one
+    set of constants for both would under-predict the mixed-precision steps and
+    over-predict the fp32 ones). What each part is worth on held-out families is in
+    ``docs/accuracy.md``. The eight constants are
+    fitted on whole-model timings (the training rows of ``fit``), minimising the mean
+    absolute log error; the kernel time and the three kernel counts are the
+    :data:`INPUTS` features of :mod:`costaware.core.optime`, ``param_tensors`` the dry run's,
+    per optimizer step as ``kernels_opt`` is.
+    """
+
+    gpu: float
+    fwd_ms: float
+    bwd_ms: float
+    opt_ms: float
+    step_ms: float
+    tensor_ms: float
+    amp_kernel: float = 1.0
+    amp_issue: float = 1.0
+
+    #: the features the step is computed from, in the order of ``_ms``'s columns, then
+    #: whether the step runs under autocast (``precision_is_bf16`` or ``_fp16``)
+    INPUTS: ClassVar[tuple[str, ...]] = (
+        "optime_kernel_ms",
+        "kernels_fwd",
+        "kernels_bwd",
+        "kernels_opt",
+        "param_tensors",
+    )
+
+    @classmethod
+    def row(cls, feats: Mapping[str, float]) -> list[float] | None:
+        """The :data:`INPUTS` of ``feats`` and the autocast flag; None when one is missing
+        (or not finite)."""
+        row = [feats.get(n, math.nan) for n in cls.INPUTS]
+        row[4] /= max(feats.get("grad_accumulation", 1.0), 1.0)
+        amp = max(feats.get("precision_is_bf16", 0.0), feats.get("precision_is_fp16", 0.0))
+        row.append(1.0 if amp > 0 else 0.0)
+        return row if all(math.isfinite(v) for v in row) else None
+
+    def _ms(self, rows: np.ndarray) -> np.ndarray:
+        per = np.asarray([self.fwd_ms, self.bwd_ms, self.opt_ms, self.tensor_ms])
+        amp = rows[:, 5] > 0
+        issue = (rows[:, 1:5] @ per + self.step_ms) * np.where(amp, self.amp_issue, 1.0)
+        kernel = self.gpu * np.maximum(rows[:, 0], 1e-3) * np.where(amp, self.amp_kernel, 1.0)
+        out: np.ndarray = np.maximum(kernel, issue)
+        return out
+
+    @classmethod
+    def fit(cls, rows: np.ndarray, measured_s: np.ndarray) -> _Dispatch:
+        """From rows of the :data:`INPUTS` and the measured seconds of each."""
+        measured_ms = measured_s * 1e3
+        any_amp = bool((rows[:, 5] > 0).any())  # else no autocast factor to learn
+
+        def make(x: np.ndarray) -> _Dispatch:
+            gpu, fwd, bwd, opt, step, tensor, amp_kernel, amp_issue = np.exp(x).tolist()
+            if not any_amp:
+                amp_kernel = amp_issue = 1.0
+            return cls(gpu, fwd, bwd, opt, step, tensor, amp_kernel, amp_issue)
+
+        def loss(x: np.ndarray) -> float:
+            return float(np.mean(np.abs(np.log(make(x)._ms(rows) / measured_ms))))
+
+        starts = [  # a few starts: the max() has flat regions
+            np.log([1.0, per_op_ms, per_op_ms, per_op_ms, 0.5, per_op_ms / 4, 1.0, 1.0])
+            for per_op_ms in (0.005, 0.015, 0.04)
+        ]
+        return make(_min_log_error(loss, starts))
+
+
+def _min_log_error(loss: Callable[[np.ndarray], float], starts: Sequence[np.ndarray]) -> np.ndarray:
+    """The log-parameters that minimise ``loss`` (a mean absolute log error), best of a
+    Powell search from each of ``starts``."""
+    from scipy.optimize import minimize
+
+    best: Any = None
+    for x0 in starts:
+        r = minimize(loss, x0, method="Powell", options={"maxiter": 40000, "xtol": 1e-5})
+        if best is None or r.fun < best.fun:
+            best = r
+    return np.asarray(best.x)
+
+
+@dataclass(frozen=True)
+class _CpuSteps(_StepModel):
+    """A CPU step (milliseconds) as ``compute * roofline compute + memory * roofline
+    memory + op_ms * kernels + tensor_ms * param_tensors + step_ms``: the time baseline
+    of a model fitted on CPU timings.
+
+    A CPU runs the ops one after another, so the step is a sum, not the GPU's overlap of
+    two pipelines (:class:`_Dispatch`). The analytic roofline charges every kernel one
+    constant, in which the cost that goes with each layer (its module call, autograd's
+    gradient accumulation, the optimizer's work on its tensors) rides on the kernel
+    count; timed on their own (``benchmarks/cpu_overheads.py``) an elementwise op and the
+    optimizer's work per parameter tensor cost quite different amounts, so a model of
+    many tiny ops on few tensors (a GRU unrolled over its time steps) would be charged
+    several times what it takes. Hence a cost per kernel and one per parameter tensor.
+    The constants are fitted on the training rows' whole-step timings (mean absolute log
+    error) from features every dry run has, so a family held out of the fit is predicted
+    by constants that never saw it.
+
+    Where the rows carry a CPU's op-level sum (an op model fitted on the CPU's per-op
+    timings), the step adds ``op_sum * optime_kernel_ms``: the roofline has one efficiency
+    for every FLOP, the op model has what oneDNN makes of each kernel's shape. Its weight
+    depends on the steps and their op cases being timed on one host under the same
+    settings (``data/README.md``). The fitted constants and what each term is worth on
+    held-out families are in ``docs/accuracy.md``.
+    """
+
+    compute: float
+    memory: float
+    op_ms: float
+    tensor_ms: float
+    step_ms: float
+    op_sum: float = 0.0
+
+    #: the features the step is computed from
+    INPUTS: ClassVar[tuple[str, ...]] = (
+        "analytic_compute_ms",
+        "analytic_memory_ms",
+        "kernels",
+        "param_tensors",
+        "optime_kernel_ms",
+    )
+
+    @classmethod
+    def row(cls, feats: Mapping[str, float]) -> list[float] | None:
+        """``[compute ms, memory ms, kernels, param tensors, op sum ms]`` per micro-batch (a
+        trace's kernels are those of up to two micro-batches, its tensors are stepped once
+        per optimizer step; the op sum is per micro-batch already, 0 without a CPU op
+        model); None when a feature is missing or not finite."""
+        comp, mem, kernels, tensors, op_sum = (feats.get(n, math.nan) for n in cls.INPUTS)
+        accumulation = max(feats.get("grad_accumulation", 1.0), 1.0)
+        row = [comp, mem, kernels / min(accumulation, 2.0), tensors / accumulation]
+        row.append(op_sum if math.isfinite(op_sum) else 0.0)
+        return row if all(math.isfinite(v) for v in row) else None
+
+    def _ms(self, rows: np.ndarray) -> np.ndarray:
+        per = np.asarray([self.compute, self.memory, self.op_ms, self.tensor_ms, self.op_sum])
+        out: np.ndarray = rows @ per + self.step_ms
+        return out
+
+    @classmethod
+    def fit(cls, rows: np.ndarray, measured_s: np.ndarray) -> _CpuSteps:
+        """From rows of :meth:`row` and the measured seconds of each; the op sum's factor
+        only where every row has one (a CPU op model), else it stays 0."""
+        measured_ms = measured_s * 1e3
+        with_sum = bool((rows[:, 4] > 0).all())
+
+        def make(x: np.ndarray) -> _CpuSteps:
+            compute, memory, op_ms, tensor_ms, step_ms, *rest = np.exp(x).tolist()
+            return cls(compute, memory, op_ms, tensor_ms, step_ms, rest[0] if with_sum else 0.0)
+
+        def loss(x: np.ndarray) -> float:
+            return float(np.mean(np.abs(np.log(make(x)._ms(rows) / measured_ms))))
+
+        extra = [0.5] if with_sum else []
+        starts = [np.log([1.0, 1.0, op_ms, 0.1, 0.5, *extra]) for op_ms in (0.002, 0.02)]
+        return make(_min_log_error(loss, starts))
+
+
+@dataclass(frozen=True)
+class _Affine:
+    """``measured = intercept + slope * baseline`` (bytes), from a handful of measurements.
+
+    A fixed offset is what a few small trials show most: on a CPU the process grows by a
+    few MiB of framework state besides the tensors, and as one factor that offset would
+    double the prediction of a 3 MiB model and every larger one after it.
+    """
+
+    intercept: float
+    slope: float
+
+    def correction(self, baseline: float) -> float:
+        """The log factor from ``baseline`` to the prediction."""
+        b = max(baseline, 1.0)
+        return math.log(max(self.intercept + self.slope * b, 1.0) / b)
+
+
+#: rows a Theil-Sen slope is estimated from (a random subset above that: O(n^2) pairs)
+_THEIL_SEN_ROWS = 800
+
+
+def _fit_affine(base: np.ndarray, actual: np.ndarray) -> _Affine:
+    """Theil-Sen line through (baseline, measured): median pairwise slope, then the median
+    intercept; a negative intercept (no offset to learn) falls back to the median ratio."""
+    b, a = base, actual
+    if len(b) > _THEIL_SEN_ROWS:
+        pick = np.random.default_rng(0).choice(len(b), _THEIL_SEN_ROWS, replace=False)
+        b, a = b[pick], a[pick]
+    i, j = np.triu_indices(len(b), k=1)
+    db = b[j] - b[i]
+    apart = np.abs(db) > 0.05 * np.maximum(b[i], b[j])
+    slopes = (a[j] - a[i])[apart] / db[apart]
+    if len(slopes):
+        slope = float(np.clip(np.median(slopes), 0.25, 4.0))
+        intercept = float(np.median(actual - slope * base))
+        if intercept >= 0:
+            return _Affine(intercept, slope)
+    return _Affine(0.0, float(np.median(actual / np.maximum(base, 1.0))))
+
+
+def _small_sample_affine(base: np.ndarray, actual: np.ndarray) -> tuple[_Affine, np.ndarray]:
+    """The line through every row, and each row's leave-one-out log residual."""
+    loo = []
+    for i in range(len(base)):
+        rest = _fit_affine(np.delete(base, i), np.delete(actual, i))
+        loo.append(math.log(actual[i] / base[i]) - rest.correction(base[i]))
+    return _fit_affine(base, actual), np.asarray(loo)
+
+
+def _group_columns(names: Sequence[str]) -> dict[str, int]:
+    """Precision -> index of its indicator among the feature ``names``."""
+    return {g: list(names).index(f) for g, f in _GROUP_FEATURES.items() if f in names}
+
+
+def _row_groups(x: np.ndarray, columns: Mapping[str, int]) -> np.ndarray:
+    """Each row's precision (``""`` where the features do not say)."""
+    groups = np.full(len(x), "", dtype=object)
+    for g, col in columns.items():
+        groups[x[:, col] == 1.0] = g
+    return groups
+
+
+#: the shifts ``_shifted_quantile`` tries, as multiples of the median prediction
+_SHIFTS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+#: calibration rows a bound group needs for a bound of its own (else the pooled one)
+_MIN_GROUP_ROWS = 20
+
+#: families a memory line or the trees need for cross-conformal bounds (else one
+#: held-out split)
+_MIN_CV_FAMILIES = 5
+
+#: folds of families the trees' cross-conformal residuals come from (each fold's trees
+#: are fitted without it; the line fits once per family, which costs nothing)
+_CV_FOLDS = 5
+
+
+def _family_folds(families: np.ndarray, k: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """``families`` shuffled and dealt into ``k`` folds (fewer when there are fewer)."""
+    shuffled = rng.permutation(families)
+    return [shuffled[i::k] for i in range(min(k, len(shuffled)))]
+
+
+def _bound_group(feats: Mapping[str, float]) -> str:
+    """The coarse calibration group of a feature row: models with convolutions ("conv")
+    carry cuDNN's workspace choices, the others do not ("other"). See :func:`_bound_keys`
+    for the finer groups within each."""
+    conv = feats.get("layers_conv", 0.0)
+    return "conv" if conv == conv and conv > 0 else "other"
+
+
+def _bound_keys(feats: Mapping[str, float]) -> tuple[str, str]:
+    """The calibration groups of a feature row, finest first: its coarse group
+    (:func:`_bound_group`) split by whether the step runs under autocast ("conv+amp",
+    "conv+fp32"), then the coarse group. A bound is the finest group's that had the rows
+    for one when the model was fitted, else the coarse group's, else the pooled one (not
+    the cross-conformal memory line: one bound). Mixed precision is a group of its own
+    because its error differs in kind: on a host without bf16 arithmetic autocast runs
+    bf16 kernels in emulation, and a bound pooled with the fp32 steps would be too narrow
+    for them and too wide for the rest."""
+    coarse = _bound_group(feats)
+    amp = max(feats.get("precision_is_bf16", 0.0), feats.get("precision_is_fp16", 0.0))
+    return f"{coarse}+{'amp' if amp == amp and amp > 0 else 'fp32'}", coarse
+
+
+def benchmark_search_peak(feats: Mapping[str, float]) -> bool:
+    """Whether a measured peak of this feature row holds cuDNN's benchmark-mode search: a
+    conv net on a GPU with ``cudnn_benchmark`` on. The search's workspace is sized to the
+    free memory (see :mod:`costaware.core.analytic`), so that peak measures the card, not what
+    the step needs: it is not a memory target (times still are)."""
+    bench = feats.get("cudnn_benchmark", 0.0)
+    gpu = feats.get("device_is_cpu", 0.0) != 1.0
+    return gpu and bench == bench and bench > 0 and _bound_group(feats) == "conv"
+
+
+def _bound_groups(x: np.ndarray, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``_bound_keys`` of each row of the feature matrix ``x``: (fine, coarse) arrays."""
+    names = list(names)
+
+    def col(name: str) -> np.ndarray:
+        return np.nan_to_num(x[:, names.index(name)]) if name in names else np.zeros(len(x))
+
+    coarse = np.where(col("layers_conv") > 0, "conv", "other")
+    amp = (col("precision_is_bf16") > 0) | (col("precision_is_fp16") > 0)
+    fine = np.char.add(coarse.astype(str), np.where(amp, "+amp", "+fp32"))
+    return fine, coarse
+
+
+#: training rows below which the bound is one factor (no shift is chosen)
+_MIN_SHIFT_ROWS = 20
+
+
+def _shifted_quantile(
+    calibration: tuple[np.ndarray, np.ndarray],
+    training: tuple[np.ndarray, np.ndarray] | None,
+    coverage: float,
+) -> tuple[float, float, float]:
+    """The shift, conformal quantile and coverage level of upper bounds
+    ``(predicted + shift) * exp(q) - shift``, from (predicted, measured) rows.
+
+    The shift is chosen on the training rows (their in-sample predictions): among
+    multiples of their median prediction, the one whose bounds would be narrowest on
+    average (mean log of bound over prediction) at their own ``coverage`` quantile. Only
+    the shape of the error (a factor, an offset, or between) is taken from them. The
+    quantile is then the split-conformal one of
+    ``log((measured + shift) / (predicted + shift))`` over the calibration rows, which
+    played no part in the choice, so the bound keeps its coverage. With fewer than
+    ``_MIN_SHIFT_ROWS`` training rows the shift is 0 (a factor), and so it is with
+    ``training`` None: no rows apart from the calibration ones to choose a shape on.
+    """
+    shift = 0.0
+    if training is not None and len(training[0]) >= _MIN_SHIFT_ROWS:
+        predicted, measured = training
+        scale = float(np.median(predicted))
+        best: tuple[float, float] | None = None
+        for k in _SHIFTS:
+            c = k * scale
+            q, _ = _conformal_quantile(np.log((measured + c) / (predicted + c)), coverage)
+            upper = (predicted + c) * math.exp(max(q, 0.0)) - c
+            width = float(np.mean(np.log(upper / predicted)))
+            if best is None or width < best[0] - 1e-12:
+                best = (width, c)
+        assert best is not None
+        shift = best[1]
+    predicted, measured = calibration
+    q, level = _conformal_quantile(np.log((measured + shift) / (predicted + shift)), coverage)
+    return shift, q, level
+
+
+#: leave-one-out residuals a small-sample refit needs before it calibrates its own bound;
+#: with fewer, it moves its base model's bound by the same correction as the point
+_MIN_BOUND_ROWS = 8
+
+
+def _conformal_quantile(residuals: np.ndarray, coverage: float) -> tuple[float, float]:
+    """Split-conformal quantile and the coverage it guarantees.
+
+    The ceil((n+1)·coverage)-th smallest residual covers a new exchangeable row with
+    probability >= coverage. With too few rows for that (n < coverage / (1 - coverage)),
+    the distribution-free guarantee is only n / (n + 1), and that lower level is
+    returned, not the nominal one. The quantile is then the larger of the largest
+    residual and the one-sided Student-t prediction bound ``mean + t(coverage, n - 1) *
+    sd * sqrt(1 + 1/n)``: the largest of a handful of residuals sits about one standard
+    deviation above their mean, so on its own it would cover far less than
+    ``coverage`` (``docs/predictions.md`` on the refit's bounds).
+    """
+    n = len(residuals)
+    if n == 0:
+        return float("nan"), 0.0
+    k = math.ceil((n + 1) * coverage)
+    if k > n:
+        q = float(np.max(residuals))
+        if n >= 2:
+            from scipy import stats
+
+            s = float(np.std(residuals, ddof=1))
+            t = float(stats.t.ppf(coverage, n - 1))
+            q = max(q, float(np.mean(residuals)) + t * s * math.sqrt(1 + 1 / n))
+        return q, n / (n + 1)
+    return float(np.sort(residuals)[k - 1]), coverage
+
+
+#: the capacity bound's coverage. Higher than the other bounds': the capacity decides
+#: whether a trial runs out of memory, which costs the trial, where a bound that is too
+#: wide costs one configuration of a search that has many
+CAPACITY_COVERAGE = 0.99
+#: the capacity bound's shift (bytes): the measured allocated peak lies within a few
+#: hundred MiB of the simulated one whatever the model's size (workspaces and library
+#: buffers the dry run does not see), and within a few percent of it for large models; a
+#: bound ``(point + shift) * exp(q) - shift`` is an offset on small models and a factor on
+#: models of several GiB, which are the ones near a card's capacity. A larger shift
+#: narrows the bound at a card's scale, but then covers the large models less: 2 GiB is
+#: the largest of 1, 2, 4, 8, 16 and 32 GiB under which the 99% bound fitted on the GPU
+#: corpus still covered every one of its 100 rows above 4 GiB (4 GiB left 2 uncovered)
+CAPACITY_SHIFT = 2 * 2**30
+
+
+def capacity_quantile(
+    rows: Sequence[tuple[float, float]],
+    *,
+    coverage: float = CAPACITY_COVERAGE,
+    shift: float = CAPACITY_SHIFT,
+) -> tuple[float, float] | None:
+    """The quantile ``q`` of the capacity bound ``(point + shift) * exp(q) - shift``, and
+    the coverage it achieves, from ``(predicted, measured)`` allocated peaks (bytes).
+
+    A step's smallest capacity lies a little above its allocated peak (what the
+    allocator's cached, unused blocks cannot give back): the capacity is simulated, and
+    its error is the allocated peak's, which a measurement records. So the bound is
+    calibrated on the spread of measured allocated peaks around predicted ones. The
+    simulation learns nothing from the rows, so every row's residual is out of sample.
+    None with fewer than two rows.
+    """
+    pairs = [(p, m) for p, m in rows if p > 0 and m > 0]
+    if len(pairs) < 2:
+        return None
+    predicted = np.asarray([p for p, _ in pairs], dtype=np.float64)
+    measured = np.asarray([m for _, m in pairs], dtype=np.float64)
+    return _conformal_quantile(np.log((measured + shift) / (predicted + shift)), coverage)
+
+
+def repeat_key(feats: Mapping[str, float], device: str) -> str:
+    """What identifies a configuration on a device for :meth:`CostModel.measured_time`:
+    the features that describe it (:data:`_REPEAT_NAMES`, :data:`_REPEAT_PREFIXES`: its
+    layers, operators and their pairs, parameters, FLOPs, batch, optimizer, precision, to
+    6 significant digits) and the device. Two models that differ only where none of these
+    do (an activation function swapped for another) count as one."""
+    items = sorted(
+        (k, "nan" if v != v else f"{float(v):.6g}")
+        for k, v in feats.items()
+        if k in _REPEAT_NAMES or k.startswith(_REPEAT_PREFIXES)
+    )
+    return hashlib.sha1(json.dumps([device, items]).encode()).hexdigest()[:20]
+
+
+def _measured_times(obs: Sequence[Observation]) -> dict[str, tuple[float, int]]:
+    """Per :func:`repeat_key`, the median measured iteration time and how many trials."""
+    times: dict[str, list[float]] = {}
+    for o in obs:
+        if o.iteration_time is not None and o.iteration_time > 0 and o.status in ("ok", None):
+            times.setdefault(repeat_key(o.features, o.device), []).append(float(o.iteration_time))
+    return {k: (float(np.median(v)), len(v)) for k, v in times.items()}
+
+
+def _check_params(**params: Any) -> None:
+    """Raise ``ValueError`` naming the first of :class:`CostModel`'s parameters that is out
+    of its range, with what it accepts and what it got."""
+
+    def whole(name: str, low: int) -> None:
+        v = params[name]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            raise ValueError(f"{name} must be a whole number of at least {low}, but got {v!r}.")
+
+    def number(name: str, low: float, high: float = math.inf) -> None:
+        v = params[name]
+        ok = isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+        if not ok or not low < float(v) <= high or (high < math.inf and float(v) == high):
+            span = f"between {low:g} and {high:g}" if high < math.inf else f"above {low:g}"
+            raise ValueError(f"{name} must be a number {span}, but got {v!r}.")
+
+    def one_of(name: str, allowed: tuple[str, ...]) -> None:
+        if params[name] not in allowed:
+            words = " or ".join(repr(a) for a in allowed)
+            raise ValueError(f"{name} must be {words}, but got {name}={params[name]!r}.")
+
+    whole("iterations", 1)
+    whole("depth", 1)
+    number("learning_rate", 0.0)
+    number("coverage", 0.0, 1.0)
+    number("calibration_fraction", 0.0, 1.0)
+    whole("random_state", 0)
+    v = params["thread_count"]
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not (v == -1 or v >= 1):
+        raise ValueError(f"thread_count must be -1 (every core) or at least 1, but got {v!r}.")
+    number("trace_timeout", 0.0)
+    whole("cache_size", 0)
+    one_of("time_baseline", CostModel.TIME_BASELINES)
+    one_of("memory_model", CostModel.MEMORY_MODELS)
+    one_of("calibration", CostModel.CALIBRATIONS)
+
+
+class CostModel:
+    """Predicts peak memory and iteration/epoch time of a :class:`TrainingSpec`.
+
+    Example:
+        >>> import costaware as ca
+        >>> from costaware import zoo
+        >>> model = ca.CostModel.default()
+        >>> spec = ca.TrainingSpec(model=lambda: zoo.mlp(784, (256,), 10),
+        ...                        batch=ca.ImageBatch((784,), classes=10), batch_size=64)
+        >>> pred = model.predict(spec, device="H100")
+        >>> pred.peak_memory <= pred.peak_memory_upper
+        True
+
+    Args:
+        iterations, depth, learning_rate: CatBoost settings of both regressors.
+        coverage: nominal coverage of the upper bounds (conformal).
+        calibration_fraction: share of rows (of families, when known) held out to calibrate
+            where a bound is split-conformal.
+        random_state: seed of CatBoost and of the calibration split.
+        thread_count: CatBoost threads.
+        trace_timeout: seconds allowed for one dry run.
+        cache_size: architectures whose traces are kept for warm predictions.
+        time_baseline: what the time residual is learned over: "optime" (a step model
+            fitted on the training timings: on a GPU the op-level sum of
+            :mod:`costaware.core.optime` through :class:`_Dispatch`, on a CPU the roofline's
+            parts and op counts through :class:`_CpuSteps`; the roofline where neither
+            applies) or "roofline" (always the roofline). ``docs/accuracy.md`` compares
+            the two on held-out families (``benchmarks/accuracy.py --time-baseline``).
+        memory_model: how the memory residual is learned, for each device kind: "line"
+            (measured = offset + factor x the simulated peak, Theil-Sen, with a
+            cross-conformal bound by family) or "trees" (CatBoost on every feature). The
+            allocator simulation already carries what transfers between architectures; a
+            line keeps to it and extrapolates to models larger than the training data's,
+            where trees stay within the range they saw. ``docs/accuracy.md`` compares
+            them (``benchmarks/accuracy.py --memory-model``).
+        calibration: how the trees' upper bounds are calibrated: "cross" (cross-conformal
+            by family: residuals from trees fitted without the row's fold of families,
+            ``_CV_FOLDS`` folds, and the trees fitted on every row; needs
+            ``_MIN_CV_FAMILIES`` families, else a split) or "split" (one held-out split of
+            ``calibration_fraction`` of the families, kept out of the trees). "cross" fits
+            the trees ``_CV_FOLDS`` + 1 times.
+    """
+
+    # Learned state: set by fit (or load), each name ending in "_", and none of it kept
+    # from one fit to the next (see _LEARNED). An attribute is absent where the fit learned
+    # nothing of it (no time rows, no capacity rows, ...).
+    feature_names_: list[str]
+    training_: dict[str, Any]
+    base_: CostModel | None  # the model a refit corrects (None: the analytic estimate)
+    kinds_: dict[str, CostModel]  # one model per device kind, when fitted on several
+    dispatch_: _Dispatch  # the GPU step model the time residual is learned over
+    cpu_steps_: _CpuSteps  # the CPU step model the time residual is learned over
+    # per target ("memory", "time"): the residual model; its conformal quantile, shift and
+    # achieved coverage; the rows it was calibrated on; "base" where the bound is the
+    # base's, moved; and the bounds of the groups that have their own
+    memory_model_: Any
+    memory_q_: float
+    memory_shift_: float
+    memory_coverage_: float
+    memory_cal_rows_: int
+    memory_bound_: str
+    memory_bounds_: dict[str, tuple[float, float, float]]
+    time_model_: Any
+    time_q_: float
+    time_shift_: float
+    time_coverage_: float
+    time_cal_rows_: int
+    time_bound_: str
+    time_bounds_: dict[str, tuple[float, float, float]]
+    capacity_q_: float
+    capacity_shift_: float
+    capacity_coverage_: float
+    capacity_rows_: int
+    time_measured_: dict[str, tuple[float, int]]  # a refit's measured configurations
+    # parts added to the model rather than learned by fit, which fit keeps: the graph
+    # embedding (a refit takes its base's) and the op-level time models (add_op_model)
+    graph2vec_: Any
+    op_models_: dict[str, OpTimeModel]
+
+    #: every attribute a fit learns; each fit starts without any of them
+    _LEARNED: ClassVar[tuple[str, ...]] = (
+        "feature_names_",
+        "training_",
+        "base_",
+        "kinds_",
+        "dispatch_",
+        "cpu_steps_",
+        "memory_model_",
+        "memory_q_",
+        "memory_shift_",
+        "memory_coverage_",
+        "memory_cal_rows_",
+        "memory_bound_",
+        "memory_bounds_",
+        "time_model_",
+        "time_q_",
+        "time_shift_",
+        "time_coverage_",
+        "time_cal_rows_",
+        "time_bound_",
+        "time_bounds_",
+        "capacity_q_",
+        "capacity_shift_",
+        "capacity_coverage_",
+        "capacity_rows_",
+        "time_measured_",
+    )
+    TIME_BASELINES: ClassVar[tuple[str, ...]] = ("optime", "roofline")
+    MEMORY_MODELS: ClassVar[tuple[str, ...]] = ("line", "trees")
+    CALIBRATIONS: ClassVar[tuple[str, ...]] = ("cross", "split")
+
+    def __init__(
+        self,
+        *,
+        iterations: int = 800,
+        depth: int = 6,
+        learning_rate: float = 0.05,
+        coverage: float = 0.95,
+        calibration_fraction: float = 0.2,
+        random_state: int = 0,
+        thread_count: int = 2,
+        trace_timeout: float = 60.0,
+        cache_size: int = 64,
+        time_baseline: str = "optime",
+        memory_model: str = "line",
+        calibration: str = "cross",
+    ) -> None:
+        _check_params(
+            iterations=iterations,
+            depth=depth,
+            learning_rate=learning_rate,
+            coverage=coverage,
+            calibration_fraction=calibration_fraction,
+            random_state=random_state,
+            thread_count=thread_count,
+            trace_timeout=trace_timeout,
+            cache_size=cache_size,
+            time_baseline=time_baseline,
+            memory_model=memory_model,
+            calibration=calibration,
+        )
+        self.iterations = iterations
+        self.depth = depth
+        self.learning_rate = learning_rate
+        self.coverage = coverage
+        self.calibration_fraction = calibration_fraction
+        self.random_state = random_state
+        self.thread_count = thread_count
+        self.trace_timeout = trace_timeout
+        self.cache_size = cache_size
+        self.time_baseline = time_baseline
+        self.memory_model = memory_model
+        self.calibration = calibration
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def default(cls) -> CostModel:
+        """The shipped model: learned when the package carries one, else analytic.
+
+        The package's files are read and verified once per process, by the first call
+        (others wait for it); each call returns a new :class:`CostModel` that shares the
+        loaded regressors, read-only, with every other call's. So a study that builds a
+        gate, a callback or a refit per trial holds one copy of the shipped model, and
+        fitting or extending the returned model changes no other caller's.
+
+        Raises:
+            CostawareError: the shipped files are damaged (a file does not match the
+                checksum its manifest records, or the manifest is malformed), naming the
+                file. The failure is remembered for the process: every call raises it
+                again without reading the files, and the integrations admit their trials
+                with a warning that gives this reason.
+        """
+        shipped = _shipped_model()
+        if shipped is None:
+            return cls()
+        return shipped._shared(cls)
+
+    # -- state helpers --------------------------------------------------------------------
+    @property
+    def is_fitted(self) -> bool:
+        return (
+            hasattr(self, "memory_model_") or hasattr(self, "time_model_") or bool(self._by_kind())
+        )
+
+    def _by_kind(self) -> dict[str, CostModel]:
+        """The per-device-kind models of a model fitted on several kinds (else empty)."""
+        subs: dict[str, CostModel] = self.__dict__.get("kinds_", {})
+        return subs
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the trace cache holds a lock: a pickled (or copied) model starts with a fresh one
+        state = self.__dict__.copy()
+        state.pop("_trace_cache", None)
+        return state
+
+    def _shared(self, cls: type[CostModel]) -> CostModel:
+        """A new model of class ``cls`` over this one's fitted parts (regressors, op
+        models, per-kind models, shared as they are, never written to by ``predict``),
+        with its own trace cache and its own dicts of per-kind and op models, so that
+        ``fit`` or ``add_op_model`` on it leaves this one as it was."""
+        new = cls.__new__(cls)
+        new.__dict__.update(self.__getstate__())
+        for name in ("kinds_", "op_models_"):
+            if name in new.__dict__:
+                new.__dict__[name] = dict(new.__dict__[name])
+        return new
+
+    def _forget(self) -> None:
+        """Drop everything an earlier fit learned (:attr:`_LEARNED`)."""
+        for name in self._LEARNED:
+            self.__dict__.pop(name, None)
+
+    def _cache(self) -> _TraceCache:
+        cache = self.__dict__.get("_trace_cache")
+        if cache is None:
+            cache = self.__dict__["_trace_cache"] = _TraceCache(self.cache_size)
+        return cache
+
+    # -- features -------------------------------------------------------------------------
+    def trace(
+        self, spec: TrainingSpec, *, exact: bool = False, attention: str = "native"
+    ) -> tuple[Trace, dict[str, float], str]:
+        """The spec's trace (cached per architecture), its graph features, and its source.
+
+        The first two batch sizes of an architecture are traced; every other batch size is
+        interpolated from those two traces, storage by storage (exact for every size that
+        is affine in the batch size, which is all of them in the models we know). One
+        trace alone cannot tell a storage that grows with the batch from one that does not
+        (under autocast, the half-precision weight gradients of the backward look like
+        activation gradients), so a second batch size is always traced; where that dry run
+        fails, the one trace is rescaled and the note says so. ``exact=True`` always traces.
+        ``attention`` is the dry run's SDPA mode (:func:`~costaware.core.trace.dry_run`):
+        "fused" for a CUDA target, "native" for a CPU; the cache keeps them apart.
+        A factory without a fingerprint is built to key the cache: that build and the dry
+        run share one time limit, ``trace_timeout``.
+        """
+        if not isinstance(spec.model, nn.Module) and spec.architecture_key() is None:
+            # its fingerprint builds the model (the user's code): under the dry run's limit
+            return _call_with_timeout(
+                lambda: self._trace_cached(spec, exact, attention), self.trace_timeout
+            )
+        return self._trace_cached(spec, exact, attention)
+
+    def _trace_cached(
+        self, spec: TrainingSpec, exact: bool, attention: str
+    ) -> tuple[Trace, dict[str, float], str]:
+        cache = self._cache()
+        key = _arch_key(spec) + f"|attention={attention}"
+        if attention == "native":  # a CPU target: its dry run depends on the CPU too
+            key += "|" + cpu_conditions()
+        entry = cache.get(key)
+        if entry is not None:
+            for t in entry.traces:
+                if t.batch_size == spec.batch_size:
+                    return t, entry.graph_feats, "cached"
+            if not exact and len(entry.traces) > 1:
+                src = "rescaled (two traces)"
+                return (
+                    rescale(entry.traces[0], spec.batch_size, entry.traces[1]),
+                    entry.graph_feats,
+                    src,
+                )
+            if not exact and not entry.second_tried:  # the architecture's second batch size
+                entry.second_tried = True
+                try:
+                    t = dry_run(spec, timeout=self.trace_timeout, attention=attention)
+                except TraceError as e:
+                    entry.second_why = f"a second batch size could not be dry-run: {e}"
+                else:
+                    return self._cached_trace(key, entry, t)
+            if not exact:
+                r = rescale(entry.traces[0], spec.batch_size)
+                why = entry.second_why or "a second batch size runs other ops"
+                note = (
+                    "rescaled from one trace, with the storages that grow with the batch told "
+                    f"apart by kind only ({why})"
+                )
+                return replace(r, notes=[*r.notes, note]), entry.graph_feats, "rescaled (one trace)"
+        t = dry_run(spec, timeout=self.trace_timeout, attention=attention)
+        return self._cached_trace(key, entry, t)
+
+    def _cached_trace(
+        self, key: str, entry: _ArchEntry | None, t: Trace
+    ) -> tuple[Trace, dict[str, float], str]:
+        """Keep the fresh trace ``t`` under ``key`` (the first or second of its
+        architecture); its graph features and source ("traced")."""
+        cache = self._cache()
+        if entry is None:
+            entry = _ArchEntry(traces=[t], graph_feats=self._graph_features(t))
+        elif t.op_signature != entry.traces[0].op_signature:
+            # this batch size runs another op sequence: its own graph, and not cached as
+            # the architecture's (a rescale from it would mix the two)
+            return t, self._graph_features(t), "traced"
+        elif len(entry.traces) < 2:
+            entry.traces.append(t)
+        cache.put(key, entry)
+        return t, entry.graph_feats, "traced"
+
+    def _graph_features(self, t: Trace) -> dict[str, float]:
+        graph_feats = nsm_features(t)
+        g2v = self.__dict__.get("graph2vec_")
+        if g2v is not None:
+            vec = g2v.transform([t.graph])[0]
+            graph_feats.update({f"g2v_{i}": float(v) for i, v in enumerate(vec)})
+            graph_feats["g2v_oov"] = float(g2v.oov_fraction(t.graph))
+        return graph_feats
+
+    def features(
+        self, spec: TrainingSpec, device: str | Device = "auto", *, exact: bool = False
+    ) -> dict[str, float]:
+        """The feature dict the learned model sees for ``spec`` on ``device``.
+
+        ``exact=True`` dry-runs ``spec`` itself rather than rescaling a cached trace of the
+        same architecture, so the features do not depend on which specs came before
+        (training data is featurized this way).
+        """
+        dev = get_device(device)
+        trace, graph_feats, _ = self.trace(spec, exact=exact, attention=_attention_mode(dev))
+        est = _analytic.estimate(trace, spec, dev)
+        return features_for(trace, spec, dev, est, graph_feats, self._op_model_for(dev.kind))
+
+    def op_model(self, kind: str = "cuda") -> OpTimeModel | None:
+        """The op-level time model of a device kind ("cuda" or "cpu") whose sums are
+        features: this model's or its base's."""
+        m: OpTimeModel | None = self.__dict__.get("op_models_", {}).get(kind)
+        base: CostModel | None = self.__dict__.get("base_")
+        if m is None and base is not None:
+            return base.op_model(kind)
+        return m
+
+    def add_op_model(self, op_model: OpTimeModel) -> None:
+        """Use ``op_model`` (fitted) for the devices of its kind: its sums become features."""
+        self.__dict__.setdefault("op_models_", {})[op_model.kind] = op_model
+
+    def _op_model_for(self, kind: str) -> OpTimeModel | None:
+        """The op model for a device of ``kind``; without one but with another kind's, that
+        one (its features come out NaN: a row of a kind it does not time)."""
+        return self.op_model(kind) or self.op_model("cuda") or self.op_model("cpu")
+
+    # -- prediction -----------------------------------------------------------------------
+    def predict(
+        self, spec: TrainingSpec, device: str | Device = "auto", *, exact: bool = False
+    ) -> Prediction:
+        """Predict ``spec``'s peak memory and iteration/epoch time on ``device``.
+
+        ``device`` is a catalog name (``"H100"``), a :class:`~costaware.devices.Device`, or
+        ``"auto"`` (the local GPU through NVML, else the CPU).
+
+        Raises:
+            SpecError: the spec is invalid.
+            TraceError: the model could not be dry-run (UntraceableModelError, TraceTimeout).
+            UnknownDeviceError: ``device`` is not in the catalog.
+        """
+        t0 = time.perf_counter()
+        if not isinstance(spec, TrainingSpec):
+            raise CostawareError(f"predict expects a TrainingSpec, but got {type(spec).__name__}.")
+        dev = get_device(device)
+        trace, graph_feats, source = self.trace(spec, exact=exact, attention=_attention_mode(dev))
+        est = _analytic.estimate(trace, spec, dev)
+        notes = list(trace.notes) + list(est.notes)
+        if spec.compiled and COMPILED_NOTE not in notes:
+            notes.append(COMPILED_NOTE)
+        if spec.pure:
+            notes.append(_pure_note(spec, self.is_fitted and self.covers(dev)))
+        if isinstance(device, str) and device.strip().lower() == "auto" and dev.kind == "cpu":
+            notes.append(
+                "device='auto' found no GPU here (NVML sees none), so this is for this "
+                "machine's CPU; name the GPU the trial will train on (device='A10', "
+                "'costaware devices' lists them) to predict for it"
+            )
+        basis: dict[str, Any] = {
+            "live_peak": trace.peak_live,
+            "simulated_allocated": est.allocated,
+            "simulated_reserved": est.reserved,
+            "workspace": est.workspace,
+            "breakdown": dict(trace.peak_breakdown),
+            "params": trace.param_count,
+            "flops": trace.flops,
+            "flops_forward": trace.flops_forward,
+            "bytes_moved": trace.bytes_moved,
+            "analytic_time": est.iteration_time,
+            "trace_source": source,
+            "build": trace.build,
+            "trace_seconds": trace.duration_s,
+        }
+        learned_here = self.is_fitted and self.covers(dev)
+        if self.is_fitted and not learned_here:
+            notes.append(
+                f"the learned model saw no {dev.kind.upper()} measurements "
+                f"(trained on {', '.join(self.training_.get('devices', []))}): using the analytic estimate"
+            )
+        if learned_here:
+            feats = features_for(trace, spec, dev, est, graph_feats, self._op_model_for(dev.kind))
+            peak, peak_hi, it, it_hi = self._learned(feats, est, dev.kind)
+            if (repeat := self.measured_time(feats, dev.name)) is not None:
+                secs, trials = repeat
+                basis["time_predicted"] = it
+                basis["time_measured_trials"] = trials
+                it_hi, it = max(it_hi * secs / it, secs), secs
+                notes.append(
+                    f"iteration time as measured: this configuration ran in {trials} earlier "
+                    f"trial{'s' if trials > 1 else ''} (median {fmt_seconds(secs)}; the model "
+                    "alone predicts " + fmt_seconds(float(basis["time_predicted"])) + ")"
+                )
+            if "optime_ms" in feats and feats["optime_ms"] == feats["optime_ms"]:
+                basis["op_sum_time"] = feats["optime_ms"] / 1e3
+            steps = self._by_kind().get(dev.kind, self).__dict__.get("cpu_steps_")
+            if steps is not None and (stepped := steps.seconds(feats)) is not None:
+                basis["cpu_step_time"] = stepped
+            basis["memory_factor"] = peak / max(est.reserved, 1)
+            basis["time_factor"] = it / max(est.iteration_time, 1e-12)
+            kind = "learned"
+            coverage: float | None = self.achieved_coverage(dev.kind)
+            basis["features_used"] = len(self.feature_names_)
+            basis["trained_rows"] = self.training_.get("rows")
+            seen: list[str] = list(self.training_.get("devices", []))
+            if dev.name not in seen:
+                notes.append(
+                    f"{dev.name} is not among the devices the model was trained on "
+                    f"({', '.join(seen)}); times transfer poorly across GPUs"
+                )
+        else:
+            peak, peak_hi, it = est.reserved, est.reserved_upper, est.iteration_time
+            it_hi = _analytic.time_upper(it)
+            kind, coverage = "analytic", None
+            basis["features_used"] = 0
+        if est.exposed_allreduce:  # DDP: the all-reduce the backward does not hide
+            basis["exposed_allreduce"] = est.exposed_allreduce
+            it, it_hi = it + est.exposed_allreduce, it_hi + est.exposed_allreduce
+        capacity, capacity_hi = self._capacity(est, peak, peak_hi, dev.kind, learned_here)
+        basis["simulated_min_capacity"] = est.min_capacity
+        steps = spec.steps_per_epoch
+        epoch = it * steps if steps is not None else None
+        epoch_hi = max(it_hi, it) * steps if steps is not None else None
+        summary = spec.summary()
+        summary["steps_per_epoch"] = steps
+        return Prediction(
+            peak_memory=int(peak),
+            peak_memory_upper=int(max(peak_hi, peak)),
+            iteration_time=float(it),
+            iteration_time_upper=float(max(it_hi, it)),
+            epoch_time=epoch,
+            epoch_time_upper=epoch_hi,
+            trial_time=epoch * spec.epochs if epoch is not None else None,
+            device=dev.name,
+            kind=kind,
+            coverage=coverage,
+            spec=summary,
+            basis=basis,
+            notes=tuple(notes),
+            latency_s=time.perf_counter() - t0,
+            min_capacity=int(capacity),
+            min_capacity_upper=int(max(capacity_hi, capacity)),
+        )
+
+    def max_batch_size(
+        self,
+        spec: TrainingSpec,
+        device: str | Device = "auto",
+        budget: Any = None,
+        *,
+        limit: int = 65_536,
+    ) -> Any:
+        """The largest batch size of ``spec`` that ``budget`` (default ``Budget()``: the
+        device's memory alone) admits on ``device``: a
+        :class:`~costaware.core.batch_size.BatchSizeResult`. No step runs; see
+        :func:`costaware.core.batch_size.max_batch_size`."""
+        from costaware.core.batch_size import max_batch_size
+
+        return max_batch_size(self, spec, device, budget, limit=limit)
+
+    def _capacity(
+        self,
+        est: _analytic.AnalyticEstimate,
+        peak: float,
+        peak_hi: float,
+        kind: str,
+        learned: bool,
+    ) -> tuple[float, float]:
+        """The smallest capacity the step runs in, and its upper bound.
+
+        The point is the simulated capacity (:func:`~costaware.core.allocator.min_capacity`)
+        moved by the same learned correction as the reserved peak. The bound is the point
+        times the capacity quantile (:attr:`capacity_q_`: the spread of the measured
+        allocated peaks around the simulated ones, which the capacity follows, where the
+        model was fitted with it), and never above the reserved peak's own bound (no step
+        needs more than its unlimited reserved peak). Without a learned model, the point
+        is the simulated capacity and the bound a heuristic 10% above it.
+        """
+        point = est.min_capacity * (peak / max(est.reserved, 1)) if learned else est.min_capacity
+        point = min(point, peak)
+        bound = self._capacity_bound(kind) if learned else None
+        if bound is None:
+            upper = point * (peak_hi / max(peak, 1.0)) if learned else point * 1.1
+        else:
+            q, shift = bound
+            upper = (point + shift) * math.exp(q) - shift
+        return point, min(max(upper, point), max(peak_hi, point))
+
+    def _capacity_bound(self, kind: str | None) -> tuple[float, float] | None:
+        """``(q, shift)`` of the capacity's upper bound for ``kind`` (see
+        :func:`capacity_quantile`), or None where the fit had no allocated peaks."""
+        if (subs := self._by_kind()) and kind in subs:
+            return subs[kind]._capacity_bound(kind)
+        q = self.__dict__.get("capacity_q_")
+        if q is None:
+            return None
+        return float(q), float(self.__dict__.get("capacity_shift_", CAPACITY_SHIFT))
+
+    def covers(self, device: str | Device) -> bool:
+        """Whether the learned part applies to ``device``: fitted on that kind (GPU or CPU).
+
+        CPU residuals (the CPU allocator's peak, CPU kernels) say nothing about a GPU's
+        caching allocator or kernels, and the other way round.
+        """
+        if not self.is_fitted:
+            return False
+        kind = get_device(device).kind
+        seen = self.training_.get("devices", [])
+        return kind in {device_kind(d) for d in seen}
+
+    def achieved_coverage(self, kind: str | None = None) -> float | None:
+        """The coverage the memory bound guarantees (the time bound's if memory has none).
+
+        The nominal ``coverage`` when there were enough calibration rows, lower otherwise.
+        With ``kind`` ("cuda" or "cpu"), the level of that kind's own bound when it has one.
+        """
+        if subs := self._by_kind():
+            levels = [
+                c
+                for k, sub in subs.items()
+                if kind in (None, k) and (c := sub.achieved_coverage(k)) is not None
+            ]
+            return min(levels) if levels else None
+        for which in ("memory", "time"):
+            level = self.__dict__.get(f"{which}_coverage_")
+            if level is not None:
+                return float(level)
+        return None
+
+    def _vector(self, feats: Mapping[str, float]) -> np.ndarray:
+        return np.asarray([[feats.get(n, np.nan) for n in self.feature_names_]], dtype=np.float64)
+
+    def _q(self, which: str, kind: str | None) -> float:
+        """The conformal quantile of ``which``'s log residual for a device of ``kind``.
+
+        A model fitted on GPU and CPU rows holds one model per kind, each calibrated on
+        its own rows (CPU timing noise must not widen GPU bounds). Never below 0: when every calibration row was over-predicted the quantile is
+        negative, and an upper bound below its own point prediction would admit trials
+        that the point prediction already puts over the budget.
+        """
+        if (subs := self._by_kind()) and kind in subs:
+            return subs[kind]._q(which, kind)
+        return max(0.0, float(getattr(self, f"{which}_q_")))
+
+    def _learned(
+        self, feats: Mapping[str, float], est: _analytic.AnalyticEstimate, kind: str | None = None
+    ) -> tuple[float, float, float, float]:
+        """Point predictions and upper bounds (peak, peak_hi, time, time_hi) from features.
+
+        The baseline is the analytic estimate, or the base model's point prediction when
+        this model was refitted on top of another one. A target without a learned model
+        falls back to the baseline and its bound.
+        """
+        if (subs := self._by_kind()) and kind in subs:
+            return subs[kind]._learned(feats, est, kind)
+        base: CostModel | None = self.__dict__.get("base_")
+        if base is not None:
+            peak, peak_hi, it, it_hi = base._learned(feats, est, kind)
+        else:
+            peak, peak_hi = float(est.reserved), float(est.reserved_upper)
+            it = self._baseline(feats, kind)[1]
+            it_hi = _analytic.time_upper(it)
+        return self._corrected(feats, (peak, peak_hi, it, it_hi), kind)
+
+    def _corrected(
+        self,
+        feats: Mapping[str, float],
+        baseline: tuple[float, float, float, float],
+        kind: str | None,
+    ) -> tuple[float, float, float, float]:
+        """This model's corrections and bounds over ``baseline`` (peak, peak_hi, time,
+        time_hi); a target without a learned model keeps its baseline and bound."""
+        peak, peak_hi, it, it_hi = baseline
+        x = self._vector(feats)
+        if (r := self._residual("memory", x, peak)) is not None:
+            peak = peak * math.exp(r)
+            peak_hi = self._moved_or_own("memory", peak, peak_hi * math.exp(r), kind, feats)
+        if (r := self._residual("time", x, it)) is not None:
+            it = it * math.exp(r)
+            it_hi = self._moved_or_own("time", it, it_hi * math.exp(r), kind, feats)
+        return peak, peak_hi, it, it_hi
+
+    def _moved_or_own(
+        self,
+        which: str,
+        point: float,
+        moved: float,
+        kind: str | None,
+        feats: Mapping[str, float],
+    ) -> float:
+        """The upper bound of a corrected point: this model's own, or, for a refit on too
+        few measurements to calibrate one (``_MIN_BOUND_ROWS``), ``moved``: the base's
+        bound times the same correction as the point."""
+        if self.__dict__.get(f"{which}_bound_") == "base":
+            return moved
+        return self._upper(which, point, kind, feats)
+
+    def _upper(
+        self,
+        which: str,
+        point: float,
+        kind: str | None,
+        feats: Mapping[str, float] | None = None,
+    ) -> float:
+        """The calibrated upper bound of ``which`` over the point prediction ``point``.
+
+        ``(point + shift) * exp(q) - shift``: the conformal quantile ``q`` is of the log
+        residuals of shifted values, ``log((measured + shift) / (predicted + shift))``.
+        With a shift of 0 the bound is a factor. A positive shift (chosen in ``fit`` for
+        the narrowest bounds) widens small predictions in absolute terms and narrows
+        large ones: a 100 MiB model off by 50% and a 40 GiB one off by 2% are the same
+        few hundred MiB of allocator and workspace, and as one factor the small models'
+        spread would set every large model's bound. Models with and without convolutions
+        are calibrated apart when each has the rows for it, and within each, steps under
+        autocast apart from fp32 ones (``_bound_keys``).
+        """
+        if (subs := self._by_kind()) and kind in subs:
+            return subs[kind]._upper(which, point, kind, feats)
+        groups: dict[str, tuple[float, float, float]] = self.__dict__.get(f"{which}_bounds_", {})
+        found = (
+            next((groups[k] for k in _bound_keys(feats) if k in groups), None)
+            if feats is not None and groups
+            else None
+        )
+        if found is not None:
+            shift, q = found[0], max(0.0, found[1])
+        else:
+            shift, q = float(self.__dict__.get(f"{which}_shift_", 0.0)), self._q(which, kind)
+        return (point + shift) * math.exp(q) - shift
+
+    def _residual(self, which: str, x: np.ndarray, baseline: float) -> float | None:
+        """The learned log correction of ``which`` for one feature row whose baseline
+        prediction is ``baseline`` (None: keep the baseline)."""
+        m = self.__dict__.get(f"{which}_model_")
+        if m is None:
+            return None
+        if isinstance(m, _Affine):
+            return m.correction(baseline)
+        r = m.correction(x, baseline) if isinstance(m, _PrecisionLine) else float(m.predict(x)[0])
+        return None if math.isnan(r) else r
+
+    def _baseline(self, feats: Mapping[str, float], kind: str | None) -> tuple[float, float]:
+        """The (memory, time) baseline this model's residuals are learned against, for a
+        device of ``kind``."""
+        base: CostModel | None = self.__dict__.get("base_")
+        if base is None:
+            secs = feats["analytic_time_ms"] / 1e3
+            op_sum = feats.get("optime_ms", math.nan)
+            if (cpu := self.__dict__.get("cpu_steps_")) is not None and (
+                (stepped := cpu.seconds(feats)) or 0.0
+            ) > 0:
+                secs = stepped  # a CPU's step model (over the roofline's parts and op sum)
+            elif self.time_baseline == "optime" and op_sum > 0:
+                secs = op_sum / 1e3  # the op-level sum where there is one, else roofline
+                dispatch = self.__dict__.get("dispatch_")
+                if dispatch is not None and (issued := dispatch.seconds(feats)) is not None:
+                    secs = issued
+            return feats["analytic_reserved_mib"] * MiB, secs
+        return base._point(feats, kind)
+
+    def _point(self, feats: Mapping[str, float], kind: str | None) -> tuple[float, float]:
+        """This model's (memory, time) point prediction on a device of ``kind``, from the
+        features alone."""
+        if (subs := self._by_kind()) and kind in subs:
+            return subs[kind]._point(feats, kind)
+        mem, secs = self._baseline(feats, kind)
+        x = self._vector(feats)
+        if (r := self._residual("memory", x, mem)) is not None:
+            mem *= math.exp(r)
+        if (r := self._residual("time", x, secs)) is not None:
+            secs *= math.exp(r)
+        return mem, secs
+
+    # -- fitting --------------------------------------------------------------------------
+    def fit(
+        self,
+        observations: Iterable[Observation | Mapping[str, Any]],
+        *,
+        base: CostModel | None = None,
+    ) -> CostModel:
+        """Fit the memory and time residual models on measured observations.
+
+        Each observation carries the features its spec had (:meth:`features`) and the
+        measured reserved peak and/or iteration time. Rows without a measurement of a
+        target (an OOM has no peak) are left out of that target's model, and so are the
+        peaks of conv nets measured with cuDNN's benchmark mode on
+        (:func:`benchmark_search_peak`: the search's workspace is sized to the free memory).
+
+        With ``base`` (a fitted model), the residual is learned over the base model's
+        predictions instead of the analytic estimate: that is how the online refit
+        adapts a shipped model to the user's hardware. With fewer than
+        ``SMALL_SAMPLE`` measurements of a target, a tree ensemble would overfit: memory
+        gets a line over the baseline (a fixed offset and a factor, Theil-Sen), time a
+        line in log space per precision (a precision measured once or never keeps the
+        baseline's prediction and bound). Their bounds come from leave-one-out residuals;
+        with fewer than ``_MIN_BOUND_ROWS`` of them and a ``base``, the base's bound is
+        kept, moved by the same correction as the point. A fit with a ``base`` (fitted or
+        not) also keeps each configuration's measured iteration time, which
+        :meth:`predict` gives for that configuration again (:meth:`measured_time`).
+        """
+        obs = [o if isinstance(o, Observation) else Observation.from_dict(o) for o in observations]
+        if not obs:
+            raise ValueError("fit needs at least one observation, but got none.")
+        for o in obs:
+            for name in ("analytic_reserved_mib", "analytic_time_ms"):
+                if name not in o.features:
+                    raise ValueError(
+                        f"observation features lack {name!r}; build them with CostModel.features(spec, device)."
+                    )
+        if base is self:
+            raise ValueError("fit's base must be another model, not the one being fitted.")
+        self._forget()
+        present = sorted({device_kind(o.device) for o in obs})
+        if len(present) > 1:
+            return self._fit_by_kind(obs, base, present)
+        refit = base is not None  # even over an unfitted base, which is then the analytic one
+        if base is not None and not base.is_fitted:
+            base = None  # an unfitted base is the analytic estimate, the default baseline
+        if base is not None:
+            seen = {device_kind(d) for d in base.training_.get("devices", [])}
+            if not {device_kind(o.device) for o in obs} <= seen:
+                # its corrections were learned on another device kind (a GPU model under
+                # CPU trials): they would be applied where they mean nothing
+                base = None
+        self.base_ = base
+        if base is not None and base.__dict__.get("graph2vec_") is not None:
+            self.graph2vec_ = base.graph2vec_
+        if base is None and self.time_baseline == "optime":
+            # the step models the time residual is learned over: a GPU's where the rows
+            # have an op-level sum, a CPU's where they are all CPU rows
+            dispatch = _Dispatch.fitted_on(
+                obs,
+                lambda o: (
+                    device_kind(o.device) == "cuda" and o.features.get("optime_ms", math.nan) > 0
+                ),
+            )
+            if dispatch is not None:
+                self.dispatch_ = dispatch
+            if all(device_kind(o.device) == "cpu" for o in obs):
+                cpu_steps = _CpuSteps.fitted_on(obs)
+                if cpu_steps is not None:
+                    self.cpu_steps_ = cpu_steps
+        names = sorted({k for o in obs for k in o.features})
+        self.feature_names_ = names
+        x_all = np.asarray(
+            [[o.features.get(n, np.nan) for n in names] for o in obs], dtype=np.float64
+        )
+        groups = np.asarray([o.family or f"row{i}" for i, o in enumerate(obs)])
+        rng = np.random.default_rng(self.random_state)
+        uniq = np.unique(groups)
+        n_cal = max(1, round(len(uniq) * self.calibration_fraction)) if len(uniq) > 1 else 0
+        cal_groups = set(rng.choice(uniq, size=n_cal, replace=False).tolist()) if n_cal else set()
+        is_cal = np.asarray([g in cal_groups for g in groups])
+        kinds = np.asarray([device_kind(o.device) for o in obs])
+
+        # every row's (memory, time) baseline, once: with a base model each is a prediction
+        baselines = np.asarray(
+            [self._baseline(o.features, k) for o, k in zip(obs, kinds)], dtype=np.float64
+        )
+
+        def target(i: int, o: Observation, which: str) -> float | None:
+            mem, secs = baselines[i]
+            if which == "memory":
+                if o.peak_memory is None or o.peak_memory <= 0 or o.status not in ("ok", None):
+                    return None
+                if benchmark_search_peak(o.features):
+                    return None
+                return math.log(o.peak_memory / mem)
+            if o.iteration_time is None or o.iteration_time <= 0:
+                return None
+            return math.log(o.iteration_time / secs)
+
+        for col, which in enumerate(("memory", "time")):
+            y = np.asarray(
+                [np.nan if (v := target(i, o, which)) is None else v for i, o in enumerate(obs)]
+            )
+            ok = ~np.isnan(y)
+            if ok.sum() < 2:
+                continue
+            if ok.sum() < SMALL_SAMPLE:
+                # memory: a line (fixed offset + factor) over the baseline; time: a line in
+                # log space per precision, a precision not measured yet keeping the
+                # baseline. Either way the bound comes from leave-one-out residuals.
+                small: Any
+                if which == "memory":
+                    bases = baselines[ok, 0]
+                    small, loo = _small_sample_affine(bases, bases * np.exp(y[ok]))
+                else:
+                    cols = _group_columns(names)
+                    log_base = np.log(np.maximum(baselines[ok, 1], 1e-12))
+                    factors, slope, loo = _small_sample_line(
+                        y[ok], log_base, _row_groups(x_all[ok], cols)
+                    )
+                    small = _PrecisionLine(factors, cols, slope)
+                if not len(loo):  # no precision measured twice: nothing to calibrate on
+                    continue
+                setattr(self, f"{which}_model_", small)
+                setattr(self, f"{which}_cal_rows_", int(ok.sum()))
+                if base is not None and len(loo) < _MIN_BOUND_ROWS:
+                    # too few residuals to calibrate a bound of its own: the base's
+                    # bound, moved by the same correction as the point (see _corrected)
+                    setattr(self, f"{which}_bound_", "base")
+                    setattr(self, f"{which}_q_", math.nan)
+                    level = base.achieved_coverage(kinds[0])
+                    setattr(self, f"{which}_coverage_", self.coverage if level is None else level)
+                    continue
+                q, level = _conformal_quantile(loo, self.coverage)
+                setattr(self, f"{which}_q_", q)
+                setattr(self, f"{which}_coverage_", level)
+                continue
+            train = ok & ~is_cal
+            cal = ok & is_cal
+            if cal.sum() < 2 or train.sum() < 3:  # too few families: hold out rows instead
+                idx = np.nonzero(ok)[0]
+                rng.shuffle(idx)
+                k = max(2, int(len(idx) * self.calibration_fraction))
+                cal = np.zeros_like(ok)
+                cal[idx[:k]] = True
+                train = ok & ~cal
+            model: Any
+            pooled = False  # one bound for every row, not one per bound group
+            one_kind = len(set(kinds[ok].tolist())) == 1
+            if which == "memory" and self.memory_model == "line" and one_kind:
+                bases = baselines[:, 0]
+                fams = np.unique(groups[ok])
+                if len(fams) >= _MIN_CV_FAMILIES:
+                    # cross-conformal by family: every family's residuals come from a line
+                    # fitted without it, and the line itself from every row. One held-out
+                    # split would calibrate on a few families, and a family's simulator
+                    # error is shared by all its rows; one pooled bound, since a group holds
+                    # too few families to calibrate its own
+                    cal, train, pooled = ok.copy(), ok.copy(), True
+                    oof = np.zeros(len(obs))
+                    for fam in fams.tolist():
+                        rest, out = ok & (groups != fam), ok & (groups == fam)
+                        line = _fit_affine(bases[rest], bases[rest] * np.exp(y[rest]))
+                        oof[out] = [line.correction(b) for b in bases[out]]
+                    model = _fit_affine(bases[ok], bases[ok] * np.exp(y[ok]))
+                    fitted = oof[cal]
+                else:
+                    model = _fit_affine(bases[train], bases[train] * np.exp(y[train]))
+                    fitted = np.asarray([model.correction(b) for b in bases[cal]])
+                fitted_train = np.asarray([model.correction(b) for b in bases[train]])
+            elif (
+                self.calibration == "cross"
+                and len(fams := np.unique(groups[ok])) >= _MIN_CV_FAMILIES
+            ):
+                # cross-conformal by family: each row's residual comes from trees fitted
+                # without its fold of families, and the trees themselves from every row (one
+                # held-out split calibrates on the few families it happens to draw, and
+                # keeps them out of the trees)
+                cal, train = ok.copy(), ok.copy()
+                oof = np.zeros(len(obs))
+                for fold in _family_folds(fams, _CV_FOLDS, rng):
+                    out = ok & np.isin(groups, fold)
+                    oof[out] = self._trees(x_all[ok & ~out], y[ok & ~out]).predict(x_all[out])
+                model = self._trees(x_all[ok], y[ok])
+                fitted = oof[cal]
+                fitted_train = model.predict(x_all[train])
+            else:
+                model = self._trees(x_all[train], y[train])
+                fitted = model.predict(x_all[cal])
+                fitted_train = model.predict(x_all[train])
+            per_row = baselines[:, col]
+            cal_rows = (per_row[cal] * np.exp(fitted), per_row[cal] * np.exp(y[cal]))
+            train_rows = (per_row[train] * np.exp(fitted_train), per_row[train] * np.exp(y[train]))
+            # the shift is chosen on rows apart from the calibration ones (chosen on the
+            # calibrating rows themselves, it fits their noise and the bound covers less);
+            # cross-conformal, every row calibrates, so the bound is a factor
+            shape = None if pooled else train_rows
+            shift, q, level = _shifted_quantile(cal_rows, shape, self.coverage)
+            setattr(self, f"{which}_shift_", shift)
+            by_group: dict[str, tuple[float, float, float]] = {}
+            for in_cal, in_train in zip(
+                _bound_groups(x_all[cal], names), _bound_groups(x_all[train], names)
+            ):  # the fine groups, then the coarse ones (see _bound_keys)
+                by_group |= {
+                    g: _shifted_quantile(
+                        (cal_rows[0][in_cal == g], cal_rows[1][in_cal == g]),
+                        (train_rows[0][in_train == g], train_rows[1][in_train == g]),
+                        self.coverage,
+                    )
+                    for g in np.unique(in_cal).tolist()
+                    if np.sum(in_cal == g) >= _MIN_GROUP_ROWS and not pooled
+                }
+            if len(by_group) > 1:
+                setattr(self, f"{which}_bounds_", by_group)
+            setattr(self, f"{which}_model_", model)
+            setattr(self, f"{which}_q_", q)
+            setattr(self, f"{which}_coverage_", level)
+            setattr(self, f"{which}_cal_rows_", int(cal.sum()))
+        if not self.is_fitted:
+            raise NotEnoughObservations(
+                "fit needs at least 2 observations with a measured peak memory or iteration time."
+            )
+        self._fit_capacity(obs)
+        if refit:
+            # a refit remembers what each configuration it saw measured (see predict)
+            self.time_measured_ = _measured_times(obs)
+        digest = hashlib.sha1(x_all.tobytes()).hexdigest()[:16]
+        self.training_ = {
+            "rows": len(obs),
+            "devices": sorted({o.device for o in obs}),
+            "families": sorted({o.family for o in obs if o.family}),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "data_hash": digest,
+            "calibration": {w: getattr(self, f"{w}_cal_rows_", 0) for w in ("memory", "time")},
+            "base": None if base is None else base.training_,
+        }
+        return self
+
+    def _fit_capacity(self, obs: Sequence[Observation]) -> None:
+        """The capacity bound (:func:`capacity_quantile`) from the observations with a
+        measured allocated peak: each one's predicted allocated peak is the simulated one
+        moved by this model's memory correction, as :meth:`predict` moves the capacity.
+        A fit without such rows has no capacity bound (the reserved peak's applies)."""
+        pairs = []
+        for o in obs:
+            simulated = o.features.get("analytic_allocated_mib", math.nan) * MiB
+            if not o.peak_allocated or not simulated > 0 or benchmark_search_peak(o.features):
+                continue  # (cuDNN's benchmark search takes what is free: not the step's need)
+            reserved = float(o.features["analytic_reserved_mib"]) * MiB
+            point = self._point(o.features, device_kind(o.device))[0]
+            pairs.append((simulated * point / max(reserved, 1.0), o.peak_allocated))
+        found = capacity_quantile(pairs)
+        if found is not None:
+            self.capacity_q_, self.capacity_coverage_ = found
+            self.capacity_shift_ = float(CAPACITY_SHIFT)
+            self.capacity_rows_ = len(pairs)
+
+    def measured_time(self, feats: Mapping[str, float], device: str) -> tuple[float, int] | None:
+        """(median seconds, trials) of the iteration time this refit measured for the
+        configuration ``feats`` describes on ``device``, or None.
+
+        A study runs the same configuration again and again: a search over architecture,
+        batch size and learning rate measures one architecture and batch at several
+        learning rates, which do not change what a step costs, so a repeat is best predicted
+        by its earlier measurements (``docs/predictions.md``, "Online refit", measures how
+        much). Only a refit (a model fitted over a ``base``) keeps them."""
+        sub = self._by_kind().get(device_kind(device), self)
+        measured: dict[str, tuple[float, int]] | None = sub.__dict__.get("time_measured_")
+        if not measured:
+            return None
+        return measured.get(repeat_key(feats, device))
+
+    def _fit_by_kind(
+        self, obs: list[Observation], base: CostModel | None, kinds: list[str]
+    ) -> CostModel:
+        """One model per device kind (GPU, CPU), each fitted on its own rows only.
+
+        A GPU's caching allocator and kernels and a CPU's allocator and kernels share no
+        residual: pooled, the CPU rows would pull the GPU memory model off its line and
+        widen its bounds. A kind with too few measurements to fit is left to the analytic estimate.
+        """
+        subs: dict[str, CostModel] = {}
+        skipped: dict[str, str] = {}
+        for kind in kinds:
+            rows = [o for o in obs if device_kind(o.device) == kind]
+            sub = CostModel(**self.get_params())
+            try:
+                subs[kind] = sub.fit(rows, base=base)
+            except ValueError as e:
+                skipped[kind] = str(e)
+        if not subs:
+            raise ValueError(f"no device kind could be fitted: {skipped}")
+        self.kinds_ = subs
+        self.base_ = None  # each kind's model carries its own base
+        self.feature_names_ = sorted({n for sub in subs.values() for n in sub.feature_names_})
+        trained = {k: sub.training_ for k, sub in subs.items()}
+        self.training_ = {
+            "rows": sum(t["rows"] for t in trained.values()),
+            "devices": sorted({d for t in trained.values() for d in t["devices"]}),
+            "families": sorted({f for t in trained.values() for f in t["families"]}),
+            "date": max(t["date"] for t in trained.values()),
+            "data_hash": hashlib.sha1(
+                " ".join(t["data_hash"] for t in trained.values()).encode()
+            ).hexdigest()[:16],
+            "calibration": {k: t["calibration"] for k, t in trained.items()},
+            "base": None if base is None else base.training_,
+            "by_kind": {
+                k: {"rows": t["rows"], "devices": t["devices"]} for k, t in trained.items()
+            },
+        }
+        if skipped:
+            self.training_["kinds_not_fitted"] = skipped
+        return self
+
+    def _trees(self, x: np.ndarray, y: np.ndarray) -> Any:
+        """A CatBoost regressor fitted on ``(x, y)`` (a constant where ``y`` is one)."""
+        if float(np.ptp(y)) < 1e-12:  # CatBoost refuses constant targets
+            return _Constant(float(y[0]))
+        model = self._regressor()
+        model.fit(x, y)
+        return model
+
+    def _regressor(self) -> Any:
+        from catboost import CatBoostRegressor
+
+        return CatBoostRegressor(
+            iterations=self.iterations,
+            depth=self.depth,
+            learning_rate=self.learning_rate,
+            loss_function="RMSE",
+            random_seed=self.random_state,
+            thread_count=self.thread_count,
+            verbose=False,
+            allow_writing_files=False,
+        )
+
+    # -- persistence ----------------------------------------------------------------------
+    def get_params(self) -> dict[str, Any]:
+        """The parameters ``__init__`` declares, with this model's values:
+        ``CostModel(**model.get_params())`` is an unfitted model with the same settings."""
+        names = inspect.signature(type(self).__init__).parameters
+        return {name: getattr(self, name) for name in names if name != "self"}
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the model to directory ``path``: ``.cbm`` files and ``manifest.json``."""
+        if not self.is_fitted:
+            raise NotFittedError(
+                "this CostModel is not fitted; there is nothing to save (call fit first)."
+            )
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        files = {}
+        for which in ("memory", "time"):
+            m = self.__dict__.get(f"{which}_model_")
+            level = self.__dict__.get(f"{which}_coverage_", self.coverage)
+            if m is None:
+                (out / f"{which}.cbm").unlink(missing_ok=True)
+                continue
+            entry: dict[str, Any]
+            if isinstance(m, _Affine):
+                entry = {"affine": {"intercept": m.intercept, "slope": m.slope}}
+            elif isinstance(m, _PrecisionLine):
+                entry = {"by_precision": dict(m.by_group), "log_slope": m.slope}
+            elif isinstance(m, _Constant):
+                entry = {"constant": m.value}
+            else:
+                m.save_model(str(out / f"{which}.cbm"), format="cbm")
+                entry = {"file": f"{which}.cbm"}
+            if "file" not in entry:  # no trees: a stale .cbm of an earlier fit must not linger
+                (out / f"{which}.cbm").unlink(missing_ok=True)
+            from_base = self.__dict__.get(f"{which}_bound_") == "base"
+            entry["conformal_quantile"] = None if from_base else getattr(self, f"{which}_q_")
+            if from_base:
+                entry["bound"] = "base"
+            entry["shift"] = float(self.__dict__.get(f"{which}_shift_", 0.0))
+            if bounds := self.__dict__.get(f"{which}_bounds_"):
+                entry["bounds_by_group"] = {
+                    g: {"shift": b[0], "quantile": b[1], "coverage": b[2]}
+                    for g, b in bounds.items()
+                }
+            entry["coverage"] = level
+            files[which] = entry
+        for kind, sub in self._by_kind().items():
+            sub.save(out / kind)
+        g2v = self.__dict__.get("graph2vec_")
+        if g2v is not None:
+            g2v.save(out / "graph2vec")
+        base = self.__dict__.get("base_")
+        if base is not None:
+            base.save(out / "base")
+        for kind, op_model in sorted(self.__dict__.get("op_models_", {}).items()):
+            # a GPU's is "op_time" in optime.cbm, as before there were CPU op models
+            key, name = (
+                ("op_time", "optime") if kind == "cuda" else (f"op_time_{kind}", f"optime-{kind}")
+            )
+            files[key] = op_model.save(out / f"{name}.cbm")
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "feature_version": FEATURE_VERSION,
+            "feature_names": self.feature_names_,
+            "params": self.get_params(),
+            "models": files,
+            "graph2vec": g2v is not None,
+            "base": base is not None,
+            "kinds": sorted(self._by_kind()),
+            "dispatch": asdict(d) if (d := self.__dict__.get("dispatch_")) is not None else None,
+            "cpu_steps": asdict(c) if (c := self.__dict__.get("cpu_steps_")) is not None else None,
+            "capacity": (
+                {
+                    "quantile": float(self.capacity_q_),
+                    "shift": float(self.__dict__.get("capacity_shift_", CAPACITY_SHIFT)),
+                    "coverage": float(self.__dict__.get("capacity_coverage_", CAPACITY_COVERAGE)),
+                    "rows": int(self.__dict__.get("capacity_rows_", 0)),
+                }
+                if self.__dict__.get("capacity_q_") is not None
+                else None
+            ),
+            "training": self.training_,
+        }
+        if (measured := self.__dict__.get("time_measured_")) is not None:
+            manifest["time_measured"] = measured
+        # every file load reads from this level, verified before anything parses it: the
+        # .cbm files (a damaged one can crash CatBoost), graph2vec's, and the per-kind and
+        # base manifests (each verifies its own files in turn)
+        listed = [e["file"] for e in files.values() if "file" in e]
+        if g2v is not None:
+            from costaware.core.graph2vec import ARRAYS_NAME, JSON_NAME
+
+            listed += [f"graph2vec/{JSON_NAME}", f"graph2vec/{ARRAYS_NAME}"]
+        listed += [f"{k}/{MANIFEST}" for k in sorted(self._by_kind())]
+        if base is not None:
+            listed.append(f"base/{MANIFEST}")
+        manifest["sha256"] = {name: _sha256(out / name) for name in sorted(listed)}
+        (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CostModel:
+        """Load a model saved by :meth:`save` (no pickle involved).
+
+        Each file is checked against the sha256 its manifest records before anything
+        parses it, so a damaged ``.cbm`` is refused here rather than handed to CatBoost
+        (which can crash the process on one). A model whose manifest records no
+        checksums still loads, unverified, with a
+        :class:`~costaware.errors.CostAwareWarning`; ``CostModel.load(p).save(p)`` adds
+        them.
+
+        Raises:
+            FileNotFoundError: ``path`` (or a part its manifest lists) has no manifest.
+            CostawareError: a file does not match its checksum; the manifest is not a
+                CostModel manifest (bad JSON, wrong types, a part that names the model
+                itself or a folder outside it); or it was written for another feature
+                version.
+        """
+        unverified: list[Path] = []
+        model = cls._load(Path(path), (), unverified)
+        if unverified:
+            warnings.warn(
+                f"the model at {path} was saved without checksums ({MANIFEST} has no "
+                "'sha256'), so its files are read unverified and a damaged one could crash "
+                "the process; CostModel.load(path).save(path) adds them.",
+                CostAwareWarning,
+                stacklevel=2,
+            )
+        return model
+
+    @classmethod
+    def _load(cls, root: Path, seen: tuple[Path, ...], unverified: list[Path]) -> CostModel:
+        """:meth:`load` for the model in ``root``, a part (per-kind, base) of the models in
+        ``seen`` (their resolved folders), adding the folders without checksums to
+        ``unverified``."""
+        from catboost import CatBoostError, CatBoostRegressor
+
+        mpath = root / MANIFEST
+        if not mpath.is_file():
+            raise FileNotFoundError(f"no {MANIFEST} in {root}: not a saved CostModel directory.")
+        here = root.resolve()
+        if here in seen:
+            raise CostawareError(
+                f"{seen[-1] / MANIFEST} lists a part at {root}, which is {here}: the model "
+                "itself or a folder it is in. A saved model's 'kinds' and 'base' name "
+                "sub-folders of it; this manifest is malformed."
+            )
+        if len(seen) >= _MAX_NESTING:
+            raise CostawareError(
+                f"{mpath} is nested {len(seen)} parts deep (kinds, bases), more than any "
+                f"saved model has ({_MAX_NESTING}); its manifests are malformed."
+            )
+        try:
+            manifest = json.loads(mpath.read_bytes())
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise CostawareError(f"{mpath} is not valid JSON ({e}): the model is damaged.") from e
+        if not isinstance(manifest, dict):
+            raise CostawareError(
+                f"{mpath} holds a JSON {type(manifest).__name__}, but a CostModel manifest "
+                "is an object; the model is damaged."
+            )
+        if manifest.get("feature_version") != FEATURE_VERSION:
+            raise CostawareError(
+                f"the model at {root} uses feature version {manifest.get('feature_version')!r}, "
+                f"but this costaware computes version {FEATURE_VERSION!r}; refit it with `costaware fit`."
+            )
+        sums = manifest.get("sha256")
+        if sums is None:
+            unverified.append(root)
+        elif not (
+            isinstance(sums, dict)
+            and all(isinstance(v, str) and _SHA256.fullmatch(v) for v in sums.values())
+        ):
+            raise CostawareError(
+                f"{mpath}: 'sha256' must map file names to hex sha256 digests, but got "
+                f"{str(sums)[:120]}; the manifest is damaged."
+            )
+        kinds = manifest.get("kinds") or []
+        if not isinstance(kinds, list) or not all(
+            isinstance(k, str) and _KIND_NAME.fullmatch(k) for k in kinds
+        ):
+            raise CostawareError(
+                f"{mpath}: 'kinds' must list device kinds like ['cpu', 'cuda'] (each a "
+                f"sub-folder of the model), but got {str(kinds)[:120]}; the manifest is "
+                "malformed."
+            )
+
+        def read(name: Any) -> bytes:
+            """The bytes of ``name`` (a file of this model), verified against ``sums``."""
+            if not isinstance(name, str) or not _part_name(name):
+                raise CostawareError(
+                    f"{mpath} lists the file {name!r}, but a saved model's files are plain "
+                    "names inside its folder; the manifest is malformed."
+                )
+            data = (root / name).read_bytes()
+            if sums is not None:
+                want = sums.get(name)
+                if want is None:
+                    raise CostawareError(
+                        f"{mpath} records no sha256 for {name}, which it lists: the manifest "
+                        "is malformed, and the file is not read unverified."
+                    )
+                got = hashlib.sha256(data).hexdigest()
+                if got != want:
+                    raise CostawareError(
+                        f"{root / name} is damaged: its sha256 is {got[:16]}..., but {mpath} "
+                        f"records {want[:16]}... for it. The file changed after the model was "
+                        "saved; it is not read. Restore the model from an intact copy, or "
+                        "refit it."
+                    )
+            return data
+
+        try:
+            self = cls(**manifest["params"])
+            self.feature_names_ = [str(n) for n in manifest["feature_names"]]
+            self.training_ = dict(manifest.get("training") or {})
+            for which, info in dict(manifest["models"]).items():
+                m: Any
+                if which.startswith("op_time"):
+                    read(info["file"])  # verified here, then read by OpTimeModel.load
+                    self.add_op_model(OpTimeModel.load(root, info))
+                    continue
+                if "affine" in info:
+                    m = _Affine(float(info["affine"]["intercept"]), float(info["affine"]["slope"]))
+                elif "by_precision" in info:
+                    m = _PrecisionLine(
+                        {str(g): float(v) for g, v in info["by_precision"].items()},
+                        _group_columns(self.feature_names_),
+                        float(info.get("log_slope", 0.0)),
+                    )
+                elif "constant" in info:
+                    m = _Constant(float(info["constant"]))
+                else:
+                    blob = read(info["file"])
+                    m = CatBoostRegressor()
+                    try:
+                        m.load_model(blob=blob)
+                    except CatBoostError as e:
+                        raise CostawareError(
+                            f"CatBoost could not read {root / info['file']}: {first_line(e)}"
+                        ) from e
+                setattr(self, f"{which}_model_", m)
+                q = info["conformal_quantile"]
+                setattr(self, f"{which}_q_", math.nan if q is None else float(q))
+                if info.get("bound") == "base":
+                    setattr(self, f"{which}_bound_", "base")
+                setattr(self, f"{which}_shift_", float(info.get("shift", 0.0)))
+                if bounds := info.get("bounds_by_group"):
+                    setattr(
+                        self,
+                        f"{which}_bounds_",
+                        {
+                            str(g): (float(b["shift"]), float(b["quantile"]), float(b["coverage"]))
+                            for g, b in bounds.items()
+                        },
+                    )
+                setattr(self, f"{which}_coverage_", float(info.get("coverage", self.coverage)))
+            parts = (*seen, here)
+            self.base_ = None
+            if manifest.get("base"):
+                read(f"base/{MANIFEST}")
+                self.base_ = cls._load(root / "base", parts, unverified)
+            if manifest.get("dispatch"):
+                self.dispatch_ = _Dispatch(**manifest["dispatch"])
+            if manifest.get("cpu_steps"):
+                self.cpu_steps_ = _CpuSteps(**manifest["cpu_steps"])
+            if capacity := manifest.get("capacity"):
+                self.capacity_q_ = float(capacity["quantile"])
+                self.capacity_shift_ = float(capacity["shift"])
+                self.capacity_coverage_ = float(capacity["coverage"])
+                self.capacity_rows_ = int(capacity.get("rows", 0))
+            if (measured := manifest.get("time_measured")) is not None:
+                self.time_measured_ = {
+                    str(k): (float(v[0]), int(v[1])) for k, v in measured.items()
+                }
+            if kinds:
+                for k in kinds:
+                    read(f"{k}/{MANIFEST}")
+                self.kinds_ = {k: cls._load(root / k, parts, unverified) for k in kinds}
+            if manifest.get("graph2vec"):
+                from costaware.core.graph2vec import ARRAYS_NAME, JSON_NAME, Graph2Vec
+
+                read(f"graph2vec/{JSON_NAME}")
+                read(f"graph2vec/{ARRAYS_NAME}")
+                self.graph2vec_ = Graph2Vec.load(root / "graph2vec")
+        except (CostawareError, OSError):
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise CostawareError(
+                f"{mpath} is not a CostModel manifest this costaware can read "
+                f"({first_line(e)}); the model is damaged or malformed."
+            ) from e
+        return self
+
+    def __repr__(self) -> str:
+        state = f"fitted on {self.training_.get('rows')} rows" if self.is_fitted else "analytic"
+        return f"CostModel({state})"
+
+
+def _sha256(path: Path) -> str:
+    """The hex sha256 of the file at ``path``."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _part_name(name: str) -> bool:
+    """Whether ``name`` is a file inside a model's folder as :meth:`CostModel.save` names
+    one: a plain name, or a sub-folder's (a kind, ``base``, ``graph2vec``) plain name;
+    never absolute, never ``..``."""
+    parts = name.split("/")
+    return 1 <= len(parts) <= 2 and all(_FILE_NAME.fullmatch(p) for p in parts)
+
+
+# the shipped model, read once per process (CostModel.default): None until the first call,
+# then (model or None where the package carries none, the error that stopped it or None)
+_shipped: tuple[CostModel | None, str | None] | None = None
+_shipped_lock = threading.Lock()
+
+
+def _reset_shipped_lock() -> None:
+    # a child forked while another thread was loading would find the lock held for ever
+    global _shipped_lock
+    _shipped_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_shipped_lock)
+
+
+def _load_shipped() -> CostModel | None:
+    """Read the model in the package's ``data/default_model`` (None: there is none)."""
+    root = resources.files("costaware") / "data" / "default_model"
+    with resources.as_file(root) as path:
+        if not (Path(path) / MANIFEST).is_file():
+            return None
+        return CostModel.load(path)
+
+
+def _shipped_model() -> CostModel | None:
+    """The process's one loaded copy of the shipped model (None: the package carries
+    none); raises the :class:`CostawareError` that loading it raised, every time."""
+    global _shipped
+    with _shipped_lock:
+        if _shipped is None:
+            try:
+                _shipped = (_load_shipped(), None)
+            except Exception as e:  # damaged: remembered, so that no later call reads it
+                _shipped = (None, first_line(e))
+        model, error = _shipped
+    if error is not None:
+        raise CostawareError(
+            f"the cost model shipped with costaware cannot be used ({error.rstrip('.')}); "
+            "reinstall costaware (pip install --force-reinstall costaware), or pass model= "
+            "a model of your own."
+        )
+    return model

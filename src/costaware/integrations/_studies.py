@@ -1,0 +1,21 @@
+"""Optuna studies read back from their storage, for :func:`costaware.report`.
+
+Kept apart from :mod:`costaware.integrations.optuna` so that reading a study imports
+Optuna alone, not the cost model and torch. Raises ``ImportError`` without Optuna.
+"""
+
+from __future__ import annotations
+
+import optuna
+
+__all__ = ["load_study", "study_names"]
+
+
+def study_names(storage: str) -> list[str]:
+    """The names of the studies in ``storage`` (a database URL)."""
+    return list(optuna.get_all_study_names(storage=storage))
+
+
+def load_study(storage: str, name: str) -> optuna.Study:
+    """The study ``name`` in ``storage``."""
+    return optuna.load_study(study_name=name, storage=storage)

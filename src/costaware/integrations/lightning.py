@@ -1,0 +1,1537 @@
+r"""
+Lightning callback
+^^^^^^^^^^^^^^^^^^
+
+Record what a training run really costs, epoch by epoch, and stop one that blows its budget.
+
+:class:`CostAwareCallback` measures, for every training epoch:
+
+- ``epoch_time``: wall time of the epoch's training batches (from the epoch's start to the
+  end of its last batch, data loading included, validation excluded);
+- ``iteration_time``: the median time of one batch, measured ``on_train_batch_start`` ->
+  ``on_train_batch_end`` (on CUDA after a synchronisation on both ends), skipping the first
+  ``warmup_steps`` batches of the first epoch;
+- ``peak_memory``: on CUDA ``torch.cuda.max_memory_reserved`` (``peak_allocated``:
+  ``max_memory_allocated``) since training started; ``nvml_peak`` is the highest
+  device-wide used memory the driver reported (``cudaMemGetInfo``, the figure NVML shows,
+  CUDA context included). On the CPU it is the peak of the bytes PyTorch's CPU allocator
+  held for the training thread over the first two training batches, read from torch's
+  thread-local profiler's memory events (:class:`costaware.measure.profile.AllocatorPeak`;
+  trials that train at once in threads of one process each measure their own), plus the
+  bytes of the model's parameters and buffers and of any optimizer state, which were
+  allocated before: the quantity the cost model predicts for a CPU, exactly. The two
+  profiled batches run a few microseconds per op slower, and the profiler's own work when
+  it stops is left out of the epoch time. Where the profiler cannot run (another torch
+  profiler is active in the thread, such as Lightning's ``profiler="pytorch"``) it falls
+  back to the growth of the process's peak resident set since training started plus
+  those bytes, while glibc serves every allocation above 64 KiB with ``mmap`` so that
+  freed tensors leave the resident set at once (which slows a CPU step: each large
+  tensor faults its pages in again). The resident set is the process's, so it is the
+  figure only while no other run of the process measures (see "Trials at once in one
+  process" below); otherwise ``peak_memory`` is None. Otherwise glibc's settings are
+  left alone, and training runs as it would without the callback.
+  Peaks are running peaks: epoch ``k`` reports the highest figure of epochs ``0..k``.
+  ``actual["memory_method"]`` says which method was used.
+- ``held_before`` (CUDA): on a GPU, training starts from a clean cache. Unreachable
+  objects are collected (``gc.collect``: an earlier trial's model and optimizer often
+  live on in reference cycles until then), cuBLAS's cached workspaces are dropped (one
+  pins the whole cached segment it sits in) and the cache is emptied, once in
+  Lightning's ``setup`` hook (before the model is on the device) and again when training
+  starts. What the process still holds reserved at ``setup``, less parameters the module
+  already had on the device, is ``held_before``. Above
+  :data:`costaware.observation.MAX_HELD_BEFORE` (256 MiB) the callback warns once, and the
+  store does not refit memory on that trial's peak, which is partly someone else's.
+
+Trials at once in one process
+-----------------------------
+Trials that train at the same time in threads of one process (Optuna's ``n_jobs``) share
+what belongs to the process or the device: a GPU's peak statistics and cache, the resident
+set, glibc's settings. Each run claims its device from ``setup`` to the end of fit
+(:class:`costaware.measure.profile.DeviceUse`), and none resets the peaks, empties the cache or
+changes glibc's settings while another one's claim is open. A run that shared its GPU with
+another at any time since its claim records the device's figures, not its own:
+``device_peak_memory`` / ``device_peak_allocated`` are ``torch.cuda.max_memory_reserved`` /
+``max_memory_allocated`` of the device while ``shared_by`` runs of the process used it
+(since the device's last peak reset: this run's, if it began alone, else an earlier
+run's), with ``peak_memory``, ``peak_allocated`` and ``held_before`` None; the store then
+learns no memory from the row, and the memory budget is not checked against it (an
+out-of-memory error still ends the run and is recorded). Rows recorded before another run
+arrived keep their own peaks. On a CPU the allocator's peak is each thread's own and
+holds at any concurrency; only its resident-set fallback is the process's.
+
+Each epoch becomes one ``record_measurement(status="ok", epoch=...)`` row in an
+:class:`~costaware.runtime.store.ObservationStore` (or ``"stopped"`` when the budget was enforced on
+it). A crash is recorded by ``on_exception``: ``"oom"`` for CUDA/CPU out-of-memory errors,
+``"stopped"`` for ``optuna.TrialPruned`` or ``KeyboardInterrupt``, ``"error"`` otherwise, with
+the memory reached so far; the exception still propagates to the caller. With a
+:class:`~costaware.TrainingSpec` the callback also records the cost model's prediction when
+fitting starts, unless costaware's Optuna pruner already recorded one for the same trial.
+Everything is also kept in memory in ``callback.records``, so the callback works alone as a
+cost recorder. Nothing the callback does may break training: a failing prediction or a store
+that cannot be written only warns (once). The user's bug is the exception: a spec whose
+training step fails as a real one would (:class:`~costaware.UserCodeError`, a
+:class:`~costaware.SpecError`) is raised out of ``trainer.fit`` before the first batch.
+
+With ``enforce=True`` and a :class:`~costaware.Budget`, an epoch whose measured epoch time,
+training time so far, or peak memory (plus the device's CUDA context overhead on a GPU)
+exceeds the budget is recorded as ``"stopped"`` with a readable reason. If an Optuna trial is
+attached, the callback sets the trial's ``costaware_stopped`` user attribute and raises
+``optuna.TrialPruned`` (Lightning re-raises it out of ``trainer.fit``, so the objective ends
+as PRUNED and the sampler learns from it); otherwise it sets ``trainer.should_stop``.
+
+Two Lightning namespaces
+------------------------
+``lightning.pytorch`` (the ``lightning`` distribution) and ``pytorch_lightning`` (the
+``pytorch-lightning`` distribution) ship the same source as two separate class hierarchies:
+``lightning.pytorch.Callback is not pytorch_lightning.Callback``. A callback of the other
+namespace is invisible to the Trainer's ``isinstance`` checks, and one passed alone (not in a
+list) fails with ``TypeError: '...' object is not iterable``. So this module offers one class
+per namespace, with the same arguments and behaviour (all logic lives in one shared base):
+
+- :class:`CostAwareCallback` subclasses ``lightning.pytorch.Callback``: use it with
+  ``lightning.pytorch.Trainer`` (``import lightning as L; L.Trainer(...)``).
+- :class:`PLCostAwareCallback` subclasses ``pytorch_lightning.Callback``: use it with
+  ``pytorch_lightning.Trainer``.
+
+A callback given to a Trainer of the other namespace warns in ``setup``. Importing this module
+needs at least one of the two packages (``pip install 'costaware[lightning]'`` installs
+``lightning``); the class of a missing namespace raises ``ImportError`` on access.
+
+Example:
+
+.. code-block:: python
+
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import costaware as ca
+    from costaware.integrations.lightning import CostAwareCallback
+
+
+    class Regressor(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+            )
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+    data = DataLoader(TensorDataset(torch.randn(256, 32), torch.randn(256, 1)), batch_size=32)
+    callback = CostAwareCallback(  # store="sqlite:///hpo.db" to keep the rows
+        budget=ca.Budget(max_epoch_time="10min", max_memory="4GiB"), enforce=True
+    )
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=2, callbacks=[callback], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(Regressor(), data)
+    for row in callback.measurements:
+        print(row["epoch"], row["status"], row["actual"]["epoch_time"], row["actual"]["peak_memory"])
+
+Under Optuna, pass ``trial=trial`` (and the spec, to record the prediction):
+``CostAwareCallback("sqlite:///hpo.db", spec=spec_fn(trial), budget=budget, enforce=True,
+trial=trial)``; the study and trial ids of the rows then come from the trial.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from costaware.budget import Budget
+from costaware.core.model import CostModel, Prediction
+from costaware.devices import Device, cpu_device, detect_device, get_device
+from costaware.errors import (
+    CostawareError,
+    CostAwareWarning,
+    TrialRejected,
+    UserCodeError,
+    first_line,
+)
+from costaware.measure.profile import (
+    CpuMemoryMeter,
+    DeviceUse,
+    clear_cuda_cache,
+    context_bytes,
+    device_key,
+    malloc_trim,
+)
+from costaware.runtime.gate import Gate
+from costaware.spec import TrainingSpec
+
+if TYPE_CHECKING:
+    from costaware.runtime.store import ObservationStore
+
+_INSTALL_HINT = "pip install 'costaware[lightning]'"
+_MAX_REASON = 500
+_T = TypeVar("_T")
+
+
+def _optional_callback(module: str) -> Any:
+    try:
+        return importlib.import_module(module).Callback
+    except ImportError:
+        return None
+
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Callback as _LightningCallback
+    from pytorch_lightning import Callback as _PLCallback
+else:
+    _LightningCallback = _optional_callback("lightning.pytorch")
+    _PLCallback = _optional_callback("pytorch_lightning")
+
+if _LightningCallback is None and _PLCallback is None:
+    raise ImportError(
+        "costaware.integrations.lightning needs Lightning (lightning.pytorch or "
+        f"pytorch_lightning), and neither is installed. Install it with:\n    {_INSTALL_HINT}"
+    )
+
+
+# --------------------------------------------------------------------------------------
+# small helpers
+# --------------------------------------------------------------------------------------
+
+
+def _reason_line(exc: BaseException) -> str:
+    return first_line(exc, _MAX_REASON)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    """CUDA OOM, CPU allocator failure (``DefaultCPUAllocator: can't allocate memory``),
+    a cuBLAS allocation failure, or Python's MemoryError."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    if isinstance(exc, RuntimeError):
+        msg = str(exc).lower()
+        return (
+            "out of memory" in msg
+            or "can't allocate memory" in msg
+            or "cublas_status_alloc_failed" in msg
+        )
+    return False
+
+
+def _is_trial_pruned(exc: BaseException) -> bool:
+    # by name: optuna is optional here, and optuna.TrialPruned is optuna.exceptions.TrialPruned
+    return any(c.__name__ == "TrialPruned" for c in type(exc).__mro__)
+
+
+def _is_optuna_trial(obj: Any) -> bool:
+    return obj is not None and all(hasattr(obj, a) for a in ("number", "set_user_attr", "params"))
+
+
+def _json_default(obj: Any) -> Any:
+    item = getattr(obj, "item", None)  # numpy / torch scalars
+    if callable(item):
+        with contextlib.suppress(Exception):
+            return item()
+    return str(obj)
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-plain copy (checkpoints load with ``weights_only=True``)."""
+    return json.loads(json.dumps(obj, default=_json_default))
+
+
+def _module_bytes(module: torch.nn.Module, device_type: str) -> int:
+    total = 0
+    for t in (*module.parameters(), *module.buffers()):
+        if t.device.type == device_type:
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _optimizer_bytes(optimizers: Any, device_type: str) -> int:
+    """Bytes of the optimizer state that exists already (a resumed run's)."""
+    seen: set[int] = set()
+    total = 0
+    for opt in optimizers or ():
+        for state in getattr(opt, "state", {}).values():
+            for t in state.values() if isinstance(state, dict) else ():
+                if isinstance(t, torch.Tensor) and t.device.type == device_type:
+                    ptr = t.untyped_storage().data_ptr()
+                    if ptr not in seen:
+                        seen.add(ptr)
+                        total += t.untyped_storage().nbytes()
+    return total
+
+
+#: training batches the CPU allocator's peak is profiled over: the second step is the
+#: first with the optimizer state allocated, the steady state's peak
+_MEMORY_STEPS = 2
+
+#: Lightning's precision strings (its plugins' ``precision``, and the aliases a Trainer
+#: takes), as a spec takes them; None for those costaware does not model
+_PRECISIONS: dict[str, str | None] = {
+    "32-true": "fp32", "32": "fp32",
+    "bf16-mixed": "bf16", "bf16": "bf16",
+    "16-mixed": "fp16", "16": "fp16",
+    "bf16-true": "bf16-true", "16-true": "fp16-true", "64-true": "fp64-true", "64": "fp64-true",
+    "transformer-engine": None, "transformer-engine-float16": None,
+}  # fmt: skip
+
+
+def lightning_precision(trainer: Any) -> str:
+    """The spec's precision (see :class:`~costaware.TrainingSpec`) of a Trainer's precision
+    string (``trainer.precision``: ``"bf16-true"`` gives pure ``"bf16-true"``,
+    ``"16-mixed"`` autocast ``"fp16"``, ...).
+
+    Raises:
+        CostawareError: a precision costaware does not model (Transformer Engine's FP8), or
+            a string Lightning does not know either (a custom precision plugin's); the
+            callback then admits the fit with a warning that says so.
+    """
+    value = getattr(trainer, "precision", "32-true")
+    text = str(value).strip().lower()
+    if text not in _PRECISIONS:
+        plugin = getattr(trainer, "precision_plugin", None)
+        source = f" (from the precision plugin {type(plugin).__name__})" if plugin else ""
+        known = ", ".join(repr(k) for k in _PRECISIONS if "-" in k)
+        raise CostawareError(
+            f"the Trainer's precision {value!r}{source} is not one Lightning knows ({known}), "
+            "so costaware cannot tell what it trains in; pass the callback "
+            "spec=TrainingSpec(..., precision=...) with the precision it amounts to"
+        )
+    found = _PRECISIONS[text]
+    if found is None:
+        raise CostawareError(
+            f"the Trainer's precision {value!r} (FP8 through NVIDIA Transformer Engine) is not "
+            "one costaware models: it predicts fp32, autocast bf16/fp16 and pure "
+            "bf16/fp16/fp64 steps"
+        )
+    return found
+
+
+def lightning_parallel(trainer: Any) -> dict[str, Any]:
+    """The spec's ``world_size`` and ``bucket_cap_mb`` of a Trainer's strategy (none for
+    one process): DDP (``strategy="ddp"``, ``devices=4``) is predicted per rank.
+
+    Raises:
+        CostawareError: a strategy over several processes that is not DDP (FSDP,
+            DeepSpeed, ...): costaware does not model its shards; the callback admits the
+            fit with a warning that says so.
+    """
+    world = getattr(trainer, "world_size", 1)
+    world = world if isinstance(world, int) and world > 1 else 1
+    if world == 1:
+        return {}
+    strategy = getattr(trainer, "strategy", None)
+    name = type(strategy).__name__
+    if name != "DDPStrategy":
+        raise CostawareError(
+            f"the Trainer's strategy {name} over {world} processes is not one costaware "
+            "models: it predicts one rank of DDP (strategy='ddp'), not sharded training "
+            "(FSDP, DeepSpeed)"
+        )
+    kwargs = getattr(strategy, "_ddp_kwargs", None) or {}
+    cap = kwargs.get("bucket_cap_mb")
+    return {"world_size": world, "bucket_cap_mb": float(cap) if cap is not None else 25.0}
+
+
+def lightning_step_loss(model: Any, batch: Any) -> torch.Tensor:
+    """A LightningModule's loss for one batch, as automatic optimization takes it: the
+    tensor ``training_step`` returns, or its ``"loss"`` entry."""
+    out = model.training_step(batch, 0)
+    if isinstance(out, Mapping):
+        out = out.get("loss")
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(
+            "training_step returned no loss tensor (a tensor or a dict with 'loss'): "
+            f"got {type(out).__name__}. costaware dry-runs the step automatic "
+            "optimization takes."
+        )
+    return out
+
+
+def _silence_logging(module: Any) -> None:
+    """A meta copy of a LightningModule logs nothing (``self.log`` needs a running loop)."""
+
+    def _no_log(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    module.__dict__["log"] = _no_log
+    module.__dict__["log_dict"] = _no_log
+
+
+def _first_optimizer(configured: Any) -> Any:
+    """The first optimizer of what ``configure_optimizers`` returned (an optimizer, a list
+    or tuple of them, a dict with "optimizer", or ``([optimizers], [schedulers])``)."""
+    if isinstance(configured, torch.optim.Optimizer):
+        return configured
+    if isinstance(configured, Mapping):
+        return _first_optimizer(configured.get("optimizer"))
+    if isinstance(configured, (list, tuple)) and configured:
+        return _first_optimizer(configured[0])
+    return None
+
+
+def _example_batch(trainer: Any) -> tuple[Any, int | None]:
+    """One batch of the training data, and the dataset's length when it has one: from the
+    datamodule, the dataloaders given to ``fit`` or the module's ``train_dataloader``."""
+    loader: Any = None
+    source = getattr(getattr(trainer, "fit_loop", None), "_data_source", None)
+    if source is not None and hasattr(source, "dataloader"):
+        loader = source.dataloader()
+    if loader is None and getattr(trainer, "datamodule", None) is not None:
+        loader = trainer.datamodule.train_dataloader()
+    if loader is None and getattr(trainer, "lightning_module", None) is not None:
+        loader = trainer.lightning_module.train_dataloader()
+    if loader is None:
+        raise ValueError("no training dataloader to take an example batch from")
+    if isinstance(loader, (list, tuple)) and loader:
+        loader = loader[0]
+    if isinstance(loader, Mapping) and loader:
+        loader = next(iter(loader.values()))
+    batch = next(iter(loader))
+    dataset = getattr(loader, "dataset", None)
+    size = None
+    with contextlib.suppress(Exception):
+        size = len(dataset) if dataset is not None else None
+    return batch, size
+
+
+def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
+    """The :class:`~costaware.TrainingSpec` of a Lightning fit, from the fit itself: the
+    LightningModule (dry-run from a meta copy, ``training_step`` as the loss), one batch
+    of its training data, the first optimizer of ``configure_optimizers``, the Trainer's
+    precision, ``accumulate_grad_batches``, ``max_epochs`` and, under DDP, the world size
+    and ``bucket_cap_mb``. Nothing is moved to a device and the module is not modified. A module with manual optimization is refused:
+    its step is not the one costaware dry-runs."""
+    if getattr(pl_module, "automatic_optimization", True) is False:
+        raise NotImplementedError(
+            "this LightningModule uses manual optimization; costaware dry-runs the step "
+            "automatic optimization takes, so it cannot judge it (pass spec= instead)"
+        )
+    batch, dataset_size = _example_batch(trainer)
+    optimizer = _first_optimizer(pl_module.configure_optimizers())
+    precision = lightning_precision(trainer)
+    parallel = lightning_parallel(trainer)
+    epochs = getattr(trainer, "max_epochs", None)
+    return TrainingSpec.from_module(
+        pl_module,
+        batch,
+        optimizer=optimizer if optimizer is not None else "adamw",
+        loss=lightning_step_loss,
+        precision=precision,
+        prepare=_silence_logging,
+        grad_accumulation=max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1)),
+        dataset_size=dataset_size,
+        epochs=int(epochs) if isinstance(epochs, int) and epochs > 0 else 1,
+        name=type(pl_module).__name__,
+        **parallel,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# the shared implementation
+# --------------------------------------------------------------------------------------
+class _CostAwareCallbackBase:
+    """All of the callback's logic; the public classes add a Lightning ``Callback`` base."""
+
+    _namespace = ""  # "lightning" or "pytorch_lightning", set by the public classes
+
+    def __init__(
+        self,
+        store: ObservationStore | str | os.PathLike[str] | None = None,
+        *,
+        spec: TrainingSpec | None = None,
+        model: CostModel | None = None,
+        budget: Budget | None = None,
+        enforce: bool = False,
+        device: str | Device = "auto",
+        study: str | None = None,
+        trial: Any = None,
+        warmup_steps: int = 1,
+        on_reject: str = "raise",
+        fail_open: bool = True,
+        judge_before: bool = True,
+    ) -> None:
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, but got {warmup_steps=}.")
+        if on_reject not in ("raise", "stop"):
+            raise ValueError(
+                f"on_reject must be 'raise' (TrialRejected) or 'stop' (trainer.should_stop), "
+                f"but got {on_reject=}."
+            )
+        if spec is not None and not isinstance(spec, TrainingSpec):
+            raise TypeError(
+                f"spec must be a costaware.TrainingSpec, but got {type(spec).__name__}."
+            )
+        if model is not None and not isinstance(model, CostModel):
+            raise TypeError(f"model must be a costaware.CostModel, but got {type(model).__name__}.")
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
+        if enforce and budget is None:
+            raise ValueError("enforce=True needs a budget, but got budget=None.")
+        if not (
+            store is None
+            or isinstance(store, (str, os.PathLike))
+            or (hasattr(store, "record_measurement") and hasattr(store, "record_prediction"))
+        ):
+            raise TypeError(
+                "store must be an ObservationStore, a URL/path such as 'sqlite:///hpo.db', or "
+                f"None (records kept in memory only), but got {type(store).__name__}."
+            )
+        if not isinstance(device, (str, Device)):
+            raise TypeError(
+                f"device must be a device name, a costaware Device or 'auto', but got {device!r}."
+            )
+        if isinstance(device, str) and device.strip().lower() != "auto":
+            get_device(device)  # fail fast on an unknown name (UnknownDeviceError lists them)
+        self.store = store
+        self.spec = spec
+        self.model = model
+        self.budget = budget
+        self.enforce = enforce
+        self.device = device
+        self.study = study
+        self.trial = trial
+        self.warmup_steps = warmup_steps
+        self.on_reject = on_reject
+        self.fail_open = fail_open
+        self.judge_before = judge_before
+        #: the decision made before training (with a budget or an Optuna trial), or None
+        self.decision: Any = None
+        self._judged = False
+        #: every row written (or meant to be written), as dicts with a "kind" key:
+        #: "prediction" or "measurement", the store's keyword arguments, and the store's "id".
+        self.records: list[dict[str, Any]] = []
+        #: the cost model's prediction for this run, when a spec was given and it worked.
+        self.prediction: Prediction | None = None
+        #: why enforcement stopped the run, or None.
+        self.stopped_reason: str | None = None
+        #: epochs recorded so far (0-based, as ``trainer.current_epoch``).
+        self.epochs_recorded: list[int] = []
+        self._prediction_done = False
+        self._train_time = 0.0  # sum of measured epoch times
+        self._warned: set[str] = set()
+        self._store_obj: Any = None
+        self._store_failed = False
+        self._setup_held: int | None = None
+        self._context: int | None = None
+        #: the claim on the device that setup makes, taken over when training starts
+        self._setup_use: DeviceUse | None = None
+        self._rank_zero = True
+        self._reset_run_state()
+
+    def _reset_run_state(self) -> None:
+        self._exit_stack: contextlib.ExitStack | None = None
+        self._dev: Device | None = None  # what predictions are for
+        self._run_dev: Device | None = None  # what the fit runs on
+        self._kind = "cpu"
+        self._torch_device: torch.device | None = None
+        self._training = False
+        self._cpu_memory: CpuMemoryMeter | None = None
+        self._device_use: DeviceUse | None = None
+        self._alloc_batches = 0
+        self._module_nbytes = 0
+        self._held_before: int | None = None
+        self._nvml_peak: int | None = None
+        self._raised: BaseException | None = None
+        self._first_epoch: int | None = None
+        self._epoch_start: float | None = None
+        self._batch_t0: float | None = None
+        self._last_batch_end: float | None = None
+        self._val_start: float | None = None
+        self._val_time = 0.0
+        self._val_time_at_last_batch = 0.0
+        self._epoch_batches = 0
+        self._times: list[float] = []
+        self._warmup_times: list[float] = []
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def study_name(self) -> str | None:
+        """The study the rows belong to: ``study``, else the Optuna trial's study name."""
+        if self.study is not None:
+            return self.study
+        if _is_optuna_trial(self.trial):
+            return getattr(getattr(self.trial, "study", None), "study_name", None)
+        return None
+
+    @property
+    def trial_id(self) -> Any:
+        """The trial the rows belong to: the Optuna trial's number, else ``trial`` as given."""
+        if _is_optuna_trial(self.trial):
+            return self.trial.number
+        return self.trial
+
+    @property
+    def measurements(self) -> list[dict[str, Any]]:
+        """The measurement records (one per epoch, plus one for a crash)."""
+        return [r for r in self.records if r["kind"] == "measurement"]
+
+    # -- Lightning hooks (thin) -----------------------------------------------------------
+    @property
+    def state_key(self) -> str:
+        key = {"study": self.study_name, "trial": self.trial_id}
+        return f"{type(self).__qualname__}{key!r}"
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit":
+            self._check_namespace(trainer)
+            self._safely("claiming the device", self._claim_device, trainer)
+            self._safely(
+                "measuring the GPU memory held before", self._held_at_setup, trainer, pl_module
+            )
+            # before the strategy moves the model to the device: a rejected trial never
+            # allocates anything there
+            self._judge_before_training(trainer, pl_module)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._safely("starting", self._start_fit, trainer, pl_module)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        self._safely("starting to measure", self._start_training, trainer, pl_module)
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        self._safely("starting an epoch", self._start_epoch, trainer)
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.sanity_checking:
+            return
+        self._safely("timing a batch", self._start_batch)
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.sanity_checking:
+            return
+        self._safely("timing a batch", self._end_batch, trainer)
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.sanity_checking or self._epoch_start is None:
+            return
+        self._val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.sanity_checking or self._val_start is None:
+            return
+        self._val_time += time.perf_counter() - self._val_start
+        self._val_start = None
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        reason = self._safely("recording an epoch", self._end_epoch, trainer, pl_module)
+        if reason:
+            self._stop(trainer, reason)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._finish()
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._finish()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        try:
+            self._safely("recording a crash", self._record_exception, trainer, pl_module, exception)
+        finally:
+            self._finish()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "records": _plain(self.records),
+            "epochs_recorded": list(self.epochs_recorded),
+            "prediction_done": self._prediction_done,
+            "stopped_reason": self.stopped_reason,
+            "train_time": self._train_time,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.records = list(state_dict.get("records", []))
+        self.epochs_recorded = list(state_dict.get("epochs_recorded", []))
+        self._prediction_done = bool(state_dict.get("prediction_done", False))
+        self.stopped_reason = state_dict.get("stopped_reason")
+        self._train_time = float(state_dict.get("train_time", 0.0))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # picklable for Ray & co.: drop the open store (reopened from its URL), the run
+        # state, and the module's log methods Lightning binds onto every callback in fit
+        state = dict(self.__dict__)
+        state["_exit_stack"] = None
+        state.pop("log", None)
+        state.pop("log_dict", None)
+        if isinstance(self.store, (str, os.PathLike)):
+            state["_store_obj"] = None
+        return state
+
+    # -- before training: the decision ---------------------------------------------------
+    def _judge_before_training(self, trainer: Any, pl_module: Any) -> None:
+        """Predict this fit's cost and decide, before anything is on the device: with an
+        Optuna trial attached (against the study's costaware pruner's budget, else this
+        callback's budget, else the device's memory), or with a budget. A rejected trial
+        raises ``optuna.TrialPruned`` with the reasons; without a trial, ``enforce=True``
+        raises :class:`~costaware.TrialRejected` (``on_reject="raise"``) or stops the fit
+        before its first batch (``"stop"``), and otherwise the reasons are warned about.
+        A trial the pruner judged already (its ``spec_fn``) is not judged again."""
+        trial = self.trial if _is_optuna_trial(self.trial) else None
+        if not self.judge_before or self._judged or (trial is None and self.budget is None):
+            return
+        self._judged = True
+        found = self._safely("preparing the decision", self._gate_for, trainer, trial)
+        if found is None:
+            return
+        gate, already = found
+        if already or gate is None:
+            self._prediction_done = True  # the pruner judged it and recorded it
+            return
+        spec, error = self.spec, None
+        if spec is None:
+            try:
+                spec = spec_from_lightning(trainer, pl_module)
+            except Exception as e:  # judged below: the user's bug fails, ours admits
+                error = e
+        verdict = gate.judge(spec, study=self.study_name, trial=self.trial_id, error=error)
+        self.decision = verdict
+        self.prediction = verdict.prediction
+        self._prediction_done = True
+        if gate.store is None:
+            self._safely("recording the decision", self._record_verdict, gate, verdict, spec)
+        if trial is not None:
+            self._safely("setting the trial's attributes", self._tell_trial, trial, verdict)
+        if verdict.admit:
+            return
+        reasons = [str(r) for r in verdict.info.get("reasons", [])] or ["rejected by costaware"]
+        self.stopped_reason = "; ".join(reasons)
+        if trial is not None:
+            import optuna
+
+            optuna.logging.get_logger("optuna.costaware").info(
+                f"Trial {trial.number} rejected by costaware before it ran: {self.stopped_reason}"
+            )
+            exc: BaseException = optuna.TrialPruned(self.stopped_reason)
+        elif not self.enforce:
+            self._warn_once(
+                "rejected",
+                f"costaware predicts this fit breaks its budget ({self.stopped_reason}); "
+                "training anyway (enforce=False).",
+            )
+            return
+        elif self.on_reject == "stop":
+            self._warn_once("rejected", f"stopping before the first batch: {self.stopped_reason}")
+            trainer.should_stop = True
+            return
+        else:
+            exc = TrialRejected(reasons)
+        self._raised = exc  # on_exception must not record it as a crash
+        raise exc
+
+    def _gate_for(self, trainer: Any, trial: Any) -> tuple[Gate | None, bool]:
+        """The gate that judges this fit, and whether the trial was judged already: the
+        study's costaware pruner's gate (its budget, device and store) where there is one
+        and this callback sets no budget or model of its own, else one of this callback's
+        budget (default ``Budget()``) for the device the fit runs on."""
+        self._torch_device = trainer.strategy.root_device
+        self._kind = self._torch_device.type
+        self._rank_zero = bool(getattr(trainer, "is_global_zero", True))
+        study_gate: Gate | None = None
+        if trial is not None:
+            from costaware.integrations.optuna import ATTR
+            from costaware.integrations.optuna import study_gate as _study_gate
+
+            if ATTR + "admit" in trial.storage.get_trial_user_attrs(trial._trial_id):
+                return None, True
+            study_gate = _study_gate(trial.study)
+        if study_gate is not None and self.budget is None and self.model is None:
+            return study_gate, False
+        dev = self._resolve_device()
+        budget = self.budget if self.budget is not None else Budget()
+        return Gate(budget, dev or "auto", model=self.model, fail_open=self.fail_open), False
+
+    def _tell_trial(self, trial: Any, verdict: Any) -> None:
+        from costaware.integrations.optuna import ATTR
+
+        for key, value in verdict.info.items():
+            trial.set_user_attr(ATTR + key, value)
+        if hasattr(trial, "set_constraint"):
+            for key, value in verdict.constraints.items():
+                trial.set_constraint(key, value)
+
+    def _record_verdict(self, gate: Gate, verdict: Any, spec: TrainingSpec | None) -> None:
+        """Record the gate's decision as this trial's prediction, with the features the
+        online refit learns from (a prediction without them is never learned from)."""
+        pred = verdict.prediction
+        summary: dict[str, Any] = {}
+        features: dict[str, Any] | None = None
+        with contextlib.suppress(Exception):
+            summary = spec.summary() if spec is not None else {}
+        if pred is not None and spec is not None:
+            try:  # traced already for the prediction: the features come from its cache
+                features = _plain(gate.model().features(spec, gate.resolved_device()))
+            except Exception as e:  # the decision is still recorded, without them
+                self._warn_once(
+                    "features",
+                    f"costaware could not compute this run's features ({_reason_line(e)}); "
+                    "its cost is recorded, but the online refit cannot learn from it.",
+                )
+        self._write(
+            "prediction",
+            study=self.study_name,
+            trial=self.trial_id,
+            device=pred.device if pred is not None else None,
+            spec=summary,
+            features=features,
+            prediction=_plain(pred.to_dict()) if pred is not None else None,
+            decision=_plain(verdict.decision.to_dict()) if verdict.decision is not None else None,
+            status=("admitted" if verdict.admit else "rejected") if pred is not None else "error",
+            reason=None if verdict.admit else "; ".join(verdict.info.get("reasons", [])),
+            meta=self._meta(None),
+        )
+
+    # -- fit start: device, store, prediction ---------------------------------------------
+    def _check_namespace(self, trainer: Any) -> None:
+        root = type(trainer).__module__.split(".", 1)[0]
+        if root in ("lightning", "pytorch_lightning") and root != self._namespace:
+            other = "PLCostAwareCallback" if root == "pytorch_lightning" else "CostAwareCallback"
+            self._warn_once(
+                "namespace",
+                f"{type(self).__name__} is a {self._namespace} callback, but this Trainer comes "
+                f"from {root}; use {other} from costaware.integrations.lightning instead. It "
+                "still runs when passed in a list, but Lightning's isinstance checks miss it.",
+            )
+
+    def _claim_device(self, trainer: Any) -> None:
+        """Claim the device for this run before its model is on it (:class:`~costaware.
+        profile.DeviceUse`), so that another trial of the process that measures meanwhile
+        knows this one's tensors are there."""
+        if self._setup_use is not None:
+            self._setup_use.close()
+        self._setup_use = None
+        dev = trainer.strategy.root_device
+        if dev.type in ("cuda", "cpu"):
+            self._setup_use = DeviceUse(device_key(dev))
+
+    def _held_at_setup(self, trainer: Any, pl_module: Any) -> None:
+        """What a GPU process holds reserved before this run's model is on the device:
+        Lightning's ``setup`` hook runs before the strategy moves the model there, wraps
+        it (DDP allocates its gradient buckets then) and builds the optimizers. Anything
+        reserved now, less parameters the module already had on the device, is an earlier
+        run's (after :func:`~costaware.measure.profile.clear_cuda_cache`)."""
+        self._setup_held = None
+        dev = trainer.strategy.root_device
+        if dev.type != "cuda" or self._setup_use is None or not self._setup_use.alone:
+            return  # never empty the cache under another trial's measurement
+        self._setup_held = max(0, clear_cuda_cache(dev) - _module_bytes(pl_module, "cuda"))
+        # the CUDA context as this process measures it: the study's decisions use it in
+        # place of the catalog's default (Gate, from the store)
+        self._context = context_bytes(dev)
+
+    def _start_fit(self, trainer: Any, pl_module: Any) -> None:
+        self._finish(keep_claim=True)
+        self._reset_run_state()
+        self._torch_device = trainer.strategy.root_device
+        self._kind = self._torch_device.type
+        # under DDP every process measures its own device, global rank zero alone writes
+        self._rank_zero = bool(getattr(trainer, "is_global_zero", True))
+        self._dev = self._resolve_device()
+        self._run_dev = self._running_device()
+        self._check_devices()
+        if self._rank_zero:
+            self._open_store()
+            self._predict()
+
+    def _resolve_device(self) -> Device | None:
+        """The device predictions are for: ``device`` when given, else the one the fit
+        runs on (:meth:`_running_device`)."""
+        try:
+            if isinstance(self.device, Device):
+                return self.device
+            if self.device.strip().lower() != "auto":
+                return get_device(self.device)
+        except Exception as e:  # never break training over a device name
+            self._warn_once("device", f"costaware could not describe the device: {_reason_line(e)}")
+            return None
+        return self._running_device()
+
+    def _running_device(self) -> Device | None:
+        """The device the fit runs on, which its measurements are recorded as."""
+        try:
+            if self._kind == "cuda" and self._torch_device is not None:
+                try:
+                    return get_device(torch.cuda.get_device_name(self._torch_device))
+                except Exception:
+                    return detect_device()
+            if self._kind == "cpu":
+                return cpu_device()
+            return None
+        except Exception as e:  # never break training over a device name
+            self._warn_once("device", f"costaware could not describe the device: {_reason_line(e)}")
+            return None
+
+    @property
+    def _device_name(self) -> str | None:
+        """What the measurements are recorded as: the device the fit runs on."""
+        run = self._run_dev if self._run_dev is not None else self._dev
+        return run.name if run is not None else None
+
+    def _check_devices(self) -> None:
+        """Warn (once) when the fit runs on another device than the one predicted for:
+        its measurements are recorded as the device it ran on, and the refit learns
+        them as such."""
+        if self._dev is None or self._run_dev is None or self._dev.name == self._run_dev.name:
+            return
+        self._warn_once(
+            "device-differs",
+            f"costaware predicts for {self._dev.name} (device={self.device!r}), but this fit "
+            f"runs on {self._run_dev.name}: its measurements are recorded as "
+            f"{self._run_dev.name}'s, and the predictions do not describe this run.",
+        )
+
+    def _open_store(self) -> Any:
+        if self._store_obj is not None or self._store_failed or self.store is None:
+            return self._store_obj
+        if not isinstance(self.store, (str, os.PathLike)):
+            self._store_obj = self.store
+            return self._store_obj
+        try:
+            from costaware.runtime.store import ObservationStore
+
+            self._store_obj = ObservationStore(self.store, retry=True)  # server down: retried
+        except Exception as e:
+            self._store_failed = True
+            self._warn_once(
+                "store",
+                f"costaware could not open the observation store {str(self.store)!r} "
+                f"({_reason_line(e)}); records are kept in callback.records only.",
+            )
+        return self._store_obj
+
+    def _already_predicted(self, study: str | None, trial: Any) -> bool:
+        if trial is None:
+            return False
+        if any(
+            r["kind"] == "prediction" and r["study"] == study and str(r["trial"]) == str(trial)
+            for r in self.records
+        ):
+            return True
+        store = self._store_obj
+        if store is None or not hasattr(store, "predictions"):
+            return False
+        try:
+            rows = store.predictions(study=study)
+        except Exception as e:
+            self._warn_once(
+                "store-read", f"costaware could not read the observation store: {_reason_line(e)}"
+            )
+            return False
+        return any(r.get("study") == study and str(r.get("trial")) == str(trial) for r in rows)
+
+    def _predict(self) -> None:
+        if self.spec is None or self._prediction_done:
+            return
+        self._prediction_done = True
+        study, trial = self.study_name, self.trial_id
+        if self._already_predicted(study, trial):
+            return  # costaware's Optuna pruner predicted this trial before it launched
+        predicted_for = self._dev.name if self._dev is not None else None
+        fields: dict[str, Any] = {"study": study, "trial": trial, "device": predicted_for}
+        summary: dict[str, Any] = {}
+        try:
+            if self._dev is None:
+                raise RuntimeError("no device to predict for")
+            model = self.model if self.model is not None else CostModel.default()
+            pred = model.predict(self.spec, self._dev)
+            feats = model.features(self.spec, self._dev)
+            summary = self.spec.summary()
+        except UserCodeError:
+            raise  # the user's bug (the spec's factory, forward, shapes): fail fast
+        except Exception as e:
+            reason = _reason_line(e)
+            self._warn_once(
+                "predict",
+                f"costaware could not predict this run's cost ({reason}); training goes on and "
+                "its actual cost is still recorded.",
+            )
+            with contextlib.suppress(Exception):
+                summary = self.spec.summary()
+            self._write(
+                "prediction",
+                **fields,
+                spec=summary,
+                features=None,
+                prediction=None,
+                decision=None,
+                status="error",
+                reason=reason,
+                meta=self._meta(None),
+            )
+            return
+        self.prediction = pred
+        self._write(
+            "prediction",
+            **fields,
+            spec=summary,
+            features=_plain(feats),
+            prediction=_plain(pred.to_dict()),
+            decision=None,
+            status="admitted",
+            reason=None,
+            meta=self._meta(None),
+        )
+
+    # -- measuring ------------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self._kind == "cuda" and self._torch_device is not None:
+            torch.cuda.synchronize(self._torch_device)
+
+    def _start_training(self, trainer: Any, pl_module: Any) -> None:
+        if self._torch_device is None:  # on_fit_start did not run (fit hooks bypassed)
+            self._start_fit(trainer, pl_module)
+        self._training = True
+        self._first_epoch = trainer.current_epoch
+        dev = self._torch_device
+        assert dev is not None
+        if self._kind in ("cuda", "cpu"):
+            self._device_use = self._setup_use or DeviceUse(device_key(dev))
+            self._setup_use = None
+        if self._kind == "cuda":
+            assert self._device_use is not None
+            if not self._device_use.alone:  # another trial of this process measures on it
+                self._warn_once(
+                    "shared-gpu",
+                    "costaware: trials of this process train on the same GPU at once; their "
+                    "peaks cannot be told apart, so each is recorded as the device's "
+                    "(actual['device_peak_memory'], 'shared_by') and is not learned, and the "
+                    "memory budget is not checked against it.",
+                )
+                self._sample_device_memory()
+                return
+            reserved = clear_cuda_cache(dev)  # the sanity check's and earlier trials' blocks
+            torch.cuda.reset_peak_memory_stats(dev)
+            if self._setup_held is not None:  # measured before the model was on the device
+                self._held_before, self._setup_held = self._setup_held, None
+            else:  # setup did not run: all but the model and optimizer (a DDP's gradient
+                # buckets would count as held: they are allocated beside the model)
+                own = _module_bytes(pl_module, "cuda") + _optimizer_bytes(
+                    getattr(trainer, "optimizers", None), "cuda"
+                )
+                self._held_before = max(0, reserved - own)
+            from costaware.observation import MAX_HELD_BEFORE
+
+            if self._held_before > MAX_HELD_BEFORE:
+                self._warn_once(
+                    "held",
+                    f"costaware: {self._held_before / 2**20:,.0f} MiB of GPU memory was already "
+                    "reserved when training started, beyond this trial's model and optimizer "
+                    "(an earlier trial's tensors still referenced?). The measured peak includes "
+                    "it, so this trial's peak will not be used to refit the memory model.",
+                )
+            self._sample_device_memory()
+        elif self._kind == "cpu":
+            malloc_trim()
+            self._cpu_memory = CpuMemoryMeter(
+                f"over the first {_MEMORY_STEPS} training batches", "since on_train_start"
+            ).start(self._device_use)
+            if self._cpu_memory.rss_is_the_figure:
+                # the resident set is the memory figure: from here to the end of fit, frees
+                # of large blocks leave it at once (training runs slower meanwhile)
+                self._exit_stack = contextlib.ExitStack()
+                self._exit_stack.enter_context(self._cpu_memory.rss.freeing_large_blocks())
+            # the parameters, buffers and any optimizer state were allocated before this
+            # point; the prediction counts them, so they are added to what is measured
+            self._module_nbytes = _module_bytes(pl_module, "cpu") + _optimizer_bytes(
+                getattr(trainer, "optimizers", None), "cpu"
+            )
+            self._alloc_batches = 0
+
+    def _start_epoch(self, trainer: Any) -> None:
+        if not self._training:
+            return
+        self._epoch_start = time.perf_counter()
+        self._batch_t0 = None
+        self._last_batch_end = None
+        self._val_start = None
+        self._val_time = self._val_time_at_last_batch = 0.0
+        self._epoch_batches = 0
+        self._times = []
+        self._warmup_times = []
+
+    def _start_batch(self) -> None:
+        if not self._training:
+            return
+        self._sync()
+        self._batch_t0 = time.perf_counter()
+
+    def _end_batch(self, trainer: Any) -> None:
+        if not self._training or self._batch_t0 is None:
+            return
+        self._sync()
+        now = time.perf_counter()
+        dt = now - self._batch_t0
+        self._batch_t0 = None
+        self._last_batch_end = now
+        self._val_time_at_last_batch = self._val_time
+        if trainer.current_epoch == self._first_epoch and self._epoch_batches < self.warmup_steps:
+            self._warmup_times.append(dt)
+        else:
+            self._times.append(dt)
+        self._epoch_batches += 1
+        if self._kind == "cuda":
+            self._sample_device_memory()
+        self._alloc_batches += 1
+        if self._alloc_batches == _MEMORY_STEPS:
+            self._stop_allocator_peak()
+
+    def _stop_allocator_peak(self) -> None:
+        """End the CPU allocator's profiling; its own work is not the epoch's."""
+        if self._cpu_memory is None or not self._cpu_memory.profiling:
+            return
+        t0 = time.perf_counter()
+        self._cpu_memory.end_profiling()
+        self._val_time += time.perf_counter() - t0  # taken off the epoch time, as validation
+
+    def _sample_device_memory(self) -> None:
+        with contextlib.suppress(Exception):
+            free, total = torch.cuda.mem_get_info(self._torch_device)
+            used = int(total - free)
+            self._nvml_peak = used if self._nvml_peak is None else max(self._nvml_peak, used)
+
+    def _memory(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"peak_memory": None, "peak_allocated": None, "nvml_peak": None}
+        use = self._device_use
+        if self._kind == "cuda" and use is not None and use.shared_by > 1:
+            dev = self._torch_device
+            out["device_peak_memory"] = int(torch.cuda.max_memory_reserved(dev))
+            out["device_peak_allocated"] = int(torch.cuda.max_memory_allocated(dev))
+            out["shared_by"] = use.shared_by
+            out["held_before"] = None
+            self._sample_device_memory()
+            out["nvml_peak"] = self._nvml_peak
+            out["memory_method"] = (
+                f"not this trial's own: {use.shared_by} trials of this process measured on "
+                f"{use.key} at once, and the device's peaks count all of their tensors. "
+                "device_peak_memory/device_peak_allocated: torch.cuda.max_memory_reserved/"
+                "allocated of the device since its last peak reset (this trial's, if it "
+                "started alone; else an earlier trial's or the process's start), which no "
+                "trial resets or empties while another measures on the device; nvml_peak: "
+                "highest device-wide used memory (cudaMemGetInfo) at batch ends"
+            )
+        elif self._kind == "cuda" and self._torch_device is not None:
+            dev = self._torch_device
+            out["peak_memory"] = int(torch.cuda.max_memory_reserved(dev))
+            out["peak_allocated"] = int(torch.cuda.max_memory_allocated(dev))
+            out["held_before"] = self._held_before if self._training else None
+            self._sample_device_memory()
+            out["nvml_peak"] = self._nvml_peak
+            out["memory_method"] = (
+                "torch.cuda.max_memory_reserved/allocated since on_train_start (cache emptied, "
+                "peak stats reset there); nvml_peak: highest device-wide used memory "
+                "(cudaMemGetInfo) at batch ends"
+                if self._training
+                else "torch.cuda.max_memory_reserved/allocated before training started "
+                "(peak stats not reset: since the process started or the last reset)"
+            )
+        elif self._kind == "cpu" and self._cpu_memory is not None:
+            self._stop_allocator_peak()  # if the run ended before batch 2
+            meter = self._cpu_memory
+            peak = meter.peak()
+            if peak is None:
+                out["memory_method"] = meter.method
+            else:
+                out["peak_memory"] = out["peak_allocated"] = peak + self._module_nbytes
+                out["memory_method"] = f"{meter.method}, + parameter/buffer/optimizer-state bytes"
+        else:
+            out["memory_method"] = (
+                "not measured before training started"
+                if self._kind in ("cpu", "cuda")
+                else f"not measured on {self._kind}"
+            )
+        return out
+
+    def _actual(self) -> dict[str, Any]:
+        times = self._times or self._warmup_times
+        epoch_time = None
+        if self._epoch_start is not None and self._last_batch_end is not None:
+            epoch_time = max(
+                0.0, self._last_batch_end - self._epoch_start - self._val_time_at_last_batch
+            )
+        mem = self._memory()
+        return {
+            "peak_memory": mem["peak_memory"],
+            "peak_allocated": mem["peak_allocated"],
+            "iteration_time": statistics.median(times) if times else None,
+            "epoch_time": epoch_time,
+            "nvml_peak": mem["nvml_peak"],
+            "memory_method": mem["memory_method"],
+            "device_kind": self._kind,
+            "steps": self._epoch_batches,
+        } | {
+            k: mem[k]
+            for k in ("held_before", "device_peak_memory", "device_peak_allocated", "shared_by")
+            if k in mem
+        } | ({"context_bytes": self._context} if self._context is not None else {})
+
+    def _meta(self, trainer: Any) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "source": "lightning",
+            "framework": self._namespace,
+            "warmup_steps": self.warmup_steps,
+        }
+        if trainer is not None:
+            meta["global_step"] = int(trainer.global_step)
+            meta["max_epochs"] = trainer.max_epochs
+        if self.spec is not None:
+            with contextlib.suppress(Exception):
+                meta["spec"] = self.spec.summary()
+        return meta
+
+    def _end_epoch(self, trainer: Any, pl_module: Any) -> str | None:
+        """Record the epoch; the reason to stop it, if it was over budget."""
+        if not self._training:
+            return None
+        epoch = int(trainer.current_epoch)
+        actual = self._actual()
+        if actual["epoch_time"] is not None:
+            self._train_time += actual["epoch_time"]
+        reason = self._over_budget(actual) if self.enforce else None
+        if self.enforce:
+            stop = bool(trainer.strategy.reduce_boolean_decision(reason is not None, all=False))
+            if stop and reason is None:
+                reason = "another process of this run exceeded the budget"
+        self._write(
+            "measurement",
+            study=self.study_name,
+            trial=self.trial_id,
+            status="stopped" if reason else "ok",
+            actual=actual,
+            device=self._device_name,
+            epoch=epoch,
+            reason=reason,
+            meta=self._meta(trainer),
+        )
+        self.epochs_recorded.append(epoch)
+        self._epoch_start = None
+        return reason
+
+    # -- enforcement ----------------------------------------------------------------------
+    def _over_budget(self, actual: Mapping[str, Any]) -> str | None:
+        if self.budget is None:
+            return None
+        try:
+            reasons = self.budget.check_measured(
+                device=self._dev,
+                peak_memory=actual.get("peak_memory"),
+                epoch_time=actual.get("epoch_time"),
+                trial_time=self._train_time,
+            )
+        except Exception as e:  # a relative budget ("90%") without a known device
+            self._warn_once("budget", f"costaware could not check the budget: {_reason_line(e)}")
+            return None
+        return "; ".join(r.message for r in reasons) or None
+
+    def _stop(self, trainer: Any, reason: str) -> None:
+        self.stopped_reason = reason
+        if _is_optuna_trial(self.trial):
+            try:
+                self.trial.set_user_attr("costaware_stopped", reason)
+            except Exception as e:
+                self._warn_once(
+                    "user-attr", f"costaware could not set the trial's user attr: {_reason_line(e)}"
+                )
+            import optuna
+
+            exc = optuna.TrialPruned(reason)
+            self._raised = exc  # on_exception must not record it a second time
+            raise exc
+        trainer.should_stop = True
+
+    # -- crashes --------------------------------------------------------------------------
+    def _record_exception(self, trainer: Any, pl_module: Any, exc: BaseException) -> None:
+        if exc is self._raised:
+            return  # our own TrialPruned: the epoch was recorded as "stopped" already
+        fn = getattr(getattr(trainer, "state", None), "fn", None)
+        if fn is not None and fn != "fit":
+            return  # validate/test/predict: not a training run
+        if _is_trial_pruned(exc):
+            status, reason = "stopped", "pruned by Optuna: " + _reason_line(exc)
+        elif isinstance(exc, KeyboardInterrupt):
+            status, reason = "stopped", "interrupted (KeyboardInterrupt)"
+        elif _is_oom(exc):
+            status, reason = "oom", _reason_line(exc)
+        else:
+            status, reason = "error", _reason_line(exc)
+        try:
+            actual = self._actual()
+        except Exception:  # a broken CUDA context may refuse even the memory stats
+            actual = {"device_kind": self._kind, "steps": self._epoch_batches}
+        self._write(
+            "measurement",
+            study=self.study_name,
+            trial=self.trial_id,
+            status=status,
+            actual=actual,
+            device=self._device_name,
+            epoch=int(trainer.current_epoch),
+            reason=reason,
+            meta=self._meta(trainer),
+        )
+        if status == "oom" and _is_optuna_trial(self.trial):
+            with contextlib.suppress(Exception):
+                self.trial.set_user_attr("costaware_oom", reason)
+
+    def _finish(self, *, keep_claim: bool = False) -> None:
+        """End the run's measuring; with ``keep_claim``, the claim setup made on the device
+        stays (fit is starting: it is this run's)."""
+        self._training = False
+        if not keep_claim and self._setup_use is not None:
+            self._setup_use.close()
+            self._setup_use = None
+        if self._cpu_memory is not None:
+            self._cpu_memory.close()  # never leave a profiler running past fit
+        if self._device_use is not None:
+            self._device_use.close()
+        if self._exit_stack is not None:
+            stack, self._exit_stack = self._exit_stack, None
+            stack.close()  # restores glibc's mmap threshold
+
+    # -- writing --------------------------------------------------------------------------
+    def _write(self, kind: str, **fields: Any) -> dict[str, Any]:
+        record: dict[str, Any] = {"kind": kind, **fields, "id": None}
+        self.records.append(record)
+        store = self._open_store() if self._rank_zero else None
+        if store is None:
+            return record
+        try:
+            if kind == "prediction":
+                record["id"] = store.record_prediction(**fields)
+            else:
+                record["id"] = store.record_measurement(**fields)
+        except Exception as e:  # fail open: training matters more than the record
+            self._warn_once(
+                "store-write",
+                f"costaware could not write to the observation store ({_reason_line(e)}); "
+                "records are kept in callback.records.",
+            )
+        return record
+
+    def _safely(self, what: str, fn: Callable[..., _T], *args: Any) -> _T | None:
+        """Run ``fn``; a failure of costaware's own bookkeeping warns once and never
+        reaches the training loop."""
+        try:
+            return fn(*args)
+        except UserCodeError:
+            raise  # the user's bug is not bookkeeping: shown at once, as theirs
+        except Exception as e:
+            self._warn_once(
+                f"failed:{what}",
+                f"costaware's Lightning callback failed while {what} ({_reason_line(e)}); "
+                "training goes on.",
+            )
+            return None
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        warnings.warn(message, CostAwareWarning, stacklevel=3)
+
+
+_DOC = """Record a run's real cost per epoch and, with ``enforce=True``, stop it over budget.
+
+    Use with ``{trainer}``; see :mod:`costaware.integrations.lightning` for what is
+    measured and how, and for the class to use with the other Lightning namespace.
+
+    Args:
+        store: an :class:`~costaware.runtime.store.ObservationStore`, a URL or path to open one
+            (``"sqlite:///hpo.db"``; opened when fitting starts), or None to keep the records
+            in memory only (``callback.records``, always kept). A store that cannot be
+            opened or written only warns.
+        spec: what is trained; without it, it is read off the fit
+            (:func:`spec_from_lightning`) when the fit is judged. Its prediction is
+            recorded (unless costaware's Optuna pruner already recorded this trial's).
+        model: the :class:`~costaware.CostModel` that predicts; default
+            ``CostModel.default()``.
+        budget: the limits. Before training, the prediction is judged against them
+            (with an Optuna trial and no budget, against the study's ``CostAwarePruner``'s,
+            else the device's memory); during training, the measured figures are checked
+            against ``max_epoch_time``, ``max_trial_time`` (training time so far) and
+            ``max_memory`` (with the device's CUDA context added on a GPU) when
+            ``enforce=True``.
+        enforce: act on a budget: reject a fit predicted over it before its first batch
+            (``on_reject``), and stop the run after an epoch measured over it.
+        device: the device predicted for: a catalog name, a :class:`~costaware.Device`, or
+            ``"auto"`` (the Trainer's GPU, or the CPU). Measurements are recorded as the
+            device the fit runs on; a difference is warned about.
+        study: the study id of the rows; default: the Optuna trial's study name.
+        trial: an ``optuna.trial.Trial`` (ids from ``trial.study.study_name`` and
+            ``trial.number``; enforcement then raises ``optuna.TrialPruned``), or any trial
+            id (a string or number) to label the rows with.
+        warmup_steps: batches of the first epoch left out of the median iteration time.
+        on_reject: without an Optuna trial, what a fit predicted over its budget does with
+            ``enforce=True``: ``"raise"`` :class:`~costaware.TrialRejected` (default) or
+            ``"stop"`` before its first batch. (With a trial it is pruned.)
+        fail_open: a fit costaware cannot judge (its own failure) is trained with a
+            warning (default) or rejected.
+        judge_before: judge the fit before training (default); False leaves only the
+            measured checks of ``enforce``.
+
+    Attributes:
+        records: every row as a dict: ``kind`` ("prediction"/"measurement"), the store's
+            keyword arguments, and ``id`` (the store's row id, or None).
+        measurements: the measurement records.
+        prediction: the :class:`~costaware.Prediction`, when the fit was predicted.
+        decision: the verdict of the judgement before training, or None.
+        stopped_reason: why the run was rejected or stopped, or None.
+"""
+
+
+class _BatchSizeFinderBase:
+    """Sets the batch size before training to the largest one predicted to fit.
+
+    Lightning's ``BatchSizeFinder`` finds a batch size by running steps until one runs
+    out of memory, and its answer can still run out later. This callback runs nothing:
+    in ``setup``, before the model is on the device, it builds the fit's spec
+    (:func:`spec_from_lightning`), searches the largest batch size ``budget`` admits on
+    the device (:func:`costaware.core.batch_size.max_batch_size`: the calibrated upper bound
+    of the memory the step needs, plus the CUDA context) and sets it where Lightning's
+    finder does (``lightning_setattr``: the module's or the datamodule's ``attr_name``,
+    or its ``hparams``). The training dataloader must read that attribute, as it must for
+    Lightning's finder.
+
+    Args:
+        budget: the limits (default ``Budget()``: the device's memory). Its
+            ``safety_margin`` leaves room for what the step does not allocate itself.
+        device: a catalog name, a ``Device`` or ``"auto"`` (the device the fit runs on).
+        model: the cost model (default: the shipped one).
+        attr_name: the attribute that holds the batch size (default ``"batch_size"``).
+        limit: the largest batch size searched.
+
+    After ``setup``, ``result`` holds the :class:`~costaware.core.batch_size.BatchSizeResult`.
+    Not even a batch of one fitting raises :class:`~costaware.NothingFitsError`, with the
+    memory that batch needs.
+    """
+
+    _namespace = ""
+
+    def __init__(
+        self,
+        *,
+        budget: Budget | None = None,
+        device: str | Device = "auto",
+        model: CostModel | None = None,
+        attr_name: str = "batch_size",
+        limit: int = 65_536,
+    ) -> None:
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a whole number of at least 1, but got {limit=}.")
+        if not isinstance(attr_name, str) or not attr_name:
+            raise ValueError(f"attr_name must name an attribute, but got {attr_name=}.")
+        self.budget = budget
+        self.device = device
+        self.model = model
+        self.attr_name = attr_name
+        self.limit = limit
+        self.result: Any = None
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit" or self.result is not None:
+            return
+        parsing = importlib.import_module(f"{self._namespace}.utilities.parsing")
+        if not parsing.lightning_hasattr(pl_module, self.attr_name):
+            raise AttributeError(
+                f"costaware cannot set the batch size: neither the module nor its datamodule "
+                f"has an attribute {self.attr_name!r} (nor one in hparams). Keep the batch size "
+                f"there and read it in train_dataloader(), or pass attr_name=."
+            )
+        from costaware.core.batch_size import NothingFitsError, max_batch_size
+
+        spec = spec_from_lightning(trainer, pl_module)
+        device = self.device
+        if isinstance(device, str) and device.strip().lower() == "auto":
+            root = trainer.strategy.root_device
+            device = (
+                get_device(torch.cuda.get_device_name(root))
+                if root.type == "cuda"
+                else cpu_device()
+            )
+        model = self.model if self.model is not None else CostModel.default()
+        found = max_batch_size(model, spec, device, self.budget, limit=self.limit)
+        self.result = found
+        if not found.fits:
+            raise NothingFitsError(str(found))
+        parsing.lightning_setattr(pl_module, self.attr_name, found.batch_size)
+        importlib.import_module(f"{self._namespace}.utilities.rank_zero").rank_zero_info(
+            f"costaware set {self.attr_name}={found.batch_size}: {found}"
+        )
+
+
+if _LightningCallback is not None:
+
+    class CostAwareCallback(_CostAwareCallbackBase, _LightningCallback):
+        _namespace = "lightning"
+
+    CostAwareCallback.__doc__ = _DOC.format(trainer="lightning.pytorch.Trainer")
+
+    class CostAwareBatchSizeFinder(_BatchSizeFinderBase, _LightningCallback):
+        __doc__ = _BatchSizeFinderBase.__doc__
+        _namespace = "lightning.pytorch"
+
+
+if _PLCallback is not None:
+
+    class PLCostAwareCallback(_CostAwareCallbackBase, _PLCallback):
+        _namespace = "pytorch_lightning"
+
+    PLCostAwareCallback.__doc__ = _DOC.format(trainer="pytorch_lightning.Trainer")
+
+    class PLCostAwareBatchSizeFinder(_BatchSizeFinderBase, _PLCallback):
+        __doc__ = _BatchSizeFinderBase.__doc__
+        _namespace = "pytorch_lightning"
+
+
+__all__ = [
+    "CostAwareWarning",
+    "lightning_parallel",
+    "lightning_precision",
+    "lightning_step_loss",
+    "spec_from_lightning",
+]
+if _LightningCallback is not None:
+    __all__ += ["CostAwareBatchSizeFinder", "CostAwareCallback"]
+if _PLCallback is not None:
+    __all__ += ["PLCostAwareBatchSizeFinder", "PLCostAwareCallback"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CostAwareCallback":
+        raise ImportError(
+            "CostAwareCallback needs lightning.pytorch, which is not installed. Install it "
+            f"with:\n    {_INSTALL_HINT}\n(or use PLCostAwareCallback with pytorch_lightning)."
+        )
+    if name in ("CostAwareBatchSizeFinder", "PLCostAwareBatchSizeFinder"):
+        missing = "lightning.pytorch" if name.startswith("Cost") else "pytorch_lightning"
+        raise ImportError(f"{name} needs {missing}, which is not installed: {_INSTALL_HINT}")
+    if name == "PLCostAwareCallback":
+        raise ImportError(
+            "PLCostAwareCallback needs pytorch_lightning, which is not installed. Install it "
+            "with:\n    pip install pytorch-lightning\n(or use CostAwareCallback with "
+            "lightning.pytorch)."
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

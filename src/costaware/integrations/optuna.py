@@ -1,0 +1,413 @@
+"""Optuna integration: reject trials predicted to OOM or blow the budget before they run.
+
+Two ways in:
+
+- :class:`CostAwarePruner` for ``optuna.create_study(pruner=...)``. The objective suggests
+  its parameters and calls ``trial.should_prune()`` before it builds anything; the first
+  such call (no step reported yet) builds the spec with ``spec_fn(params)``, predicts,
+  decides against the budget, and prunes a rejected trial. PRUNED, not FAIL: TPE learns
+  the infeasible region from pruned trials and ignores failed ones. Later calls go to the
+  wrapped pruner.
+- :func:`admit` for objectives that build the spec themselves: it predicts, decides,
+  records, and raises ``optuna.TrialPruned`` for a rejected trial.
+
+Either way, the prediction and the decision are written as user attributes through the
+study's storage (readable from any worker), a constraint is set on *every* trial so that
+GPSampler, NSGA-II and ``study.best_trial`` respect feasibility, and, with a store, a
+prediction record goes to the :class:`~costaware.runtime.store.ObservationStore` that the
+Lightning callback's measurements join for the online refit.
+
+The user's bug fails fast, costaware's own failure fails open. An error in the user's code
+(``spec_fn`` raising, a model factory that needs arguments, a shape mismatch, an exception
+in the factory, forward or loss) is raised out of ``should_prune()`` or :func:`admit` as a
+:class:`~costaware.UserCodeError` (or :class:`~costaware.SpecError`) that says where and
+what to change: the trial FAILs with it, and ``study.optimize`` stops on that first trial
+unless its ``catch`` names the error. A prediction that fails for costaware's own reasons
+(the model cannot run on fake tensors, the dry run's time limit) never crashes the study:
+by default the trial is admitted, a warning is issued and the reason is recorded
+(``fail_open=False`` rejects instead).
+
+Hyperband: Optuna only applies Hyperband's bracket logic to the sampler when
+``isinstance(study.pruner, HyperbandPruner)``, so wrapping a ``HyperbandPruner`` in
+``CostAwarePruner(wrapped=...)`` loses it. Use :class:`CostAwareHyperbandPruner`, which *is*
+a ``HyperbandPruner`` with the cost gate in front.
+
+Example:
+    >>> import optuna, costaware as ca
+    >>> from costaware import zoo
+    >>> from costaware.integrations.optuna import CostAwarePruner
+    >>> def spec_fn(params):
+    ...     return ca.TrainingSpec(model=lambda: zoo.mlp(784, (params["width"],), 10),
+    ...                            batch=ca.ImageBatch((784,), classes=10), batch_size=params["bs"])
+    >>> pruner = CostAwarePruner(spec_fn, ca.Budget(max_memory="2GiB"), device="T4")
+    >>> study = optuna.create_study(pruner=pruner)
+    >>> def objective(trial):
+    ...     trial.suggest_int("width", 64, 512); trial.suggest_int("bs", 8, 64)
+    ...     if trial.should_prune():
+    ...         raise optuna.TrialPruned()
+    ...     return 0.0
+    >>> study.optimize(objective, n_trials=2)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+try:
+    import optuna
+    from optuna.pruners import BasePruner, HyperbandPruner
+    from optuna.trial import FrozenTrial, TrialState
+except ImportError as e:  # pragma: no cover - exercised only without optuna
+    raise ImportError(
+        "costaware.integrations.optuna needs Optuna: pip install 'costaware[optuna]'"
+    ) from e
+
+from costaware.budget import Budget
+from costaware.core.model import CostModel
+from costaware.devices import Device
+from costaware.errors import CostAwareWarning, SpecError
+from costaware.runtime.gate import Gate, spec_build_error
+from costaware.spec import TrainingSpec
+
+__all__ = [
+    "CostAwareHyperbandPruner",
+    "CostAwarePruner",
+    "CostAwareWarning",
+    "admit",
+    "decision",
+    "pruned",
+    "study_gate",
+]
+
+#: user attribute keys (prefix ``costaware:``)
+ATTR = "costaware:"
+
+
+def _spent(study: optuna.Study) -> float:
+    """Seconds the study's finished trials took."""
+    total = 0.0
+    for t in study.get_trials(
+        deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    ):
+        if t.duration is not None:
+            total += t.duration.total_seconds()
+    return total
+
+
+_LOG = optuna.logging.get_logger("optuna.costaware")
+
+
+def _log_rejection(number: int, reasons: list[str]) -> None:
+    """Optuna's log says why a trial is rejected (its own line says only 'pruned')."""
+    _LOG.info(f"Trial {number} rejected by costaware before it ran: {'; '.join(reasons)}")
+
+
+class _PrunerGate:
+    """The pre-launch decision as a pruner mixin (first ``should_prune`` with no step)."""
+
+    _gate: Gate
+    _spec_fn: Callable[[dict[str, Any]], TrainingSpec] | None
+    _warned_unjudged: set[str]
+
+    @property
+    def gate(self) -> Gate:
+        """The :class:`~costaware.runtime.gate.Gate` (budget, device, model, store) this pruner
+        judges with; ``CostAwareCallback(trial=trial)`` and :func:`admit` use it too."""
+        return self._gate
+
+    def _warn_unjudged(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        """Once per study: a trial reported a step without having been judged."""
+        if study.study_name in self._warned_unjudged:
+            return
+        known = study._storage.get_trial_user_attrs(trial._trial_id).get(ATTR + "admit")
+        if known is not None:
+            return
+        self._warned_unjudged.add(study.study_name)
+        where = (
+            "call trial.should_prune() right after suggesting the parameters, before anything "
+            "is built"
+            if self._spec_fn is not None
+            else "pass trial=trial to CostAwareCallback, or call admit(trial, spec) before "
+            "training (this pruner has no spec_fn to judge with)"
+        )
+        warnings.warn(
+            f"trial {trial.number} of study {study.study_name!r} reported a step before "
+            f"costaware judged it, so its cost was never checked: {where}.",
+            CostAwareWarning,
+            stacklevel=4,
+        )
+
+    def _pre_launch(self, study: optuna.Study, trial: FrozenTrial) -> bool | None:
+        """True/False for the pre-launch decision; None when it is not the time for it."""
+        if trial.last_step is not None:
+            self._warn_unjudged(study, trial)
+            return None
+        if self._spec_fn is None:  # judged where the spec is built (callback, admit)
+            return False
+        # the FrozenTrial a pruner gets is a cached copy: ask the storage what was decided
+        known = study._storage.get_trial_user_attrs(trial._trial_id).get(ATTR + "admit")
+        if known is not None:  # judged already (a second early should_prune call)
+            return not known
+        spec, spec_error = None, None
+        try:
+            spec = self._spec_fn(dict(trial.params))
+            if not isinstance(spec, TrainingSpec):
+                raise SpecError(
+                    f"spec_fn must return a costaware.TrainingSpec, but returned {type(spec).__name__}"
+                )
+        except Exception as e:  # the user's bug is raised by judge (the trial fails), ours admits
+            spec_error = spec_build_error(e, what="spec_fn", params=trial.params)
+        verdict = self._gate.judge(
+            spec,
+            study=study.study_name,
+            trial=trial.number,
+            error=spec_error,
+            spent_time=_spent(study),
+        )
+        storage = study._storage
+        for key, value in verdict.info.items():
+            storage.set_trial_user_attr(trial._trial_id, ATTR + key, value)
+        for key, value in verdict.constraints.items():
+            storage.set_trial_system_attr(trial._trial_id, "constraints:" + key, value)
+        # the objective's Trial reads its user attributes from a cached copy, which the
+        # FrozenTrial given here shares: it sees the decision without a storage read
+        trial.user_attrs.update({ATTR + k: v for k, v in verdict.info.items()})
+        if not verdict.admit:
+            _log_rejection(trial.number, list(verdict.info.get("reasons", [])))
+        return not verdict.admit
+
+
+def _check_spec_fn(spec_fn: Any) -> None:
+    if spec_fn is not None and not callable(spec_fn):
+        raise TypeError(f"spec_fn must be callable(params) -> TrainingSpec, but got {spec_fn!r}.")
+
+
+def decision(trial: optuna.Trial | FrozenTrial) -> dict[str, Any]:
+    """What costaware decided for ``trial``, read from the study's storage: ``admit``,
+    ``reasons`` and the prediction's figures (the ``costaware:`` user attributes without
+    their prefix); empty if it was not judged.
+
+    Example:
+        >>> if trial.should_prune():                    # doctest: +SKIP
+        ...     print(decision(trial)["reasons"])       # doctest: +SKIP
+        ...     raise pruned(trial)                     # doctest: +SKIP
+    """
+    if isinstance(trial, optuna.Trial):
+        attrs = trial.storage.get_trial_user_attrs(trial._trial_id)
+    else:
+        attrs = trial.user_attrs
+    return {k[len(ATTR) :]: v for k, v in attrs.items() if k.startswith(ATTR)}
+
+
+def pruned(trial: optuna.Trial | FrozenTrial) -> optuna.TrialPruned:
+    """The ``TrialPruned`` to raise for a trial costaware rejected, its message the
+    reasons, so that Optuna's log line says why: ``raise pruned(trial)``."""
+    reasons = decision(trial).get("reasons") or []
+    return optuna.TrialPruned("; ".join(reasons) or "rejected by costaware")
+
+
+class CostAwarePruner(BasePruner, _PrunerGate):
+    """Prunes trials predicted to break a :class:`~costaware.Budget`, before they start.
+
+    ``CostAwarePruner()`` with no arguments judges every trial against the memory of the
+    GPU this process sees: the spec then comes from the training code, through
+    ``CostAwareCallback(trial=trial)`` (Lightning) or :func:`admit` (any loop), which use
+    this pruner's budget, device and store. With ``spec_fn``, the trial is judged at its
+    first ``trial.should_prune()`` (before anything is built); raise :func:`pruned` to
+    carry the reasons into Optuna's log.
+
+    Args:
+        spec_fn: ``params -> TrainingSpec``, from the trial's suggested parameters
+            (optional: see above). A pruner given first in its place is the wrapped one,
+            as Optuna's ``PatientPruner`` takes it.
+        budget: the limits a trial must fit (default ``Budget()``: the device's memory).
+        device: a catalog name, a ``Device``, or ``"auto"`` (the local GPU).
+        wrapped: a pruner to consult after the first report (default: none).
+        model: the cost model (default: the shipped one).
+        store: an ``ObservationStore`` or its URL, to record predictions (and to refit).
+        refit_every: with a store, refit after this many measured trials (None: never).
+        fail_open: admit a trial whose prediction fails (default) or reject it.
+    """
+
+    def __init__(
+        self,
+        spec_fn: Callable[[dict[str, Any]], TrainingSpec] | BasePruner | None = None,
+        budget: Budget | None = None,
+        device: str | Device = "auto",
+        wrapped: BasePruner | None = None,
+        *,
+        model: CostModel | None = None,
+        store: Any = None,
+        refit_every: int | None = 5,
+        fail_open: bool = True,
+    ) -> None:
+        if isinstance(spec_fn, BasePruner):  # CostAwarePruner(MedianPruner(), ...)
+            if wrapped is not None:
+                raise TypeError("give the wrapped pruner once: first, or as wrapped=.")
+            spec_fn, wrapped = None, spec_fn
+        _check_spec_fn(spec_fn)
+        if wrapped is not None and not isinstance(wrapped, BasePruner):
+            raise TypeError(f"wrapped must be an optuna pruner, but got {type(wrapped).__name__}.")
+        if isinstance(wrapped, HyperbandPruner):
+            warnings.warn(
+                "wrapping HyperbandPruner disables its bracket logic in the sampler; "
+                "use CostAwareHyperbandPruner instead.",
+                CostAwareWarning,
+                stacklevel=2,
+            )
+        self._spec_fn = spec_fn
+        self._wrapped = wrapped
+        self._warned_unjudged = set()
+        self._gate = Gate(
+            budget,
+            device,
+            model=model,
+            store=store,
+            refit_every=refit_every,
+            fail_open=fail_open,
+        )
+
+    @property
+    def refit(self) -> Any:
+        """The :class:`~costaware.runtime.refit.OnlineRefit` in use, or None."""
+        return self._gate.refit
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        decided = self._pre_launch(study, trial)
+        if decided is not None:
+            return decided
+        return self._wrapped.prune(study, trial) if self._wrapped is not None else False
+
+
+class CostAwareHyperbandPruner(HyperbandPruner, _PrunerGate):
+    """A ``HyperbandPruner`` with the cost gate in front, so Hyperband's brackets still work.
+
+    Takes ``spec_fn`` and ``budget`` (and the keyword options of :class:`CostAwarePruner`)
+    plus any ``HyperbandPruner`` keyword argument.
+    """
+
+    def __init__(
+        self,
+        spec_fn: Callable[[dict[str, Any]], TrainingSpec] | None = None,
+        budget: Budget | None = None,
+        device: str | Device = "auto",
+        *,
+        model: CostModel | None = None,
+        store: Any = None,
+        refit_every: int | None = 5,
+        fail_open: bool = True,
+        **hyperband: Any,
+    ) -> None:
+        _check_spec_fn(spec_fn)
+        super().__init__(**hyperband)
+        self._spec_fn = spec_fn
+        self._warned_unjudged = set()
+        self._gate = Gate(
+            budget,
+            device,
+            model=model,
+            store=store,
+            refit_every=refit_every,
+            fail_open=fail_open,
+        )
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        decided = self._pre_launch(study, trial)
+        if decided is not None:
+            return decided
+        return bool(super().prune(study, trial))
+
+
+#: the gates ``admit`` keeps, least recently used first: an objective that builds its
+#: Budget (or store URL) anew on every trial finds its gate again, as budgets and URLs are
+#: keyed by value, and one that passes a new model or store object every trial finds the
+#: oldest gates dropped, so the number held never grows past this
+_GATES_MAX = 16
+_GATES: OrderedDict[tuple[Any, ...], Gate] = OrderedDict()
+_GATES_LOCK = threading.Lock()
+
+
+def _gate_key(
+    budget: Budget, model: CostModel | None, store: Any, device: str | Device, fail_open: bool
+) -> tuple[Any, ...]:
+    """What makes two ``admit`` calls judge alike: a Budget by value (a frozen dataclass),
+    a store URL or path by value, a model or store object by identity (the gate keeps a
+    reference, so the id is not reused while the gate is held)."""
+    budget_key: Any = ("value", budget)
+    try:
+        hash(budget)
+    except TypeError:  # a field of an unhashable type
+        budget_key = ("id", id(budget))
+    if isinstance(store, (str, bytes, os.PathLike)):
+        store_key: Any = ("value", os.fsdecode(store) if not isinstance(store, str) else store)
+    else:
+        store_key = ("id", id(store))
+    return (budget_key, id(model), store_key, str(device), bool(fail_open))
+
+
+def study_gate(study: optuna.Study) -> Gate | None:
+    """The gate of the study's costaware pruner (its budget, device, model and store), or
+    None when the study's pruner is not one."""
+    pruner = getattr(study, "pruner", None)
+    return pruner.gate if isinstance(pruner, _PrunerGate) else None
+
+
+def admit(
+    trial: optuna.Trial,
+    spec: TrainingSpec,
+    budget: Budget | None = None,
+    *,
+    device: str | Device | None = None,
+    model: CostModel | None = None,
+    store: Any = None,
+    fail_open: bool = True,
+) -> Mapping[str, Any]:
+    """Judge ``spec`` inside an objective: record it, and raise ``TrialPruned`` if rejected
+    (its message the reasons, so Optuna's log says why).
+
+    With neither ``budget`` nor ``device`` (nor ``model``, ``store``), the study's
+    :class:`CostAwarePruner` judges, with its budget, device and store; without one, the
+    budget is ``Budget()`` (the memory of the GPU this process sees). Returns the recorded
+    attributes (the prediction's figures) for an admitted trial. Sets the same user
+    attributes and constraints as :class:`CostAwarePruner`.
+
+    Example:
+        >>> def objective(trial):
+        ...     model, batch = build(trial)                                   # doctest: +SKIP
+        ...     admit(trial, ca.TrainingSpec.from_module(model, batch))      # doctest: +SKIP
+    """
+    own = study_gate(trial.study)
+    if own is not None and budget is None and device is None and model is None and store is None:
+        gate = own
+    else:
+        dev = device if device is not None else "auto"
+        key = _gate_key(budget or Budget(), model, store, dev, fail_open)
+        with _GATES_LOCK:
+            found = _GATES.get(key)
+            if found is None:
+                found = _GATES[key] = Gate(budget, dev, model=model, store=store, fail_open=fail_open)
+                while len(_GATES) > _GATES_MAX:
+                    _GATES.popitem(last=False)
+            _GATES.move_to_end(key)
+        gate = found
+    t0 = time.perf_counter()
+    verdict = gate.judge(
+        spec, study=trial.study.study_name, trial=trial.number, spent_time=_spent(trial.study)
+    )
+    attrs = verdict.info
+    attrs["gate_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
+    for k, v in attrs.items():
+        trial.set_user_attr(ATTR + k, v)
+    for k, v in verdict.constraints.items():
+        trial.set_constraint(k, v)
+    if not verdict.admit:
+        reasons = list(attrs.get("reasons", []))
+        _log_rejection(trial.number, reasons)
+        raise optuna.TrialPruned("; ".join(reasons) or "rejected by costaware")
+    return attrs

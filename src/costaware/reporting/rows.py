@@ -1,0 +1,159 @@
+"""What a report is made of, shared by :mod:`costaware.reporting` (which reads the
+records into rows) and its renderers (:mod:`costaware.reporting.html`,
+:mod:`costaware.reporting.text`): one trial's row, the outcomes, and the words the
+renderers share."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+from costaware._format import fmt_money, fmt_seconds
+
+__all__ = ["OUTCOMES", "OUTCOME_LABELS", "ProgressFn", "TrialRow", "fmt_saved", "lean_words"]
+
+ProgressFn = Callable[[str, int, int], None]
+"""``progress(what, done, total)``: called while a report is read and rendered."""
+
+OUTCOMES: Final = ("completed", "stopped", "oom", "failed", "rejected", "running", "unmeasured")
+"""What became of a trial, in the order reports list them."""
+
+OUTCOME_LABELS: Final = {
+    "completed": "completed",
+    "stopped": "stopped early",
+    "oom": "out of memory",
+    "failed": "failed",
+    "rejected": "rejected before running",
+    "running": "running",
+    "unmeasured": "admitted, no actuals",
+}
+
+
+# --------------------------------------------------------------------------------------
+# one trial
+# --------------------------------------------------------------------------------------
+@dataclass
+class TrialRow:
+    """One trial as the report sees it: what was predicted, decided and measured.
+
+    Times are seconds, memory bytes; None where nothing was recorded. ``outcome`` is one
+    of :data:`OUTCOMES`. ``wall_time`` is the trial's wall time as the HPO framework
+    recorded it (Optuna's duration, Ray's ``time_total_s``); ``train_time`` the sum of
+    its measured epoch times (the store's records). ``device`` is the device named with
+    the prediction or measurement; ``device_kind`` the kind the trial was measured on
+    (``"cpu"``, ``"cuda"``), when a measurement says it.
+    """
+
+    trial: str
+    outcome: str
+    number: int | None = None
+    study: str | None = None
+    name: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+    reason_kinds: list[str] = field(default_factory=list)
+    device: str | None = None
+    device_kind: str | None = None
+    model_kind: str | None = None
+    prediction_error: str | None = None
+    predicted: bool = False
+    pred_memory: float | None = None
+    pred_memory_upper: float | None = None
+    pred_epoch_time: float | None = None
+    pred_epoch_time_upper: float | None = None
+    pred_trial_time: float | None = None
+    gate_latency: float | None = None
+    epochs_planned: int | None = None
+    measured: bool = False
+    actual_memory: float | None = None
+    memory_held_before: float | None = None
+    oom_memory_reached: float | None = None
+    actual_epoch_time: float | None = None
+    actual_iteration_time: float | None = None
+    epochs_measured: int = 0
+    train_time: float | None = None
+    wall_time: float | None = None
+    start: _dt.datetime | None = None
+    end: _dt.datetime | None = None
+    value: float | None = None
+
+    @property
+    def admitted(self) -> bool:
+        """Whether the trial was let through (everything but ``rejected``)."""
+        return self.outcome != "rejected"
+
+    @property
+    def spent(self) -> float | None:
+        """Device seconds the trial used: its wall time, else its measured training time.
+
+        None for a rejected trial (it never held a device) and for one with no record of
+        either.
+        """
+        if self.outcome == "rejected":
+            return None
+        return self.wall_time if self.wall_time is not None else self.train_time
+
+    @property
+    def predicted_cost(self) -> float | None:
+        """The predicted device seconds of the whole trial (epoch time × epochs)."""
+        if self.pred_trial_time is not None:
+            return self.pred_trial_time
+        if self.pred_epoch_time is not None and self.epochs_planned:
+            return self.pred_epoch_time * self.epochs_planned
+        return None
+
+    @property
+    def label(self) -> str:
+        """How the trial is named on the page: ``#12`` or the trial id."""
+        return f"#{self.number}" if self.number is not None and self.trial.isdigit() else self.trial
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["start"] = self.start.isoformat() if self.start else None
+        d["end"] = self.end.isoformat() if self.end else None
+        d["params"] = {str(k): _plain(v) for k, v in self.params.items()}
+        d["spent"] = self.spent
+        d["predicted_cost"] = self.predicted_cost
+        return d
+
+
+def _plain(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    return str(v)
+
+
+# --------------------------------------------------------------------------------------
+# words the renderers share
+# --------------------------------------------------------------------------------------
+def lean_words(err: Mapping[str, Any]) -> str:
+    """``"predictions ×29.5 too low"`` when the median miss is a factor of 1.25 or more."""
+    r = err.get("median_ratio")
+    if not r:
+        return ""
+    if r >= 1.25:
+        return f"predictions ×{r:.1f} too low"
+    if r <= 0.8:
+        return f"predictions ×{1 / r:.1f} too high"
+    return ""
+
+
+def fmt_saved(summary: Mapping[str, Any], currency: str | None = None) -> str:
+    """The summary's saved time as a headline: ``"3.2 min"``, ``"at most 14.40 h"`` when a
+    part of it is an upper bound, with its cost when ``currency`` is given and a price
+    is known; ``-`` when nothing could be counted."""
+    seconds = summary.get("saved_s")
+    if seconds is None:
+        return "-"
+    text = ("at most " if summary.get("saved_upper_bound") else "") + (
+        "0 s" if seconds == 0 else fmt_seconds(seconds)
+    )
+    cost = summary.get("saved_cost")
+    if currency is not None and cost is not None:
+        text += f" ({fmt_money(cost, currency)})"
+    return text

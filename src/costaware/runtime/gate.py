@@ -1,0 +1,357 @@
+"""The pre-launch judgement every integration shares: predict, decide, record.
+
+:class:`Gate` holds a budget, a device, a cost model (refitted online when a store is
+given) and the fail policy. :meth:`Gate.judge` fails fast on the user's bug and open on
+costaware's own failure: a spec the user's code could not build, or one whose training
+step fails as a real one would (:class:`~costaware.errors.UserCodeError`, a
+:class:`~costaware.errors.SpecError`), is raised, so that the trial fails with it; a
+prediction that fails for costaware's own reasons (the model cannot run on fake tensors,
+the dry run's time limit, an unreadable model) admits the trial (``fail_open=True``, the
+default) or rejects it, with a :class:`~costaware.errors.CostAwareWarning` and the reason
+in the verdict. Framework adapters (Optuna, Ray Tune) translate the :class:`Verdict` into
+their own terms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from costaware.budget import Budget, Decision
+from costaware.core.model import CostModel, Prediction
+from costaware.devices import Device, get_device
+from costaware.errors import (
+    CostawareError,
+    CostAwareWarning,
+    UserCodeError,
+    first_line,
+    is_user_error,
+)
+from costaware.spec import TrainingSpec
+
+__all__ = [
+    "CONSTRAINT_MEMORY",
+    "CONSTRAINT_TIME",
+    "Gate",
+    "Verdict",
+    "open_store",
+    "spec_build_error",
+]
+
+#: names of the feasibility constraints (<= 0 is feasible) the integrations set
+CONSTRAINT_MEMORY = "costaware_memory"
+CONSTRAINT_TIME = "costaware_time"
+
+
+def _measured_context(store: Any, device: str) -> int | None:
+    """The median CUDA context (``actual["context_bytes"]``) the store's measurements on
+    ``device`` recorded, or None (none recorded, or the store cannot be read)."""
+    try:
+        rows = store.measurements()
+    except Exception:
+        return None
+    values = sorted(
+        int(v)
+        for r in rows
+        if r.get("device") == device
+        and isinstance(v := (r.get("actual") or {}).get("context_bytes"), (int, float))
+        and v > 0
+    )
+    return values[len(values) // 2] if values else None
+
+
+def open_store(store: Any, *, retry: bool = False) -> Any:
+    """``store`` as given, or the ``ObservationStore`` that a URL or path names (SQLAlchemy
+    is imported only then): how the Gate, Ray's integration and ``calibrate`` take one.
+
+    With ``retry`` (what a study's integrations pass), a database server that does not
+    answer is a :class:`~costaware.errors.CostAwareWarning`, not an error: the store
+    tries again, less and less often, when it is next used, and records go through once
+    it answers (``ObservationStore(..., retry=True)``). A store that cannot be opened for
+    another reason (a wrong path or password, a newer schema) still raises.
+    """
+    if isinstance(store, (str, bytes)) or hasattr(store, "__fspath__"):
+        from costaware.runtime.store import ObservationStore
+
+        return ObservationStore(store, retry=retry)
+    return store
+
+
+def spec_build_error(
+    error: Exception,
+    *,
+    what: str = "building the TrainingSpec",
+    params: Any = None,
+    missing: str = "suggest every parameter it reads before trial.should_prune() (or "
+    "admit()) is called",
+) -> Exception:
+    """The error to judge for ``error``, raised while the user's code built a spec
+    (``spec_fn``, a Lightning module's spec): costaware's own errors as they are, anything
+    else as a :class:`~costaware.errors.UserCodeError` that names the line and what to
+    change, with ``error`` as its ``__cause__``. ``params``: what the spec was built from
+    (a trial's parameters, a Tune config); a ``KeyError`` for a key not among them is
+    explained, with ``missing`` as the fix."""
+    if isinstance(error, CostawareError):
+        return error
+    from costaware.core.trace import _failing_line, _raised_by_costaware
+
+    if _raised_by_costaware(error):
+        return error  # costaware's own bug: not the user's to fix, the trial fails open
+    said = first_line(error).rstrip(". ")
+    hint = ""
+    if isinstance(error, KeyError) and isinstance(params, Mapping) and error.args:
+        key = error.args[0]
+        if key not in params:
+            hint = (
+                f" It reads {key!r}, which is not among the parameters it was given "
+                f"({', '.join(sorted(map(str, params))) or 'none'}): {missing}."
+            )
+    error_ = UserCodeError(
+        f"{what} raised {said} at {_failing_line(error)}.{hint} This is the user's code, not "
+        "costaware's: fix it (costaware calls it before the trial runs, and it must return a "
+        "costaware.TrainingSpec)."
+    )
+    error_.__cause__ = error
+    return error_
+
+
+@dataclass
+class Verdict:
+    """The outcome of :meth:`Gate.judge`: admit or not, and the figures behind it."""
+
+    admit: bool
+    info: dict[str, Any]
+    prediction: Prediction | None = None
+    decision: Decision | None = None
+    constraints: dict[str, float] = field(default_factory=dict)
+
+
+class Gate:
+    """Predict, decide against a budget, and record, for one study or experiment.
+
+    Args:
+        budget: the limits a trial must fit (default ``Budget()``: the device's memory).
+        device: a catalog name, a ``Device``, or ``"auto"``.
+        model: the cost model (default: the shipped one).
+        store: an ``ObservationStore`` or its URL, to record predictions (and refit).
+        refit_every: with a store, refit after this many measured trials (None: never).
+        fail_open: admit a trial whose prediction fails (default) or reject it.
+    """
+
+    def __init__(
+        self,
+        budget: Budget | None = None,
+        device: str | Device = "auto",
+        *,
+        model: CostModel | None = None,
+        store: Any = None,
+        refit_every: int | None = None,
+        fail_open: bool = True,
+    ) -> None:
+        if budget is None:
+            budget = Budget()  # the device's memory is the one limit
+        if not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
+        self.budget = budget
+        self.device = device
+        self.fail_open = fail_open
+        self.refit_every = refit_every
+        self._model = model
+        self._device: Device | None = None
+        self._context: int | None = None  # the study's measured CUDA context
+        self._context_read = -math.inf
+        self._lock = threading.Lock()
+        self.store = open_store(store, retry=True)  # a server that is down never stops a study
+        self.refit: Any = None
+        self._start_refit()
+
+    def _start_refit(self) -> None:
+        if self.store is not None and self.refit_every:
+            from costaware.runtime.refit import OnlineRefit
+
+            base = self._model
+            if base is None:
+                try:
+                    base = CostModel.default()
+                except CostawareError:
+                    # a damaged shipped model: no base to refit over. Each judge raises
+                    # this again through model() and admits the trial with the reason
+                    return
+            self.refit = OnlineRefit(self.store, base=base, every=self.refit_every)
+
+    # frameworks (Ray Tune) pickle what they are given: no locks or threads in the state
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_lock", None)
+        state["refit"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._start_refit()
+
+    def model(self) -> CostModel:
+        """The model in use: the newest online refit, or the given (default) one."""
+        if self.refit is not None:
+            self.refit.maybe_refit()  # non-blocking: refits in the background
+            refitted: CostModel = self.refit.model()
+            return refitted
+        with self._lock:
+            if self._model is None:
+                # one shared load per process (CostModel.default); a damaged shipped
+                # model raises here, every time, and judge fails open with the reason
+                self._model = CostModel.default()
+            return self._model
+
+    def resolved_device(self) -> Device:
+        """The device decisions are made for. Its CUDA context is the one this study
+        measured (the median ``context_bytes`` of the store's measurements on that device,
+        which the Lightning callback records), where there is one, else the catalog's
+        default. Re-read from the store at most once a minute."""
+        if self._device is None:
+            self._device = get_device(self.device)
+            auto = isinstance(self.device, str) and self.device.strip().lower() == "auto"
+            if auto and self._device.kind == "cpu":
+                warnings.warn(
+                    "device='auto' found no GPU here (NVML sees none), so trials are judged "
+                    "for this machine's CPU and its memory; name the GPU they train on "
+                    "(device='A10', ...) to judge them for it.",
+                    CostAwareWarning,
+                    stacklevel=3,
+                )
+        now = time.monotonic()
+        if self.store is not None and now - self._context_read > 60.0:
+            self._context_read = now
+            measured = _measured_context(self.store, self._device.name)
+            if measured is not None:
+                self._context = measured
+        if self._context is not None and self._device.kind == "cuda":
+            ctx = min(self._context, self._device.memory_bytes - 1)
+            return dataclasses.replace(self._device, context_overhead_bytes=ctx)
+        return self._device
+
+    def constraints(self, decision: Decision | None) -> dict[str, float]:
+        """One value per budgeted quantity (<= 0 feasible), the same keys for every trial."""
+        out: dict[str, float] = {}
+        checked = decision.checked if decision is not None else {}
+        m = checked.get("memory")  # memory is always checked: the device is a limit
+        out[CONSTRAINT_MEMORY] = float(m["predicted"] - m["limit"]) / 2**30 if m else 0.0
+        if self.budget.max_epoch_time is not None or self.budget.max_trial_time is not None:
+            key = "epoch_time" if self.budget.max_epoch_time is not None else "trial_time"
+            t = checked.get(key)
+            ok = t is not None and t.get("predicted") is not None
+            out[CONSTRAINT_TIME] = float(t["predicted"] - t["limit"]) if ok else 0.0  # type: ignore[index]
+        return out
+
+    def judge(
+        self,
+        spec: TrainingSpec | None,
+        *,
+        study: str | None,
+        trial: str | int,
+        error: Exception | None = None,
+        spent_time: float = 0.0,
+        rejected_as: str | int | None = None,
+    ) -> Verdict:
+        """Judge ``spec`` (or the ``error`` that stopped building it).
+
+        The prediction is recorded in the store under ``trial`` when admitted, under
+        ``rejected_as`` (default ``trial``) when rejected.
+
+        Raises:
+            UserCodeError: the user's bug, which a real trial would hit too: ``error``
+                raised by the user's code building the spec (wrapped by
+                :func:`spec_build_error`), or the dry run's :class:`SpecError` or
+                :class:`UserCodeError` (a factory that needs arguments, a shape mismatch,
+                an exception in the factory, forward or loss). Costaware's own failures
+                never raise: they admit the trial (``fail_open``) with a warning.
+        """
+        pred: Prediction | None = None
+        decision: Decision | None = None
+        model: CostModel | None = None
+        if error is not None:
+            error = spec_build_error(error)
+            if is_user_error(error):
+                raise error  # the user's bug: the trial fails with it, shown at once
+        if error is None and spec is None:
+            error = ValueError("no TrainingSpec")
+        if error is None and spec is not None:
+            try:
+                model = self.model()
+                device = self.resolved_device()
+                pred = model.predict(spec, device=device)
+                decision = self.budget.decide(pred, device=device, spent_time=spent_time)
+            except UserCodeError:
+                raise  # the user's bug (a SpecError too): fail fast, never admitted unjudged
+            except Exception as e:  # costaware's own failure: fail open (or closed)
+                error = e
+        if error is not None or pred is None or decision is None:
+            admit = self.fail_open
+            reason = "prediction failed: " + (first_line(error) if error else "unknown")
+            warnings.warn(
+                f"costaware could not judge trial {trial}: {reason}; "
+                f"{'admitting' if admit else 'rejecting'} it (fail_open={self.fail_open}).",
+                CostAwareWarning,
+                stacklevel=4,
+            )
+            info: dict[str, Any] = {
+                "admit": admit,
+                "error": reason,
+                "reasons": [] if admit else [reason],
+            }
+            status = "error"
+        else:
+            admit = decision.admit
+            reason = "; ".join(r.message for r in decision.reasons)
+            info = {
+                "admit": admit,
+                "reasons": [r.message for r in decision.reasons],
+                "reason_kinds": [r.kind for r in decision.reasons],
+                "peak_memory": pred.peak_memory,
+                "peak_memory_upper": pred.peak_memory_upper,
+                "iteration_time": pred.iteration_time,
+                "epoch_time": pred.epoch_time,
+                "epoch_time_upper": pred.epoch_time_upper,
+                "trial_time": pred.trial_time,
+                "device": pred.device,
+                "model": pred.kind,
+                # rows of this study the model in use was refitted on (0: the shipped model)
+                "refit_rows": (
+                    int(model.training_.get("rows", 0))
+                    if model is not None and self.refit is not None and model is not self.refit.base
+                    else 0
+                ),
+                "latency_ms": round(pred.latency_s * 1e3, 2),
+            }
+            status = "admitted" if admit else "rejected"
+        if self.store is not None:
+            try:
+                features = None
+                if model is not None and spec is not None and pred is not None:
+                    features = model.features(spec, self.resolved_device())
+                self.store.record_prediction(
+                    study=study,
+                    trial=trial if admit or rejected_as is None else rejected_as,
+                    spec=spec.summary() if spec is not None else {},
+                    features=features,
+                    prediction=pred.to_dict() if pred is not None else None,
+                    decision=decision.to_dict() if decision is not None else None,
+                    device=pred.device if pred is not None else None,
+                    status=status,
+                    reason=reason or None,
+                )
+            except Exception as e:  # an unreachable store never stops the study
+                info["store_error"] = first_line(e)
+                warnings.warn(
+                    f"costaware could not write to the store: {first_line(e)}",
+                    CostAwareWarning,
+                    stacklevel=4,
+                )
+        return Verdict(admit, info, pred, decision, self.constraints(decision))

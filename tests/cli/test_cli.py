@@ -1,0 +1,202 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from costaware.cli import main
+from tests.test_devices import REQUIRED
+
+MODELS = Path(__file__).resolve().parents[2] / "examples" / "models.py"
+TINY = """
+from torch import nn
+
+def mlp():
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+
+def broken():
+    raise RuntimeError("boom")
+
+class NotAFactory:
+    pass
+
+VALUE = 3
+"""
+
+
+@pytest.fixture
+def factory_file(tmp_path: Path) -> Path:
+    f = tmp_path / "tiny_models.py"
+    f.write_text(TINY)
+    return f
+
+
+def test_predict_prints_a_table(factory_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        [
+            "predict",
+            f"{factory_file}:mlp",
+            "--batch-size",
+            "64",
+            "--input",
+            "32",
+            "--classes",
+            "10",
+            "--optimizer",
+            "adamw",
+            "--device",
+            "H100",
+            "--dataset-size",
+            "6400",
+            "--explain",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "peak memory (reserved)" in out and "epoch time" in out and "H100-SXM" in out
+    assert "fits" in out and "based on" in out
+    assert "the rest is CUDA context" in " ".join(out.split())  # rich wraps long lines
+    # a CPU has no CUDA context to set aside, and the verdict does not mention one
+    cpu = ["predict", f"{factory_file}:mlp", "-b", "4", "--input", "32", "--device", "cpu"]
+    assert main([*cpu, "--classes", "10"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "usable memory." in out and "CUDA context" not in out
+    # the default 1000 classes against the model's 10 outputs: a step that would fail on
+    # the device is one clear line, not a prediction
+    assert main(cpu) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("costaware: error: the batch's labels (classes=1000)")
+    assert "cross-entropy over 10 classes" in err and len(err.strip().splitlines()) == 1
+
+
+def test_predict_json(factory_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        [
+            "predict",
+            f"{factory_file}:mlp",
+            "-b",
+            "8",
+            "--input",
+            "32",
+            "--classes",
+            "10",
+            "--device",
+            "A100",
+            "--json",
+        ]
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert data["device"] == "A100-80GB" and data["peak_memory_upper"] >= data["peak_memory"] > 0
+    assert data["spec"]["batch_size"] == 8
+
+
+def test_predict_tokens_with_a_module_path(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        [
+            "predict",
+            "costaware.zoo:gpt",
+            "-b",
+            "2",
+            "--seq-len",
+            "16",
+            "--vocab",
+            "50257",
+            "--device",
+            "L4",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["device"] == "L4"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch-size", "-4", "--input", "32"], "batch_size must be a positive integer"),
+        (["--batch-size", "4", "--input", "32", "--optimizer", "lamb"], "unknown optimizer 'lamb'"),
+        (["--batch-size", "4", "--input", "32", "--device", "H1000"], "H100-SXM"),
+        (["--batch-size", "4", "--input", "3xfoo"], "--input must look like"),
+        (["--batch-size", "4"], "give the input"),
+        (["--batch-size", "4", "--seq-len", "8"], "--seq-len needs --vocab"),
+    ],
+)
+def test_bad_input_is_one_readable_line(
+    factory_file: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    rc = main(["predict", f"{factory_file}:mlp", *args])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        ("{f}:nope", "has no attribute"),
+        ("{f}:VALUE", "not callable"),
+        ("/nonexistent/models.py:mlp", "no such file"),
+        ("{f}", "expected MODEL"),
+        ("{f}:broken", "boom"),
+    ],
+)
+def test_bad_model_reference(
+    factory_file: Path, capsys: pytest.CaptureFixture[str], ref: str, message: str
+) -> None:
+    rc = main(["predict", ref.format(f=factory_file), "-b", "4", "--input", "32"])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+
+
+def test_debug_shows_the_traceback(factory_file: Path) -> None:
+    with pytest.raises(Exception, match="batch_size"):
+        main(["--debug", "predict", f"{factory_file}:mlp", "-b", "0", "--input", "32"])
+
+
+def test_devices_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for name in REQUIRED:
+        assert name in data
+    assert main(["devices"]) == 0
+    assert "H200" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cmd", [[], ["predict"], ["devices"]])
+def test_help_explains_every_command(cmd: list[str]) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "costaware.cli", *cmd, "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "usage: costaware" in out
+    assert ("predict" in out and "devices" in out) if not cmd else "--json" in out
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 0
+    assert "COMMAND" in capsys.readouterr().out
+
+
+def test_examples_models_file_works(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        [
+            "predict",
+            f"{MODELS}:resnet18",
+            "-b",
+            "4",
+            "--input",
+            "3x64x64",
+            "--device",
+            "T4",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["basis"]["params"] > 11_000_000

@@ -1,0 +1,195 @@
+"""The largest batch size that fits (``CostModel.max_batch_size`` and its CLI)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+import costaware as ca
+from costaware import zoo
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def model() -> ca.CostModel:
+    return ca.CostModel.default()
+
+
+def _cnn(batch_size: int = 16) -> ca.TrainingSpec:
+    return ca.TrainingSpec(
+        model=functools.partial(zoo.resnet, depth=18, width=16, classes=10),
+        batch=ca.ImageBatch((3, 64, 64), classes=10),
+        batch_size=batch_size,
+    )
+
+
+def test_the_size_found_fits_and_the_next_does_not(model: ca.CostModel) -> None:
+    budget = ca.Budget(max_memory="3GiB")
+    found = model.max_batch_size(_cnn(), "H100", budget)
+    assert found.fits and found.limited_by == "memory"
+    h100 = ca.get_device("H100")
+    need = found.prediction.min_capacity_upper + h100.context_overhead_bytes
+    assert need <= 3 * 2**30
+    assert found.decision.admit
+    # the decision it rests on is the study's: the same prediction, the same budget
+    again = budget.decide(model.predict(_cnn(found.batch_size), "H100"), device="H100")
+    assert again.admit
+    bigger = budget.decide(model.predict(_cnn(found.batch_size + 1), "H100"), device="H100")
+    assert not bigger.admit and bigger.reasons[0].kind == "memory"
+    assert found.rejected is not None and not found.rejected.admit
+    # the bisection closed on the answer: the size just above it was tried and rejected
+    assert found.batch_size + 1 in found.tried
+    assert str(found).startswith(f"largest batch size on the H100-SXM: {found.batch_size} ")
+    assert json.loads(json.dumps(found.to_dict(), default=str))["batch_size"] == found.batch_size
+
+
+def test_without_a_budget_the_device_is_the_limit(model: ca.CostModel) -> None:
+    small = model.max_batch_size(_cnn(), "T4", limit=1 << 16)
+    large = model.max_batch_size(_cnn(), "H100", limit=1 << 16)
+    assert small.fits and large.fits
+    assert small.batch_size < large.batch_size
+    assert "all of the T4's memory" in str(small)
+
+
+def test_nothing_fits_says_so_with_what_batch_one_needs(model: ca.CostModel) -> None:
+    found = model.max_batch_size(_cnn(), "H100", ca.Budget(max_memory="1GiB"))
+    assert not found.fits and found.batch_size == 0 and found.limited_by == "nothing fits"
+    text = str(found)
+    assert "nothing fits on the H100-SXM, not even a batch of 1" in text
+    assert "at batch size 1" in text
+
+
+def test_everything_fits_up_to_the_search_limit_says_so(model: ca.CostModel) -> None:
+    found = model.max_batch_size(_cnn(), "H100", limit=64)
+    assert found.batch_size == 64 and found.limited_by == "search limit"
+    assert "every batch size up to the search limit of 64 fits" in str(found)
+
+
+@pytest.mark.parametrize("limit", [0, -3, 2.5, True])
+def test_a_bad_limit_is_refused(model: ca.CostModel, limit: object) -> None:
+    with pytest.raises(ValueError, match="limit must be a whole number of at least 1"):
+        model.max_batch_size(_cnn(), "H100", limit=limit)  # type: ignore[arg-type]
+
+
+def test_the_cli_prints_the_size_and_exits_1_when_nothing_fits() -> None:
+    base = [sys.executable, "-m", "costaware.cli", "max-batch-size", "examples/models.py:resnet18"]
+    args = ["--input", "3x64x64", "--classes", "10", "--device", "H100"]
+    ok = subprocess.run(
+        [*base, *args, "--max-memory", "4GiB", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ok.returncode == 0, ok.stderr
+    result = json.loads(ok.stdout)
+    assert result["fits"] and result["limited_by"] == "memory" and result["batch_size"] >= 1
+    none = subprocess.run(
+        [*base, *args, "--max-memory", "1GiB"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert none.returncode == 1
+    assert "nothing fits on the H100-SXM" in none.stdout
+
+
+@pytest.mark.parametrize("ns_name", ["lightning.pytorch", "pytorch_lightning"])
+def test_the_lightning_finder_sets_the_largest_batch_size_before_training(ns_name: str) -> None:
+    import importlib
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from costaware.integrations import lightning as cal
+
+    ns = importlib.import_module(ns_name)
+    Finder = (
+        cal.CostAwareBatchSizeFinder
+        if ns_name == "lightning.pytorch"
+        else cal.PLCostAwareBatchSizeFinder
+    )
+    seen: list[int] = []
+
+    class Net(ns.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.batch_size = 2
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1)
+            )
+
+        def train_dataloader(self) -> DataLoader[Any]:
+            data = TensorDataset(torch.randn(4096, 64), torch.randn(4096, 1))
+            return DataLoader(data, batch_size=self.batch_size)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            if not isinstance(x, FakeTensor):
+                seen.append(x.shape[0])
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    finder = Finder(budget=ca.Budget(max_memory="8MiB"), device="cpu", limit=4096)
+    trainer = ns.Trainer(
+        accelerator="cpu", max_steps=2, callbacks=[finder], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    module = Net()
+    trainer.fit(module)
+    found = finder.result
+    assert found.fits and found.limited_by == "memory" and 2 < found.batch_size < 4096
+    assert module.batch_size == found.batch_size
+    assert seen and seen[0] == found.batch_size  # the training ran at the size found
+    cpu = ca.get_device("cpu")
+    assert found.prediction.min_capacity_upper + cpu.context_overhead_bytes <= 8 * 2**20
+
+
+def test_the_lightning_finder_refuses_when_nothing_fits_or_no_attribute() -> None:
+    import lightning.pytorch as L
+
+    from costaware.integrations.lightning import CostAwareBatchSizeFinder
+
+    class Net(L.LightningModule):  # type: ignore[misc]
+        def __init__(self, with_attr: bool) -> None:
+            super().__init__()
+            if with_attr:
+                self.batch_size = 4
+            self.net = torch.nn.Sequential(torch.nn.Linear(64, 4096), torch.nn.Linear(4096, 1))
+
+        def train_dataloader(self) -> Any:
+            from torch.utils.data import DataLoader, TensorDataset
+
+            return DataLoader(TensorDataset(torch.randn(16, 64), torch.randn(16, 1)), batch_size=4)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def fit(module: Any, finder: Any) -> None:
+        L.Trainer(
+            accelerator="cpu", max_steps=1, callbacks=[finder], logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        ).fit(module)  # fmt: skip
+
+    with pytest.raises(AttributeError, match="has an attribute 'batch_size'"):
+        fit(Net(with_attr=False), CostAwareBatchSizeFinder(device="cpu"))
+    with pytest.raises(ca.NothingFitsError, match="not even a batch of 1"):
+        fit(
+            Net(with_attr=True),
+            CostAwareBatchSizeFinder(budget=ca.Budget(max_memory="64KiB"), device="cpu"),
+        )

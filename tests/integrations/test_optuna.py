@@ -1,0 +1,366 @@
+"""The Optuna pruner and objective helper, against real Optuna studies."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import shutil
+import warnings
+from collections import OrderedDict
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import costaware as ca
+from costaware import zoo
+from costaware.integrations.optuna import (
+    CostAwareHyperbandPruner,
+    CostAwarePruner,
+    CostAwareWarning,
+    admit,
+)
+from costaware.runtime.store import ObservationStore
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+BUDGET = ca.Budget(max_memory="1.25GiB", max_epoch_time="1h")
+
+
+def spec_fn(params: dict[str, Any]) -> ca.TrainingSpec:
+    return ca.TrainingSpec(
+        model=functools.partial(zoo.mlp, 784, (params["width"], params["width"]), 10),
+        batch=ca.ImageBatch((784,), classes=10),
+        batch_size=params["batch_size"],
+        optimizer="adam",
+        dataset_size=10_000,
+    )
+
+
+def objective(trial: optuna.Trial) -> float:
+    width = trial.suggest_categorical("width", [64, 4096, 8192])
+    bs = trial.suggest_categorical("batch_size", [16, 256])
+    if trial.should_prune():
+        raise optuna.TrialPruned()
+    return float(width) / 1000 + bs / 1000
+
+
+def _run(study: optuna.Study, n: int = 10) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.optimize(objective, n_trials=n)
+
+
+def test_pruner_rejects_over_budget_trials_before_they_run() -> None:
+    # "T4" device: 0.5 GiB context; an 8192-wide Adam MLP needs ~1.6 GiB of parameter state
+    pruner = CostAwarePruner(spec_fn, BUDGET, device="T4", refit_every=None)
+    study = optuna.create_study(
+        pruner=pruner,
+        sampler=optuna.samplers.GridSampler({"width": [64, 4096, 8192], "batch_size": [16, 256]}),
+    )
+    _run(study, 6)
+    by_width: dict[int, set[TrialState]] = {}
+    for t in study.trials:
+        by_width.setdefault(t.params["width"], set()).add(t.state)
+        attrs = t.user_attrs
+        assert attrs["costaware:device"] == "T4"
+        assert attrs["costaware:peak_memory_upper"] >= attrs["costaware:peak_memory"] > 0
+        assert set(t.constraints) == {"costaware_memory", "costaware_time"}  # on every trial
+        if t.state == TrialState.PRUNED:
+            assert attrs["costaware:admit"] is False
+            assert "exceeds the 1.25 GiB budget" in attrs["costaware:reasons"][0]
+            assert t.constraints["costaware_memory"] > 0
+        else:
+            assert attrs["costaware:admit"] is True and attrs["costaware:reasons"] == []
+            assert t.constraints["costaware_memory"] <= 0
+    assert by_width[64] == {TrialState.COMPLETE}
+    assert by_width[8192] == {TrialState.PRUNED}
+    # best_trial respects feasibility
+    assert study.best_trial.params["width"] != 8192
+
+
+def test_second_early_call_reuses_the_decision_and_later_steps_delegate() -> None:
+    calls = []
+
+    def spec_counting(params: dict[str, Any]) -> ca.TrainingSpec:
+        calls.append(params)
+        return spec_fn(params)
+
+    pruner = CostAwarePruner(
+        spec_counting,
+        BUDGET,
+        device="T4",
+        wrapped=optuna.pruners.ThresholdPruner(upper=1.0),
+        refit_every=None,
+    )
+    study = optuna.create_study(pruner=pruner)
+    trial = study.ask(
+        {
+            "width": optuna.distributions.CategoricalDistribution([64]),
+            "batch_size": optuna.distributions.CategoricalDistribution([16]),
+        }
+    )
+    assert trial.should_prune() is False
+    assert trial.should_prune() is False
+    assert len(calls) == 1
+    trial.report(5.0, step=0)  # above the wrapped ThresholdPruner's upper bound
+    assert trial.should_prune() is True
+
+
+@pytest.mark.parametrize("fail_open", [True, False])
+def test_costawares_own_failure_in_spec_fn_never_crashes_the_study(fail_open: bool) -> None:
+    def broken(params: dict[str, Any]) -> ca.TrainingSpec:  # the user's bug: test_user_errors
+        raise ca.TraceTimeout("the dry run took longer than its time limit of 60 s")
+
+    study = optuna.create_study(
+        pruner=CostAwarePruner(broken, BUDGET, device="T4", fail_open=fail_open)
+    )
+    with pytest.warns(CostAwareWarning, match="could not judge trial 0"):
+        _run(study, 1)
+    t = study.trials[0]
+    assert t.state == (TrialState.COMPLETE if fail_open else TrialState.PRUNED)
+    assert "TraceTimeout" in t.user_attrs["costaware:error"]
+    assert set(t.constraints) == {"costaware_memory", "costaware_time"}
+
+
+def test_an_untraceable_model_fails_open() -> None:
+    def untraceable(params: dict[str, Any]) -> ca.TrainingSpec:
+        return ca.TrainingSpec(
+            model=_data_dependent, batch=ca.ImageBatch((8,), classes=8), batch_size=2
+        )
+
+    study = optuna.create_study(pruner=CostAwarePruner(untraceable, BUDGET, device="T4"))
+    with pytest.warns(CostAwareWarning, match="UntraceableModelError"):
+        _run(study, 1)
+    assert study.trials[0].state == TrialState.COMPLETE
+
+
+def _data_dependent() -> Any:
+    import torch
+
+    class DataDependent(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            return y if y.sum() > 0 else -y
+
+    return DataDependent()
+
+
+def test_hyperband_keeps_its_brackets() -> None:
+    with pytest.warns(CostAwareWarning, match="CostAwareHyperbandPruner"):
+        CostAwarePruner(spec_fn, BUDGET, wrapped=optuna.pruners.HyperbandPruner())
+    hb = CostAwareHyperbandPruner(
+        spec_fn, BUDGET, device="T4", min_resource=1, max_resource=9, refit_every=None
+    )
+    assert isinstance(hb, optuna.pruners.HyperbandPruner)
+    study = optuna.create_study(pruner=hb)
+    _run(study, 4)
+    assert any(t.state == TrialState.PRUNED for t in study.trials) or all(
+        t.params["width"] != 8192 for t in study.trials
+    )
+
+
+def test_admit_helper_inside_the_objective() -> None:
+    def obj(trial: optuna.Trial) -> float:
+        width = trial.suggest_categorical("width", [64, 8192])
+        admit(trial, spec_fn({"width": width, "batch_size": 16}), BUDGET, device="T4")
+        return 1.0
+
+    study = optuna.create_study(sampler=optuna.samplers.GridSampler({"width": [64, 8192]}))
+    study.optimize(obj, n_trials=2)
+    states = {t.params["width"]: t for t in study.trials}
+    assert (
+        states[64].state == TrialState.COMPLETE and states[64].user_attrs["costaware:admit"] is True
+    )
+    assert states[8192].state == TrialState.PRUNED
+    assert states[8192].constraints["costaware_memory"] > 0
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(TypeError, match="spec_fn must be callable"):
+        CostAwarePruner(42, BUDGET)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"costaware\.Budget"):
+        CostAwarePruner(spec_fn, {"max_memory": "1GiB"})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="optuna pruner"):
+        CostAwarePruner(spec_fn, BUDGET, wrapped="median")  # type: ignore[arg-type]
+
+
+class _BrokenStore:
+    def record_prediction(self, **kw: Any) -> int:
+        raise ConnectionError("database is down")
+
+    def count_observations(self, **kw: Any) -> int:
+        raise ConnectionError("database is down")
+
+
+def test_an_unreachable_store_does_not_stop_the_study() -> None:
+    study = optuna.create_study(
+        pruner=CostAwarePruner(spec_fn, BUDGET, device="T4", store=_BrokenStore())
+    )
+    with pytest.warns(CostAwareWarning, match="could not write to the store"):
+        _run(study, 2)
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
+    assert "database is down" in study.trials[0].user_attrs["costaware:store_error"]
+
+
+def _worker(url: str, n: int) -> None:
+    pruner = CostAwarePruner(spec_fn, BUDGET, device="T4", refit_every=None)
+    study = optuna.load_study(study_name="shared", storage=url, pruner=pruner)
+    _run(study, n)
+
+
+@pytest.mark.slow
+def test_two_processes_share_a_sqlite_study(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    optuna.create_study(study_name="shared", storage=url)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(url, 4)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    study = optuna.load_study(study_name="shared", storage=url)
+    assert len(study.trials) == 8
+    for t in study.trials:  # written through the storage: visible from any process
+        assert "costaware:admit" in t.user_attrs
+        assert set(t.constraints) == {"costaware_memory", "costaware_time"}
+    assert any(t.state == TrialState.PRUNED for t in study.trials) or all(
+        t.params["width"] != 8192 for t in study.trials
+    )
+
+
+def test_trials_say_whether_the_shipped_model_or_a_refit_predicted(tmp_path: Path) -> None:
+    """``costaware:refit_rows`` is 0 until the online refit has been fitted on the study's
+    measured trials, then the number of trials it was fitted on."""
+    store = ObservationStore(f"sqlite:///{tmp_path / 'obs.db'}")
+    pruner = CostAwarePruner(spec_fn, BUDGET, device="T4", store=store, refit_every=2)
+    study = optuna.create_study(study_name="refit-rows", pruner=pruner)
+    refit = pruner.refit
+    assert refit is not None
+    refit.background = False  # refit inside the pruner call, so the next trial sees it
+
+    def measured_objective(trial: optuna.Trial) -> float:
+        trial.suggest_categorical("width", [64, 128])  # both fit the budget
+        trial.suggest_categorical("batch_size", [16, 256])
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+        feats = pruner._gate.model().features(spec_fn(trial.params), "T4")
+        store.record_measurement(
+            study="refit-rows",
+            trial=trial.number,
+            device="T4",
+            status="ok",
+            actual={
+                "peak_memory": feats["analytic_reserved_mib"] * 2**20 * 1.2,
+                "iteration_time": feats["analytic_time_ms"] / 1e3 * 1.5,
+                "epoch_time": feats["analytic_time_ms"] / 1e3 * 1.5 * 625,
+            },
+        )
+        return 0.0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study.optimize(measured_objective, n_trials=6)
+    rows = [t.user_attrs["costaware:refit_rows"] for t in study.trials]
+    assert rows[0] == 0 and rows[1] == 0
+    assert max(rows) >= 2 and rows == sorted(rows)
+
+
+def _rss_mib() -> float:
+    """This process's resident memory (Linux)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.fixture
+def shipped_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """As in a fresh process: the shipped model not yet loaded, admit's gates not yet
+    made; returns a list that grows by one on every load of the shipped model."""
+    import costaware.core.model as cm
+    import costaware.integrations.optuna as co
+
+    loads: list[int] = []
+    real = cm._load_shipped
+
+    def counted() -> ca.CostModel | None:
+        loads.append(1)
+        return real()
+
+    monkeypatch.setattr(cm, "_load_shipped", counted)
+    monkeypatch.setattr(cm, "_shipped", None)
+    monkeypatch.setattr(co, "_GATES", OrderedDict())
+    return loads
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc for RSS")
+def test_admit_with_a_budget_built_in_every_trial_does_not_leak(shipped_loads: list[int]) -> None:
+    """``admit(trial, spec, ca.Budget(...))``, the Budget built inline as admit's docstring
+    does: one gate for them all and one load of the shipped model, and no memory growth
+    per trial (each trial cost a gate and a copy of the shipped model, ~13 MiB)."""
+    import costaware.integrations.optuna as co
+
+    def objective(trial: optuna.Trial) -> float:
+        width = trial.suggest_categorical("width", [64, 128])
+        budget = ca.Budget(max_memory="1.25GiB", max_epoch_time="1h")
+        admit(trial, spec_fn({"width": width, "batch_size": 16}), budget, device="T4")
+        return 1.0
+
+    study = optuna.create_study()
+    study.optimize(objective, n_trials=5)
+    before = _rss_mib()
+    study.optimize(objective, n_trials=40)
+    grown = _rss_mib() - before
+    assert len(co._GATES) == 1 and len(shipped_loads) == 1
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    assert grown < 100, f"resident memory grew {grown:.0f} MiB over 40 trials"
+
+    # a new model object in every trial: the gates kept stay bounded, the load is shared
+    def with_a_model(trial: optuna.Trial) -> float:
+        spec = spec_fn({"width": 64, "batch_size": 16})
+        admit(trial, spec, BUDGET, device="T4", model=ca.CostModel.default())
+        return 1.0
+
+    study.optimize(with_a_model, n_trials=co._GATES_MAX + 4)
+    assert len(co._GATES) == co._GATES_MAX and len(shipped_loads) == 1
+
+
+def test_a_damaged_shipped_model_admits_trials_with_the_reason(
+    shipped_loads: list[int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The shipped model is costaware's own: a damaged file fails open, in the pruner (with
+    a store, whose refit has no base then) and in admit, every trial saying why."""
+    import costaware.core.model as cm
+
+    with resources.as_file(resources.files("costaware") / "data" / "default_model") as src:
+        shutil.copytree(src, tmp_path / "shipped")
+    cbm = tmp_path / "shipped" / "cpu" / "time.cbm"
+    data = bytearray(cbm.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    cbm.write_bytes(bytes(data))
+    monkeypatch.setattr(cm, "_load_shipped", lambda: ca.CostModel.load(tmp_path / "shipped"))
+    pruner = CostAwarePruner(spec_fn, BUDGET, device="T4", store=f"sqlite:///{tmp_path / 'o.db'}")
+    assert pruner.refit is None  # no base to refit over; constructing it did not fail
+    study = optuna.create_study(pruner=pruner)
+    with pytest.warns(CostAwareWarning, match="could not judge trial"):
+        _run(study, 3)
+
+    def objective(trial: optuna.Trial) -> float:
+        admit(trial, spec_fn({"width": 8192, "batch_size": 256}), BUDGET, device="T4")
+        return 1.0
+
+    with pytest.warns(CostAwareWarning, match="could not judge trial"):
+        study.optimize(objective, n_trials=2)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 5
+    for t in study.trials:
+        assert t.user_attrs["costaware:admit"] is True
+        error = t.user_attrs["costaware:error"]
+        assert "shipped with costaware cannot be used" in error
+        assert f"{cbm} is damaged" in error

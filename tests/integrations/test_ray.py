@@ -1,0 +1,264 @@
+"""The Ray Tune searcher wrapper, scheduler wrapper and packing helper, on a real local cluster."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("optuna")
+
+import optuna  # noqa: E402
+from optuna.trial import TrialState  # noqa: E402
+from ray import tune  # noqa: E402
+from ray.tune.search.optuna import OptunaSearch  # noqa: E402
+
+import costaware as ca  # noqa: E402
+from costaware import zoo  # noqa: E402
+from costaware.integrations.ray import (  # noqa: E402
+    CostAwareScheduler,
+    CostAwareSearcher,
+    CostAwareWarning,
+    EpochMeter,
+    limit_memory,
+    resources,
+)
+from costaware.runtime.store import ObservationStore  # noqa: E402
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+MODEL = ca.CostModel.default()
+# on the CPU: width 64 needs ~1 MiB (upper bound), width 8192 ~155-220 MiB
+BUDGET = ca.Budget(max_memory="100MiB", max_epoch_time="5s")
+SPACE = {"width": tune.choice([64, 8192]), "bs": tune.choice([32, 1024])}
+
+
+def spec_fn(cfg: dict[str, Any]) -> ca.TrainingSpec:
+    return ca.TrainingSpec(
+        model=functools.partial(zoo.mlp, 784, (cfg["width"],), 10),
+        batch=ca.ImageBatch((784,), classes=10),
+        batch_size=cfg["bs"],
+    )
+
+
+def trainable(cfg: dict[str, Any]) -> None:
+    """Reports a fake actual cost: ``slow`` configs take 10 s an epoch."""
+    for epoch in range(3):
+        epoch_time = 10.0 if cfg.get("slow") else 0.01
+        held = {"held_before_bytes": cfg["held"]} if "held" in cfg else {}
+        tune.report(
+            {"loss": 1.0 / (epoch + 1), "epoch": epoch, "epoch_time_s": epoch_time,
+             "peak_memory_bytes": 2**20, **held}
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ray_session() -> Iterator[None]:
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def _fit(tmp_path: Path, name: str, search_alg: Any, scheduler: Any, space: Any, n: int) -> Any:
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": 1}),
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            metric="loss", mode="min", num_samples=n, search_alg=search_alg, scheduler=scheduler
+        ),
+        run_config=tune.RunConfig(name=name, storage_path=str(tmp_path), verbose=0),
+    )
+    return tuner.fit()
+
+
+def test_rejected_suggestions_teach_optuna_and_never_run(ray_session: None, tmp_path: Path) -> None:
+    store = ObservationStore(tmp_path / "costaware.db")
+    searcher = CostAwareSearcher(
+        OptunaSearch(seed=0), spec_fn, BUDGET, device="cpu", model=MODEL, store=store,
+        refit_every=None,
+    )  # fmt: skip
+    results = _fit(tmp_path, "reject", searcher, CostAwareScheduler(store=store), SPACE, 4)
+
+    assert len(results) == 4  # rejected suggestions do not count towards num_samples
+    assert not results.errors
+    assert all(r.config["width"] == 64 for r in results)
+    assert searcher.rejections, "the budget rules out width 8192: some must be rejected"
+    for rej in searcher.rejections:
+        assert rej["config"]["width"] == 8192
+        assert rej["reason_kinds"] == ["memory"]
+        assert "exceeds the 100 MiB budget" in rej["reasons"][0]
+        assert rej["peak_memory_upper"] > 100 * 2**20
+    states = [t.state for t in searcher.searcher._ot_study.trials]
+    assert states.count(TrialState.PRUNED) == len(searcher.rejections)
+    assert states.count(TrialState.COMPLETE) == 4
+    assert len(store.predictions(status="rejected")) == len(searcher.rejections)
+    admitted = store.predictions(status="admitted")
+    assert sorted(p["trial"] for p in admitted) == sorted(r.metrics["trial_id"] for r in results)
+    ok = store.measurements(status="ok")
+    assert len(ok) == 12  # 4 trials x 3 epochs, joinable to the predictions by trial id
+    assert {m["trial"] for m in ok} == {p["trial"] for p in admitted}
+
+
+def test_scheduler_stops_an_over_budget_trial(ray_session: None, tmp_path: Path) -> None:
+    store = ObservationStore(tmp_path / "costaware.db")
+    scheduler = CostAwareScheduler(budget=BUDGET, device="cpu", store=store)
+    space = {"slow": tune.grid_search([0, 1]), "held": 512 * 2**20}  # an EpochMeter's on CUDA
+    results = _fit(tmp_path, "stop", None, scheduler, space, 1)
+
+    by_slow = {r.config["slow"]: r for r in results}
+    assert by_slow[1].metrics["training_iteration"] == 1  # stopped after its first epoch
+    assert by_slow[0].metrics["training_iteration"] == 3
+    assert list(scheduler.stopped) == [by_slow[1].metrics["trial_id"]]
+    stop = scheduler.stopped[by_slow[1].metrics["trial_id"]]
+    assert stop["reason_kinds"] == ["epoch_time"]
+    assert stop["epoch"] == 0
+    stopped = store.measurements(status="stopped")
+    assert len(stopped) == 1 and "exceeds the 5.0 s budget" in stopped[0]["reason"]
+    assert stopped[0]["actual"]["epoch_time"] == 10.0
+    # what the trial's process held before it is kept: the store's refit leaves such peaks out
+    assert {m["actual"]["held_before"] for m in store.measurements()} == {512 * 2**20}
+
+
+def test_failing_spec_fn_fails_open(ray_session: None, tmp_path: Path) -> None:
+    def broken(cfg: dict[str, Any]) -> ca.TrainingSpec:  # costaware's own failure
+        raise ca.UntraceableModelError("cannot build this model")
+
+    searcher = CostAwareSearcher(OptunaSearch(seed=1), broken, BUDGET, device="cpu", model=MODEL)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = _fit(tmp_path, "failopen", searcher, None, SPACE, 2)
+    assert len(results) == 2 and not results.errors
+    assert not searcher.rejections
+    infos = list(searcher.admitted.values())
+    assert len(infos) == 2
+    assert all("UntraceableModelError: cannot build this model" in i["error"] for i in infos)
+    assert any(issubclass(w.category, CostAwareWarning) for w in caught)
+
+
+def test_a_bug_in_spec_fn_stops_the_experiment_before_any_trial(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """The user's bug fails fast: Tune raises it out of fit() and runs no trial."""
+
+    def buggy(cfg: dict[str, Any]) -> ca.TrainingSpec:
+        return spec_fn({"width": cfg["width"], "bs": cfg["batch_size"]})
+
+    searcher = CostAwareSearcher(OptunaSearch(seed=1), buggy, BUDGET, device="cpu", model=MODEL)
+    with pytest.raises(ca.UserCodeError, match=r"spec_fn raised KeyError: 'batch_size'") as info:
+        _fit(tmp_path, "userbug", searcher, None, SPACE, 2)
+    assert isinstance(info.value.__cause__, KeyError)
+    assert "not among the parameters it was given (bs, width)" in str(info.value)
+    assert not searcher.admitted and not searcher.rejections
+
+
+@pytest.mark.filterwarnings("ignore:costaware could not judge")
+def test_fail_closed_rejects_and_gives_up() -> None:
+    def broken(cfg: dict[str, Any]) -> ca.TrainingSpec:
+        raise ca.TraceTimeout("nope")
+
+    searcher = CostAwareSearcher(
+        OptunaSearch(seed=0, metric="loss", mode="min", space=SPACE), broken, BUDGET,
+        device="cpu", fail_open=False, max_retries=2, max_consecutive_rejections=5,
+    )  # fmt: skip
+    with pytest.warns(CostAwareWarning, match="no trial this step"):
+        assert searcher.suggest("a") is None  # 3 rejected: Tune will ask again
+    with pytest.warns(CostAwareWarning, match="ending the search"):
+        assert searcher.suggest("b") == "FINISHED"  # 5 in a row
+    assert len(searcher.rejections) == 5
+    assert all(r["reasons"][0].startswith("prediction failed") for r in searcher.rejections)
+
+
+def test_checkpoint_restore_round_trip(tmp_path: Path) -> None:
+    def make() -> CostAwareSearcher:
+        return CostAwareSearcher(
+            OptunaSearch(seed=0, metric="loss", mode="min", space=SPACE), spec_fn, BUDGET,
+            device="cpu", model=MODEL,
+        )  # fmt: skip
+
+    first = make()
+    for i in range(3):
+        cfg = first.suggest(f"t{i}")
+        assert isinstance(cfg, dict) and cfg["width"] == 64
+    first.on_trial_complete("t0", {"loss": 0.5, "time_total_s": 2.0})
+    assert first.rejections
+    path = tmp_path / "searcher.pkl"
+    first.save(str(path))
+
+    second = make()
+    second.restore(str(path))
+    assert second.get_state() == first.get_state()
+    assert second.spent_time == 2.0
+    assert len(second.searcher._ot_study.trials) == len(first.searcher._ot_study.trials)
+    # the restored wrapper still routes an accepted trial to its inner id
+    second.on_trial_complete("t1", {"loss": 0.25})
+    states = [t.state for t in second.searcher._ot_study.trials]
+    assert states.count(TrialState.COMPLETE) == 2
+
+
+def test_resources_packs_by_predicted_memory() -> None:
+    device = ca.get_device("A10")
+    g = 0.05
+    cfg = {"width": 8192, "bs": 1024}
+    upper = MODEL.predict(spec_fn(cfg), device=device).peak_memory_upper
+    expected = min(
+        1.0, math.ceil((upper + device.context_overhead_bytes) / device.memory_bytes / g) * g
+    )
+    fn = resources(spec_fn, device="A10", granularity=g, model=MODEL, cpu=2)
+    got = fn(cfg)
+    assert got == {"cpu": 2, "gpu": pytest.approx(expected)}
+    assert 0 < got["gpu"] < 1.0
+    # a huge batch needs the whole GPU (capped at 1.0); a failing spec asks for one too
+    assert fn({"width": 8192, "bs": 2**20})["gpu"] == 1.0
+    with pytest.warns(CostAwareWarning, match="whole GPU"):
+        assert fn({"width": 64})["gpu"] == 1.0
+
+
+def test_argument_errors_say_what_was_expected() -> None:
+    with pytest.raises(TypeError, match=r"searcher must be a ray\.tune\.search\.Searcher"):
+        CostAwareSearcher(object(), spec_fn, BUDGET)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_retries must be an integer >= 0, but got"):
+        CostAwareSearcher(OptunaSearch(), spec_fn, BUDGET, max_retries=-1)
+    with pytest.raises(TypeError, match=r"budget must be a costaware\.Budget"):
+        CostAwareScheduler(budget="24GiB")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="granularity must be in"):
+        resources(spec_fn, device="A10", granularity=0)
+
+
+def test_limit_memory_without_cuda_and_epoch_meter() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.warns(CostAwareWarning, match="CUDA is not available"):
+            assert limit_memory(0.5) is False
+    meter = EpochMeter()
+    with meter:
+        x = torch.ones(4 * 2**20 // 4)
+        del x
+    m = meter.metrics()
+    assert set(m) == {"epoch_time_s", "peak_memory_bytes"}
+    assert m["epoch_time_s"] >= 0 and m["peak_memory_bytes"] >= 0
+
+
+def test_epoch_meter_on_a_cpu_is_the_allocators_peak_until_the_second_step() -> None:
+    import torch
+
+    from costaware.measure.profile import ALLOCATOR_METHOD
+
+    meter = EpochMeter("cpu")
+    with meter:
+        x = torch.ones(4 * 2**20 // 4)  # 4 MiB, freed before the step
+        del x
+        meter.step()
+        y = torch.ones(2**20 // 4)
+        meter.step()  # profiling ends here: what follows is not seen
+        z = torch.ones(16 * 2**20 // 4)
+    assert meter.memory_method.startswith(ALLOCATOR_METHOD)
+    assert meter.metrics()["peak_memory_bytes"] == 4 * 2**20
+    del y, z
