@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from costaware.compiled import drop_compiled, eager_module
 from costaware.errors import SpecError
 
 #: the spec class :func:`spec_from_module` builds (the caller's, so that this module does
@@ -54,10 +55,8 @@ def meta_copy(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Modul
     submodules are new, everything else it holds is shared with the original. Tied
     parameters stay tied. The original is not modified. The copy runs in eager mode: a
     ``torch.compile`` wrapper is copied as the module it wraps, and a compiled call is
-    left out of the copy (:func:`costaware.spec.drop_compiled`).
+    left out of the copy (:func:`costaware.compiled.drop_compiled`).
     """
-    from costaware.spec import drop_compiled, eager_module
-
     memo = {} if memo is None else memo
     if id(module) in memo:
         return memo[id(module)]  # type: ignore[no-any-return]

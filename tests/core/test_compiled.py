@@ -13,9 +13,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import costaware as ca
+from costaware.core.trace import COMPILED_NOTE
 from costaware.integrations.lightning import spec_from_lightning
 from costaware.spec import compiled_parts
-from costaware.core.trace import COMPILED_NOTE
 
 # torch.compile is lazy: wrapping a module compiles nothing until it is called
 dynamo = pytest.importorskip("torch._dynamo")

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import costaware as ca
 from costaware.core.features import hyperparameter_features
+from costaware.core.trace import exact_live_peak
 from costaware.integrations.lightning import (
     CostAwareCallback,
     PLCostAwareCallback,
@@ -25,7 +26,6 @@ from costaware.integrations.lightning import (
     spec_from_lightning,
 )
 from costaware.measure.profile import allocator_peak
-from costaware.core.trace import exact_live_peak
 from tests.conftest import tiny_cnn
 
 NAMESPACES = {"lightning": (L, CostAwareCallback), "pytorch_lightning": (PL, PLCostAwareCallback)}

@@ -76,9 +76,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from costaware.core.analytic import calls_cublas
+from costaware.core.flops import PROJECT_FORMULAS
 from costaware.core.trace import CATEGORIES, Trace
 from costaware.devices import Device
-from costaware.core.flops import PROJECT_FORMULAS
 from costaware.spec import OPTIMIZERS, PRECISIONS, TrainingSpec
 
 __all__ = [
