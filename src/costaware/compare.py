@@ -1,0 +1,623 @@
+"""Which GPU, and what it costs: one training configuration predicted on many GPUs.
+
+:func:`compare` predicts a :class:`~costaware.TrainingSpec` on every GPU of the catalog
+(or the devices given) and says, per device:
+
+- whether the step fits: the :class:`~costaware.Budget` decision (the device's memory,
+  its CUDA context included, and any other limit of the budget) at the spec's batch size;
+- the largest batch size that fits (:func:`~costaware.batch_size.max_batch_size`);
+- the iteration and epoch time, each with its upper bound;
+- the cost of an epoch, from a price per GPU-hour the caller gives (one for every
+  device, or one per device). costaware ships no price table: on-demand prices of one
+  GPU differ two- to four-fold between providers and change by the month, so a default
+  would be wrong for most users (docs/compare.md).
+
+The dry runs are shared: a GPU's dry run does not depend on which GPU it is for, so the
+whole comparison costs the architecture's two dry runs and a few dozen predictions per
+device from them.
+
+A device the model has no rows of (:attr:`Comparison.measured_on`) is predicted from
+the devices it has, with a wider time bound (:data:`costaware.model.UNSEEN_DEVICE_WIDENING`)
+and a note; so is bf16 on a GPU without bf16 arithmetic (a T4, a V100).
+
+Example:
+    >>> import costaware as ca
+    >>> from costaware import zoo
+    >>> spec = ca.TrainingSpec(model=lambda: zoo.mlp(784, (256,), 10),
+    ...                        batch=ca.ImageBatch((784,), classes=10), batch_size=64,
+    ...                        dataset_size=60_000)
+    >>> result = ca.CostModel.default().compare(
+    ...     spec, devices=["A10G", "L4", "H100"], price_per_hour={"A10G": 1.0, "L4": 0.8, "H100": 3.0})
+    >>> [o.device for o in result.options] == sorted(o.device for o in result.options)
+    False
+    >>> result.best().fits
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from costaware._format import fmt_bytes, fmt_seconds
+from costaware.batch_size import DEFAULT_LIMIT, BatchSizeResult, NothingFitsError, max_batch_size
+from costaware.budget import Budget, Decision
+from costaware.devices import CATALOG, Device, _normalise, get_device
+from costaware.errors import CostawareError
+
+if TYPE_CHECKING:
+    from costaware.model import CostModel, Prediction
+    from costaware.reporting import Report
+    from costaware.spec import TrainingSpec
+
+__all__ = [
+    "SORT_KEYS",
+    "Comparison",
+    "CompareError",
+    "DeviceOption",
+    "compare",
+    "parse_prices",
+    "study_costs",
+]
+
+#: what :meth:`Comparison.sorted` orders by
+SORT_KEYS = ("cost", "time", "batch", "name")
+
+Prices = float | int | Mapping[str, float | int] | None
+
+
+class CompareError(CostawareError, ValueError):
+    """Bad input to :func:`compare`: a price, a device list, a sort key; the message says
+    what was expected and what arrived."""
+
+
+@dataclass(frozen=True)
+class DeviceOption:
+    """One device of a :class:`Comparison`.
+
+    ``fits`` is the budget's decision at the spec's batch size (``reasons`` say why not);
+    ``max_batch`` the largest batch size it admits (0: not even 1). Times are seconds, the
+    epoch's None without a ``dataset_size``; ``cost_per_epoch`` is in the caller's
+    currency, None without a price for the device or an epoch time. ``measured`` says
+    whether the model has rows of this device (else its time bound is widened).
+    """
+
+    device: str
+    fits: bool
+    reasons: tuple[str, ...]
+    max_batch: int
+    max_batch_limited_by: str
+    iteration_time: float
+    iteration_time_upper: float
+    epoch_time: float | None
+    epoch_time_upper: float | None
+    memory_need: int
+    memory_usable: int
+    price_per_hour: float | None
+    measured: bool
+    notes: tuple[str, ...] = ()
+    prediction: Prediction | None = field(default=None, repr=False, compare=False)
+    decision: Decision | None = field(default=None, repr=False, compare=False)
+    batch_search: BatchSizeResult | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def cost_per_epoch(self) -> float | None:
+        return _cost(self.epoch_time, self.price_per_hour)
+
+    @property
+    def cost_per_epoch_upper(self) -> float | None:
+        return _cost(self.epoch_time_upper, self.price_per_hour)
+
+    @property
+    def cost_per_step(self) -> float | None:
+        """The cost of one iteration (what orders the devices when there is no epoch)."""
+        return _cost(self.iteration_time, self.price_per_hour)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "fits": self.fits,
+            "reasons": list(self.reasons),
+            "max_batch_size": self.max_batch,
+            "max_batch_limited_by": self.max_batch_limited_by,
+            "iteration_time": self.iteration_time,
+            "iteration_time_upper": self.iteration_time_upper,
+            "epoch_time": self.epoch_time,
+            "epoch_time_upper": self.epoch_time_upper,
+            "memory_need": self.memory_need,
+            "memory_usable": self.memory_usable,
+            "price_per_hour": self.price_per_hour,
+            "cost_per_epoch": self.cost_per_epoch,
+            "cost_per_epoch_upper": self.cost_per_epoch_upper,
+            "measured": self.measured,
+            "notes": list(self.notes),
+            "prediction": None if self.prediction is None else self.prediction.to_dict(),
+        }
+
+
+def _cost(seconds: float | None, price: float | None) -> float | None:
+    return None if seconds is None or price is None else seconds / 3600.0 * price
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What :func:`compare` found: one :class:`DeviceOption` per device.
+
+    ``options`` are in the order of :meth:`sorted` with ``sort`` (devices where the step
+    does not fit last). ``notes`` are the predictions' notes common to every device (a
+    device's own are in its option). ``elapsed_s`` is the whole comparison's wall time.
+    """
+
+    spec: Mapping[str, Any]
+    options: tuple[DeviceOption, ...]
+    sort: str
+    currency: str
+    measured_on: tuple[str, ...]
+    notes: tuple[str, ...]
+    elapsed_s: float
+
+    def sorted(self, by: str | None = None) -> list[DeviceOption]:
+        """The options ordered by ``by`` (:data:`SORT_KEYS`; default :attr:`sort`): ``cost``
+        (cost per epoch, or per step without an epoch; unpriced devices after the priced),
+        ``time`` (iteration time), ``batch`` (largest batch size, largest first) or ``name``.
+        Devices where the step does not fit at its batch size come last."""
+        key = _sort_key(by if by is not None else self.sort)
+        return sorted(self.options, key=key)
+
+    def best(self, by: str | None = None) -> DeviceOption | None:
+        """The first option by ``by`` where the step fits, or None."""
+        return next((o for o in self.sorted(by) if o.fits), None)
+
+    def option(self, device: str | Device) -> DeviceOption:
+        """The option of ``device`` (a name as :func:`~costaware.get_device` matches it)."""
+        name = device.name if isinstance(device, Device) else device
+        for o in self.options:
+            if _normalise(o.device) == _normalise(name):
+                return o
+        dev = get_device(device)
+        for o in self.options:
+            if o.device == dev.name:
+                return o
+        raise KeyError(f"{dev.name} is not in this comparison ({', '.join(self.devices)}).")
+
+    @property
+    def devices(self) -> list[str]:
+        return [o.device for o in self.options]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec": dict(self.spec),
+            "sort": self.sort,
+            "currency": self.currency,
+            "measured_on": list(self.measured_on),
+            "notes": list(self.notes),
+            "elapsed_s": self.elapsed_s,
+            "options": [o.to_dict() for o in self.options],
+        }
+
+    def table(self, by: str | None = None) -> str:
+        """The comparison as a plain-text table (what ``repr`` and the CLI print)."""
+        return _table(self, self.sorted(by))
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __repr__(self) -> str:
+        return self.table()
+
+
+def _sort_key(by: str) -> Callable[[DeviceOption], tuple[Any, ...]]:
+    if by not in SORT_KEYS:
+        raise CompareError(f"sort must be one of {', '.join(SORT_KEYS)}, but got {by!r}.")
+
+    def key(o: DeviceOption) -> tuple[Any, ...]:
+        head = (not o.fits,)
+        if by == "cost":
+            cost = o.cost_per_epoch if o.cost_per_epoch is not None else o.cost_per_step
+            return (*head, cost is None, cost if cost is not None else o.iteration_time, o.device)
+        if by == "time":
+            return (*head, o.iteration_time, o.device)
+        if by == "batch":
+            return (*head, -o.max_batch, o.iteration_time, o.device)
+        return (*head, o.device.lower())
+
+    return key
+
+
+# --------------------------------------------------------------------------------------
+# input
+# --------------------------------------------------------------------------------------
+def _price(value: Any, where: str) -> float:
+    """A price per GPU-hour: a finite number >= 0, or a CompareError saying what arrived."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CompareError(
+            f"{where} must be a number (a price per GPU-hour, e.g. 2.5), but got {value!r}."
+        )
+    x = float(value)
+    if math.isnan(x) or math.isinf(x):
+        raise CompareError(f"{where} must be a finite number, but got {value!r}.")
+    if x < 0:
+        raise CompareError(f"{where} must be 0 or more, but got {value!r}.")
+    return x
+
+
+def _resolve(name: str | Device, extra: Sequence[Device]) -> Device:
+    """``name`` as a Device: one of ``extra`` by name or alias, else the catalog's."""
+    if isinstance(name, Device):
+        return name
+    if not isinstance(name, str):
+        raise CompareError(
+            f"a device must be a name or a Device, but got {type(name).__name__} {name!r}."
+        )
+    key = _normalise(name)
+    for d in extra:
+        if key in {_normalise(n) for n in (d.name, *d.aliases)}:
+            return d
+    return get_device(name)
+
+
+def _prices(price_per_hour: Prices, devices: Sequence[Device]) -> dict[str, float]:
+    """Device name -> price, for ``devices``, from one number or a mapping."""
+    if price_per_hour is None:
+        return {}
+    if isinstance(price_per_hour, Mapping):
+        out: dict[str, float] = {}
+        for name, value in price_per_hour.items():
+            dev = _resolve(name, devices)
+            out[dev.name] = _price(value, f"the price of {name!r}")
+        return out
+    one = _price(price_per_hour, "price_per_hour")
+    return {d.name: one for d in devices}
+
+
+def parse_prices(items: Iterable[str]) -> float | dict[str, float]:
+    """Prices written as text (``costaware compare --price``): one number for every device
+    (``"2.5"``), or ``NAME=PRICE`` items (``"A10G=1.2"``), possibly comma-separated."""
+    one: float | None = None
+    named: dict[str, float] = {}
+    for item in items:
+        for part in (p.strip() for p in str(item).split(",")):
+            if not part:
+                continue
+            name, eq, text = part.rpartition("=")
+            name = name.strip()
+            if eq and not name:
+                raise CompareError(f"expected a price as NAME=PRICE, but got {part!r}.")
+            try:
+                value = float(text)
+            except ValueError:
+                raise CompareError(
+                    f"expected a price as a number or NAME=PRICE (e.g. 2.5 or A10G=1.2), "
+                    f"but got {part!r}."
+                ) from None
+            where = f"the price of {name!r}" if eq else "the price"
+            value = _price(value, where)
+            if eq:
+                named[name] = value
+            elif one is not None:
+                raise CompareError("give one price for every device, or NAME=PRICE for each.")
+            else:
+                one = value
+    if one is not None and named:
+        raise CompareError(
+            "give one price for every device, or NAME=PRICE for each, not both."
+        )
+    return one if one is not None else named
+
+
+def _catalog_gpus() -> list[Device]:
+    return [CATALOG[n] for n in sorted(CATALOG) if CATALOG[n].kind == "cuda"]
+
+
+# --------------------------------------------------------------------------------------
+# the comparison
+# --------------------------------------------------------------------------------------
+def compare(
+    model: CostModel,
+    spec: TrainingSpec,
+    devices: Iterable[str | Device] | None = None,
+    price_per_hour: Prices = None,
+    budget: Budget | None = None,
+    *,
+    sort: str | None = None,
+    currency: str = "$",
+    limit: int = DEFAULT_LIMIT,
+    extra_devices: Sequence[Device] = (),
+    on_device: Callable[[str], None] | None = None,
+) -> Comparison:
+    """Predict ``spec`` on each of ``devices`` (default: every GPU of the catalog).
+
+    Args:
+        model: the cost model (:meth:`costaware.CostModel.default`).
+        spec: the training configuration.
+        devices: catalog names, aliases or :class:`~costaware.Device` objects. Names are
+            matched as :func:`~costaware.get_device` matches them (and against
+            ``extra_devices``); a device named twice is compared once.
+        price_per_hour: the price of one GPU-hour: one number for every device, or a
+            mapping from device name to price; a device without one has no cost.
+        budget: the limits the step must fit (default ``Budget()``: each device's memory).
+            A ``max_cost`` is checked at each device's own price where it has one.
+        sort: :data:`SORT_KEYS`; default ``"cost"`` with prices, else ``"time"``.
+        currency: the symbol costs are written with.
+        limit: the largest batch size searched.
+        extra_devices: devices of the user's own (:func:`~costaware.devices.load_devices`)
+            that names in ``devices`` may refer to; with ``devices=None`` they are compared
+            besides the catalog's GPUs.
+        on_device: called with each device's name before it is predicted (progress).
+
+    Raises:
+        UnknownDeviceError: a device name matches nothing (the message suggests close ones).
+        CompareError: a price is not a number, is negative; a sort key is unknown; no device.
+        NothingFitsError: not even a batch of 1 fits on any of the devices.
+        SpecError, TraceError: the spec is invalid or cannot be dry-run.
+    """
+    from costaware.spec import TrainingSpec
+
+    t0 = time.perf_counter()
+    if not isinstance(spec, TrainingSpec):
+        raise CompareError(f"compare expects a TrainingSpec, but got {type(spec).__name__}.")
+    extra = list(extra_devices)
+    if devices is None:
+        wanted: list[Device] = [*_catalog_gpus(), *extra]
+    else:
+        if isinstance(devices, (str, Device)):
+            devices = [devices]
+        wanted = [_resolve(d, extra) for d in devices]
+    chosen: dict[str, Device] = {}
+    for d in wanted:
+        chosen.setdefault(d.name, d)
+    if not chosen:
+        raise CompareError("no devices to compare: give at least one device name.")
+    prices = _prices(price_per_hour, list(chosen.values()))
+    sort = sort if sort is not None else ("cost" if prices else "time")
+    _sort_key(sort)  # an unknown key fails before the predictions
+    judge = budget if budget is not None else Budget()
+    seen = tuple(model.training_.get("devices", [])) if model.is_fitted else ()
+
+    options: list[DeviceOption] = []
+    for dev in chosen.values():
+        if on_device is not None:
+            on_device(dev.name)
+        price = prices.get(dev.name)
+        dev_judge = judge
+        if judge.max_cost is not None and price:
+            dev_judge = dataclasses.replace(judge, price_per_hour=price)
+        pred = model.predict(spec, dev)
+        decision = dev_judge.decide(pred, device=dev)
+        found = max_batch_size(model, spec, dev, dev_judge, limit=limit)
+        options.append(
+            DeviceOption(
+                device=dev.name,
+                fits=decision.admit,
+                reasons=tuple(r.message for r in decision.reasons),
+                max_batch=found.batch_size,
+                max_batch_limited_by=found.limited_by,
+                iteration_time=pred.iteration_time,
+                iteration_time_upper=pred.iteration_time_upper,
+                epoch_time=pred.epoch_time,
+                epoch_time_upper=pred.epoch_time_upper,
+                memory_need=int(pred.min_capacity_upper + dev.context_overhead_bytes),
+                memory_usable=int(dev.memory_bytes),
+                price_per_hour=price,
+                measured=dev.name in seen,
+                notes=tuple(pred.notes),
+                prediction=pred,
+                decision=decision,
+                batch_search=found,
+            )
+        )
+    if not any(o.max_batch for o in options):
+        raise NothingFitsError(_nothing_fits(options))
+    common = set.intersection(*(set(o.notes) for o in options))
+    options = [dataclasses.replace(o, notes=tuple(n for n in o.notes if n not in common)) for o in options]
+    first_notes = options[0].prediction.notes if options[0].prediction is not None else ()
+    summary = spec.summary()
+    summary["steps_per_epoch"] = spec.steps_per_epoch
+    result = Comparison(
+        spec=summary,
+        options=tuple(options),
+        sort=sort,
+        currency=currency,
+        measured_on=seen,
+        notes=tuple(n for n in first_notes if n in common),
+        elapsed_s=0.0,
+    )
+    return dataclasses.replace(
+        result, options=tuple(result.sorted()), elapsed_s=time.perf_counter() - t0
+    )
+
+
+def _nothing_fits(options: Sequence[DeviceOption]) -> str:
+    """The message for a spec that fits on none of the devices, not even at batch 1."""
+    big = max(options, key=lambda o: o.memory_usable)
+    search = big.batch_search
+    need = search.prediction if search is not None else big.prediction
+    why = ""
+    if search is not None and search.decision.reasons:
+        why = f": {search.decision.reasons[0].message}"
+    at1 = (
+        f" it needs {fmt_bytes(need.min_capacity_upper)} (upper bound) at batch size 1"
+        if need is not None
+        else ""
+    )
+    names = ", ".join(o.device for o in options) if len(options) <= 6 else f"{len(options)} devices"
+    return (
+        f"the step fits on none of the devices compared ({names}), not even at batch "
+        f"size 1;{at1}, and the largest, the {big.device}, allows "
+        f"{fmt_bytes(big.memory_usable)}{why}. Shrink the model or its activations "
+        "(bf16, gradient checkpointing), or compare devices with more memory."
+    )
+
+
+# --------------------------------------------------------------------------------------
+# rendering
+# --------------------------------------------------------------------------------------
+def _money(x: float | None, currency: str) -> str:
+    if x is None:
+        return "-"
+    if x == 0:
+        return f"{currency}0"
+    return f"{currency}{x:,.2f}" if x >= 0.995 else f"{currency}{x:.3g}"
+
+
+def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
+    s = c.spec
+    steps = s.get("steps_per_epoch")
+    title = (
+        f"{s.get('name')}: batch {s.get('batch_size')}, {s.get('optimizer')}, "
+        f"{s.get('precision')}" + (f", {steps:,} steps per epoch" if steps else ", no dataset_size")
+    )
+    priced = any(o.price_per_hour is not None for o in options)
+    head = ["device", "fits", "max batch", "memory need / usable", "iteration (upper)"]
+    head += ["epoch (upper)"] if steps else []
+    head += [f"{c.currency}/hour", f"{c.currency}/epoch (upper)"] if priced and steps else []
+    head += [f"{c.currency}/hour"] if priced and not steps else []
+    footnotes: dict[str, int] = {}
+    rows = []
+    for o in options:
+        marks = ""
+        if not o.measured:
+            marks += "*"
+        for n in o.notes:
+            if n.startswith(f"{o.device} is not among"):
+                continue  # the * says it
+            num = footnotes.setdefault(n, len(footnotes) + 1)
+            marks += f"[{num}]"
+        row = [
+            o.device + (" " + marks if marks else ""),
+            "yes" if o.fits else "no",
+            f"{o.max_batch:,}" + ("+" if o.max_batch_limited_by == "search limit" else ""),
+            f"{fmt_bytes(o.memory_need)} / {fmt_bytes(o.memory_usable)}",
+            f"{fmt_seconds(o.iteration_time)} ({fmt_seconds(o.iteration_time_upper)})",
+        ]
+        if steps:
+            row.append(f"{fmt_seconds(o.epoch_time)} ({fmt_seconds(o.epoch_time_upper)})")
+        if priced:
+            row.append(_money(o.price_per_hour, c.currency) if o.price_per_hour is not None else "-")
+        if priced and steps:
+            row.append(
+                f"{_money(o.cost_per_epoch, c.currency)} ({_money(o.cost_per_epoch_upper, c.currency)})"
+                if o.cost_per_epoch is not None
+                else "-"
+            )
+        rows.append(row)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    right = set(range(2, len(head)))
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            cell.rjust(w) if i in right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    out = [title, line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+    out.append(
+        f"sorted by {c.sort}; {len(options)} devices in {c.elapsed_s:.1f} s; memory need is the "
+        "upper bound of what the step needs plus the CUDA context"
+    )
+    if any(o.max_batch_limited_by == "search limit" for o in options):
+        out.append("+: every batch size up to the search limit fits")
+    if any(not o.measured for o in options):
+        where = ", ".join(c.measured_on) or "none (an analytic estimate)"
+        out.append(
+            f"*: no measurements of this device in the model (measured on: {where}); its "
+            "time is predicted from the others' and its upper bound is wider"
+        )
+    out += [f"[{i}] {n}" for n, i in footnotes.items()]
+    unfit = [o for o in options if not o.fits and o.reasons]
+    for o in unfit[:3]:
+        out.append(f"{o.device} does not fit at batch {s.get('batch_size')}: {o.reasons[0]}")
+    if len(unfit) > 3:
+        out.append(f"and {len(unfit) - 3} more devices where it does not fit")
+    out += [f"note: {n}" for n in c.notes]
+    if not priced:
+        out.append("no prices given: pass price_per_hour (--price) to see what an epoch costs")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------
+# a study's trials on other GPUs (the report's section)
+# --------------------------------------------------------------------------------------
+def study_costs(
+    rep: Report,
+    price_per_hour: Prices = None,
+    devices: Iterable[str | Device] | None = None,
+) -> dict[str, Any]:
+    """What the trials a study ran would have taken, and cost, on each catalog GPU.
+
+    From what the store holds for each trial that ran: the GPU time it used (its measured
+    training time, else its predicted trial time) on the device it ran on, and its
+    prediction's memory need. Another GPU's time is that time scaled by the ratio of the
+    roofline times on the two GPUs, with the step's compute-bound part scaled by the
+    precision's peak FLOP/s and its memory-bound part by the bandwidth (the parts the
+    prediction's features record); the launch overheads stay. A trial fits a GPU when its
+    recorded memory need (upper bound) plus the GPU's CUDA context fits its memory; the
+    time of one that does not fit is left out and counted.
+
+    This is a rough transfer (no dry run: the store holds no model code). The roofline's
+    ratio is what the op-level time model itself scales by on a GPU it has no timings of.
+
+    Returns ``{"devices": [{"device", "trials", "fit", "seconds", "cost"}, ...],
+    "trials": n, "unknown": n}``: ``trials`` the trials with a time and a recorded
+    roofline, ``unknown`` those without.
+    """
+    wanted = _catalog_gpus() if devices is None else [get_device(d) for d in devices]
+    prices = _prices(price_per_hour, wanted)
+    rows = [r for r in rep.trials if r.admitted and (r.spent or r.predicted_cost)]
+    usable = []
+    for r in rows:
+        basis = getattr(r, "pred_basis", None)
+        if not basis or r.device is None:
+            continue
+        try:
+            origin = get_device(r.device)
+        except (ValueError, TypeError):
+            continue
+        if origin.kind != "cuda":
+            continue
+        usable.append((r, basis, origin))
+    out_rows = []
+    for dev in wanted:
+        fit = 0
+        seconds = 0.0
+        for r, basis, origin in usable:
+            need = basis.get("min_capacity_upper") or r.pred_memory_upper
+            if need is not None and need + dev.context_overhead_bytes > dev.memory_bytes:
+                continue
+            fit += 1
+            base = r.spent if r.spent is not None else r.predicted_cost
+            seconds += float(base or 0.0) * _roofline_ratio(basis, origin, dev)
+        price = prices.get(dev.name)
+        out_rows.append(
+            {
+                "device": dev.name,
+                "trials": len(usable),
+                "fit": fit,
+                "seconds": seconds,
+                "price_per_hour": price,
+                "cost": _cost(seconds, price),
+            }
+        )
+    return {"devices": out_rows, "trials": len(usable), "unknown": len(rows) - len(usable)}
+
+
+def _roofline_ratio(roof: Mapping[str, Any], origin: Device, target: Device) -> float:
+    """The roofline time on ``target`` over the one on ``origin`` for a step whose
+    roofline on ``origin`` was ``roof`` (``compute_ms``, ``memory_ms``, ``total_ms``,
+    ``precision``)."""
+    compute = float(roof.get("compute_ms") or 0.0)
+    memory = float(roof.get("memory_ms") or 0.0)
+    total = float(roof.get("total_ms") or 0.0)
+    if total <= 0:
+        return 1.0
+    rest = max(total - compute - memory, 0.0)
+    precision = str(roof.get("precision") or "fp32")
+    try:
+        flops = origin.peak_flops(precision) / target.peak_flops(precision)
+    except ValueError:
+        flops = origin.peak_flops("fp32") / target.peak_flops("fp32")
+    return (compute * flops + memory * origin.bandwidth / target.bandwidth + rest) / total
