@@ -1234,6 +1234,9 @@ def render_html(rep: Report, *, progress: ProgressFn | None = None, validate: bo
     body.append(_accuracy_section(rep, figs))
     step(5)
     body.append(_best_section(rep))
+    from costaware.report_gpus import html_section
+
+    body.append(html_section(rep))
     step(6)
     body.append(_all_section(rep))
     body.append(FOOTER)

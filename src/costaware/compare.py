@@ -8,9 +8,10 @@
 - the largest batch size that fits (:func:`~costaware.batch_size.max_batch_size`);
 - the iteration and epoch time, each with its upper bound;
 - the cost of an epoch, from a price per GPU-hour the caller gives (one for every
-  device, or one per device). costaware ships no price table: on-demand prices of one
-  GPU differ two- to four-fold between providers and change by the month, so a default
-  would be wrong for most users (docs/compare.md).
+  device, or one per device), else from :data:`DEFAULT_PRICES`: one public list price
+  per GPU, with its source and the date it was read. On-demand prices of one GPU differ
+  two- to four-fold between providers and change by the month, so the defaults order the
+  devices roughly; pass your own to see your costs (docs/compare.md).
 
 The dry runs are shared: a GPU's dry run does not depend on which GPU it is for, so the
 whole comparison costs the architecture's two dry runs and a few dozen predictions per
@@ -41,31 +42,65 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from costaware._format import fmt_bytes, fmt_seconds
-from costaware.batch_size import DEFAULT_LIMIT, BatchSizeResult, NothingFitsError, max_batch_size
+from costaware.batch_size import DEFAULT_LIMIT, BatchSizeResult, NothingFitsError
 from costaware.budget import Budget, Decision
 from costaware.devices import CATALOG, Device, _normalise, get_device
 from costaware.errors import CostawareError
 
 if TYPE_CHECKING:
     from costaware.model import CostModel, Prediction
-    from costaware.reporting import Report
     from costaware.spec import TrainingSpec
 
 __all__ = [
+    "DEFAULT_PRICES",
+    "PRICES_READ",
     "SORT_KEYS",
-    "Comparison",
     "CompareError",
+    "Comparison",
     "DeviceOption",
+    "add_arguments",
+    "catalog_text",
     "compare",
     "parse_prices",
-    "study_costs",
+    "run_cli",
 ]
 
 #: what :meth:`Comparison.sorted` orders by
 SORT_KEYS = ("cost", "time", "batch", "name")
+
+#: the day the default prices were read
+PRICES_READ = "2026-11-27"
+_RUNPOD = (
+    "RunPod Serverless flex rate, {rate}/s (docs.runpod.io/serverless/pricing, read "
+    f"{PRICES_READ}; a serverless worker's rate, above RunPod's pod rates)"
+)
+#: The price of one GPU-hour, in US dollars, that :func:`compare` uses for a catalog GPU
+#: the caller gives none for: device name -> (price, where it comes from). One provider's
+#: list price per GPU where one lists many (RunPod Serverless: per second, times 3600),
+#: AWS's for the A10G (only AWS rents it); GPUs no source here lists have none.
+DEFAULT_PRICES: Mapping[str, tuple[float, str]] = MappingProxyType(
+    {
+        "RTX-3090": (0.684, _RUNPOD.format(rate="$0.00019") + ", shared with the L4 and A5000"),
+        "L4": (0.684, _RUNPOD.format(rate="$0.00019") + ", shared with the RTX 3090 and A5000"),
+        "RTX-4090": (1.116, _RUNPOD.format(rate="$0.00031") + ", '4090 PRO'"),
+        "RTX-A6000": (1.224, _RUNPOD.format(rate="$0.00034") + ", shared with the A40"),
+        "L40": (1.908, _RUNPOD.format(rate="$0.00053") + ", shared with the L40S"),
+        "L40S": (1.908, _RUNPOD.format(rate="$0.00053") + ", shared with the L40"),
+        "A100-80GB": (2.736, _RUNPOD.format(rate="$0.00076") + ", 'A100 80 GB'"),
+        "H100-SXM": (4.176, _RUNPOD.format(rate="$0.00116") + ", 'H100 PRO 80 GB'"),
+        "H200": (5.58, _RUNPOD.format(rate="$0.00155") + ", 'H200 PRO 141 GB'"),
+        "B200": (8.64, _RUNPOD.format(rate="$0.00240") + ", 'B200 180 GB'"),
+        "A10G": (
+            1.006,
+            "AWS EC2 g5.xlarge on demand, us-east-1, Linux (1 A10G, 4 vCPU), as quoted from "
+            f"AWS's rate card of June 2026 by factualminds.com; read {PRICES_READ}",
+        ),
+    }
+)
 
 Prices = float | int | Mapping[str, float | int] | None
 
@@ -100,6 +135,7 @@ class DeviceOption:
     price_per_hour: float | None
     measured: bool
     notes: tuple[str, ...] = ()
+    price_source: str | None = None
     prediction: Prediction | None = field(default=None, repr=False, compare=False)
     decision: Decision | None = field(default=None, repr=False, compare=False)
     batch_search: BatchSizeResult | None = field(default=None, repr=False, compare=False)
@@ -131,6 +167,7 @@ class DeviceOption:
             "memory_need": self.memory_need,
             "memory_usable": self.memory_usable,
             "price_per_hour": self.price_per_hour,
+            "price_source": self.price_source,
             "cost_per_epoch": self.cost_per_epoch,
             "cost_per_epoch_upper": self.cost_per_epoch_upper,
             "measured": self.measured,
@@ -303,9 +340,7 @@ def parse_prices(items: Iterable[str]) -> float | dict[str, float]:
             else:
                 one = value
     if one is not None and named:
-        raise CompareError(
-            "give one price for every device, or NAME=PRICE for each, not both."
-        )
+        raise CompareError("give one price for every device, or NAME=PRICE for each, not both.")
     return one if one is not None else named
 
 
@@ -327,6 +362,7 @@ def compare(
     currency: str = "$",
     limit: int = DEFAULT_LIMIT,
     extra_devices: Sequence[Device] = (),
+    default_prices: bool = True,
     on_device: Callable[[str], None] | None = None,
 ) -> Comparison:
     """Predict ``spec`` on each of ``devices`` (default: every GPU of the catalog).
@@ -338,15 +374,19 @@ def compare(
             matched as :func:`~costaware.get_device` matches them (and against
             ``extra_devices``); a device named twice is compared once.
         price_per_hour: the price of one GPU-hour: one number for every device, or a
-            mapping from device name to price; a device without one has no cost.
+            mapping from device name to price. A device given none takes its
+            :data:`DEFAULT_PRICES` entry (unless ``default_prices`` is False); one without
+            either has no cost. A number of 0 or more, in ``currency``.
         budget: the limits the step must fit (default ``Budget()``: each device's memory).
             A ``max_cost`` is checked at each device's own price where it has one.
         sort: :data:`SORT_KEYS`; default ``"cost"`` with prices, else ``"time"``.
-        currency: the symbol costs are written with.
+        currency: the symbol costs are written with (the default prices are US dollars:
+            with another currency, give every price).
         limit: the largest batch size searched.
         extra_devices: devices of the user's own (:func:`~costaware.devices.load_devices`)
             that names in ``devices`` may refer to; with ``devices=None`` they are compared
             besides the catalog's GPUs.
+        default_prices: whether a device without a given price takes its default.
         on_device: called with each device's name before it is predicted (progress).
 
     Raises:
@@ -372,13 +412,21 @@ def compare(
         chosen.setdefault(d.name, d)
     if not chosen:
         raise CompareError("no devices to compare: give at least one device name.")
-    prices = _prices(price_per_hour, list(chosen.values()))
+    given = _prices(price_per_hour, list(chosen.values()))
+    prices: dict[str, float] = {}
+    price_sources: dict[str, str] = {}
+    for name in chosen:
+        if name in given:
+            prices[name], price_sources[name] = given[name], "given"
+        elif default_prices and currency == "$" and name in DEFAULT_PRICES:
+            prices[name], price_sources[name] = DEFAULT_PRICES[name]
     sort = sort if sort is not None else ("cost" if prices else "time")
     _sort_key(sort)  # an unknown key fails before the predictions
     judge = budget if budget is not None else Budget()
     seen = tuple(model.training_.get("devices", [])) if model.is_fitted else ()
 
     options: list[DeviceOption] = []
+    needs: list[tuple[int, float]] = []  # (batch size, memory need) seen on any device
     for dev in chosen.values():
         if on_device is not None:
             on_device(dev.name)
@@ -388,7 +436,7 @@ def compare(
             dev_judge = dataclasses.replace(judge, price_per_hour=price)
         pred = model.predict(spec, dev)
         decision = dev_judge.decide(pred, device=dev)
-        found = max_batch_size(model, spec, dev, dev_judge, limit=limit)
+        found = _largest_batch(model, spec, dev, dev_judge, limit, pred, decision, needs)
         options.append(
             DeviceOption(
                 device=dev.name,
@@ -403,6 +451,7 @@ def compare(
                 memory_need=int(pred.min_capacity_upper + dev.context_overhead_bytes),
                 memory_usable=int(dev.memory_bytes),
                 price_per_hour=price,
+                price_source=price_sources.get(dev.name),
                 measured=dev.name in seen,
                 notes=tuple(pred.notes),
                 prediction=pred,
@@ -413,7 +462,9 @@ def compare(
     if not any(o.max_batch for o in options):
         raise NothingFitsError(_nothing_fits(options))
     common = set.intersection(*(set(o.notes) for o in options))
-    options = [dataclasses.replace(o, notes=tuple(n for n in o.notes if n not in common)) for o in options]
+    options = [
+        dataclasses.replace(o, notes=tuple(n for n in o.notes if n not in common)) for o in options
+    ]
     first_notes = options[0].prediction.notes if options[0].prediction is not None else ()
     summary = spec.summary()
     summary["steps_per_epoch"] = spec.steps_per_epoch
@@ -429,6 +480,115 @@ def compare(
     return dataclasses.replace(
         result, options=tuple(result.sorted()), elapsed_s=time.perf_counter() - t0
     )
+
+
+def _largest_batch(
+    model: CostModel,
+    spec: TrainingSpec,
+    dev: Device,
+    judge: Budget,
+    limit: int,
+    pred0: Prediction,
+    decision0: Decision,
+    needs: list[tuple[int, float]],
+) -> BatchSizeResult:
+    """The largest batch size ``judge`` admits on ``dev``: the answer of
+    :func:`~costaware.batch_size.max_batch_size` (a size admitted, the next one above it
+    rejected or the search limit), found in fewer predictions.
+
+    Where :func:`~costaware.batch_size.max_batch_size` doubles and bisects, this aims at
+    the batch size where the memory need meets the device's memory, on a line through the
+    needs already predicted (this device's, else the slope of the other devices' with this
+    device's own point), and gallops from there: a step that doubles while the probes stay
+    on one side, then interpolation inside the bracket, halving it where interpolation
+    does not. Every answer is itself admitted and its successor rejected, as there; the
+    same assumption holds (no larger size is admitted above a rejected one). ``needs``
+    collects (batch size, memory need) across the devices of one comparison.
+    """
+    seen: dict[int, tuple[Prediction, Decision]] = {}
+    start = max(1, min(spec.batch_size, limit))
+    target = float(dev.usable_memory_bytes)
+
+    def admit(b: int) -> bool:
+        if b not in seen:
+            if b == spec.batch_size:
+                pred, decision = pred0, decision0
+            else:
+                pred = model.predict(spec.with_batch_size(b), dev)
+                decision = judge.decide(pred, device=dev)
+            seen[b] = (pred, decision)
+            needs.append((b, float(pred.min_capacity_upper)))
+        return seen[b][1].admit
+
+    def aim(lo: int, hi: int | None) -> int | None:
+        """The batch size where the need line meets ``target``, or None."""
+        own = sorted((b, float(p.min_capacity_upper)) for b, (p, _) in seen.items())
+        if len(own) >= 2:
+            near = [pt for pt in own if pt[0] in (lo, hi)]
+            a, c = near if len(near) == 2 else own[-2:]
+            slope = (c[1] - a[1]) / (c[0] - a[0])
+        else:
+            others = sorted({b: n for b, n in needs}.items())
+            if len(others) < 2 or others[-1][0] == others[0][0]:
+                return None
+            a, c = others[0], others[-1]
+            slope = (c[1] - a[1]) / (c[0] - a[0])
+            a = own[0]
+        if not slope > 0:
+            return None
+        x = a[0] + (target - a[1]) / slope
+        return int(x) if math.isfinite(x) and x < 2 * limit else limit
+
+    def result(best: int, over: int | None, why: str) -> BatchSizeResult:
+        pred, decision = seen[max(best, 1)]
+        return BatchSizeResult(
+            batch_size=best,
+            prediction=pred,
+            decision=decision,
+            rejected=seen[over][1] if over is not None else None,
+            limited_by=why,
+            device=dev.name,
+            limit=limit,
+            tried=tuple(seen),
+        )
+
+    lo, hi = 0, None  # lo: the largest size admitted (0: none yet); hi: smallest rejected
+    if admit(start):
+        lo = start
+    else:
+        hi = start
+    step = 1
+    while hi is None:  # above every size admitted so far
+        if lo >= limit:
+            return result(lo, None, "search limit")
+        guess = aim(lo, None)
+        nxt = min(max(guess if guess is not None else 2 * lo, lo + step), limit)
+        if admit(nxt):
+            lo, step = nxt, step * 2
+        else:
+            hi = nxt
+    step = 1
+    while lo == 0:  # below every size rejected so far
+        if hi == 1:
+            return result(0, None, "nothing fits")
+        guess = aim(hi, None)
+        nxt = max(min(guess if guess is not None else hi // 2, hi - step), 1)
+        if admit(nxt):
+            lo = nxt
+        else:
+            hi, step = nxt, step * 2
+    halve = False
+    while hi - lo > 1:
+        guess = None if halve else aim(lo, hi)
+        nxt = guess if guess is not None and lo < guess < hi else (lo + hi) // 2
+        width = hi - lo
+        if admit(nxt):
+            lo = nxt
+        else:
+            hi = nxt
+        halve = (hi - lo) * 2 > width  # interpolation gained less than a bisection
+    reasons = seen[hi][1].reasons
+    return result(lo, hi, reasons[0].kind if reasons else "rejected")
 
 
 def _nothing_fits(options: Sequence[DeviceOption]) -> str:
@@ -461,7 +621,7 @@ def _money(x: float | None, currency: str) -> str:
         return "-"
     if x == 0:
         return f"{currency}0"
-    return f"{currency}{x:,.2f}" if x >= 0.995 else f"{currency}{x:.3g}"
+    return f"{currency}{x:,.2f}" if x >= 0.095 else f"{currency}{x:.2g}"
 
 
 def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
@@ -497,7 +657,12 @@ def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
         if steps:
             row.append(f"{fmt_seconds(o.epoch_time)} ({fmt_seconds(o.epoch_time_upper)})")
         if priced:
-            row.append(_money(o.price_per_hour, c.currency) if o.price_per_hour is not None else "-")
+            listed = "~" if o.price_source not in (None, "given") else ""
+            row.append(
+                listed + _money(o.price_per_hour, c.currency)
+                if o.price_per_hour is not None
+                else "-"
+            )
         if priced and steps:
             row.append(
                 f"{_money(o.cost_per_epoch, c.currency)} ({_money(o.cost_per_epoch_upper, c.currency)})"
@@ -534,90 +699,169 @@ def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
     if len(unfit) > 3:
         out.append(f"and {len(unfit) - 3} more devices where it does not fit")
     out += [f"note: {n}" for n in c.notes]
+    if any(o.price_source not in (None, "given") for o in options):
+        out.append(
+            f"~: a public list price read {PRICES_READ} (costaware.compare.DEFAULT_PRICES, "
+            "docs/compare.md), not a quote: prices differ severalfold between providers; "
+            "pass your own (price_per_hour, --price)"
+        )
     if not priced:
-        out.append("no prices given: pass price_per_hour (--price) to see what an epoch costs")
+        out.append("no prices: pass price_per_hour (--price) to see what an epoch costs")
     return "\n".join(out)
 
 
 # --------------------------------------------------------------------------------------
-# a study's trials on other GPUs (the report's section)
+# the command line: ``costaware compare`` and the plain ``costaware devices``
 # --------------------------------------------------------------------------------------
-def study_costs(
-    rep: Report,
-    price_per_hour: Prices = None,
-    devices: Iterable[str | Device] | None = None,
-) -> dict[str, Any]:
-    """What the trials a study ran would have taken, and cost, on each catalog GPU.
+def add_arguments(p: Any) -> None:
+    """The ``costaware compare`` options besides the training configuration's."""
+    p.add_argument(
+        "--devices",
+        "-d",
+        action="append",
+        metavar="NAMES",
+        help="devices to compare, comma-separated or repeated (catalog names or aliases, "
+        "see 'costaware devices'; default every catalog GPU)",
+    )
+    p.add_argument(
+        "--device-file",
+        action="append",
+        metavar="PATH",
+        help="a JSON or TOML file of your own devices (docs/compare.md), compared besides "
+        "the catalog's GPUs or named in --devices",
+    )
+    p.add_argument(
+        "--price",
+        action="append",
+        metavar="PRICE",
+        help="price of one GPU-hour: one number for every device (--price 2.5) or NAME=PRICE "
+        "per device (--price A10G=1.2,H100=3.0); devices without one take the default list "
+        "price (docs/compare.md)",
+    )
+    p.add_argument(
+        "--no-default-prices",
+        action="store_true",
+        help="no list prices: only the devices given --price have a cost",
+    )
+    p.add_argument(
+        "--currency",
+        default="$",
+        help="currency symbol of --price (default $; the default prices are US dollars and "
+        "are not used with another currency)",
+    )
+    p.add_argument(
+        "--sort",
+        choices=SORT_KEYS,
+        help="order of the rows: cost (per epoch; the default with prices), time (per "
+        "iteration; the default without), batch (largest batch size first) or name",
+    )
+    p.add_argument("--max-memory", help="a memory budget below each device's, e.g. 20GiB or 90%%")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_LIMIT,
+        help=f"the largest batch size searched (default {DEFAULT_LIMIT})",
+    )
+    p.add_argument("--model-dir", help="a saved CostModel directory (default: the shipped model)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
 
-    From what the store holds for each trial that ran: the GPU time it used (its measured
-    training time, else its predicted trial time) on the device it ran on, and its
-    prediction's memory need. Another GPU's time is that time scaled by the ratio of the
-    roofline times on the two GPUs, with the step's compute-bound part scaled by the
-    precision's peak FLOP/s and its memory-bound part by the bandwidth (the parts the
-    prediction's features record); the launch overheads stay. A trial fits a GPU when its
-    recorded memory need (upper bound) plus the GPU's CUDA context fits its memory; the
-    time of one that does not fit is left out and counted.
 
-    This is a rough transfer (no dry run: the store holds no model code). The roofline's
-    ratio is what the op-level time model itself scales by on a GPU it has no timings of.
+def run_cli(args: Any, spec: TrainingSpec) -> int:
+    """``costaware compare``: the table (or ``--json``) of ``spec`` on the devices asked.
 
-    Returns ``{"devices": [{"device", "trials", "fit", "seconds", "cost"}, ...],
-    "trials": n, "unknown": n}``: ``trials`` the trials with a time and a recorded
-    roofline, ``unknown`` those without.
+    Exit status 0 when the step fits at its batch size on at least one device, 1 when it
+    fits only at a smaller batch size; a spec that fits nowhere raises NothingFitsError.
     """
-    wanted = _catalog_gpus() if devices is None else [get_device(d) for d in devices]
-    prices = _prices(price_per_hour, wanted)
-    rows = [r for r in rep.trials if r.admitted and (r.spent or r.predicted_cost)]
-    usable = []
-    for r in rows:
-        basis = getattr(r, "pred_basis", None)
-        if not basis or r.device is None:
-            continue
+    import json
+    import sys
+
+    from costaware.devices import load_devices
+    from costaware.model import CostModel
+
+    if args.limit < 1:
+        raise CompareError(f"--limit must be at least 1, but got {args.limit}.")
+    extra: list[Device] = []
+    for path in args.device_file or ():
         try:
-            origin = get_device(r.device)
-        except (ValueError, TypeError):
-            continue
-        if origin.kind != "cuda":
-            continue
-        usable.append((r, basis, origin))
-    out_rows = []
-    for dev in wanted:
-        fit = 0
-        seconds = 0.0
-        for r, basis, origin in usable:
-            need = basis.get("min_capacity_upper") or r.pred_memory_upper
-            if need is not None and need + dev.context_overhead_bytes > dev.memory_bytes:
-                continue
-            fit += 1
-            base = r.spent if r.spent is not None else r.predicted_cost
-            seconds += float(base or 0.0) * _roofline_ratio(basis, origin, dev)
-        price = prices.get(dev.name)
-        out_rows.append(
-            {
-                "device": dev.name,
-                "trials": len(usable),
-                "fit": fit,
-                "seconds": seconds,
-                "price_per_hour": price,
-                "cost": _cost(seconds, price),
-            }
-        )
-    return {"devices": out_rows, "trials": len(usable), "unknown": len(rows) - len(usable)}
+            extra += load_devices(path)
+        except ValueError as e:
+            raise CompareError(str(e)) from None
+    names = None
+    if args.devices:
+        names = [n.strip() for item in args.devices for n in item.split(",") if n.strip()]
+        if not names:
+            raise CompareError("--devices names no device; give names such as A10G,L4,H100.")
+    prices = parse_prices(args.price) if args.price else None
+    budget = Budget(max_memory=args.max_memory) if args.max_memory else None
+    model = CostModel.load(args.model_dir) if args.model_dir else CostModel.default()
+    status: Any = None
+    if sys.stderr.isatty() and not args.json:
+        from rich.console import Console
 
-
-def _roofline_ratio(roof: Mapping[str, Any], origin: Device, target: Device) -> float:
-    """The roofline time on ``target`` over the one on ``origin`` for a step whose
-    roofline on ``origin`` was ``roof`` (``compute_ms``, ``memory_ms``, ``total_ms``,
-    ``precision``)."""
-    compute = float(roof.get("compute_ms") or 0.0)
-    memory = float(roof.get("memory_ms") or 0.0)
-    total = float(roof.get("total_ms") or 0.0)
-    if total <= 0:
-        return 1.0
-    rest = max(total - compute - memory, 0.0)
-    precision = str(roof.get("precision") or "fp32")
+        status = Console(stderr=True).status("dry-running ...")
+        status.start()
     try:
-        flops = origin.peak_flops(precision) / target.peak_flops(precision)
-    except ValueError:
-        flops = origin.peak_flops("fp32") / target.peak_flops("fp32")
-    return (compute * flops + memory * origin.bandwidth / target.bandwidth + rest) / total
+        result = compare(
+            model,
+            spec,
+            names,
+            prices,
+            budget,
+            sort=args.sort,
+            currency=args.currency,
+            limit=args.limit,
+            extra_devices=extra,
+            default_prices=not args.no_default_prices,
+            on_device=(lambda name: status.update(f"predicting on the {name} ..."))
+            if status is not None
+            else None,
+        )
+    finally:
+        if status is not None:
+            status.stop()
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        print(result.table())
+    return 0 if any(o.fits for o in result.options) else 1
+
+
+def catalog_text(devices: Sequence[Device] | None = None, *, sources: bool = False) -> str:
+    """The device catalog as a plain-text table: every name whole, whatever the width
+    (``costaware devices`` when its output is not a terminal, or with ``--sources``)."""
+    from costaware.devices import known_devices
+
+    devs = list(devices) if devices is not None else [CATALOG[n] for n in known_devices()]
+    head = ["name", "memory", "bandwidth", "fp32", "bf16", "SMs", "generation"]
+    head += ["figures from", "memory from"] if sources else []
+    rows = []
+    for d in devs:
+        no_bf16 = d.kind == "cuda" and not d.has_bf16
+        row = [
+            d.name,
+            fmt_bytes(d.memory_bytes),
+            f"{d.bandwidth / 1e9:,.0f} GB/s",
+            f"{d.peak_flops('fp32') / 1e12:,.1f} TF",
+            f"{d.peak_flops('bf16') / 1e12:,.1f} TF" + (" *" if no_bf16 else ""),
+            str(d.sm_count),
+            d.generation,
+        ]
+        if sources:
+            row += [d.source or "-", d.memory_source or "-"]
+        rows.append(row)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    left = {0, 6, 7, 8}
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i in left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    out = [line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+    if any(d.kind == "cuda" and not d.has_bf16 for d in devs):
+        out.append(
+            "*: no bf16 arithmetic (compute capability below 8.0): bf16 runs at the fp32 "
+            "rate or slower; use fp16 with a GradScaler"
+        )
+    return "\n".join(out)

@@ -62,9 +62,9 @@ __all__ = [
     "cpu_device",
     "cpu_half_flags",
     "detect_device",
+    "device_from_dict",
     "device_kind",
     "get_device",
-    "device_from_dict",
     "known_devices",
     "load_devices",
     "precision_notes",
@@ -980,7 +980,9 @@ def device_from_dict(data: Mapping[str, Any]) -> Device:
     d.setdefault("generation", "unknown")
     if "context_overhead_bytes" not in d:
         d["context_overhead_bytes"] = (
-            0 if d["kind"] == "cpu" else _GENERATION_OVERHEAD.get(str(d["generation"]), _OVERHEAD_RECENT)
+            0
+            if d["kind"] == "cpu"
+            else _GENERATION_OVERHEAD.get(str(d["generation"]), _OVERHEAD_RECENT)
         )
     missing = [f for f in ("memory_bytes", "bandwidth", "flops", "sm_count") if f not in d]
     if missing:
@@ -1022,7 +1024,6 @@ def load_devices(path: str | os.PathLike[str]) -> list[Device]:
             message names the file and the device).
     """
     import json
-    import tomllib
     from pathlib import Path
 
     p = Path(path)
@@ -1030,9 +1031,17 @@ def load_devices(path: str | os.PathLike[str]) -> list[Device]:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ValueError(f"cannot read the device file {p}: {e.strerror or e}.") from None
+    toml = p.suffix.lower() == ".toml"
+    if toml:
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            raise ValueError(
+                f"reading {p} needs Python 3.11 (tomllib); write the devices as JSON instead."
+            ) from None
     try:
-        data: Any = tomllib.loads(text) if p.suffix.lower() == ".toml" else json.loads(text)
-    except (ValueError, tomllib.TOMLDecodeError) as e:
+        data: Any = tomllib.loads(text) if toml else json.loads(text)
+    except ValueError as e:  # tomllib.TOMLDecodeError is a ValueError
         what = "TOML" if p.suffix.lower() == ".toml" else "JSON"
         raise ValueError(f"the device file {p} is not valid {what}: {e}") from None
     if isinstance(data, Mapping) and "devices" in data:

@@ -135,6 +135,9 @@ class TrialRow:
     start: _dt.datetime | None = None
     end: _dt.datetime | None = None
     value: float | None = None
+    #: the predicted step's FLOPs, bytes moved, precision and memory need
+    #: (:func:`costaware.report_gpus.step_of`), for the report's "On other GPUs"
+    pred_step: dict[str, Any] = field(default_factory=dict)
 
     @property
     def admitted(self) -> bool:
@@ -677,6 +680,7 @@ class Report:
             "best": [r.to_dict() for r in self.best()],
             "trials": [self._trial_dict(r) for r in self.trials],
             "notes": list(self.notes),
+            "other_gpus": _gpu_costs(self),
         }
 
     def _trial_dict(self, r: TrialRow) -> dict[str, Any]:
@@ -712,6 +716,12 @@ class Report:
         from costaware._report_text import print_summary
 
         print_summary(self, console)
+
+
+def _gpu_costs(rep: Report) -> dict[str, Any]:
+    from costaware.report_gpus import gpu_costs
+
+    return gpu_costs(rep)
 
 
 def _write(path: str | os.PathLike[str], text: str) -> None:
@@ -782,6 +792,10 @@ def _apply_prediction(row: TrialRow, p: Mapping[str, Any]) -> None:
         row.pred_trial_time = _first(row.pred_trial_time, pred.get("trial_time"))
         row.gate_latency = _first(row.gate_latency, pred.get("latency_s"))
         row.model_kind = row.model_kind or _str(pred.get("kind"))
+        if not row.pred_step:
+            from costaware.report_gpus import step_of
+
+            row.pred_step = step_of(pred, spec)
     if p.get("status") == "error":
         row.prediction_error = row.prediction_error or _str(p.get("reason")) or "prediction failed"
     if p.get("status") == "rejected" and not row.reasons:
