@@ -78,14 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     }
     seen = acc._evaluate(obs, "cuda", settings)["records"]
     unseen = acc._evaluate_unseen_devices(obs, "cuda", settings)
-    out: dict[str, Any] = {"files": [str(f.relative_to(ROOT)) for f in files], "skipped": len(skipped)}
+    out: dict[str, Any] = {
+        "files": [str(f.relative_to(ROOT)) for f in files],
+        "skipped": len(skipped),
+    }
     out["seen"] = _spread(seen)
     for dev, u in unseen.items():
         for how in ("families_seen", "families_unseen"):
             out[f"{dev}, {how}"] = _spread(u["records"][how])
     both = [r for u in unseen.values() for r in u["records"]["families_unseen"]]
     out["unseen, families unseen"] = _spread(both)
-    out["ratio_abs_log_q95"] = out["unseen, families unseen"]["abs_log_q95"] / out["seen"]["abs_log_q95"]
+    out["ratio_abs_log_q95"] = (
+        out["unseen, families unseen"]["abs_log_q95"] / out["seen"]["abs_log_q95"]
+    )
     out["ratio_mre"] = out["unseen, families unseen"]["mre"] / out["seen"]["mre"]
     text = json.dumps(out, indent=2)
     print(text)

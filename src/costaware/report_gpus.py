@@ -98,7 +98,7 @@ def gpu_costs(rep: Report, devices: Iterable[str | Device] | None = None) -> dic
         if origin.kind == "cuda":
             usable.append((r, r.pred_step, origin))
     ran_on = sorted({o.name for _, _, o in usable})
-    rows = []
+    rows: list[dict[str, Any]] = []
     for dev in wanted:
         fit = too_big = 0
         seconds = 0.0
@@ -130,7 +130,7 @@ def gpu_costs(rep: Report, devices: Iterable[str | Device] | None = None) -> dic
                 "ran_here": dev.name in ran_on,
             }
         )
-    rows.sort(key=lambda d: (d["too_big"] > 0, d["cost"] is None, d["cost"] or d["seconds"]))
+    rows.sort(key=lambda d: (d["too_big"] > 0, d["cost"] is None, float(d["cost"] or d["seconds"])))
     return {
         "trials": len(usable),
         "left_out": len(admitted) - len(usable),
