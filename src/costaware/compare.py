@@ -492,18 +492,19 @@ def _largest_batch(
     decision0: Decision,
     needs: list[tuple[int, float]],
 ) -> BatchSizeResult:
-    """The largest batch size ``judge`` admits on ``dev``: the answer of
-    :func:`~costaware.batch_size.max_batch_size` (a size admitted, the next one above it
-    rejected or the search limit), found in fewer predictions.
+    """The largest batch size ``judge`` admits on ``dev``, as
+    :func:`~costaware.batch_size.max_batch_size` finds it (a size admitted, the next one
+    above it rejected, or the search limit), in fewer predictions.
 
     Where :func:`~costaware.batch_size.max_batch_size` doubles and bisects, this aims at
     the batch size where the memory need meets the device's memory, on a line through the
-    needs already predicted (this device's, else the slope of the other devices' with this
-    device's own point), and gallops from there: a step that doubles while the probes stay
-    on one side, then interpolation inside the bracket, halving it where interpolation
-    does not. Every answer is itself admitted and its successor rejected, as there; the
-    same assumption holds (no larger size is admitted above a rejected one). ``needs``
-    collects (batch size, memory need) across the devices of one comparison.
+    needs already predicted (this device's, else the slope of the other devices' through
+    this device's own point), and gallops from there: a step that doubles while the probes
+    stay on one side, then interpolation inside the bracket, halving it where
+    interpolation gains less than a bisection. Both searches assume that no size above a
+    rejected one is admitted; near the edge the need is not monotone to the byte (the
+    allocator rounds), so the two may stop a size or two apart. ``needs`` collects
+    (batch size, memory need) across the devices of one comparison.
     """
     seen: dict[int, tuple[Prediction, Decision]] = {}
     start = max(1, min(spec.batch_size, limit))
