@@ -336,3 +336,40 @@ def test_the_report_says_what_the_study_would_cost_on_each_gpu(model: ca.CostMod
     assert "## On other GPUs" in text and "H100-SXM (ran here)" in text
     assert "1 admitted trials have no recorded step" in text
     assert '<section id="gpus"><h2>On other GPUs</h2>' in rep.to_html()
+
+
+def test_a_real_study_report_has_the_other_gpus_section(tmp_path: Path) -> None:
+    optuna = pytest.importorskip("optuna")
+    from costaware.integrations.optuna import CostAwarePruner
+
+    def spec_fn(params: dict[str, int]) -> ca.TrainingSpec:
+        return ca.TrainingSpec(
+            model=functools.partial(zoo.mlp, 784, (params["width"],) * 2, 10),
+            batch=ca.ImageBatch((784,), classes=10),
+            batch_size=16,
+            dataset_size=1000,
+        )
+
+    store = f"sqlite:///{tmp_path / 'costaware.db'}"
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'hpo.db'}",
+        pruner=CostAwarePruner(
+            spec_fn, ca.Budget(max_memory="1.25GiB"), device="T4", refit_every=None, store=store
+        ),
+        sampler=optuna.samplers.GridSampler({"width": [64, 8192]}),
+    )
+
+    def objective(trial: optuna.Trial) -> float:
+        trial.suggest_categorical("width", [64, 8192])
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+        return 1.0
+
+    study.optimize(objective, n_trials=2)
+    rep = ca.report(study, store=store)
+    other = rep.to_dict()["other_gpus"]
+    assert other["trials"] == 1 and other["ran_on"] == ["T4"]  # the rejected one never ran
+    by = {d["device"]: d for d in other["devices"]}
+    assert by["H100-SXM"]["seconds"] < by["T4"]["seconds"]
+    text = rep.to_markdown()
+    assert "## On other GPUs" in text and "| T4 (ran here) | 1 of 1 |" in text

@@ -43,13 +43,18 @@ def step_of(prediction: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str,
     step = {
         "flops": basis.get("flops"),
         "bytes_moved": basis.get("bytes_moved"),
-        "precision": spec.get("precision") or "fp32",
+        "precision": spec.get("precision") or _spec_of(prediction).get("precision") or "fp32",
         "min_capacity_upper": prediction.get("min_capacity_upper")
         or prediction.get("peak_memory_upper"),
     }
     if not all(isinstance(step[k], (int, float)) for k in ("flops", "bytes_moved")):
         return {}
     return step
+
+
+def _spec_of(prediction: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = prediction.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
 
 
 def _roofline(step: Mapping[str, Any], dev: Device) -> float:
