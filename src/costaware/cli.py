@@ -592,11 +592,10 @@ def _parser() -> argparse.ArgumentParser:
         description="List the GPUs (and the local CPU) costaware knows, with the specs it uses.",
     )
     dv.add_argument("--json", action="store_true", help="print the catalog as JSON")
-    dv.set_defaults(func=_cmd_devices)
-
     dv.add_argument(
         "--sources", action="store_true", help="also say where each device's figures come from"
     )
+    dv.set_defaults(func=_cmd_devices)
 
     cm = sub.add_parser(
         "compare",
