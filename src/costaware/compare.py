@@ -426,7 +426,7 @@ def compare(
     seen = tuple(model.training_.get("devices", [])) if model.is_fitted else ()
 
     options: list[DeviceOption] = []
-    needs: list[tuple[int, float]] = []  # (batch size, memory need) seen on any device
+    needs: list[tuple[str, int, float]] = []  # (device, batch size, memory need) so far
     for dev in chosen.values():
         if on_device is not None:
             on_device(dev.name)
@@ -490,7 +490,7 @@ def _largest_batch(
     limit: int,
     pred0: Prediction,
     decision0: Decision,
-    needs: list[tuple[int, float]],
+    needs: list[tuple[str, int, float]],
 ) -> BatchSizeResult:
     """The largest batch size ``judge`` admits on ``dev``, as
     :func:`~costaware.batch_size.max_batch_size` finds it (a size admitted, the next one
@@ -498,13 +498,13 @@ def _largest_batch(
 
     Where :func:`~costaware.batch_size.max_batch_size` doubles and bisects, this aims at
     the batch size where the memory need meets the device's memory, on a line through the
-    needs already predicted (this device's, else the slope of the other devices' through
-    this device's own point), and gallops from there: a step that doubles while the probes
-    stay on one side, then interpolation inside the bracket, halving it where
+    two needs nearest it among those already predicted (for this device, and for the
+    others shifted to this one), and gallops from there: a step that doubles while the
+    probes stay on one side, then interpolation inside the bracket, halving it where
     interpolation gains less than a bisection. Both searches assume that no size above a
     rejected one is admitted; near the edge the need is not monotone to the byte (the
     allocator rounds), so the two may stop a size or two apart. ``needs`` collects
-    (batch size, memory need) across the devices of one comparison.
+    (device, batch size, memory need) across the devices of one comparison.
     """
     seen: dict[int, tuple[Prediction, Decision]] = {}
     start = max(1, min(spec.batch_size, limit))
@@ -518,23 +518,39 @@ def _largest_batch(
                 pred = model.predict(spec.with_batch_size(b), dev)
                 decision = judge.decide(pred, device=dev)
             seen[b] = (pred, decision)
-            needs.append((b, float(pred.min_capacity_upper)))
+            needs.append((dev.name, b, float(pred.min_capacity_upper)))
         return seen[b][1].admit
 
     def aim(lo: int, hi: int | None) -> int | None:
-        """The batch size where the need line meets ``target``, or None."""
-        own = sorted((b, float(p.min_capacity_upper)) for b, (p, _) in seen.items())
-        if len(own) >= 2:
-            near = [pt for pt in own if pt[0] in (lo, hi)]
-            a, c = near if len(near) == 2 else own[-2:]
-            slope = (c[1] - a[1]) / (c[0] - a[0])
+        """The batch size where the need meets ``target`` on a line through two needs
+        around it, or None: inside a bracket, this device's needs at its ends; else the
+        needs of every device so far, each shifted by its difference from this device's
+        at the starting size (the devices' needs differ by a workspace and little else)."""
+        own = {b: float(p.min_capacity_upper) for b, (p, _) in seen.items()}
+        if hi is not None and lo in own and hi in own:
+            a, c = (lo, own[lo]), (hi, own[hi])
         else:
-            others = sorted({b: n for b, n in needs}.items())
-            if len(others) < 2 or others[-1][0] == others[0][0]:
+            base = {d: n for d, b, n in needs if b == start}
+            shifted: dict[int, float] = {}
+            if start in own:
+                shifted = {
+                    b: n - base[d] + own[start] for d, b, n in needs if d != dev.name and d in base
+                }
+            shifted.update(own)
+            pts = sorted(shifted.items())
+            below = [pt for pt in pts if pt[1] <= target]
+            above = [pt for pt in pts if pt[1] > target]
+            if below and above:
+                a, c = below[-1], above[0]
+            elif len(above) >= 2:
+                a, c = above[0], above[1]
+            elif len(below) >= 2:
+                a, c = below[-2], below[-1]
+            else:
                 return None
-            a, c = others[0], others[-1]
-            slope = (c[1] - a[1]) / (c[0] - a[0])
-            a = own[0]
+        if c[0] == a[0]:
+            return None
+        slope = (c[1] - a[1]) / (c[0] - a[0])
         if not slope > 0:
             return None
         x = a[0] + (target - a[1]) / slope
