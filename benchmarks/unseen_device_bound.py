@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in op_models:
         feature_model.add_op_model(m)
     obs, skipped = observations(rows, model=feature_model, cache=args.cache)
-    obs = [o for o in obs if acc._kind(o.device) == "cuda"]
+    obs = [o for o in obs if acc._kind(o.device) == "gpu"]
     settings = {
         "iterations": args.iterations,
         "thread_count": args.threads,
@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         "random_state": 0,
         "memory_model": "line",
     }
-    seen = acc._evaluate(obs, "cuda", settings)["records"]
-    unseen = acc._evaluate_unseen_devices(obs, "cuda", settings)
+    seen = acc._evaluate(obs, "gpu", settings)["records"]
+    unseen = acc._evaluate_unseen_devices(obs, "gpu", settings)
     out: dict[str, Any] = {
         "files": [str(f.relative_to(ROOT)) for f in files],
         "skipped": len(skipped),
