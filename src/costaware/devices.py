@@ -17,13 +17,23 @@ high).  Bandwidths are the datasheet peak DRAM/HBM figures in bytes/s (decimal u
 
 Memory capacities are what CUDA reports as the device's total memory
 (``torch.cuda.get_device_properties(i).total_memory``), which is smaller than the marketing
-figure because of ECC and driver reservations.  Each entry says where its figure comes from:
+figure because of ECC and driver reservations.  Each entry says where its figure comes from
+(:attr:`Device.memory_source`; :attr:`Device.source` names the datasheet of the rest):
 
 * ``measured``: ``total_memory`` measured on the hardware with torch;
-* ``public log``: the byte count printed by CUDA's ``deviceQuery`` (or by torch) in public
-  logs; it varies by a few tens of MiB between driver versions, the smallest/newest one seen
-  is used;
-* ``nominal``: the marketing capacity in GiB, used where no reported figure was available.
+* ``public log``: the byte count printed by CUDA's ``deviceQuery``, by torch or by NVML in
+  public logs; it varies by a few tens of MiB between driver versions, the smallest/newest
+  one seen is used;
+* ``assumed``: another part's figure, where the two carry the same memory;
+* ``nominal``: a capacity rounded down from the marketing figure or from logs that do not
+  give bytes, used where no reported byte count was available.
+
+Your own device
+---------------
+A :class:`Device` goes wherever a device name does (``predict(spec, device=Device(...))``).
+:func:`costaware.device_files.load_devices` reads devices from a JSON or TOML file (the fields of
+:meth:`Device.to_dict`, or friendlier units: see :func:`costaware.device_files.device_from_dict`), and
+:func:`detect_device` describes the GPU this process sees.
 
 Lookups
 -------
@@ -55,6 +65,7 @@ __all__ = [
     "device_kind",
     "get_device",
     "known_devices",
+    "precision_notes",
 ]
 
 GiB = 1024**3
@@ -93,13 +104,14 @@ _PRECISION_ALIASES: Mapping[str, str] = MappingProxyType(
 #: torch 2.11 + CUDA 13.0: the ``context`` row of ``data/oom/h200-oom-seed0.jsonl.gz``;
 #: 1.29 GB after CUDA's start alone). A study's own measurement replaces it.
 _OVERHEAD_HOPPER = 1_379_794_944
-#: Context/handle overhead for Ampere and Ada parts (not measured here).
+#: Context/handle overhead for Blackwell, Ampere and Ada parts (not measured here).
 _OVERHEAD_RECENT = 1 * GiB
 #: Context/handle overhead for Volta and Turing parts.
 _OVERHEAD_OLDER = GiB // 2
 
 _GENERATION_OVERHEAD: Mapping[str, int] = MappingProxyType(
     {
+        "Blackwell": _OVERHEAD_RECENT,
         "Hopper": _OVERHEAD_HOPPER,
         "Ampere": _OVERHEAD_RECENT,
         "Ada": _OVERHEAD_RECENT,
@@ -186,6 +198,9 @@ class Device:
         context_overhead_bytes: Memory the CUDA context and cuBLAS/cuDNN handles take outside
             PyTorch's caching allocator.
         aliases: Other names :func:`get_device` accepts for this device.
+        source: Where the speed figures come from (a datasheet, a whitepaper).
+        memory_source: Where :attr:`memory_bytes` comes from: ``"measured"``, ``"public
+            log"``, ``"nominal"`` or ``"assumed"`` (see the module's notes), with details.
     """
 
     name: str
@@ -198,6 +213,8 @@ class Device:
     generation: str
     context_overhead_bytes: int
     aliases: tuple[str, ...] = ()
+    source: str = ""
+    memory_source: str = ""
 
     def __post_init__(self) -> None:
         """Validate the fields and freeze :attr:`flops` and :attr:`aliases`."""
@@ -240,6 +257,8 @@ class Device:
                 self.generation,
                 self.context_overhead_bytes,
                 self.aliases,
+                self.source,
+                self.memory_source,
             ),
         )
 
@@ -275,6 +294,21 @@ class Device:
         """Memory left for PyTorch's caching allocator: total minus the context overhead."""
         return self.memory_bytes - self.context_overhead_bytes
 
+    @property
+    def has_bf16(self) -> bool:
+        """Whether the device does bf16 arithmetic at a rate of its own.
+
+        A CUDA GPU needs compute capability 8.0 or newer (Ampere on): a T4 (7.5) or a V100
+        (7.0) has no bf16 tensor cores, and its :attr:`flops` give bf16 the fp32 figure. A
+        GPU whose compute capability is unknown has it when its bf16 peak is above its
+        fp32 one; a CPU when its bf16 peak is not below its fp32 one
+        (:func:`cpu_device`: AVX512-BF16 or AMX).
+        """
+        if self.kind == "cpu":
+            return self.flops["bf16"] >= self.flops["fp32"]
+        major = _cc_major(self.compute_capability)
+        return major >= 8 if major else self.flops["bf16"] > self.flops["fp32"]
+
     def to_dict(self) -> dict[str, object]:
         """Return the fields as a JSON-serialisable dict (``Device(**d)`` rebuilds it)."""
         return {
@@ -288,6 +322,8 @@ class Device:
             "generation": self.generation,
             "context_overhead_bytes": int(self.context_overhead_bytes),
             "aliases": list(self.aliases),
+            "source": self.source,
+            "memory_source": self.memory_source,
         }
 
     def features(self) -> dict[str, float]:
@@ -330,6 +366,8 @@ def _gpu(
     compute_capability: str,
     generation: str,
     aliases: tuple[str, ...],
+    source: str,
+    memory_source: str,
 ) -> Device:
     """Build a catalog GPU entry with the generation's context overhead."""
     return Device(
@@ -343,6 +381,8 @@ def _gpu(
         generation=generation,
         context_overhead_bytes=_GENERATION_OVERHEAD[generation],
         aliases=aliases,
+        source=source,
+        memory_source=memory_source,
     )
 
 
@@ -351,91 +391,174 @@ _H100_PCIE_FLOPS = _flops(fp32=51.0, tf32=378.0, fp16=756.0, bf16=756.0)
 _A100_FLOPS = _flops(fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0)
 
 _GPUS: tuple[Device, ...] = (
+    # --- Blackwell ------------------------------------------------------------------------
+    _gpu(
+        "B200",
+        memory_bytes=191_502_483_456,
+        bandwidth=7_700 * GIGA,
+        # per GPU of the HGX B200 (1,000 W); NVIDIA lists sparse tensor figures: halved
+        flops=_flops(fp32=75.0, tf32=1_100.0, fp16=2_250.0, bf16=2_250.0),
+        sm_count=148,
+        compute_capability="10.0",
+        generation="Blackwell",
+        aliases=("B200-SXM", "B200-180GB", "NVIDIA B200"),
+        source="NVIDIA HGX B200 specifications (per GPU, dense: half the sparse figures)",
+        memory_source="public log (torch total_memory): 182631 MiB",
+    ),
+    _gpu(
+        "RTX-5090",
+        memory_bytes=34_190_917_632,
+        bandwidth=1_792 * GIGA,
+        # tensor figures with fp32 accumulation (half the fp16-accumulation headline)
+        flops=_flops(fp32=104.8, tf32=104.8, fp16=209.5, bf16=209.5),
+        sm_count=170,
+        compute_capability="12.0",
+        generation="Blackwell",
+        aliases=("5090", "RTX5090", "GeForce RTX 5090", "NVIDIA GeForce RTX 5090"),
+        source="NVIDIA RTX Blackwell GPU architecture whitepaper (GeForce RTX 5090)",
+        memory_source="public log (NVML total): 32607 MiB",
+    ),
     # --- Hopper ---------------------------------------------------------------------------
     _gpu(
         "H100-SXM",
-        memory_bytes=85_520_809_984,  # measured: 81559 MiB
+        memory_bytes=85_520_809_984,
         bandwidth=3_350 * GIGA,
         flops=_H100_SXM_FLOPS,
         sm_count=132,
         compute_capability="9.0",
         generation="Hopper",
         aliases=("H100", "H100-80GB", "H100-SXM5", "H100-SXM-80GB", "NVIDIA H100 80GB HBM3"),
+        source="NVIDIA H100 datasheet (SXM5)",
+        memory_source="measured: 81559 MiB",
     ),
     _gpu(
         "H100-PCIe",
-        memory_bytes=85_520_809_984,  # nominal: same 81559 MiB as the SXM part, not measured
+        memory_bytes=85_520_809_984,
         bandwidth=2_000 * GIGA,
         flops=_H100_PCIE_FLOPS,
         sm_count=114,
         compute_capability="9.0",
         generation="Hopper",
         aliases=("H100-PCIe-80GB", "NVIDIA H100 PCIe"),
+        source="NVIDIA H100 datasheet (PCIe)",
+        memory_source="assumed: the SXM part's 81559 MiB, not measured",
     ),
     _gpu(
         "H200",
-        memory_bytes=150_754_820_096,  # measured: ~140.4 GiB
+        memory_bytes=150_754_820_096,
         bandwidth=4_800 * GIGA,
         flops=_H100_SXM_FLOPS,  # same dense peaks as the H100 SXM
         sm_count=132,
         compute_capability="9.0",
         generation="Hopper",
         aliases=("H200-SXM", "H200-141GB", "NVIDIA H200"),
+        source="NVIDIA H200 datasheet (SXM)",
+        memory_source="measured: about 140.4 GiB",
+    ),
+    _gpu(
+        "GH200",
+        # public logs show about 96 GiB (102 GB); 95 GiB is below every one of them
+        memory_bytes=95 * GiB,
+        bandwidth=4_000 * GIGA,
+        flops=_H100_SXM_FLOPS,  # the GH200 datasheet's GPU figures are the H100 SXM's
+        sm_count=132,
+        compute_capability="9.0",
+        generation="Hopper",
+        aliases=("GH200-96GB", "GH200-480GB", "NVIDIA GH200 480GB"),
+        source="NVIDIA GH200 Grace Hopper Superchip datasheet (96 GB HBM3 version)",
+        memory_source="nominal: 95 GiB, rounded down from public logs' about 96 GiB",
     ),
     # --- Ampere ---------------------------------------------------------------------------
     _gpu(
         "A100-40GB",
-        memory_bytes=42_298_834_944,  # public log (deviceQuery): 40339 MiB
+        memory_bytes=42_298_834_944,
         bandwidth=1_555 * GIGA,
         flops=_A100_FLOPS,
         sm_count=108,
         compute_capability="8.0",
         generation="Ampere",
         aliases=("A100-SXM4-40GB", "A100-SXM-40GB", "NVIDIA A100-SXM4-40GB"),
+        source="NVIDIA A100 datasheet (SXM4 40GB)",
+        memory_source="public log (deviceQuery): 40339 MiB",
     ),
     _gpu(
         "A100-80GB",
-        memory_bytes=84_987_740_160,  # public log (deviceQuery): 81051 MiB
+        memory_bytes=84_987_740_160,
         bandwidth=2_039 * GIGA,
         flops=_A100_FLOPS,
         sm_count=108,
         compute_capability="8.0",
         generation="Ampere",
         aliases=("A100", "A100-SXM4-80GB", "A100-SXM-80GB", "NVIDIA A100-SXM4-80GB"),
+        source="NVIDIA A100 datasheet (SXM4 80GB)",
+        memory_source="public log (deviceQuery): 81051 MiB",
     ),
     _gpu(
         "A100-40GB-PCIe",
-        memory_bytes=42_298_834_944,  # assumed equal to the SXM4 40GB part
+        memory_bytes=42_298_834_944,
         bandwidth=1_555 * GIGA,
         flops=_A100_FLOPS,
         sm_count=108,
         compute_capability="8.0",
         generation="Ampere",
         aliases=("A100-PCIe-40GB", "NVIDIA A100-PCIE-40GB"),
+        source="NVIDIA A100 datasheet (PCIe 40GB)",
+        memory_source="assumed: equal to the SXM4 40GB part",
     ),
     _gpu(
         "A100-80GB-PCIe",
-        memory_bytes=84_987_740_160,  # assumed equal to the SXM4 80GB part
+        memory_bytes=84_987_740_160,
         bandwidth=1_935 * GIGA,
         flops=_A100_FLOPS,
         sm_count=108,
         compute_capability="8.0",
         generation="Ampere",
         aliases=("A100-PCIe-80GB", "A100-PCIe", "NVIDIA A100 80GB PCIe"),
+        source="NVIDIA A100 datasheet (PCIe 80GB)",
+        memory_source="assumed: equal to the SXM4 80GB part",
     ),
     _gpu(
         "A10",
-        memory_bytes=23_609_475_072,  # public log (deviceQuery): 22516 MiB
+        memory_bytes=23_609_475_072,
         bandwidth=600 * GIGA,
         flops=_flops(fp32=31.2, tf32=62.5, fp16=125.0, bf16=125.0),
         sm_count=72,
         compute_capability="8.6",
         generation="Ampere",
         aliases=("A10-24GB", "NVIDIA A10"),
+        source="NVIDIA A10 datasheet",
+        memory_source="public log (deviceQuery): 22516 MiB",
+    ),
+    _gpu(
+        "A10G",
+        memory_bytes=23_684_186_112,
+        bandwidth=600 * GIGA,
+        # AWS's variant of the A10 (EC2 G5): tensor figures at half the A10's
+        flops=_flops(fp32=31.52, tf32=35.0, fp16=70.0, bf16=70.0),
+        sm_count=80,
+        compute_capability="8.6",
+        generation="Ampere",
+        aliases=("A10G-24GB", "NVIDIA A10G"),
+        source="Baseten, 'NVIDIA A10 vs A10G for ML model inference' (NVIDIA publishes no "
+        "A10G datasheet; third-party figures)",
+        memory_source="public log (torch total_memory): 22587 MiB",
+    ),
+    _gpu(
+        "RTX-A6000",
+        memory_bytes=51_040_485_376,
+        bandwidth=768 * GIGA,
+        # the professional GA102 runs fp32 accumulation at full rate (dense: half sparse)
+        flops=_flops(fp32=38.7, tf32=77.4, fp16=154.8, bf16=154.8),
+        sm_count=84,
+        compute_capability="8.6",
+        generation="Ampere",
+        aliases=("A6000", "RTXA6000", "RTX A6000", "NVIDIA RTX A6000"),
+        source="NVIDIA RTX A6000 datasheet and the GA102 whitepaper",
+        memory_source="public log (torch total_memory): 48676 MiB",
     ),
     _gpu(
         "RTX-3090",
-        memory_bytes=25_437_405_184,  # public log (torch): 24259 MiB
+        memory_bytes=25_437_405_184,
         bandwidth=936 * GIGA,
         # GA102 whitepaper, tensor figures with fp32 accumulation.
         flops=_flops(fp32=35.6, tf32=35.6, fp16=71.0, bf16=71.0),
@@ -443,31 +566,49 @@ _GPUS: tuple[Device, ...] = (
         compute_capability="8.6",
         generation="Ampere",
         aliases=("3090", "RTX3090", "GeForce RTX 3090", "NVIDIA GeForce RTX 3090"),
+        source="NVIDIA GA102 whitepaper (tensor figures with fp32 accumulation)",
+        memory_source="public log (torch): 24259 MiB",
     ),
     # --- Ada ------------------------------------------------------------------------------
     _gpu(
         "L4",
-        memory_bytes=23_612_293_120,  # public log (deviceQuery): 22518 MiB
+        memory_bytes=23_612_293_120,
         bandwidth=300 * GIGA,
         flops=_flops(fp32=30.3, tf32=60.0, fp16=121.0, bf16=121.0),
         sm_count=58,
         compute_capability="8.9",
         generation="Ada",
         aliases=("L4-24GB", "NVIDIA L4"),
+        source="NVIDIA L4 datasheet",
+        memory_source="public log (deviceQuery): 22518 MiB",
+    ),
+    _gpu(
+        "L40",
+        memory_bytes=47_576_711_168,
+        bandwidth=864 * GIGA,
+        flops=_flops(fp32=90.5, tf32=90.5, fp16=181.05, bf16=181.05),
+        sm_count=142,
+        compute_capability="8.9",
+        generation="Ada",
+        aliases=("L40-48GB", "NVIDIA L40"),
+        source="NVIDIA L40 datasheet",
+        memory_source="assumed: equal to the L40S (same board and memory), 45373 MiB",
     ),
     _gpu(
         "L40S",
-        memory_bytes=47_576_711_168,  # public log (deviceQuery): 45373 MiB
+        memory_bytes=47_576_711_168,
         bandwidth=864 * GIGA,
         flops=_flops(fp32=91.6, tf32=183.0, fp16=362.05, bf16=362.05),
         sm_count=142,
         compute_capability="8.9",
         generation="Ada",
         aliases=("L40S-48GB", "NVIDIA L40S"),
+        source="NVIDIA L40S datasheet",
+        memory_source="public log (deviceQuery): 45373 MiB",
     ),
     _gpu(
         "RTX-4090",
-        memory_bytes=25_756_696_576,  # public log (torch): 24563 MiB
+        memory_bytes=25_756_696_576,
         bandwidth=1008 * GIGA,
         # Ada whitepaper, tensor figures with fp32 accumulation.
         flops=_flops(fp32=82.6, tf32=82.6, fp16=165.2, bf16=165.2),
@@ -475,11 +616,13 @@ _GPUS: tuple[Device, ...] = (
         compute_capability="8.9",
         generation="Ada",
         aliases=("4090", "RTX4090", "GeForce RTX 4090", "NVIDIA GeForce RTX 4090"),
+        source="NVIDIA Ada Lovelace whitepaper (tensor figures with fp32 accumulation)",
+        memory_source="public log (torch): 24563 MiB",
     ),
     # --- Turing ---------------------------------------------------------------------------
     _gpu(
         "T4",
-        memory_bytes=15_642_329_088,  # public log (deviceQuery, CUDA 12.5): 14918 MiB
+        memory_bytes=15_642_329_088,
         bandwidth=320 * GIGA,
         # No bf16/tf32 tensor cores: those use the fp32 CUDA-core figure.
         flops=_flops(fp32=8.1, tf32=8.1, fp16=65.0, bf16=8.1),
@@ -487,11 +630,13 @@ _GPUS: tuple[Device, ...] = (
         compute_capability="7.5",
         generation="Turing",
         aliases=("T4-16GB", "Tesla T4", "NVIDIA T4"),
+        source="NVIDIA T4 datasheet (no bf16 or tf32 tensor cores: the fp32 figure)",
+        memory_source="public log (deviceQuery, CUDA 12.5): 14918 MiB",
     ),
     # --- Volta ----------------------------------------------------------------------------
     _gpu(
         "V100",
-        memory_bytes=34_072_559_616,  # public log (deviceQuery, CUDA 12.9): 32494 MiB
+        memory_bytes=34_072_559_616,
         bandwidth=900 * GIGA,
         # No bf16/tf32 tensor cores: those use the fp32 CUDA-core figure.
         flops=_flops(fp32=15.7, tf32=15.7, fp16=125.0, bf16=15.7),
@@ -499,16 +644,20 @@ _GPUS: tuple[Device, ...] = (
         compute_capability="7.0",
         generation="Volta",
         aliases=("V100-32GB", "V100-SXM2-32GB", "V100-SXM2", "Tesla V100-SXM2-32GB"),
+        source="NVIDIA V100 datasheet (SXM2; no bf16 or tf32 tensor cores: the fp32 figure)",
+        memory_source="public log (deviceQuery, CUDA 12.9): 32494 MiB",
     ),
     _gpu(
         "V100-16GB",
-        memory_bytes=16_928_342_016,  # public log (deviceQuery, CUDA 12.4): 16144 MiB
+        memory_bytes=16_928_342_016,
         bandwidth=900 * GIGA,
         flops=_flops(fp32=15.7, tf32=15.7, fp16=125.0, bf16=15.7),
         sm_count=80,
         compute_capability="7.0",
         generation="Volta",
         aliases=("V100-SXM2-16GB", "Tesla V100-SXM2-16GB"),
+        source="NVIDIA V100 datasheet (SXM2; no bf16 or tf32 tensor cores: the fp32 figure)",
+        memory_source="public log (deviceQuery, CUDA 12.4): 16144 MiB",
     ),
 )
 
@@ -772,3 +921,19 @@ def detect_device() -> Device:
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
+
+
+def precision_notes(device: Device, precision: str) -> list[str]:
+    """Notes on training in ``precision`` on ``device``: bf16 on a GPU without bf16
+    arithmetic (:attr:`Device.has_bf16`), which runs at its fp32 rate or slower."""
+    if device.kind != "cuda" or _PRECISION_ALIASES.get(_normalise(str(precision))) not in ("bf16", "bf16-true"):
+        return []
+    if device.has_bf16:
+        return []
+    cc = f"compute capability {device.compute_capability}" if device.compute_capability else ""
+    return [
+        f"bf16 on the {device.name}: it has no bf16 arithmetic ({cc + '; ' if cc else ''}"
+        "bf16 tensor cores need 8.0 or newer), so bf16 matmuls and convolutions run at its "
+        "fp32 rate or slower and the time is predicted at that rate; fp16 (with a "
+        "GradScaler) is the half precision for this GPU"
+    ]

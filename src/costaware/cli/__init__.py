@@ -263,6 +263,11 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({n: ca.CATALOG[n].to_dict() for n in ca.known_devices()}, indent=2))
         return 0
+    if args.sources or not sys.stdout.isatty():  # a pipe gets every name whole
+        from costaware.core.compare import catalog_text
+
+        print(catalog_text(sources=args.sources))
+        return 0
     from rich.console import Console
     from rich.table import Table
 
@@ -276,12 +281,18 @@ def _cmd_devices(args: argparse.Namespace) -> int:
             fmt_bytes(d.memory_bytes),
             f"{d.bandwidth / 1e9:,.0f} GB/s",
             f"{d.peak_flops('fp32') / 1e12:,.1f} TF",
-            f"{d.peak_flops('bf16') / 1e12:,.1f} TF",
+            f"{d.peak_flops('bf16') / 1e12:,.1f} TF" + ("" if d.has_bf16 else " (no bf16)"),
             str(d.sm_count),
             d.generation,
         )
     Console().print(table)
     return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from costaware.cli.compare import run_cli
+
+    return run_cli(args, _build_spec(args))
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
@@ -591,7 +602,29 @@ def _parser() -> argparse.ArgumentParser:
         description="List the GPUs (and the local CPU) costaware knows, with the specs it uses.",
     )
     dv.add_argument("--json", action="store_true", help="print the catalog as JSON")
+    dv.add_argument(
+        "--sources", action="store_true", help="also say where each device's figures come from"
+    )
     dv.set_defaults(func=_cmd_devices)
+
+    cm = sub.add_parser(
+        "compare",
+        help="one configuration on every catalog GPU: fits, largest batch, time, cost",
+        description=(
+            "Predict MODEL's training step on each GPU of the catalog (or --devices) and print, "
+            "per GPU: whether the step fits at --batch-size, the largest batch size that fits, "
+            "the iteration and epoch time with their upper bounds, and the cost of an epoch at "
+            "--price or a default list price. Two dry runs in all; nothing runs on a GPU. "
+            "Example: costaware compare examples/models.py:resnet18 --batch-size 64 --input "
+            "3x224x224 --precision bf16 --dataset-size 50000 --devices A10G,L4,L40S,H100 "
+            "--price A10G=1.01,L4=0.8"
+        ),
+    )
+    _spec_arguments(cm, batch_help="samples per step", batch_required=True)
+    from costaware.cli.compare import add_arguments as _compare_arguments
+
+    _compare_arguments(cm)
+    cm.set_defaults(func=_cmd_compare)
 
     from costaware.measure.collect import add_arguments
 
@@ -727,7 +760,7 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--quiet", "-q", action="store_true", help="no summary, no progress bar")
     rp.set_defaults(func=_cmd_report)
 
-    for sp in (pr, dv, co, fi, ca_, rp):  # --debug after the command works too
+    for sp in (pr, dv, cm, co, fi, ca_, rp):  # --debug after the command works too
         sp.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
         )

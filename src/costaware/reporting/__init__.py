@@ -566,6 +566,7 @@ class Report:
             "best": [r.to_dict() for r in self.best()],
             "trials": [self._trial_dict(r) for r in self.trials],
             "notes": list(self.notes),
+            "other_gpus": _gpu_costs(self),
         }
 
     def _trial_dict(self, r: TrialRow) -> dict[str, Any]:
@@ -601,6 +602,12 @@ class Report:
         from costaware.reporting.text import print_summary
 
         print_summary(self, console)
+
+
+def _gpu_costs(rep: Report) -> dict[str, Any]:
+    from costaware.reporting.gpus import gpu_costs
+
+    return gpu_costs(rep)
 
 
 def _write(path: str | os.PathLike[str], text: str) -> None:
@@ -671,6 +678,10 @@ def _apply_prediction(row: TrialRow, p: Mapping[str, Any]) -> None:
         row.pred_trial_time = _first(row.pred_trial_time, pred.get("trial_time"))
         row.gate_latency = _first(row.gate_latency, pred.get("latency_s"))
         row.model_kind = row.model_kind or _str(pred.get("kind"))
+        if not row.pred_step:
+            from costaware.reporting.gpus import step_of
+
+            row.pred_step = step_of(pred, spec)
     if p.get("status") == "error":
         row.prediction_error = row.prediction_error or _str(p.get("reason")) or "prediction failed"
     if p.get("status") == "rejected" and not row.reasons:

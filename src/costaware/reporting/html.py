@@ -1226,6 +1226,7 @@ def render_html(rep: Report, *, progress: ProgressFn | None = None, validate: bo
     body.append(_accuracy_section(rep, figs))
     step(5)
     body.append(_best_section(rep))
+    body.append(_gpus_section(rep))
     step(6)
     body.append(_all_section(rep))
     body.append(FOOTER)
@@ -1240,4 +1241,27 @@ def render_html(rep: Report, *, progress: ProgressFn | None = None, validate: bo
         + "\n</main>"
         + _RESIZE
         + "</body></html>\n"
+    )
+
+
+def _gpus_section(rep: Report) -> str:
+    """The "On other GPUs" section (:mod:`costaware.reporting.gpus`; empty when no trial
+    can be moved)."""
+    from costaware.reporting.gpus import section_rows
+
+    found = section_rows(rep)
+    if found is None:
+        return ""
+    head, rows, lead, left_out = found
+    left = (
+        f"<p>{left_out} admitted trials have no recorded step or GPU and are left out.</p>"
+        if left_out
+        else ""
+    )
+    return (
+        '<section id="gpus"><h2>On other GPUs</h2>'
+        f'<p class="lead">{html.escape(lead)}</p>'
+        + _table(head, [[html.escape(c) for c in row] for row in rows], {1, 2, 3, 4})
+        + left
+        + "</section>"
     )

@@ -79,6 +79,9 @@ class TrialRow:
     start: _dt.datetime | None = None
     end: _dt.datetime | None = None
     value: float | None = None
+    #: the predicted step's FLOPs, bytes moved, precision and memory need
+    #: (:func:`costaware.reporting.gpus.step_of`), for the report's "On other GPUs"
+    pred_step: dict[str, Any] = field(default_factory=dict)
 
     @property
     def admitted(self) -> bool:

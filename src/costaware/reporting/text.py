@@ -210,6 +210,9 @@ def render_markdown(rep: Report) -> str:
                 {1, 2, 3, 4},
             )
 
+    from costaware.reporting.gpus import markdown_lines
+
+    lines += markdown_lines(rep)
     lines += ["## Best trials", ""]
     best = rep.best(10)
     if best:

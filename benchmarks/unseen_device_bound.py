@@ -1,0 +1,108 @@
+"""How much wider a time bound must be on a GPU the model has no rows of.
+
+The leave-family-out predictions of ``benchmarks/accuracy.py`` on the GPU rows (each
+family predicted by a model fitted on the other families, every device seen) against the
+same rows predicted with the device unseen as well (for each device and family, a model
+fitted on the other devices' rows of the other families): for each, the 95% quantile of
+the absolute log error ``|log(predicted / measured)|`` of the iteration time, the spread a
+two-sided 95% bound needs, and the mean relative error.
+
+The ratios of the unseen figures to the seen ones (the 95% quantile, the quantity a bound
+is made of, and the mean relative error) are what
+:data:`costaware.core.model.UNSEEN_DEVICE_WIDENING` widens the time bound's log width by for a
+GPU without rows of its own; it is set from the mean relative errors docs/accuracy.md
+reports (docs/compare.md), which this script's fits repeat.
+
+Usage:
+    python benchmarks/unseen_device_bound.py [--cache FEATURES.json.gz] [--iterations 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import accuracy as acc  # noqa: E402
+
+
+def _spread(recs: list[dict[str, Any]], q: float = 0.95) -> dict[str, float]:
+    t = [r for r in recs if r.get("secs") and r.get("p_secs")]
+    if not t:  # a group with no timed rows: say so rather than stop the run
+        nan = float("nan")
+        return {"n": 0, "abs_log_q95": nan, "under_log_q95": nan, "mre": nan, "coverage": nan}
+    logs = np.array([math.log(r["p_secs"] / r["secs"]) for r in t])
+    return {
+        "n": len(t),
+        "abs_log_q95": float(np.quantile(np.abs(logs), q)),
+        "under_log_q95": float(np.quantile(-logs, q)),  # what an upper bound must cover
+        "mre": float(np.mean([abs(r["p_secs"] - r["secs"]) / r["secs"] for r in t])),
+        "coverage": float(np.mean([r["secs"] <= r["p_secs_hi"] for r in t])),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cache", help="a features cache (.json.gz) to read and update")
+    p.add_argument("--iterations", type=int, default=400)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", help="write the figures as JSON here")
+    args = p.parse_args(argv)
+    from costaware.core.model import CostModel
+    from costaware.core.optime import fit_op_models
+    from costaware.measure.collect import observations
+
+    files = sorted(
+        f
+        for f in (ROOT / "data" / "gpu").glob("*.jsonl.gz")
+        if acc.ARCHIVE not in f.parts and acc.PROBES not in f.parts
+    )
+    raw = acc._read(files)
+    rows = acc._load(raw)
+    op_rows = acc._load(raw, kind="op")
+    feature_model = CostModel(trace_timeout=600.0)
+    op_models, _ = fit_op_models(op_rows)
+    for m in op_models:
+        feature_model.add_op_model(m)
+    obs, skipped = observations(rows, model=feature_model, cache=args.cache)
+    obs = [o for o in obs if acc._kind(o.device) == "gpu"]
+    settings = {
+        "iterations": args.iterations,
+        "thread_count": args.threads,
+        "time_baseline": "optime",
+        "random_state": 0,
+        "memory_model": "line",
+    }
+    seen = acc._evaluate(obs, "gpu", settings)["records"]
+    unseen = acc._evaluate_unseen_devices(obs, "gpu", settings)
+    out: dict[str, Any] = {
+        "files": [str(f.relative_to(ROOT)) for f in files],
+        "skipped": len(skipped),
+    }
+    out["seen"] = _spread(seen)
+    for dev, u in unseen.items():
+        for how in ("families_seen", "families_unseen"):
+            out[f"{dev}, {how}"] = _spread(u["records"][how])
+    both = [r for u in unseen.values() for r in u["records"]["families_unseen"]]
+    out["unseen, families unseen"] = _spread(both)
+    out["ratio_abs_log_q95"] = (
+        out["unseen, families unseen"]["abs_log_q95"] / out["seen"]["abs_log_q95"]
+    )
+    out["ratio_mre"] = out["unseen, families unseen"]["mre"] / out["seen"]["mre"]
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
