@@ -863,34 +863,9 @@ class Runner:
         known = truth.feasible(rec["key"])
         costaware = None
         if arm == "costaware":
-            t0 = time.perf_counter()
-            reject = trial.should_prune()
-            rec["pred_s"] = time.perf_counter() - t0
-            attrs = study._storage.get_trial_user_attrs(trial._trial_id)
-            rec["prediction"] = {
-                k.split(":", 1)[1]: v
-                for k, v in attrs.items()
-                if k.startswith("costaware:")
-                and k.split(":", 1)[1]
-                in (
-                    "peak_memory",
-                    "peak_memory_upper",
-                    "min_capacity_upper",
-                    "epoch_time",
-                    "epoch_time_upper",
-                    "model",
-                    "reason_kinds",
-                    "latency_ms",
-                    "error",
-                )
-            }
-            if reject:
-                rec["status"] = "rejected"
-                raise optuna.TrialPruned("rejected by costaware")
-            if pruner.refit is not None:  # a refit in flight would slow the trial down
-                t0 = time.perf_counter()
-                pruner.refit.wait()
-                rec["refit_wait_s"] = time.perf_counter() - t0
+            import hpo
+
+            hpo.judge(trial, study, pruner, rec, (*hpo.PREDICTION_KEYS, "min_capacity_upper"))
             costaware = {
                 "store": store,
                 "trial": trial,

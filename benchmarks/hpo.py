@@ -296,6 +296,44 @@ class Bench:
     models: list[str] = field(default_factory=list)  # the shipped model, as each seed found it
 
 
+#: the costaware prediction attributes a benchmark record keeps
+PREDICTION_KEYS = (
+    "peak_memory",
+    "peak_memory_upper",
+    "epoch_time",
+    "epoch_time_upper",
+    "model",
+    "reason_kinds",
+    "latency_ms",
+    "error",
+)
+
+
+def judge(trial: Any, study: Any, pruner: Any, rec: dict[str, Any], keys: Sequence[str]) -> None:
+    """The costaware arm's decision on ``trial``, as a user's objective makes it: the time
+    it took and the prediction's ``keys`` into ``rec``; a rejected trial raises
+    ``optuna.TrialPruned``; an admitted one waits for a refit in flight (which would slow
+    the trial down)."""
+    import optuna
+
+    t0 = time.perf_counter()
+    reject = trial.should_prune()
+    rec["pred_s"] = time.perf_counter() - t0
+    attrs = study._storage.get_trial_user_attrs(trial._trial_id)
+    rec["prediction"] = {
+        k.split(":", 1)[1]: v
+        for k, v in attrs.items()
+        if k.startswith("costaware:") and k.split(":", 1)[1] in keys
+    }
+    if reject:
+        rec["status"] = "rejected"
+        raise optuna.TrialPruned("rejected by costaware")
+    if pruner.refit is not None:
+        t0 = time.perf_counter()
+        pruner.refit.wait()
+        rec["refit_wait_s"] = time.perf_counter() - t0
+
+
 def run_arm(bench: Bench, arm: str, seed: int) -> dict[str, Any]:
     """One arm's study for one seed: its per-trial records and costaware's bookkeeping."""
     import optuna
@@ -344,33 +382,7 @@ def run_arm(bench: Bench, arm: str, seed: int) -> dict[str, Any]:
         records.append(rec)
         known = bench.truth.feasible(key)
         if arm == "costaware":
-            t0 = time.perf_counter()
-            reject = trial.should_prune()
-            rec["pred_s"] = time.perf_counter() - t0
-            attrs = study._storage.get_trial_user_attrs(trial._trial_id)
-            rec["prediction"] = {
-                k.split(":", 1)[1]: v
-                for k, v in attrs.items()
-                if k.startswith("costaware:")
-                and k.split(":", 1)[1]
-                in (
-                    "peak_memory",
-                    "peak_memory_upper",
-                    "epoch_time",
-                    "epoch_time_upper",
-                    "model",
-                    "reason_kinds",
-                    "latency_ms",
-                    "error",
-                )
-            }
-            if reject:
-                rec["status"] = "rejected"
-                raise optuna.TrialPruned("rejected by costaware")
-            if pruner.refit is not None:  # a refit in flight would slow the trial down
-                t0 = time.perf_counter()
-                pruner.refit.wait()
-                rec["refit_wait_s"] = time.perf_counter() - t0
+            judge(trial, study, pruner, rec, PREDICTION_KEYS)
         if arm == "oracle" and known is False:
             rec["status"] = "skipped"
             raise optuna.TrialPruned("infeasible (oracle)")
