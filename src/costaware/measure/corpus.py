@@ -470,6 +470,24 @@ def _g_rnn(kind: str, rng: random.Random) -> Config:
         layers = rng.choice((1, 2))
         seq = rng.choice((16, 32, 64))
         bs = rng.choice((4, 8, 16))
+    return _rnn_config(kind, "rnn", rng, cell, vocab, embed, hidden, layers, seq, bs, (0.0, 0.2))
+
+
+def _rnn_config(
+    kind: str,
+    family: str,
+    rng: random.Random,
+    cell: str,
+    vocab: int,
+    embed: int,
+    hidden: int,
+    layers: int,
+    seq: int,
+    bs: int,
+    dropouts: tuple[float, ...],
+) -> Config:
+    """A recurrent language model's configuration (zoo.rnn), with its forward FLOPs per
+    sample; its dropout is drawn from ``dropouts``."""
     gates = 4 if cell == "lstm" else 3
     per_tok = sum(
         2 * gates * hidden * ((embed if i == 0 else hidden) + hidden) for i in range(layers)
@@ -481,9 +499,9 @@ def _g_rnn(kind: str, rng: random.Random) -> Config:
         "embed": embed,
         "hidden": hidden,
         "layers": layers,
-        "dropout": rng.choice((0.0, 0.2)),
+        "dropout": rng.choice(dropouts),
     }
-    return _make(kind, "rnn", "rnn", kw, "tokens", (seq,), vocab, bs, flops, rng)
+    return _make(kind, family, "rnn", kw, "tokens", (seq,), vocab, bs, flops, rng)
 
 
 def _lm(kind: str, rng: random.Random, family: str) -> Config:
@@ -901,20 +919,7 @@ def _g_rnn_lm(kind: str, rng: random.Random) -> Config:
         layers = rng.choice((2, 3))
         seq = rng.choice((20, 35))
         bs = rng.choice((4, 8))
-    gates = 4 if cell == "lstm" else 3
-    per_tok = sum(
-        2 * gates * hidden * ((embed if i == 0 else hidden) + hidden) for i in range(layers)
-    )
-    flops = seq * (per_tok + 2 * hidden * vocab)
-    kw = {
-        "kind": cell,
-        "vocab": vocab,
-        "embed": embed,
-        "hidden": hidden,
-        "layers": layers,
-        "dropout": rng.choice((0.2, 0.5)),
-    }
-    return _make(kind, "rnn_lm", "rnn", kw, "tokens", (seq,), vocab, bs, flops, rng)
+    return _rnn_config(kind, "rnn_lm", rng, cell, vocab, embed, hidden, layers, seq, bs, (0.2, 0.5))
 
 
 #: the broad families' generators (kinds "gpu-broad", "cpu-broad"; the same counts per
