@@ -830,15 +830,9 @@ class Runner:
                     catch=(RuntimeError, MemoryError),
                     gc_after_trial=True,
                 )
-        refit: dict[str, Any] = {}
-        if pruner is not None and pruner.refit is not None:
-            pruner.refit.wait()
-            refit = {
-                "refits": len(pruner.refit.history),
-                "refit_s": sum(h["seconds"] for h in pruner.refit.history),
-                "rows": [h["rows"] for h in pruner.refit.history],
-                "error": pruner.refit.last_error,
-            }
+        import hpo
+
+        refit = hpo.refit_summary(pruner)
         self.results.append(
             {"kind": "arm_done", "task": task.name, "seed": seed, "arm": arm, "refit": refit}
         )

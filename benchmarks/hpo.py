@@ -296,6 +296,21 @@ class Bench:
     models: list[str] = field(default_factory=list)  # the shipped model, as each seed found it
 
 
+def refit_summary(pruner: Any) -> dict[str, Any]:
+    """What the costaware arm's online refit did over a study, once the refit in flight
+    has finished (empty for an arm without one)."""
+    if pruner is None or pruner.refit is None:
+        return {}
+    pruner.refit.wait()
+    history = pruner.refit.history
+    return {
+        "refits": len(history),
+        "refit_s": sum(h["seconds"] for h in history),
+        "rows": [h["rows"] for h in history],
+        "error": pruner.refit.last_error,
+    }
+
+
 #: the costaware prediction attributes a benchmark record keeps
 PREDICTION_KEYS = (
     "peak_memory",
@@ -441,15 +456,7 @@ def run_arm(bench: Bench, arm: str, seed: int) -> dict[str, Any]:
             callbacks=[tick],
             gc_after_trial=False,
         )
-        refit_info: dict[str, Any] = {}
-        if pruner is not None and pruner.refit is not None:
-            pruner.refit.wait()
-            refit_info = {
-                "refits": len(pruner.refit.history),
-                "refit_s": sum(h["seconds"] for h in pruner.refit.history),
-                "rows": [h["rows"] for h in pruner.refit.history],
-                "error": pruner.refit.last_error,
-            }
+        refit_info = refit_summary(pruner)
     bench.truth.save()
     return {"arm": arm, "seed": seed, "records": records, "refit": refit_info}
 
