@@ -115,6 +115,29 @@ class _PrunerGate:
     _spec_fn: Callable[[dict[str, Any]], TrainingSpec] | None
     _warned_unjudged: set[str]
 
+    def _init_gate(
+        self,
+        spec_fn: Callable[[dict[str, Any]], TrainingSpec] | None,
+        budget: Budget | None,
+        device: str | Device,
+        *,
+        model: CostModel | None,
+        store: Any,
+        refit_every: int | None,
+        fail_open: bool,
+    ) -> None:
+        """The state every costaware pruner holds: its spec_fn and its gate."""
+        self._spec_fn = spec_fn
+        self._warned_unjudged = set()
+        self._gate = Gate(
+            budget,
+            device,
+            model=model,
+            store=store,
+            refit_every=refit_every,
+            fail_open=fail_open,
+        )
+
     @property
     def gate(self) -> Gate:
         """The :class:`~costaware.runtime.gate.Gate` (budget, device, model, store) this pruner
@@ -261,10 +284,9 @@ class CostAwarePruner(BasePruner, _PrunerGate):
                 CostAwareWarning,
                 stacklevel=2,
             )
-        self._spec_fn = spec_fn
         self._wrapped = wrapped
-        self._warned_unjudged = set()
-        self._gate = Gate(
+        self._init_gate(
+            spec_fn,
             budget,
             device,
             model=model,
@@ -306,9 +328,8 @@ class CostAwareHyperbandPruner(HyperbandPruner, _PrunerGate):
     ) -> None:
         _check_spec_fn(spec_fn)
         super().__init__(**hyperband)
-        self._spec_fn = spec_fn
-        self._warned_unjudged = set()
-        self._gate = Gate(
+        self._init_gate(
+            spec_fn,
             budget,
             device,
             model=model,
