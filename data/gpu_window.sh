@@ -22,6 +22,11 @@
 #                                                  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True set,
 #                                                  the same into a file of its own (COSTAWARE_FAMILIES=a,b
 #                                                  narrows the families)
+#   bash data/gpu_window.sh alloctrace [MINUTES]   the caching allocator's own events (its memory history)
+#                                                  for the runs on either side of every boundary the
+#                                                  committed oom probes bisected, into data/oom/
+#                                                  (costaware.measure.alloctrace; benchmarks/alloc_fidelity.py
+#                                                  says whether the allocator model or the dry run misses)
 #   bash data/gpu_window.sh repeat SEED SHARD [N] [MINUTES]   measure the first N (default 40) configurations
 #                                                  of a committed shard again, into a file named after
 #                                                  today's date: how far two windows (or two machines) differ;
@@ -76,7 +81,7 @@ die() {
 step="${1:-}"
 case "$step" in
     -h | --help) usage; exit 0 ;;
-    check | ops-held | corpus | broad | small | repeat | oom | hpo-site | hpo) shift ;;
+    check | ops-held | corpus | broad | small | repeat | oom | alloctrace | hpo-site | hpo) shift ;;
     "") die "no step given" ;;
     *) die "unknown step '$step'" ;;
 esac
@@ -111,6 +116,10 @@ case "$step" in
         ;;
     hpo)
         minutes="${1:-8.5}"
+        is_number "$minutes" || die "MINUTES must be a number, not '$minutes'"
+        ;;
+    alloctrace)
+        minutes="${1:-8}"
         is_number "$minutes" || die "MINUTES must be a number, not '$minutes'"
         ;;
     repeat)
@@ -306,6 +315,16 @@ print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__
         "$PY" -m costaware.measure.oomprobe --device "$device" --corpus "${COSTAWARE_CORPUS:-gpu}" \
             --caps "$caps" --max-minutes "$minutes" --out "$out/$name" \
             ${COSTAWARE_LIMIT:+--limit "$COSTAWARE_LIMIT"} \
+            ${COSTAWARE_FAMILIES:+--families "$COSTAWARE_FAMILIES"}
+        summary "$out/$name"
+        ;;
+    alloctrace)
+        probes=(data/oom/*-oom-seed0.jsonl.gz)
+        [[ -f "${probes[0]}" ]] || die "no committed oom probes in data/oom/: run the oom step first"
+        name="$tag-alloctrace-seed0.jsonl.gz"
+        resume "$name" data/oom
+        "$PY" -m costaware.measure.alloctrace --device "$device" --probes "${probes[@]}" \
+            --max-minutes "$minutes" --out "$out/$name" \
             ${COSTAWARE_FAMILIES:+--families "$COSTAWARE_FAMILIES"}
         summary "$out/$name"
         ;;

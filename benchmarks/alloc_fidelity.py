@@ -1,0 +1,218 @@
+"""Which model misses at the card's edge: the allocator simulation, or the dry run's events?
+
+The capacity decision (``Prediction.min_capacity``, ``benchmarks/oom_boundary.py``)
+replays the dry run's allocation events through a simulation of PyTorch's caching
+allocator under a cap. Its error at the boundary has two sources that the probes cannot
+tell apart. This script reads the allocator's own event streams recorded on a GPU at
+each probed boundary (``bash data/gpu_window.sh alloctrace``,
+:mod:`costaware.measure.alloctrace`) and separates them:
+
+- **the allocator model**: the *real* events replayed through the simulation. Uncapped,
+  its reserved peak against the one measured; capped, whether its smallest capacity
+  (:func:`costaware.core.allocator.min_capacity`) puts the run on the side of the cap the
+  real run was on (a fit at or under the cap, an OOM over it).
+- **the dry run's events**: the same figures from the dry run of the configuration
+  (``CostModel().predict``'s simulated allocated peak and capacity, the workspace
+  included), and the largest real allocations the dry run has no allocation of the same
+  size for, with the Python frames that made them.
+
+Usage:
+    python benchmarks/alloc_fidelity.py [TRACES.jsonl.gz ...] [--json OUT.json]
+
+Without files it reads ``data/oom/*-alloctrace-*.jsonl.gz``. No model is fitted and no
+figure is tuned here: both replays are the simulation as it ships.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+GiB = 1024**3
+MiB = 1024**2
+#: two allocations of this relative size difference or less count as the same size
+SAME_SIZE = 0.01
+#: real allocations listed per run as missing from the dry run
+MISSING_SHOWN = 3
+
+
+def missing_allocations(
+    real: Sequence[tuple[int, int]],
+    traced: Sequence[tuple[int, int]],
+    frames_of: dict[int, str] | None = None,
+    *,
+    shown: int = MISSING_SHOWN,
+) -> list[dict[str, Any]]:
+    """The largest allocation sizes of ``real`` (``(key, bytes)`` events) that no
+    allocation of ``traced`` matches within :data:`SAME_SIZE`: ``bytes``, how many times
+    the real run allocated that size, and the frame of its first allocation (from
+    ``frames_of``, by position in ``real``) where known."""
+    sizes = sorted({n for _, n in traced if n > 0})
+    seen: dict[int, dict[str, Any]] = {}
+    for i, (_, n) in enumerate(real):
+        if n <= 0:
+            continue
+        j = bisect.bisect_left(sizes, n * (1 - SAME_SIZE))
+        if j < len(sizes) and sizes[j] <= n * (1 + SAME_SIZE):
+            continue
+        entry = seen.setdefault(n, {"bytes": n, "count": 0, "frame": None})
+        entry["count"] += 1
+        if entry["frame"] is None and frames_of is not None:
+            entry["frame"] = frames_of.get(i)
+    return sorted(seen.values(), key=lambda e: -e["bytes"])[:shown]
+
+
+def analyse(row: dict[str, Any], traced_events: Any, basis: dict[str, Any]) -> dict[str, Any]:
+    """One recorded run against the simulation of its real events and against its dry
+    run (``traced_events``: the dry run's allocation events; ``basis``: its prediction's
+    basis, with the simulated figures)."""
+    from costaware.core.allocator import min_capacity, simulate
+    from costaware.measure.alloctrace import real_events
+
+    history = row["history"]
+    events, info = real_events(history)
+    oom = info["oom_request"] is not None
+    uncapped = simulate(events)
+    capacity = min_capacity(events, uncapped=uncapped)
+    cap = int(row["cap_bytes"]) if row.get("capped") else None
+    frames = history.get("frames", [])
+    frames_of = {i: frames[f] for i, f in info["frame_at"].items() if 0 <= f < len(frames)}
+    out = {
+        "family": row["family"],
+        "config_id": row["config_id"],
+        "batch_size": int(row["batch_size"]),
+        "cap": cap,
+        "status": row["status"],
+        "measured_allocated": row.get("max_allocated"),
+        "measured_reserved": row.get("max_reserved"),
+        "real_allocated": uncapped.peak_allocated,
+        "real_reserved": uncapped.peak_reserved,
+        "real_capacity": capacity,
+        "dry_allocated": int(basis["simulated_allocated"]),
+        "dry_reserved": int(basis["simulated_reserved"]),
+        "dry_capacity": int(basis["simulated_min_capacity"]),
+        "unknown_frees": info["unknown_frees"],
+        "oom_request": info["oom_request"],
+        "missing": missing_allocations(events, traced_events, frames_of),
+    }
+    if cap is not None and row["status"] in ("fits", "oom"):
+        fitted = row["status"] == "fits"
+        # right when the capacity falls on the side of the cap the real run was on
+        out["real_right"] = (capacity <= cap) == fitted
+        out["dry_right"] = (out["dry_capacity"] <= cap) == fitted
+    elif oom:
+        out["real_right"] = out["dry_right"] = None
+    return out
+
+
+def _ratio(a: Any, b: Any) -> str:
+    return f"{a / b:.3f}" if a and b else "n/a"
+
+
+def report(results: list[dict[str, Any]]) -> list[str]:
+    """The tables: per capped run, which model put it on the right side of the cap; per
+    uncapped run, the reserved peak of each replay against the measured one."""
+    capped = [r for r in results if r["cap"] is not None and r.get("real_right") is not None]
+    lines = [
+        "## Where the capacity decision misses: the allocator model or the dry run",
+        "",
+        "Generated by `python benchmarks/alloc_fidelity.py` from the allocator's own events "
+        "(`torch.cuda.memory._record_memory_history`) at the probed boundaries. *real* replays "
+        "the recorded events through the simulation; *dry run* is the prediction's own "
+        "simulation of the dry run's events. A run is decided right when the smallest "
+        "capacity falls on the side of the cap the real run was on.",
+        "",
+    ]
+    if capped:
+        real_ok = sum(1 for r in capped if r["real_right"])
+        dry_ok = sum(1 for r in capped if r["dry_right"])
+        lines += [
+            f"Of {len(capped)} capped runs, the allocator model on the real events puts "
+            f"{real_ok} on the right side of the cap, the dry run {dry_ok}.",
+            "",
+            "| family | cap | batch | ran | capacity: real events / cap | capacity: dry run / cap "
+            "| allocated: dry run / measured | largest real allocation the dry run lacks |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in capped:
+            miss = r["missing"][0] if r["missing"] else None
+            lacks = (
+                f"{miss['bytes'] / MiB:.0f} MiB x{miss['count']} ({miss['frame'] or 'no frame'})"
+                if miss
+                else "none"
+            )
+            lines.append(
+                f"| {r['family']} | {r['cap'] / GiB:.0f} GiB | {r['batch_size']} | {r['status']} | "
+                f"{_ratio(r['real_capacity'], r['cap'])}{'' if r['real_right'] else ' (wrong)'} | "
+                f"{_ratio(r['dry_capacity'], r['cap'])}{'' if r['dry_right'] else ' (wrong)'} | "
+                f"{_ratio(r['dry_allocated'], r['measured_allocated'])} | {lacks} |"
+            )
+        lines.append("")
+    free = [r for r in results if r["cap"] is None and r["status"] == "fits"]
+    if free:
+        lines += [
+            "Without a cap: the reserved peak of each replay against the measured one.",
+            "",
+            "| family | batch | real events / measured | dry run / measured |",
+            "|---|---|---|---|",
+        ]
+        for r in free:
+            lines.append(
+                f"| {r['family']} | {r['batch_size']} | "
+                f"{_ratio(r['real_reserved'], r['measured_reserved'])} | "
+                f"{_ratio(r['dry_reserved'], r['measured_reserved'])} |"
+            )
+        lines.append("")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("traces", nargs="*", help="alloctrace files (default data/oom/*-alloctrace-*)")
+    p.add_argument("--json", help="write every run's figures here")
+    args = p.parse_args(argv)
+    import costaware as ca
+    from costaware.measure.collect import read_rows
+    from costaware.measure.corpus import Config
+
+    paths = [Path(f) for f in args.traces] or sorted(
+        (ROOT / "data" / "oom").glob("*-alloctrace-*.jsonl.gz")
+    )
+    rows = [r for path in paths for r in read_rows(path) if r.get("kind") == "alloctrace"]
+    if not rows:
+        print(
+            "no recorded runs: run `bash data/gpu_window.sh alloctrace` on a GPU first",
+            file=sys.stderr,
+        )
+        return 2
+    model = ca.CostModel(trace_timeout=600.0)
+    results = []
+    for row in rows:
+        cfg = dataclasses.replace(
+            Config.from_dict(row["config"]), batch_size=int(row["batch_size"])
+        )
+        spec = cfg.to_spec()
+        device = ca.get_device(str(row.get("gpu_name") or "H200"))
+        basis = dict(model.predict(spec, device).basis)
+        trace, _, _ = model.trace(spec, attention="fused")
+        results.append(analyse(row, trace.allocator_events(), basis))
+    print("\n".join(report(results)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=_jsonable))
+    return 0
+
+
+def _jsonable(x: Any) -> Any:
+    return None if isinstance(x, float) and math.isnan(x) else str(x)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

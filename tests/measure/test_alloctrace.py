@@ -1,0 +1,234 @@
+"""costaware.measure.alloctrace and benchmarks/alloc_fidelity.py, without a GPU: the
+allocator's history in the layout ``torch.cuda.memory._snapshot`` gives it, made by hand
+or from a dry run's own events, whose replay is known exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import costaware as ca
+from costaware.core.allocator import min_capacity, simulate
+from costaware.measure.alloctrace import (
+    ACTIONS,
+    boundary_runs,
+    history_events,
+    main,
+    real_events,
+)
+from costaware.measure.collect import append_row
+from costaware.measure.corpus import full_corpus
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import alloc_fidelity  # noqa: E402
+
+MiB = 1 << 20
+ALLOC, FREE, SEG_ALLOC, SEG_FREE, OOM = range(len(ACTIONS))
+
+
+def _frame(path: str, line: int, name: str) -> dict[str, object]:
+    return {"filename": path, "line": line, "name": name}
+
+
+def test_history_keeps_the_allocator_actions_and_names_each_allocation_by_its_frames() -> None:
+    linear = [
+        _frame("/opt/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py", 125, "forward"),
+        _frame("/home/u/train.py", 9, "step"),
+        _frame("/home/u/train.py", 30, "main"),
+    ]
+    trace = [
+        {"action": "segment_alloc", "addr": 4096, "size": 20 * MiB, "frames": linear},
+        {"action": "alloc", "addr": 4096, "size": 3 * MiB, "frames": linear},
+        {"action": "free_requested", "addr": 4096, "size": 3 * MiB, "frames": []},
+        {"action": "free_completed", "addr": 4096, "size": 3 * MiB, "frames": []},
+        {"action": "alloc", "addr": 8192, "size": 2 * MiB, "frames": linear},
+        {"action": "snapshot", "addr": 0, "size": 0, "frames": []},
+        {"action": "oom", "size": 9 * MiB, "device_free": 0, "frames": linear[1:]},
+    ]
+    events, frames = history_events(trace)
+    assert [e[0] for e in events] == [SEG_ALLOC, ALLOC, FREE, ALLOC, OOM]
+    assert events[1] == [ALLOC, 4096, 3 * MiB, 0] and events[3][3] == 0  # one frame text, shared
+    assert events[0][3] == -1 and events[2][3] == -1  # frames are kept for allocations only
+    assert frames == [
+        "torch/nn/modules/linear.py:125 forward < /home/u/train.py:9 step",
+        "/home/u/train.py:9 step < /home/u/train.py:30 main",
+    ]
+    assert events[4] == [OOM, 0, 9 * MiB, 1]
+
+
+def test_real_events_start_from_the_live_blocks_and_end_at_the_request_that_failed() -> None:
+    history = {
+        "initial": [[900, 5 * MiB], [100, 1 * MiB]],  # the parameters, out of address order
+        "events": [
+            [ALLOC, 2000, 7 * MiB, 0],
+            [FREE, 100, 1 * MiB, -1],  # a parameter's block freed
+            [FREE, 555, 4 * MiB, -1],  # a block the snapshot did not list
+            [ALLOC, 2000, 8 * MiB, -1],  # allocated again: its free was not recorded
+            [SEG_FREE, 0, 20 * MiB, -1],
+            [OOM, 0, 30 * MiB, 0],
+            [FREE, 2000, 8 * MiB, -1],  # the error's unwinding: left out
+        ],
+        "frames": ["model.py:3 forward"],
+    }
+    events, info = real_events(history)
+    assert events == [
+        (100, 1 * MiB),
+        (900, 5 * MiB),
+        (2000, 7 * MiB),
+        (100, -1),
+        (2000, -1),
+        (2000, 8 * MiB),
+        (-1, 30 * MiB),
+    ]
+    assert info["unknown_frees"] == 1 and info["oom_request"] == 30 * MiB
+    assert info["frame_at"] == {2: 0, 6: 0}
+    assert simulate(events).peak_allocated > 0  # the simulation takes them as they are
+
+
+def test_boundary_runs_are_both_sides_of_each_bisected_boundary_smallest_cap_first() -> None:
+    a, b = (c for c in full_corpus("cpu", 0)[:2])
+    rows = []
+    for cfg, cap, sizes in (
+        (a, 24, {8: "fits", 16: "oom", 12: "fits", 14: "oom"}),
+        (a, 8, {4: "fits", 6: "oom"}),
+        (b, 8, {2: "fits"}),
+    ):  # no OOM seen: no boundary
+        for size, status in sizes.items():
+            rows.append(
+                {
+                    "kind": "probe",
+                    "status": status,
+                    "config_id": cfg.id,
+                    "config": cfg.to_dict(),
+                    "cap_bytes": cap,
+                    "batch_size": size,
+                }
+            )
+    rows.append({"kind": "search_end", "config_id": a.id, "cap_bytes": 8})
+    runs = boundary_runs(rows)
+    assert [(r.cap, r.batch_size, r.capped, r.probed) for r in runs] == [
+        (8, 4, True, "fits"),
+        (8, 6, True, "oom"),
+        (8, 4, False, "fits"),
+        (24, 12, True, "fits"),
+        (24, 14, True, "oom"),
+        (24, 12, False, "fits"),
+    ]
+    assert all(r.config.id == a.id for r in runs)
+
+
+def _recorded(events: list[tuple[int, int]], cap: int, status: str) -> dict[str, object]:
+    """A recorded run whose allocator events are ``events``, addresses standing in for keys."""
+    rows = []
+    for key, n in events:
+        rows.append([ALLOC, key + 1, n, 0] if n > 0 else [FREE, key + 1, 0, -1])
+    return {
+        "family": "mlp",
+        "config_id": "x",
+        "batch_size": 64,
+        "cap_bytes": cap,
+        "capped": True,
+        "status": status,
+        "max_allocated": simulate(events).peak_allocated,
+        "max_reserved": simulate(events).peak_reserved,
+        "history": {"initial": [], "events": rows, "frames": ["torch/nn/functional.py:1 conv2d"]},
+    }
+
+
+def test_the_fidelity_check_replays_real_events_through_the_simulation_as_it_ships() -> None:
+    cfg = next(c for c in full_corpus("cpu", 0) if c.family == "mlp")
+    spec = dataclasses.replace(cfg, batch_size=64).to_spec()
+    model = ca.CostModel()
+    trace, _, _ = model.trace(spec, attention="fused")
+    traced = [(int(k), int(n)) for k, n in trace.allocator_events().tolist()]
+    basis = dict(model.predict(spec, "H100").basis)
+    # the "real" run: the dry run's events plus a 300 MiB workspace the dry run lacks
+    extra = max(k for k, _ in traced) + 10
+    real = [*traced[:3], (extra, 300 * MiB), (extra, -1), *traced[3:]]
+    need = min_capacity(real)
+    for cap, status, right in (
+        (need, "fits", True),
+        (need - 2 * MiB, "fits", False),  # the real run fitted where the model says it cannot
+        (need - 2 * MiB, "oom", True),
+    ):
+        out = alloc_fidelity.analyse(_recorded(real, cap, status), traced, basis)
+        assert out["real_allocated"] == simulate(real).peak_allocated
+        assert out["real_capacity"] == need
+        assert out["real_right"] is right
+        assert out["dry_capacity"] == basis["simulated_min_capacity"]
+        assert out["missing"][0] == {
+            "bytes": 300 * MiB,
+            "count": 1,
+            "frame": "torch/nn/functional.py:1 conv2d",
+        }
+    lines = alloc_fidelity.report([out])
+    assert any(
+        "the allocator model on the real events puts 1 on the right side" in x for x in lines
+    )
+
+
+def test_recording_needs_a_gpu_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    probes = tmp_path / "probes.jsonl.gz"
+    cfg = full_corpus("cpu", 0)[0]
+    append_row(
+        probes,
+        {
+            "kind": "probe",
+            "status": "fits",
+            "config_id": cfg.id,
+            "config": cfg.to_dict(),
+            "cap_bytes": 1,
+            "batch_size": 2,
+        },
+    )
+    assert (
+        main(["--probes", str(probes), "--out", str(tmp_path / "out.jsonl.gz"), "--device", "cpu"])
+        == 2
+    )
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl.gz").exists()
+
+
+def test_the_gpu_window_step_checks_its_minutes_and_reports_a_missing_gpu(tmp_path: Path) -> None:
+    script = ROOT / "data" / "gpu_window.sh"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "OUT": str(tmp_path),
+        "PYTHON": sys.executable,
+        "COSTAWARE_DEVICE": "cpu",
+    }
+    bad = subprocess.run(
+        ["bash", str(script), "alloctrace", "soon"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "MINUTES must be a number" in bad.stderr
+    r = subprocess.run(
+        ["bash", str(script), "alloctrace", "1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr
+
+
+def test_the_fidelity_benchmark_says_what_to_run_without_recorded_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "none.jsonl.gz"
+    append_row(empty, {"kind": "context"})
+    assert alloc_fidelity.main([str(empty)]) == 2
+    assert "gpu_window.sh alloctrace" in capsys.readouterr().err
