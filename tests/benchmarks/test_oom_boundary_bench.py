@@ -1,0 +1,51 @@
+"""benchmarks/oom_boundary.py's scoring, on runs made by hand."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import oom_boundary  # noqa: E402
+
+GiB = 1 << 30
+
+
+def _run(status: str, cap: float, point: float, reserved: float | None = None) -> dict[str, object]:
+    return {
+        "family": "f",
+        "status": status,
+        "cap": cap * GiB,
+        "point": point * GiB,
+        "measured_reserved": None if reserved is None else reserved * GiB,
+        "measured_allocated": point * GiB,
+        "simulated_allocated": point * GiB,
+    }
+
+
+def test_the_floor_is_the_margin_that_admits_no_oom_and_the_fits_it_must_reject() -> None:
+    rows = [
+        _run("oom", 8, 7.9),  # cap / point 1.0127: the margin must pass it
+        _run("oom", 8, 8.5),
+        _run("fits", 8, 7.95, reserved=8.0),  # 1.0063: rejected by that margin
+        _run("fits", 8, 7.0, reserved=7.5),  # 1.143: admitted
+        _run("fits", 8, 8.2, reserved=7.96),  # point over the cap, yet it ran: rejected
+    ]
+    floor = oom_boundary._floor(rows)
+    assert abs(floor["margin"] - 8 / 7.9) < 1e-12
+    assert floor["rejected"] == 2 and floor["fits"] == 3
+    assert floor["within_1pct"] == 2  # 8.0 and 7.96 of 8 GiB
+
+
+def test_the_batch_size_figure_counts_what_the_search_leaves_out_of_the_range_that_ran() -> None:
+    searches = [
+        {"family": "a", "cap": 8 * GiB, "fit": 100, "oom": 104, "found": 90},  # 10% left out
+        {"family": "b", "cap": 8 * GiB, "fit": 50, "oom": 52, "found": 51},  # above: not a loss
+        {"family": "c", "cap": 8 * GiB, "fit": 20, "oom": None, "found": 20},  # no boundary
+    ]
+    text = "\n".join(oom_boundary._batch_size_table(searches))
+    assert "over the 2 searches" in text
+    assert "a mean 5.0% of the range (at most 10.0%)" in text
+    assert "| a | 8 GiB | 100 | 104 | 90 |" in text and "| c |" not in text
