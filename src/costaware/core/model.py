@@ -115,16 +115,15 @@ from costaware.spec import TrainingSpec
 __all__ = ["CostModel", "Observation", "Prediction", "benchmark_search_peak", "features_for"]
 
 MiB = 2**20
-#: below this many measurements of a target, fit learns a line, not trees: replayed on
-#: the HPO benchmark's studies, trees on 8-12 trials were twice as far off on memory as the
-#: line, and their few calibration rows gave bounds no wider than the point
+#: below this many measurements of a target, fit learns a line, not trees: trees on a
+#: handful of trials fit their noise, and their few calibration rows give bounds no wider
+#: than the point (``docs/predictions.md`` compares the two on the HPO benchmark's studies)
 SMALL_SAMPLE = 30
 #: how much wider the time's upper bound is, in log terms, on a device the model has no
 #: rows of: ``upper = point * (upper / point) ** UNSEEN_DEVICE_WIDENING``. The larger
-#: ratio, over the H100-SXM and the H200, of the iteration time's mean relative error
-#: with the device and the family unseen to the one with the family alone unseen
-#: (docs/accuracy.md: 22.2% / 16.8% on the H100-SXM, 18.4% / 16.1% on the H200), rounded
-#: up to 0.05 (docs/compare.md)
+#: ratio, over the GPUs measured, of the iteration time's mean relative error with the
+#: device and the family unseen to the one with the family alone unseen ("A device the
+#: model never saw" in ``docs/accuracy.md``), rounded up to 0.05 (``docs/compare.md``)
 UNSEEN_DEVICE_WIDENING = 1.35
 
 #: the features that say which configuration a step is (:func:`repeat_key`): what the
@@ -185,8 +184,8 @@ def features_for(
     """The full feature dict for one (trace, spec, device), as the learned model sees it.
 
     With ``op_model`` (:class:`~costaware.core.optime.OpTimeModel`), the op-level time sums
-    (``optime_*``) are added: learned per-kernel GPU times summed over the trace. They are
-    NaN for a CPU and absent without an op model.
+    (``optime_*``) are added: learned per-kernel times summed over the trace. They are
+    NaN for a device of another kind than the op model's and absent without an op model.
     """
     feats: dict[str, float] = {}
     feats.update(hyperparameter_features(spec))
