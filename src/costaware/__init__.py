@@ -39,8 +39,7 @@ if TYPE_CHECKING:
     from costaware.core.batch_size import BatchSizeResult as BatchSizeResult
     from costaware.core.batch_size import NothingFitsError as NothingFitsError
     from costaware.core.model import CostModel as CostModel
-    from costaware.core.model import Observation as Observation
-    from costaware.core.model import Prediction as Prediction
+    from costaware.core.prediction import Prediction as Prediction
     from costaware.core.trace import Trace as Trace
     from costaware.core.trace import dry_run as dry_run
     from costaware.devices import CATALOG as CATALOG
@@ -48,6 +47,7 @@ if TYPE_CHECKING:
     from costaware.devices import UnknownDeviceError as UnknownDeviceError
     from costaware.devices import get_device as get_device
     from costaware.devices import known_devices as known_devices
+    from costaware.observation import Observation as Observation
     from costaware.reporting import Report as Report
     from costaware.reporting import ReportError as ReportError
     from costaware.reporting import report as report
@@ -84,8 +84,8 @@ _LAZY = {
     "get_device": "costaware.devices",
     "known_devices": "costaware.devices",
     "CostModel": "costaware.core.model",
-    "Observation": "costaware.core.model",
-    "Prediction": "costaware.core.model",
+    "Observation": "costaware.observation",
+    "Prediction": "costaware.core.prediction",
     "OnlineRefit": "costaware.runtime.refit",
     "Report": "costaware.reporting",
     "ReportError": "costaware.reporting",

@@ -297,7 +297,7 @@ def test_unfitted_save_and_empty_fit_are_errors(tmp_path: Path) -> None:
 
 
 def test_conformal_quantile() -> None:
-    from costaware.core.model import _conformal_quantile
+    from costaware.core.conformal import _conformal_quantile
 
     r = np.arange(1, 100, dtype=float)  # 99 residuals
     assert _conformal_quantile(r, 0.95) == (95.0, 0.95)  # the ceil(100 * 0.95) = 95th smallest
@@ -479,7 +479,7 @@ def test_small_sample_time_refit_tries_a_slope_only_from_ten_rows() -> None:
     """Measured/predicted drifting with size (log slope 0.3): 8 rows get one factor per
     precision (on so few, a slope chosen by leave-one-out made held-out families' times
     worse, ``benchmarks/refit_replay.py``); from ``_MIN_SLOPE_ROWS`` rows it is learned."""
-    from costaware.core.model import _MIN_SLOPE_ROWS, _small_sample_line
+    from costaware.core.residuals import _MIN_SLOPE_ROWS, _small_sample_line
 
     log_base = np.log(np.geomspace(1e-3, 1.0, 12))
     y = 0.1 + 0.3 * log_base
@@ -592,7 +592,7 @@ def test_bounds_follow_an_additive_error_without_widening_large_predictions() ->
     """Measured = predicted + up to 200 MiB (allocator slack, workspaces): as one factor,
     a 10 MiB model's spread would put every 10 GiB model's bound at 20x. The shifted
     quantile keeps the large bounds tight and still covers new rows."""
-    from costaware.core.model import _shifted_quantile
+    from costaware.core.conformal import _shifted_quantile
 
     rng = np.random.default_rng(0)
 
@@ -621,7 +621,7 @@ def test_dispatch_baseline_recovers_a_cpu_bound_and_a_gpu_bound_regime() -> None
     """Steps of many tiny kernels take the CPU's issue time, steps of large kernels their
     kernel time: the fitted baseline recovers both regimes, and the CPU's cost per op of
     each phase, from whole-model timings."""
-    from costaware.core.model import _Dispatch
+    from costaware.core.step_models import _Dispatch
 
     rng = np.random.default_rng(1)
     n = 200
@@ -886,7 +886,7 @@ def test_cpu_step_model_recovers_its_constants_and_saves_with_the_model(
     parts, a cost per kernel and a cost per parameter tensor. Fitted on whole-step timings
     it recovers each, and a GRU-like step of thousands of tiny kernels on a few tensors is
     charged their own small cost."""
-    from costaware.core.model import _CpuSteps
+    from costaware.core.step_models import _CpuSteps
 
     rng = np.random.default_rng(3)
     n = 300

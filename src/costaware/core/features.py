@@ -14,58 +14,11 @@ trained on one version refuses features of another.
 - **Analytic**: the dry-run live peak and its breakdown, the simulated allocator reserved
   peak, the roofline time on the target device.
 - **Device**: memory, bandwidth, peak FLOP/s per precision, SMs.
-- **Op-level time** (version 2): ``optime_*``, the per-kernel GPU times of
-  :mod:`costaware.core.optime` summed over the trace (added by ``model.features_for`` when the
-  model has an op model; NaN on a CPU). Version 2 also traces attention as a fused kernel
-  for CUDA targets; version 3 traces recurrent layers (nn.LSTM / GRU / RNN) as fused cuDNN
-  kernels for CUDA targets too (``costaware::rnn`` and ``rnn_backward``, group "rnn").
-  Version 4: the analytic reserved peak of a conv net under cuDNN's benchmark mode is
-  what the step needs (it was 1.8x that; see :mod:`costaware.core.analytic`). Version 5: the
-  op-level sum costs a backward ``mm`` (or add, mul) as the forward kernel it is, and adds
-  the kernel time alone and the kernel nodes per phase (``optime_kernel_ms``,
-  ``kernels_fwd``, ``kernels_bwd``, ``kernels_opt``; see :mod:`costaware.core.optime`).
-  Version 6: on a GPU the allocator replay holds cuDNN's conv-backward block
-  (:attr:`~costaware.core.trace.Trace.transients`). Version 7: ``param_tensors``, the parameter
-  tensors the optimizer steps (the CPU's per-tensor share of a step: see
-  ``costaware.core.model._Dispatch``). Version 8: the op-level sum costs a fused recurrent
-  layer by its time steps too (:attr:`~costaware.core.trace.Trace.node_serial`). Version 9:
-  the dry run no longer depends on what the process traced before (an op's outputs that
-  share a storage only when FakeTensorMode's cache missed). Version 10: a CPU dry run
-  counts the FLOPs of the oneDNN layer it runs ``nn.LSTM`` as (``mkldnn_rnn_layer`` and
-  its backward, counted as 0 before), so the roofline no longer leaves out an LSTM's
-  recurrent matrix products. Version 11: a CPU's analytic peak is the live-tensor peak
-  unrounded (:func:`~costaware.core.trace.exact_live_peak`: a CPU's allocator does not round
-  blocks to 512 B). Version 12, a CPU dry run as a CPU runs the step: the optimizer steps
-  one parameter at a time, as PyTorch's optimizers do on a CPU (``foreach`` defaults to
-  off there; it took the multi-tensor step a GPU runs, whose temporaries span every
-  parameter at once); PyTorch's own convolution, where the CPU runs it, holds its im2col
-  columns; and oneDNN's LSTM layer keeps its workspace from the forward to the backward
-  and its buffers inside each call (:mod:`costaware.core.trace`). GPU features are unchanged.
-  Version 13 (a CPU feature for dense convolutions) was measured and reverted; no model
-  carries it. Version 14: on a GPU the allocator replay holds the work space cuDNN's
-  recurrent backward takes (:func:`costaware.core.trace._cudnn_rnn_transient`, fitted on the
-  H100 per-op LSTM peaks), and a rescaled trace keeps that block's fixed part. CPU
-  features are unchanged. Version 15: on a CPU, oneDNN's fp32 convolution holds blocked
-  copies of its input, weight and output inside the forward and the backward
-  (:func:`costaware.core.trace._onednn_conv_transient`, measured on single convolutions);
-  GPU features are unchanged. Version 16: the op-level time features of a GPU cost a
-  kernel larger than the op data's largest of its group as that one scaled up by its size
-  (:meth:`costaware.core.optime.OpTimeModel.predict_kernels`); CPU features are unchanged.
-  Version 17: a CPU gets op-level time features too, from an op model fitted on a CPU's
-  per-op timings (one op model per device kind); GPU features are unchanged.
-  Version 19: the op-level sum prices the optimizer step from what opbench's cases
-  describe (an analytic count of FLOPs and bytes over the stepped parameters, and the
-  parameter tensors as its serial steps: :func:`costaware.core.optime.optimizer_step_row`),
-  not from the trace's optimizer nodes, whose elementwise ops carry no FLOPs: an Adam
-  step was priced at a fifth of what it costs.
-  Version 20 (with :data:`costaware.core.flops.PROJECT_FORMULAS` on; version 19 with it off,
-  as the shipped model is fitted): the FLOPs of convolutions, attention, embeddings and
-  norms are the project's own formulas (:mod:`costaware.core.flops`): a grouped or depthwise convolution's
-  backward is counted per group (torch's formula counted its weight gradient ``groups``
-  times over), a bias one add per output element, causal attention only the scores it
-  keeps and a mask one add per score, an embedding's backward one add per gradient
-  element, and the norms (layer, group, batch, RMS) their FLOPs per element; each of
-  these counted 0 before, or torch's count.
+- **Op-level time**: ``optime_*``, the per-kernel times of :mod:`costaware.core.optime`
+  summed over the trace (added by ``model.features_for`` when the model has an op model;
+  NaN for a device of another kind than the op model's).
+
+What each feature version changed is in ``docs/features.md``.
 """
 
 from __future__ import annotations
@@ -91,7 +44,9 @@ __all__ = [
     "trace_features",
 ]
 
-#: Bump when feature names or meanings change; saved models record it.
+#: Bump when feature names or meanings change; saved models record it. 20 counts FLOPs by
+#: the project's formulas (:data:`costaware.core.flops.PROJECT_FORMULAS` on), 19 by torch's
+#: (off, as the shipped model is fitted). ``docs/features.md`` lists what each version changed.
 FEATURE_VERSION = "20" if PROJECT_FORMULAS else "19"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.

@@ -22,6 +22,13 @@ measurements like the training data's; an architecture unlike any of them may fa
 more often.
 
 Models are saved as CatBoost ``.cbm`` files plus a JSON manifest. Nothing is pickled.
+
+The estimator's parts live beside it: :mod:`~costaware.core.prediction` (what a
+prediction says), :mod:`~costaware.core.step_models` (the time baselines),
+:mod:`~costaware.core.residuals` (the small-sample lines), :mod:`~costaware.core.conformal`
+(the bounds' calibration), :mod:`~costaware.core.persistence` (saving and loading) and
+:mod:`~costaware.core.trace_cache` (the traces kept per architecture). This module
+re-exports the names that moved there.
 """
 
 from __future__ import annotations
@@ -32,74 +39,93 @@ import inspect
 import json
 import math
 import os
-import re
 import threading
 import time
 import warnings
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 from torch import nn
 
-from costaware._format import fmt_bytes, fmt_seconds
+from costaware._format import fmt_seconds
 from costaware.core import analytic as _analytic
+from costaware.core.conformal import (
+    _CV_FOLDS,
+    _MIN_BOUND_ROWS,
+    _MIN_CV_FAMILIES,
+    _MIN_GROUP_ROWS,
+    _bound_group,
+    _bound_groups,
+    _bound_keys,
+    _conformal_quantile,
+    _family_folds,
+    _shifted_quantile,
+)
+from costaware.core.conformal import CAPACITY_COVERAGE as CAPACITY_COVERAGE
+from costaware.core.conformal import CAPACITY_SHIFT as CAPACITY_SHIFT
+from costaware.core.conformal import capacity_quantile as capacity_quantile
 from costaware.core.features import (
-    FEATURE_VERSION,
     device_features,
     hyperparameter_features,
     nsm_features,
     trace_features,
 )
 from costaware.core.optime import OpTimeModel, node_table
+from costaware.core.persistence import FORMAT_VERSION as FORMAT_VERSION
+from costaware.core.persistence import MANIFEST as MANIFEST
+from costaware.core.persistence import read_model, save_model
+from costaware.core.prediction import Prediction as Prediction
+from costaware.core.prediction import PredictionBasis, PredictionKind, SpecSummary, TraceSource
+from costaware.core.residuals import _MIN_SLOPE_ROWS as _MIN_SLOPE_ROWS
+from costaware.core.residuals import (
+    _Affine,
+    _Constant,
+    _fit_affine,
+    _group_columns,
+    _PrecisionLine,
+    _row_groups,
+    _small_sample_affine,
+    _small_sample_line,
+)
+from costaware.core.step_models import _CpuSteps, _Dispatch
 from costaware.core.trace import (
     COMPILED_NOTE,
     Trace,
     _call_with_timeout,
-    build_model,
     cpu_conditions,
     dry_run,
     rescale,
 )
+from costaware.core.trace_cache import _arch_key, _ArchEntry, _TraceCache
 from costaware.devices import Device, device_kind, get_device, precision_notes
 from costaware.errors import (
     CostawareError,
     CostAwareWarning,
     NotEnoughObservations,
-    NotFittedError,
     TraceError,
     first_line,
 )
-from costaware.spec import PRECISIONS, TrainingSpec
+from costaware.observation import Observation as Observation
+from costaware.spec import TrainingSpec
 
 __all__ = ["CostModel", "Observation", "Prediction", "benchmark_search_peak", "features_for"]
 
 MiB = 2**20
-MANIFEST = "manifest.json"
-#: the most parts (per-kind models, bases) deep a saved model's folders may nest: a refit
-#: over the shipped model nests three (kind / base / kind); deeper, a manifest is malformed
-_MAX_NESTING = 16
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-#: a device kind's sub-folder name ("cpu", "cuda"): one plain name, never "." or ".."
-_KIND_NAME = re.compile(r"[A-Za-z0-9_-]+")
-#: a file's name inside a model's folder: no path separator, no leading dot
-_FILE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
-#: below this many measurements of a target, fit learns a line, not trees: replayed on
-#: the HPO benchmark's studies, trees on 8-12 trials were twice as far off on memory as the
-#: line, and their few calibration rows gave bounds no wider than the point
+#: below this many measurements of a target, fit learns a line, not trees: trees on a
+#: handful of trials fit their noise, and their few calibration rows give bounds no wider
+#: than the point (``docs/predictions.md`` compares the two on the HPO benchmark's studies)
 SMALL_SAMPLE = 30
 #: how much wider the time's upper bound is, in log terms, on a device the model has no
 #: rows of: ``upper = point * (upper / point) ** UNSEEN_DEVICE_WIDENING``. The larger
-#: ratio, over the H100-SXM and the H200, of the iteration time's mean relative error
-#: with the device and the family unseen to the one with the family alone unseen
-#: (docs/accuracy.md: 22.2% / 16.8% on the H100-SXM, 18.4% / 16.1% on the H200), rounded
-#: up to 0.05 (docs/compare.md)
+#: ratio, over the GPUs measured, of the iteration time's mean relative error with the
+#: device and the family unseen to the one with the family alone unseen ("A device the
+#: model never saw" in ``docs/accuracy.md``), rounded up to 0.05 (``docs/compare.md``)
 UNSEEN_DEVICE_WIDENING = 1.35
-FORMAT_VERSION = 1
+
 #: the features that say which configuration a step is (:func:`repeat_key`): what the
 #: model, batch, optimizer, precision and device are, from the dry run's structure and the
 #: spec. Not the learning rate or the epochs, which do not change a step's cost, and not
@@ -121,210 +147,6 @@ _REPEAT_NAMES = frozenset(
         "calls_cublas",
     }
 )
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """Predicted cost of one training configuration on one device.
-
-    Memory, in bytes:
-
-    - ``peak_memory``: the caching allocator's reserved peak (``max_memory_reserved``) on
-      a device with room to spare, the figure a run reports; ``peak_memory_upper`` its
-      calibrated upper bound.
-    - ``min_capacity``: the smallest memory the step runs in, the figure that decides an
-      OOM. Under a limit the allocator gives back its cached, unused memory before it
-      raises, so a step runs in less than its unlimited reserved peak (at least its
-      allocated peak). ``min_capacity_upper`` is its calibrated upper bound, which a
-      :class:`~costaware.Budget` compares with the memory it allows.
-
-    Neither includes the CUDA context (the device's ``context_overhead_bytes``).
-    Times are seconds; ``epoch_time`` is None when the spec has no ``dataset_size``.
-    """
-
-    peak_memory: int
-    peak_memory_upper: int
-    iteration_time: float
-    iteration_time_upper: float
-    epoch_time: float | None
-    epoch_time_upper: float | None
-    trial_time: float | None
-    device: str
-    kind: str
-    coverage: float | None
-    spec: Mapping[str, Any]
-    basis: Mapping[str, Any]
-    notes: tuple[str, ...] = ()
-    latency_s: float = 0.0
-    min_capacity: int = 0
-    min_capacity_upper: int = 0
-
-    def __post_init__(self) -> None:
-        # a Prediction built without the capacity figures (an older record) decides on
-        # the reserved peak, which is never below them
-        if not self.min_capacity:
-            object.__setattr__(self, "min_capacity", self.peak_memory)
-        if not self.min_capacity_upper:
-            object.__setattr__(self, "min_capacity_upper", self.peak_memory_upper)
-
-    def explain(self) -> str:
-        """What the numbers rest on, in words a person can check."""
-        b = self.basis
-        lines = [
-            f"{self.spec.get('name', 'model')} on {self.device}: batch {self.spec.get('batch_size')}, "
-            f"{self.spec.get('optimizer')}, {self.spec.get('precision')}, allocator {self.spec.get('allocator')}",
-            f"  peak memory (reserved, with room to spare): {fmt_bytes(self.peak_memory)}  "
-            f"upper bound: {fmt_bytes(self.peak_memory_upper)}",
-            f"  memory it needs (the smallest capacity it runs in): {fmt_bytes(self.min_capacity)}  "
-            f"upper bound: {fmt_bytes(self.min_capacity_upper)}  (what a budget checks)",
-            f"  iteration time: {fmt_seconds(self.iteration_time)}  "
-            f"upper bound: {fmt_seconds(self.iteration_time_upper)}",
-        ]
-        if self.epoch_time is not None:
-            lines.append(
-                f"  epoch time: {fmt_seconds(self.epoch_time)} ({self.spec.get('steps_per_epoch')} steps)  "
-                f"upper bound: {fmt_seconds(self.epoch_time_upper)}"
-            )
-        if self.kind == "analytic":
-            lines.append(
-                "  model: analytic estimate only (no learned model is fitted); the upper bounds are "
-                "heuristic margins, not calibrated"
-            )
-        else:
-            lines.append(
-                f"  model: learned residual over the estimates below, trained on "
-                f"{b.get('trained_rows')} measurements; upper bounds conformal, calibrated on "
-                f"the residuals of measurements held out of the fit to cover "
-                f"{self.coverage:.0%} of measurements like those it learned from (a target, "
-                "not a guarantee for an architecture unlike any of them)"
-            )
-        lines += [
-            "  based on:",
-            f"    dry-run live peak        {fmt_bytes(b.get('live_peak'))}",
-            f"    simulated allocator peak {fmt_bytes(b.get('simulated_reserved'))} "
-            f"(allocated {fmt_bytes(b.get('simulated_allocated'))}, incl. {fmt_bytes(b.get('workspace'))} "
-            "cuBLAS/cuDNN workspace)",
-            "    peak breakdown           "
-            + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in b.get("breakdown", {}).items() if v),
-            f"    parameters               {b.get('params', 0) / 1e6:.2f} M",
-            f"    FLOPs per step           {b.get('flops', 0) / 1e9:.1f} GFLOP "
-            f"(forward {b.get('flops_forward', 0) / 1e9:.1f})",
-            f"    roofline time            {fmt_seconds(b.get('analytic_time'))}",
-        ]
-        on_cpu = device_kind(self.device) == "cpu"
-        with_sum = b.get("op_sum_time") is not None
-        if with_sum:
-            lines.append(
-                f"    op-level time (sum)      {fmt_seconds(b.get('op_sum_time'))} "
-                f"(per-kernel times learned from {'CPU' if on_cpu else 'GPU'} microbenchmarks)"
-            )
-        if b.get("cpu_step_time") is not None:
-            lines.append(
-                f"    CPU step model           {fmt_seconds(b.get('cpu_step_time'))} "
-                f"(the roofline's parts{' and the op-level sum' if with_sum else ''}, plus "
-                "a cost per kernel and per parameter tensor, fitted on CPU timings)"
-            )
-        if self.kind == "learned":
-            lines.append(
-                f"    learned correction       memory x{b.get('memory_factor', 1):.3f}, "
-                f"time x{b.get('time_factor', 1):.3f}"
-            )
-        lines.append(
-            f"    features used            {b.get('features_used')} "
-            f"(trace: {b.get('trace_source')}, model built on {b.get('build')})"
-        )
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["spec"] = dict(self.spec)
-        d["basis"] = {k: v for k, v in self.basis.items()}
-        d["notes"] = list(self.notes)
-        return d
-
-    def __repr__(self) -> str:
-        ep = f", epoch_time={fmt_seconds(self.epoch_time)}" if self.epoch_time is not None else ""
-        return (
-            f"Prediction(peak_memory={fmt_bytes(self.peak_memory)}, "
-            f"peak_memory_upper={fmt_bytes(self.peak_memory_upper)}, "
-            f"iteration_time={fmt_seconds(self.iteration_time)}{ep}, device={self.device!r}, "
-            f"kind={self.kind!r})"
-        )
-
-
-@dataclass
-class Observation:
-    """One measured training configuration: the features it had and what it cost.
-
-    ``peak_memory`` is the measured ``max_memory_reserved`` (bytes) and ``iteration_time``
-    the measured median step time (seconds); either may be None (an OOM has no peak).
-    ``family`` names the architecture family, used to hold families out for calibration.
-    """
-
-    features: dict[str, float]
-    device: str
-    peak_memory: float | None = None
-    iteration_time: float | None = None
-    status: str = "ok"
-    family: str | None = None
-    peak_allocated: float | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Observation:
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-
-# --------------------------------------------------------------------------------------
-# per-architecture cache: traces, graph features
-# --------------------------------------------------------------------------------------
-@dataclass
-class _ArchEntry:
-    traces: list[Trace]
-    graph_feats: dict[str, float]
-    #: a second batch size was dry-run (kept in ``traces`` where it runs the same ops)
-    second_tried: bool = False
-    #: why there is no second trace, where its dry run failed
-    second_why: str = ""
-
-
-class _TraceCache:
-    """LRU of traces per architecture: two batch sizes each, the others interpolated."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._data: OrderedDict[str, _ArchEntry] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> _ArchEntry | None:
-        with self._lock:
-            entry = self._data.get(key)
-            if entry is not None:
-                self._data.move_to_end(key)
-            return entry
-
-    def put(self, key: str, entry: _ArchEntry) -> None:
-        with self._lock:
-            self._data[key] = entry
-            self._data.move_to_end(key)
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
-
-
-def _arch_key(spec: TrainingSpec) -> str:
-    key = spec.architecture_key()
-    if key is not None:
-        return key
-    # an instance is described as it is; a factory without a fingerprint is built on meta
-    model = spec.model if isinstance(spec.model, nn.Module) else build_model(spec)[0]
-    shapes = ";".join(f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters())
-    body = hashlib.sha1((repr(model) + shapes).encode()).hexdigest()
-    return spec._key_with("module:" + body)
 
 
 def _pure_note(spec: TrainingSpec, learned: bool) -> str:
@@ -362,8 +184,8 @@ def features_for(
     """The full feature dict for one (trace, spec, device), as the learned model sees it.
 
     With ``op_model`` (:class:`~costaware.core.optime.OpTimeModel`), the op-level time sums
-    (``optime_*``) are added: learned per-kernel GPU times summed over the trace. They are
-    NaN for a CPU and absent without an op model.
+    (``optime_*``) are added: learned per-kernel times summed over the trace. They are
+    NaN for a device of another kind than the op model's and absent without an op model.
     """
     feats: dict[str, float] = {}
     feats.update(hyperparameter_features(spec))
@@ -393,437 +215,6 @@ def features_for(
     return feats
 
 
-@dataclass(frozen=True)
-class _Constant:
-    """A regressor for a target that never varied in training."""
-
-    value: float
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        return np.full(len(x), self.value)
-
-
-#: the small-sample time correction learns one factor per precision: bf16 on a CPU without
-#: bf16 arithmetic ran several times slower than fp32, so one pooled factor fits neither
-_GROUP_FEATURES = {p: f"precision_is_{p}" for p in PRECISIONS}
-#: the shared log-log slope is clipped to this: a handful of rows can suggest anything
-_MAX_LOG_SLOPE = 0.5
-#: row pairs (same precision, baselines apart) a slope needs; with fewer it is 0
-_MIN_SLOPE_PAIRS = 3
-#: time measurements a small-sample refit needs before it tries a slope at all: on fewer
-#: rows a slope chosen by leave-one-out makes predictions worse than one factor per
-#: precision (``benchmarks/refit_replay.py`` replays refits on held-out families)
-_MIN_SLOPE_ROWS = 10
-
-
-@dataclass(frozen=True)
-class _PrecisionLine:
-    """``log(measured / baseline) = a[precision] + slope * log(baseline)``.
-
-    One intercept per precision and one slope shared by all, from a handful of
-    measurements (fewer than ``SMALL_SAMPLE``, see ``fit``). The slope follows how the measured/estimated ratio drifts
-    with size: a small model's step is mostly fixed costs that the estimate under-counts,
-    a large one's mostly kernels. With slope 0 it is one factor per precision. A row of a
-    precision with no measurement predicts NaN: the caller keeps its baseline (the
-    shipped model or the analytic estimate) and that baseline's bound.
-    """
-
-    by_group: dict[str, float]
-    columns: dict[str, int]  # group -> index of its indicator feature
-    slope: float = 0.0
-
-    def correction(self, x: np.ndarray, baseline: float) -> float:
-        """The log factor from ``baseline`` to the prediction of feature row ``x`` (NaN:
-        its precision was never measured)."""
-        for g, v in self.by_group.items():
-            col = self.columns.get(g)
-            if col is not None and x[0, col] == 1.0:
-                return v + self.slope * math.log(max(baseline, 1e-12))
-        return math.nan
-
-
-def _fit_precision_line(
-    y: np.ndarray, log_base: np.ndarray, groups: np.ndarray, fit_slope: bool = True
-) -> tuple[dict[str, float], float]:
-    """Theil-Sen within precisions: the median slope of same-precision row pairs whose
-    baselines differ by over 10% (0 without ``fit_slope`` or with too few pairs), then
-    each precision's median intercept."""
-    slopes: list[float] = []
-    for g in np.unique(groups) if fit_slope else ():
-        idx = np.nonzero(groups == g)[0] if g else np.zeros(0, dtype=int)
-        i, j = np.triu_indices(len(idx), k=1)
-        du = log_base[idx[j]] - log_base[idx[i]]
-        apart = np.abs(du) > 0.1
-        slopes += ((y[idx[j]] - y[idx[i]])[apart] / du[apart]).tolist()
-    slope = 0.0
-    if len(slopes) >= _MIN_SLOPE_PAIRS:
-        slope = float(np.clip(np.median(slopes), -_MAX_LOG_SLOPE, _MAX_LOG_SLOPE))
-    rest = y - slope * log_base
-    return {str(g): float(np.median(rest[groups == g])) for g in np.unique(groups) if g}, slope
-
-
-def _small_sample_line(
-    y: np.ndarray,
-    log_base: np.ndarray,
-    groups: np.ndarray,
-    min_slope_rows: int = _MIN_SLOPE_ROWS,
-) -> tuple[dict[str, float], float, np.ndarray]:
-    """The per-precision line through every row, and the leave-one-out residuals of the
-    rows whose precision keeps a measurement without them (a lone row would be predicted
-    by the baseline, whose own bound covers it, so it calibrates nothing here).
-
-    The slope is tried only from ``min_slope_rows`` rows on, and kept only when it
-    predicts left-out rows better than one factor per precision does: over a narrow range
-    of sizes, or a handful of rows, timing noise is all a slope would learn.
-    """
-    best: tuple[float, dict[str, float], float, np.ndarray] | None = None
-    for fit_slope in (False, True) if len(y) >= min_slope_rows else (False,):
-        loo = []
-        for i in range(len(y)):
-            keep = np.arange(len(y)) != i
-            if not groups[i] or not np.any(groups[keep] == groups[i]):
-                continue
-            fit_g, fit_s = _fit_precision_line(y[keep], log_base[keep], groups[keep], fit_slope)
-            loo.append(y[i] - fit_g[str(groups[i])] - fit_s * log_base[i])
-        res = np.asarray(loo)
-        err = float(np.mean(np.abs(res))) if len(res) else 0.0
-        if best is None or err < best[0]:
-            by_group, slope = _fit_precision_line(y, log_base, groups, fit_slope)
-            best = (err, by_group, slope, res)
-    assert best is not None
-    return best[1], best[2], best[3]
-
-
-#: whole-model timings below which no step model (_Dispatch, _CpuSteps) is fitted: the op
-#: sum or the roofline stays the baseline
-_MIN_DISPATCH_ROWS = 20
-
-
-class _StepModel:
-    """A whole step's time (milliseconds) from a few of its features: what a model's time
-    residual is learned over. Subclasses give the features (:meth:`row`) and the formula
-    (:meth:`_ms`)."""
-
-    @classmethod
-    def row(cls, feats: Mapping[str, float]) -> list[float] | None:
-        raise NotImplementedError
-
-    def _ms(self, rows: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
-
-    @classmethod
-    def fit(cls, rows: np.ndarray, measured_s: np.ndarray) -> Any:
-        raise NotImplementedError
-
-    def seconds(self, feats: Mapping[str, float]) -> float | None:
-        """The step time for ``feats``; None when a feature it needs is missing."""
-        row = self.row(feats)
-        return None if row is None else float(self._ms(np.asarray([row]))[0]) / 1e3
-
-    @classmethod
-    def fitted_on(
-        cls, obs: Sequence[Observation], keep: Callable[[Observation], bool] = lambda o: True
-    ) -> Any:
-        """Fitted on the measured step times of the ``keep`` observations that have every
-        feature it needs; None below ``_MIN_DISPATCH_ROWS`` of them."""
-        timed = [
-            (row, o.iteration_time)
-            for o in obs
-            if (row := cls.row(o.features)) is not None and o.iteration_time and keep(o)
-        ]
-        if len(timed) < _MIN_DISPATCH_ROWS:
-            return None
-        return cls.fit(
-            np.asarray([row for row, _ in timed], dtype=np.float64),
-            np.asarray([secs for _, secs in timed], dtype=np.float64),
-        )
-
-
-@dataclass(frozen=True)
-class _Dispatch(_StepModel):
-    """A GPU step as ``max(gpu * kernel time, CPU issue time)`` (milliseconds), where the
-    CPU's issue time is ``fwd * kernels_fwd + bwd * kernels_bwd + opt * kernels_opt +
-    tensor * param_tensors + step``; under autocast (bf16, fp16) the kernel time is
-    multiplied by ``amp_kernel`` and the issue time by ``amp_issue``.
-
-    An eager step is two pipelines: the CPU issues ops (Python, dispatcher and autograd
-    per op) while the GPU runs them. A step of many tiny kernels takes its issue time, one
-    of large kernels its kernel time; adding the two would count small models twice.
-    The CPU's cost per op differs by phase: a forward op goes through Python and the
-    module call, a backward op only through the autograd engine in C++, and an optimizer
-    node is a ``_foreach`` op over every parameter, so each phase has its own cost per
-    kernel (one cost for all three over-predicts backward-heavy steps such as DenseNet's).
-    Besides its ops, the CPU pays per parameter tensor: autograd's gradient accumulation,
-    ``zero_grad``, each ``_foreach`` op's per-tensor work and the module call around most
-    tensors; without that term a ``_foreach`` node would cost as much over the 8 tensors
-    of an MLP as over the 160 of a ResNet. Autocast dispatches every op through its cast
-    policy and adds casts that the op-level sum under-counts, hence its two factors (one
-    set of constants for both would under-predict the mixed-precision steps and
-    over-predict the fp32 ones). What each part is worth on held-out families is in
-    ``docs/accuracy.md``. The eight constants are
-    fitted on whole-model timings (the training rows of ``fit``), minimising the mean
-    absolute log error; the kernel time and the three kernel counts are the
-    :data:`INPUTS` features of :mod:`costaware.core.optime`, ``param_tensors`` the dry run's,
-    per optimizer step as ``kernels_opt`` is.
-    """
-
-    gpu: float
-    fwd_ms: float
-    bwd_ms: float
-    opt_ms: float
-    step_ms: float
-    tensor_ms: float
-    amp_kernel: float = 1.0
-    amp_issue: float = 1.0
-
-    #: the features the step is computed from, in the order of ``_ms``'s columns, then
-    #: whether the step runs under autocast (``precision_is_bf16`` or ``_fp16``)
-    INPUTS: ClassVar[tuple[str, ...]] = (
-        "optime_kernel_ms",
-        "kernels_fwd",
-        "kernels_bwd",
-        "kernels_opt",
-        "param_tensors",
-    )
-
-    @classmethod
-    def row(cls, feats: Mapping[str, float]) -> list[float] | None:
-        """The :data:`INPUTS` of ``feats`` and the autocast flag; None when one is missing
-        (or not finite)."""
-        row = [feats.get(n, math.nan) for n in cls.INPUTS]
-        row[4] /= max(feats.get("grad_accumulation", 1.0), 1.0)
-        amp = max(feats.get("precision_is_bf16", 0.0), feats.get("precision_is_fp16", 0.0))
-        row.append(1.0 if amp > 0 else 0.0)
-        return row if all(math.isfinite(v) for v in row) else None
-
-    def _ms(self, rows: np.ndarray) -> np.ndarray:
-        per = np.asarray([self.fwd_ms, self.bwd_ms, self.opt_ms, self.tensor_ms])
-        amp = rows[:, 5] > 0
-        issue = (rows[:, 1:5] @ per + self.step_ms) * np.where(amp, self.amp_issue, 1.0)
-        kernel = self.gpu * np.maximum(rows[:, 0], 1e-3) * np.where(amp, self.amp_kernel, 1.0)
-        out: np.ndarray = np.maximum(kernel, issue)
-        return out
-
-    @classmethod
-    def fit(cls, rows: np.ndarray, measured_s: np.ndarray) -> _Dispatch:
-        """From rows of the :data:`INPUTS` and the measured seconds of each."""
-        measured_ms = measured_s * 1e3
-        any_amp = bool((rows[:, 5] > 0).any())  # else no autocast factor to learn
-
-        def make(x: np.ndarray) -> _Dispatch:
-            gpu, fwd, bwd, opt, step, tensor, amp_kernel, amp_issue = np.exp(x).tolist()
-            if not any_amp:
-                amp_kernel = amp_issue = 1.0
-            return cls(gpu, fwd, bwd, opt, step, tensor, amp_kernel, amp_issue)
-
-        def loss(x: np.ndarray) -> float:
-            return float(np.mean(np.abs(np.log(make(x)._ms(rows) / measured_ms))))
-
-        starts = [  # a few starts: the max() has flat regions
-            np.log([1.0, per_op_ms, per_op_ms, per_op_ms, 0.5, per_op_ms / 4, 1.0, 1.0])
-            for per_op_ms in (0.005, 0.015, 0.04)
-        ]
-        return make(_min_log_error(loss, starts))
-
-
-def _min_log_error(loss: Callable[[np.ndarray], float], starts: Sequence[np.ndarray]) -> np.ndarray:
-    """The log-parameters that minimise ``loss`` (a mean absolute log error), best of a
-    Powell search from each of ``starts``."""
-    from scipy.optimize import minimize
-
-    best: Any = None
-    for x0 in starts:
-        r = minimize(loss, x0, method="Powell", options={"maxiter": 40000, "xtol": 1e-5})
-        if best is None or r.fun < best.fun:
-            best = r
-    return np.asarray(best.x)
-
-
-@dataclass(frozen=True)
-class _CpuSteps(_StepModel):
-    """A CPU step (milliseconds) as ``compute * roofline compute + memory * roofline
-    memory + op_ms * kernels + tensor_ms * param_tensors + step_ms``: the time baseline
-    of a model fitted on CPU timings.
-
-    A CPU runs the ops one after another, so the step is a sum, not the GPU's overlap of
-    two pipelines (:class:`_Dispatch`). The analytic roofline charges every kernel one
-    constant, in which the cost that goes with each layer (its module call, autograd's
-    gradient accumulation, the optimizer's work on its tensors) rides on the kernel
-    count; timed on their own (``benchmarks/cpu_overheads.py``) an elementwise op and the
-    optimizer's work per parameter tensor cost quite different amounts, so a model of
-    many tiny ops on few tensors (a GRU unrolled over its time steps) would be charged
-    several times what it takes. Hence a cost per kernel and one per parameter tensor.
-    The constants are fitted on the training rows' whole-step timings (mean absolute log
-    error) from features every dry run has, so a family held out of the fit is predicted
-    by constants that never saw it.
-
-    Where the rows carry a CPU's op-level sum (an op model fitted on the CPU's per-op
-    timings), the step adds ``op_sum * optime_kernel_ms``: the roofline has one efficiency
-    for every FLOP, the op model has what oneDNN makes of each kernel's shape. Its weight
-    depends on the steps and their op cases being timed on one host under the same
-    settings (``data/README.md``). The fitted constants and what each term is worth on
-    held-out families are in ``docs/accuracy.md``.
-    """
-
-    compute: float
-    memory: float
-    op_ms: float
-    tensor_ms: float
-    step_ms: float
-    op_sum: float = 0.0
-
-    #: the features the step is computed from
-    INPUTS: ClassVar[tuple[str, ...]] = (
-        "analytic_compute_ms",
-        "analytic_memory_ms",
-        "kernels",
-        "param_tensors",
-        "optime_kernel_ms",
-    )
-
-    @classmethod
-    def row(cls, feats: Mapping[str, float]) -> list[float] | None:
-        """``[compute ms, memory ms, kernels, param tensors, op sum ms]`` per micro-batch (a
-        trace's kernels are those of up to two micro-batches, its tensors are stepped once
-        per optimizer step; the op sum is per micro-batch already, 0 without a CPU op
-        model); None when a feature is missing or not finite."""
-        comp, mem, kernels, tensors, op_sum = (feats.get(n, math.nan) for n in cls.INPUTS)
-        accumulation = max(feats.get("grad_accumulation", 1.0), 1.0)
-        row = [comp, mem, kernels / min(accumulation, 2.0), tensors / accumulation]
-        row.append(op_sum if math.isfinite(op_sum) else 0.0)
-        return row if all(math.isfinite(v) for v in row) else None
-
-    def _ms(self, rows: np.ndarray) -> np.ndarray:
-        per = np.asarray([self.compute, self.memory, self.op_ms, self.tensor_ms, self.op_sum])
-        out: np.ndarray = rows @ per + self.step_ms
-        return out
-
-    @classmethod
-    def fit(cls, rows: np.ndarray, measured_s: np.ndarray) -> _CpuSteps:
-        """From rows of :meth:`row` and the measured seconds of each; the op sum's factor
-        only where every row has one (a CPU op model), else it stays 0."""
-        measured_ms = measured_s * 1e3
-        with_sum = bool((rows[:, 4] > 0).all())
-
-        def make(x: np.ndarray) -> _CpuSteps:
-            compute, memory, op_ms, tensor_ms, step_ms, *rest = np.exp(x).tolist()
-            return cls(compute, memory, op_ms, tensor_ms, step_ms, rest[0] if with_sum else 0.0)
-
-        def loss(x: np.ndarray) -> float:
-            return float(np.mean(np.abs(np.log(make(x)._ms(rows) / measured_ms))))
-
-        extra = [0.5] if with_sum else []
-        starts = [np.log([1.0, 1.0, op_ms, 0.1, 0.5, *extra]) for op_ms in (0.002, 0.02)]
-        return make(_min_log_error(loss, starts))
-
-
-@dataclass(frozen=True)
-class _Affine:
-    """``measured = intercept + slope * baseline`` (bytes), from a handful of measurements.
-
-    A fixed offset is what a few small trials show most: on a CPU the process grows by a
-    few MiB of framework state besides the tensors, and as one factor that offset would
-    double the prediction of a 3 MiB model and every larger one after it.
-    """
-
-    intercept: float
-    slope: float
-
-    def correction(self, baseline: float) -> float:
-        """The log factor from ``baseline`` to the prediction."""
-        b = max(baseline, 1.0)
-        return math.log(max(self.intercept + self.slope * b, 1.0) / b)
-
-
-#: rows a Theil-Sen slope is estimated from (a random subset above that: O(n^2) pairs)
-_THEIL_SEN_ROWS = 800
-
-
-def _fit_affine(base: np.ndarray, actual: np.ndarray) -> _Affine:
-    """Theil-Sen line through (baseline, measured): median pairwise slope, then the median
-    intercept; a negative intercept (no offset to learn) falls back to the median ratio."""
-    b, a = base, actual
-    if len(b) > _THEIL_SEN_ROWS:
-        pick = np.random.default_rng(0).choice(len(b), _THEIL_SEN_ROWS, replace=False)
-        b, a = b[pick], a[pick]
-    i, j = np.triu_indices(len(b), k=1)
-    db = b[j] - b[i]
-    apart = np.abs(db) > 0.05 * np.maximum(b[i], b[j])
-    slopes = (a[j] - a[i])[apart] / db[apart]
-    if len(slopes):
-        slope = float(np.clip(np.median(slopes), 0.25, 4.0))
-        intercept = float(np.median(actual - slope * base))
-        if intercept >= 0:
-            return _Affine(intercept, slope)
-    return _Affine(0.0, float(np.median(actual / np.maximum(base, 1.0))))
-
-
-def _small_sample_affine(base: np.ndarray, actual: np.ndarray) -> tuple[_Affine, np.ndarray]:
-    """The line through every row, and each row's leave-one-out log residual."""
-    loo = []
-    for i in range(len(base)):
-        rest = _fit_affine(np.delete(base, i), np.delete(actual, i))
-        loo.append(math.log(actual[i] / base[i]) - rest.correction(base[i]))
-    return _fit_affine(base, actual), np.asarray(loo)
-
-
-def _group_columns(names: Sequence[str]) -> dict[str, int]:
-    """Precision -> index of its indicator among the feature ``names``."""
-    return {g: list(names).index(f) for g, f in _GROUP_FEATURES.items() if f in names}
-
-
-def _row_groups(x: np.ndarray, columns: Mapping[str, int]) -> np.ndarray:
-    """Each row's precision (``""`` where the features do not say)."""
-    groups = np.full(len(x), "", dtype=object)
-    for g, col in columns.items():
-        groups[x[:, col] == 1.0] = g
-    return groups
-
-
-#: the shifts ``_shifted_quantile`` tries, as multiples of the median prediction
-_SHIFTS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
-
-
-#: calibration rows a bound group needs for a bound of its own (else the pooled one)
-_MIN_GROUP_ROWS = 20
-
-#: families a memory line or the trees need for cross-conformal bounds (else one
-#: held-out split)
-_MIN_CV_FAMILIES = 5
-
-#: folds of families the trees' cross-conformal residuals come from (each fold's trees
-#: are fitted without it; the line fits once per family, which costs nothing)
-_CV_FOLDS = 5
-
-
-def _family_folds(families: np.ndarray, k: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """``families`` shuffled and dealt into ``k`` folds (fewer when there are fewer)."""
-    shuffled = rng.permutation(families)
-    return [shuffled[i::k] for i in range(min(k, len(shuffled)))]
-
-
-def _bound_group(feats: Mapping[str, float]) -> str:
-    """The coarse calibration group of a feature row: models with convolutions ("conv")
-    carry cuDNN's workspace choices, the others do not ("other"). See :func:`_bound_keys`
-    for the finer groups within each."""
-    conv = feats.get("layers_conv", 0.0)
-    return "conv" if conv == conv and conv > 0 else "other"
-
-
-def _bound_keys(feats: Mapping[str, float]) -> tuple[str, str]:
-    """The calibration groups of a feature row, finest first: its coarse group
-    (:func:`_bound_group`) split by whether the step runs under autocast ("conv+amp",
-    "conv+fp32"), then the coarse group. A bound is the finest group's that had the rows
-    for one when the model was fitted, else the coarse group's, else the pooled one (not
-    the cross-conformal memory line: one bound). Mixed precision is a group of its own
-    because its error differs in kind: on a host without bf16 arithmetic autocast runs
-    bf16 kernels in emulation, and a bound pooled with the fp32 steps would be too narrow
-    for them and too wide for the rest."""
-    coarse = _bound_group(feats)
-    amp = max(feats.get("precision_is_bf16", 0.0), feats.get("precision_is_fp16", 0.0))
-    return f"{coarse}+{'amp' if amp == amp and amp > 0 else 'fp32'}", coarse
-
-
 def benchmark_search_peak(feats: Mapping[str, float]) -> bool:
     """Whether a measured peak of this feature row holds cuDNN's benchmark-mode search: a
     conv net on a GPU with ``cudnn_benchmark`` on. The search's workspace is sized to the
@@ -832,132 +223,6 @@ def benchmark_search_peak(feats: Mapping[str, float]) -> bool:
     bench = feats.get("cudnn_benchmark", 0.0)
     gpu = feats.get("device_is_cpu", 0.0) != 1.0
     return gpu and bench == bench and bench > 0 and _bound_group(feats) == "conv"
-
-
-def _bound_groups(x: np.ndarray, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """``_bound_keys`` of each row of the feature matrix ``x``: (fine, coarse) arrays."""
-    names = list(names)
-
-    def col(name: str) -> np.ndarray:
-        return np.nan_to_num(x[:, names.index(name)]) if name in names else np.zeros(len(x))
-
-    coarse = np.where(col("layers_conv") > 0, "conv", "other")
-    amp = (col("precision_is_bf16") > 0) | (col("precision_is_fp16") > 0)
-    fine = np.char.add(coarse.astype(str), np.where(amp, "+amp", "+fp32"))
-    return fine, coarse
-
-
-#: training rows below which the bound is one factor (no shift is chosen)
-_MIN_SHIFT_ROWS = 20
-
-
-def _shifted_quantile(
-    calibration: tuple[np.ndarray, np.ndarray],
-    training: tuple[np.ndarray, np.ndarray] | None,
-    coverage: float,
-) -> tuple[float, float, float]:
-    """The shift, conformal quantile and coverage level of upper bounds
-    ``(predicted + shift) * exp(q) - shift``, from (predicted, measured) rows.
-
-    The shift is chosen on the training rows (their in-sample predictions): among
-    multiples of their median prediction, the one whose bounds would be narrowest on
-    average (mean log of bound over prediction) at their own ``coverage`` quantile. Only
-    the shape of the error (a factor, an offset, or between) is taken from them. The
-    quantile is then the split-conformal one of
-    ``log((measured + shift) / (predicted + shift))`` over the calibration rows, which
-    played no part in the choice, so the bound keeps its coverage. With fewer than
-    ``_MIN_SHIFT_ROWS`` training rows the shift is 0 (a factor), and so it is with
-    ``training`` None: no rows apart from the calibration ones to choose a shape on.
-    """
-    shift = 0.0
-    if training is not None and len(training[0]) >= _MIN_SHIFT_ROWS:
-        predicted, measured = training
-        scale = float(np.median(predicted))
-        best: tuple[float, float] | None = None
-        for k in _SHIFTS:
-            c = k * scale
-            q, _ = _conformal_quantile(np.log((measured + c) / (predicted + c)), coverage)
-            upper = (predicted + c) * math.exp(max(q, 0.0)) - c
-            width = float(np.mean(np.log(upper / predicted)))
-            if best is None or width < best[0] - 1e-12:
-                best = (width, c)
-        assert best is not None
-        shift = best[1]
-    predicted, measured = calibration
-    q, level = _conformal_quantile(np.log((measured + shift) / (predicted + shift)), coverage)
-    return shift, q, level
-
-
-#: leave-one-out residuals a small-sample refit needs before it calibrates its own bound;
-#: with fewer, it moves its base model's bound by the same correction as the point
-_MIN_BOUND_ROWS = 8
-
-
-def _conformal_quantile(residuals: np.ndarray, coverage: float) -> tuple[float, float]:
-    """Split-conformal quantile and the coverage it guarantees.
-
-    The ceil((n+1)·coverage)-th smallest residual covers a new exchangeable row with
-    probability >= coverage. With too few rows for that (n < coverage / (1 - coverage)),
-    the distribution-free guarantee is only n / (n + 1), and that lower level is
-    returned, not the nominal one. The quantile is then the larger of the largest
-    residual and the one-sided Student-t prediction bound ``mean + t(coverage, n - 1) *
-    sd * sqrt(1 + 1/n)``: the largest of a handful of residuals sits about one standard
-    deviation above their mean, so on its own it would cover far less than
-    ``coverage`` (``docs/predictions.md`` on the refit's bounds).
-    """
-    n = len(residuals)
-    if n == 0:
-        return float("nan"), 0.0
-    k = math.ceil((n + 1) * coverage)
-    if k > n:
-        q = float(np.max(residuals))
-        if n >= 2:
-            from scipy import stats
-
-            s = float(np.std(residuals, ddof=1))
-            t = float(stats.t.ppf(coverage, n - 1))
-            q = max(q, float(np.mean(residuals)) + t * s * math.sqrt(1 + 1 / n))
-        return q, n / (n + 1)
-    return float(np.sort(residuals)[k - 1]), coverage
-
-
-#: the capacity bound's coverage. Higher than the other bounds': the capacity decides
-#: whether a trial runs out of memory, which costs the trial, where a bound that is too
-#: wide costs one configuration of a search that has many
-CAPACITY_COVERAGE = 0.99
-#: the capacity bound's shift (bytes): the measured allocated peak lies within a few
-#: hundred MiB of the simulated one whatever the model's size (workspaces and library
-#: buffers the dry run does not see), and within a few percent of it for large models; a
-#: bound ``(point + shift) * exp(q) - shift`` is an offset on small models and a factor on
-#: models of several GiB, which are the ones near a card's capacity. A larger shift
-#: narrows the bound at a card's scale, but then covers the large models less: 2 GiB is
-#: the largest of 1, 2, 4, 8, 16 and 32 GiB under which the 99% bound fitted on the GPU
-#: corpus still covered every one of its 100 rows above 4 GiB (4 GiB left 2 uncovered)
-CAPACITY_SHIFT = 2 * 2**30
-
-
-def capacity_quantile(
-    rows: Sequence[tuple[float, float]],
-    *,
-    coverage: float = CAPACITY_COVERAGE,
-    shift: float = CAPACITY_SHIFT,
-) -> tuple[float, float] | None:
-    """The quantile ``q`` of the capacity bound ``(point + shift) * exp(q) - shift``, and
-    the coverage it achieves, from ``(predicted, measured)`` allocated peaks (bytes).
-
-    A step's smallest capacity lies a little above its allocated peak (what the
-    allocator's cached, unused blocks cannot give back): the capacity is simulated, and
-    its error is the allocated peak's, which a measurement records. So the bound is
-    calibrated on the spread of measured allocated peaks around predicted ones. The
-    simulation learns nothing from the rows, so every row's residual is out of sample.
-    None with fewer than two rows.
-    """
-    pairs = [(p, m) for p, m in rows if p > 0 and m > 0]
-    if len(pairs) < 2:
-        return None
-    predicted = np.asarray([p for p, _ in pairs], dtype=np.float64)
-    measured = np.asarray([m for _, m in pairs], dtype=np.float64)
-    return _conformal_quantile(np.log((measured + shift) / (predicted + shift)), coverage)
 
 
 def repeat_key(feats: Mapping[str, float], device: str) -> str:
@@ -1241,7 +506,7 @@ class CostModel:
     # -- features -------------------------------------------------------------------------
     def trace(
         self, spec: TrainingSpec, *, exact: bool = False, attention: str = "native"
-    ) -> tuple[Trace, dict[str, float], str]:
+    ) -> tuple[Trace, dict[str, float], TraceSource]:
         """The spec's trace (cached per architecture), its graph features, and its source.
 
         The first two batch sizes of an architecture are traced; every other batch size is
@@ -1265,7 +530,7 @@ class CostModel:
 
     def _trace_cached(
         self, spec: TrainingSpec, exact: bool, attention: str
-    ) -> tuple[Trace, dict[str, float], str]:
+    ) -> tuple[Trace, dict[str, float], TraceSource]:
         cache = self._cache()
         key = _arch_key(spec) + f"|attention={attention}"
         if attention == "native":  # a CPU target: its dry run depends on the CPU too
@@ -1276,7 +541,7 @@ class CostModel:
                 if t.batch_size == spec.batch_size:
                     return t, entry.graph_feats, "cached"
             if not exact and len(entry.traces) > 1:
-                src = "rescaled (two traces)"
+                src: TraceSource = "rescaled (two traces)"
                 return (
                     rescale(entry.traces[0], spec.batch_size, entry.traces[1]),
                     entry.graph_feats,
@@ -1303,7 +568,7 @@ class CostModel:
 
     def _cached_trace(
         self, key: str, entry: _ArchEntry | None, t: Trace
-    ) -> tuple[Trace, dict[str, float], str]:
+    ) -> tuple[Trace, dict[str, float], TraceSource]:
         """Keep the fresh trace ``t`` under ``key`` (the first or second of its
         architecture); its graph features and source ("traced")."""
         cache = self._cache()
@@ -1390,7 +655,7 @@ class CostModel:
                 "machine's CPU; name the GPU the trial will train on (device='A10', "
                 "'costaware devices' lists them) to predict for it"
             )
-        basis: dict[str, Any] = {
+        basis: PredictionBasis = {
             "live_peak": trace.peak_live,
             "simulated_allocated": est.allocated,
             "simulated_reserved": est.reserved,
@@ -1431,7 +696,7 @@ class CostModel:
                 basis["cpu_step_time"] = stepped
             basis["memory_factor"] = peak / max(est.reserved, 1)
             basis["time_factor"] = it / max(est.iteration_time, 1e-12)
-            kind = "learned"
+            kind: PredictionKind = "learned"
             coverage: float | None = self.achieved_coverage(dev.kind)
             basis["features_used"] = len(self.feature_names_)
             basis["trained_rows"] = self.training_.get("rows")
@@ -1458,8 +723,8 @@ class CostModel:
         steps = spec.steps_per_epoch
         epoch = it * steps if steps is not None else None
         epoch_hi = max(it_hi, it) * steps if steps is not None else None
-        summary = spec.summary()
-        summary["steps_per_epoch"] = steps
+        # spec.summary() is a SpecSummary, typed as a plain dict
+        summary = cast(SpecSummary, {**spec.summary(), "steps_per_epoch": steps})
         return Prediction(
             peak_memory=int(peak),
             peak_memory_upper=int(max(peak_hi, peak)),
@@ -2069,96 +1334,7 @@ class CostModel:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the model to directory ``path``: ``.cbm`` files and ``manifest.json``."""
-        if not self.is_fitted:
-            raise NotFittedError(
-                "this CostModel is not fitted; there is nothing to save (call fit first)."
-            )
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        files = {}
-        for which in ("memory", "time"):
-            m = self.__dict__.get(f"{which}_model_")
-            level = self.__dict__.get(f"{which}_coverage_", self.coverage)
-            if m is None:
-                (out / f"{which}.cbm").unlink(missing_ok=True)
-                continue
-            entry: dict[str, Any]
-            if isinstance(m, _Affine):
-                entry = {"affine": {"intercept": m.intercept, "slope": m.slope}}
-            elif isinstance(m, _PrecisionLine):
-                entry = {"by_precision": dict(m.by_group), "log_slope": m.slope}
-            elif isinstance(m, _Constant):
-                entry = {"constant": m.value}
-            else:
-                m.save_model(str(out / f"{which}.cbm"), format="cbm")
-                entry = {"file": f"{which}.cbm"}
-            if "file" not in entry:  # no trees: a stale .cbm of an earlier fit must not linger
-                (out / f"{which}.cbm").unlink(missing_ok=True)
-            from_base = self.__dict__.get(f"{which}_bound_") == "base"
-            entry["conformal_quantile"] = None if from_base else getattr(self, f"{which}_q_")
-            if from_base:
-                entry["bound"] = "base"
-            entry["shift"] = float(self.__dict__.get(f"{which}_shift_", 0.0))
-            if bounds := self.__dict__.get(f"{which}_bounds_"):
-                entry["bounds_by_group"] = {
-                    g: {"shift": b[0], "quantile": b[1], "coverage": b[2]}
-                    for g, b in bounds.items()
-                }
-            entry["coverage"] = level
-            files[which] = entry
-        for kind, sub in self._by_kind().items():
-            sub.save(out / kind)
-        g2v = self.__dict__.get("graph2vec_")
-        if g2v is not None:
-            g2v.save(out / "graph2vec")
-        base = self.__dict__.get("base_")
-        if base is not None:
-            base.save(out / "base")
-        for kind, op_model in sorted(self.__dict__.get("op_models_", {}).items()):
-            # a GPU's is "op_time" in optime.cbm, as before there were CPU op models
-            key, name = (
-                ("op_time", "optime") if kind == "cuda" else (f"op_time_{kind}", f"optime-{kind}")
-            )
-            files[key] = op_model.save(out / f"{name}.cbm")
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "feature_version": FEATURE_VERSION,
-            "feature_names": self.feature_names_,
-            "params": self.get_params(),
-            "models": files,
-            "graph2vec": g2v is not None,
-            "base": base is not None,
-            "kinds": sorted(self._by_kind()),
-            "dispatch": asdict(d) if (d := self.__dict__.get("dispatch_")) is not None else None,
-            "cpu_steps": asdict(c) if (c := self.__dict__.get("cpu_steps_")) is not None else None,
-            "capacity": (
-                {
-                    "quantile": float(self.capacity_q_),
-                    "shift": float(self.__dict__.get("capacity_shift_", CAPACITY_SHIFT)),
-                    "coverage": float(self.__dict__.get("capacity_coverage_", CAPACITY_COVERAGE)),
-                    "rows": int(self.__dict__.get("capacity_rows_", 0)),
-                }
-                if self.__dict__.get("capacity_q_") is not None
-                else None
-            ),
-            "training": self.training_,
-        }
-        if (measured := self.__dict__.get("time_measured_")) is not None:
-            manifest["time_measured"] = measured
-        # every file load reads from this level, verified before anything parses it: the
-        # .cbm files (a damaged one can crash CatBoost), graph2vec's, and the per-kind and
-        # base manifests (each verifies its own files in turn)
-        listed = [e["file"] for e in files.values() if "file" in e]
-        if g2v is not None:
-            from costaware.core.graph2vec import ARRAYS_NAME, JSON_NAME
-
-            listed += [f"graph2vec/{JSON_NAME}", f"graph2vec/{ARRAYS_NAME}"]
-        listed += [f"{k}/{MANIFEST}" for k in sorted(self._by_kind())]
-        if base is not None:
-            listed.append(f"base/{MANIFEST}")
-        manifest["sha256"] = {name: _sha256(out / name) for name in sorted(listed)}
-        (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        return out
+        return save_model(self, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostModel:
@@ -2179,7 +1355,7 @@ class CostModel:
                 version.
         """
         unverified: list[Path] = []
-        model = cls._load(Path(path), (), unverified)
+        model = read_model(cls, Path(path), (), unverified)
         if unverified:
             warnings.warn(
                 f"the model at {path} was saved without checksums ({MANIFEST} has no "
@@ -2190,190 +1366,9 @@ class CostModel:
             )
         return model
 
-    @classmethod
-    def _load(cls, root: Path, seen: tuple[Path, ...], unverified: list[Path]) -> CostModel:
-        """:meth:`load` for the model in ``root``, a part (per-kind, base) of the models in
-        ``seen`` (their resolved folders), adding the folders without checksums to
-        ``unverified``."""
-        from catboost import CatBoostError, CatBoostRegressor
-
-        mpath = root / MANIFEST
-        if not mpath.is_file():
-            raise FileNotFoundError(f"no {MANIFEST} in {root}: not a saved CostModel directory.")
-        here = root.resolve()
-        if here in seen:
-            raise CostawareError(
-                f"{seen[-1] / MANIFEST} lists a part at {root}, which is {here}: the model "
-                "itself or a folder it is in. A saved model's 'kinds' and 'base' name "
-                "sub-folders of it; this manifest is malformed."
-            )
-        if len(seen) >= _MAX_NESTING:
-            raise CostawareError(
-                f"{mpath} is nested {len(seen)} parts deep (kinds, bases), more than any "
-                f"saved model has ({_MAX_NESTING}); its manifests are malformed."
-            )
-        try:
-            manifest = json.loads(mpath.read_bytes())
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            raise CostawareError(f"{mpath} is not valid JSON ({e}): the model is damaged.") from e
-        if not isinstance(manifest, dict):
-            raise CostawareError(
-                f"{mpath} holds a JSON {type(manifest).__name__}, but a CostModel manifest "
-                "is an object; the model is damaged."
-            )
-        if manifest.get("feature_version") != FEATURE_VERSION:
-            raise CostawareError(
-                f"the model at {root} uses feature version {manifest.get('feature_version')!r}, "
-                f"but this costaware computes version {FEATURE_VERSION!r}; refit it with `costaware fit`."
-            )
-        sums = manifest.get("sha256")
-        if sums is None:
-            unverified.append(root)
-        elif not (
-            isinstance(sums, dict)
-            and all(isinstance(v, str) and _SHA256.fullmatch(v) for v in sums.values())
-        ):
-            raise CostawareError(
-                f"{mpath}: 'sha256' must map file names to hex sha256 digests, but got "
-                f"{str(sums)[:120]}; the manifest is damaged."
-            )
-        kinds = manifest.get("kinds") or []
-        if not isinstance(kinds, list) or not all(
-            isinstance(k, str) and _KIND_NAME.fullmatch(k) for k in kinds
-        ):
-            raise CostawareError(
-                f"{mpath}: 'kinds' must list device kinds like ['cpu', 'cuda'] (each a "
-                f"sub-folder of the model), but got {str(kinds)[:120]}; the manifest is "
-                "malformed."
-            )
-
-        def read(name: Any) -> bytes:
-            """The bytes of ``name`` (a file of this model), verified against ``sums``."""
-            if not isinstance(name, str) or not _part_name(name):
-                raise CostawareError(
-                    f"{mpath} lists the file {name!r}, but a saved model's files are plain "
-                    "names inside its folder; the manifest is malformed."
-                )
-            data = (root / name).read_bytes()
-            if sums is not None:
-                want = sums.get(name)
-                if want is None:
-                    raise CostawareError(
-                        f"{mpath} records no sha256 for {name}, which it lists: the manifest "
-                        "is malformed, and the file is not read unverified."
-                    )
-                got = hashlib.sha256(data).hexdigest()
-                if got != want:
-                    raise CostawareError(
-                        f"{root / name} is damaged: its sha256 is {got[:16]}..., but {mpath} "
-                        f"records {want[:16]}... for it. The file changed after the model was "
-                        "saved; it is not read. Restore the model from an intact copy, or "
-                        "refit it."
-                    )
-            return data
-
-        try:
-            self = cls(**manifest["params"])
-            self.feature_names_ = [str(n) for n in manifest["feature_names"]]
-            self.training_ = dict(manifest.get("training") or {})
-            for which, info in dict(manifest["models"]).items():
-                m: Any
-                if which.startswith("op_time"):
-                    read(info["file"])  # verified here, then read by OpTimeModel.load
-                    self.add_op_model(OpTimeModel.load(root, info))
-                    continue
-                if "affine" in info:
-                    m = _Affine(float(info["affine"]["intercept"]), float(info["affine"]["slope"]))
-                elif "by_precision" in info:
-                    m = _PrecisionLine(
-                        {str(g): float(v) for g, v in info["by_precision"].items()},
-                        _group_columns(self.feature_names_),
-                        float(info.get("log_slope", 0.0)),
-                    )
-                elif "constant" in info:
-                    m = _Constant(float(info["constant"]))
-                else:
-                    blob = read(info["file"])
-                    m = CatBoostRegressor()
-                    try:
-                        m.load_model(blob=blob)
-                    except CatBoostError as e:
-                        raise CostawareError(
-                            f"CatBoost could not read {root / info['file']}: {first_line(e)}"
-                        ) from e
-                setattr(self, f"{which}_model_", m)
-                q = info["conformal_quantile"]
-                setattr(self, f"{which}_q_", math.nan if q is None else float(q))
-                if info.get("bound") == "base":
-                    setattr(self, f"{which}_bound_", "base")
-                setattr(self, f"{which}_shift_", float(info.get("shift", 0.0)))
-                if bounds := info.get("bounds_by_group"):
-                    setattr(
-                        self,
-                        f"{which}_bounds_",
-                        {
-                            str(g): (float(b["shift"]), float(b["quantile"]), float(b["coverage"]))
-                            for g, b in bounds.items()
-                        },
-                    )
-                setattr(self, f"{which}_coverage_", float(info.get("coverage", self.coverage)))
-            parts = (*seen, here)
-            self.base_ = None
-            if manifest.get("base"):
-                read(f"base/{MANIFEST}")
-                self.base_ = cls._load(root / "base", parts, unverified)
-            if manifest.get("dispatch"):
-                self.dispatch_ = _Dispatch(**manifest["dispatch"])
-            if manifest.get("cpu_steps"):
-                self.cpu_steps_ = _CpuSteps(**manifest["cpu_steps"])
-            if capacity := manifest.get("capacity"):
-                self.capacity_q_ = float(capacity["quantile"])
-                self.capacity_shift_ = float(capacity["shift"])
-                self.capacity_coverage_ = float(capacity["coverage"])
-                self.capacity_rows_ = int(capacity.get("rows", 0))
-            if (measured := manifest.get("time_measured")) is not None:
-                self.time_measured_ = {
-                    str(k): (float(v[0]), int(v[1])) for k, v in measured.items()
-                }
-            if kinds:
-                for k in kinds:
-                    read(f"{k}/{MANIFEST}")
-                self.kinds_ = {k: cls._load(root / k, parts, unverified) for k in kinds}
-            if manifest.get("graph2vec"):
-                from costaware.core.graph2vec import ARRAYS_NAME, JSON_NAME, Graph2Vec
-
-                read(f"graph2vec/{JSON_NAME}")
-                read(f"graph2vec/{ARRAYS_NAME}")
-                self.graph2vec_ = Graph2Vec.load(root / "graph2vec")
-        except (CostawareError, OSError):
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-            raise CostawareError(
-                f"{mpath} is not a CostModel manifest this costaware can read "
-                f"({first_line(e)}); the model is damaged or malformed."
-            ) from e
-        return self
-
     def __repr__(self) -> str:
         state = f"fitted on {self.training_.get('rows')} rows" if self.is_fitted else "analytic"
         return f"CostModel({state})"
-
-
-def _sha256(path: Path) -> str:
-    """The hex sha256 of the file at ``path``."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _part_name(name: str) -> bool:
-    """Whether ``name`` is a file inside a model's folder as :meth:`CostModel.save` names
-    one: a plain name, or a sub-folder's (a kind, ``base``, ``graph2vec``) plain name;
-    never absolute, never ``..``."""
-    parts = name.split("/")
-    return 1 <= len(parts) <= 2 and all(_FILE_NAME.fullmatch(p) for p in parts)
 
 
 # the shipped model, read once per process (CostModel.default): None until the first call,

@@ -207,9 +207,8 @@ def _x(group: Any, phase: Any, dtype: Any, flops: Any, nbytes: Any, serial: Any)
 
     The serial steps are what FLOPs cannot tell apart: a recurrent layer over T steps runs
     T small GEMMs one after another, so with the same FLOPs a longer sequence of a smaller
-    batch takes longer. Without them the held-out error of opbench's LSTM cases was a
-    median 42%, with them 27% (5-fold by case), and the H100 recurrent nets' predicted
-    steps ran from 0.4x their measured time at T = 256 to 1.6x at T = 35.
+    batch takes longer. ``docs/predictions.md`` ("A recurrent kernel's time steps") measures
+    what they change.
     """
     f = np.asarray(flops, dtype=np.float64)
     b = np.asarray(nbytes, dtype=np.float64)
@@ -478,11 +477,9 @@ class OpTimeModel:
         steady-state throughput, and more work takes proportionally longer. Trees do not
         extrapolate; without this a kernel 10x past the data came out as fast as the
         largest timed one. Opbench cases stop at 4 GiB, and a GPT's logits (64 x 1024
-        tokens over a 50,257-word vocabulary) make 13 GB fp32 loss kernels: the H100 op
-        sums of the four such rows were 0.32-0.42x their measured steps, 0.56-0.64x with
-        the scaling, and the held-out GPT time error fell from 17.4% to 15.6% (all
-        families 16.4% -> 16.1%). A model saved before the range was recorded predicts
-        as it was fitted.
+        tokens over a 50,257-word vocabulary) make 13 GB fp32 loss kernels
+        (``docs/predictions.md``, "Kernels larger than any timed", measures the
+        scaling). A model saved without the range predicts as it was fitted.
         """
         if not len(a.group):
             return np.zeros(0)

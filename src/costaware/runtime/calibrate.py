@@ -44,7 +44,8 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
-from costaware.core.model import CostModel, _small_sample_line
+from costaware.core.model import CostModel
+from costaware.core.residuals import _small_sample_line
 from costaware.devices import Device, get_device
 from costaware.measure.corpus import Config, corpus
 from costaware.measure.profile import host_speed, measure

@@ -47,7 +47,7 @@ import warnings
 import weakref
 from collections.abc import Iterator, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
@@ -56,10 +56,10 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.pool import ConnectionPoolEntry, NullPool, StaticPool
 
 from costaware.errors import CostawareError, CostAwareWarning
-from costaware.observation import MAX_HELD_BEFORE  # also this module's name, for callers
-
-if TYPE_CHECKING:
-    from costaware.core.model import Observation
+from costaware.observation import (
+    MAX_HELD_BEFORE,  # also this module's name, for callers
+    Observation,
+)
 
 __all__ = [
     "MAX_HELD_BEFORE",
@@ -551,8 +551,6 @@ class ObservationStore:
 
         Trials come in the order of their first measurement.
         """
-        from costaware.core.model import Observation
-
         p, m = predictions_table, measurements_table
         # whole rows, so that every reader skips the same malformed ones
         pq = _select(p, *p.c.keys()).where(p.c.features.is_not(None), p.c.trial.is_not(None))
