@@ -53,9 +53,8 @@ run, ``stage3_param_persistence_threshold``), and NCCL's buffers.
 
 from __future__ import annotations
 
-import contextlib
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -430,13 +429,6 @@ class ShardedStep:
         self._arrived.clear()
         self._reduced.clear()
         self._micro += 1
-
-    @contextlib.contextmanager
-    def hooked(self) -> Iterator[ShardedStep]:
-        try:
-            yield self
-        finally:
-            self.close()
 
     def note(self) -> str:
         """What the dry run took the wrapper to do, in words."""
