@@ -258,7 +258,9 @@ def test_the_collectives_time_is_added_as_a_stated_assumption() -> None:
     (note,) = [n for n in whole.notes if n.startswith("sharded (full_shard) over 8 ranks")]
     assert "450 GB/s" in note and "an assumption, not measured" in note
     assert whole.spec["sharding"] == "full_shard"
-    assert any("1 unit" in n and "the root" in n for n in whole.notes)
+    (unit,) = [n for n in whole.notes if "1 unit (the largest, the root" in n]
+    assert "no wrap policy: the whole model is one FSDP unit, gathered whole" in unit
+    assert not any("no wrap policy" in n for n in wrapped.notes)
 
 
 # -- Lightning ---------------------------------------------------------------------------

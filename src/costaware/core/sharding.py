@@ -228,7 +228,6 @@ class ShardedStep:
         #: what a rank holds of each flat group: 1/n of it, or all of it unsharded
         self.parts = 1 if sharding == "no_shard" else world_size
         self.units = plan_units(model, sharding, world_size, wrap)
-        self._unit_of = {id(p): u for u, unit in enumerate(self.units) for p in unit.params}
         #: per unit: its gathered flat parameters while they are held
         self._gathered: dict[int, list[torch.Tensor]] = {}
         #: the units in the order their forward ran (the backward prefetches in reverse)
@@ -431,16 +430,25 @@ class ShardedStep:
         self._micro += 1
 
     def note(self) -> str:
-        """What the dry run took the wrapper to do, in words."""
+        """What the dry run took the wrapper to do, in words: the units, the largest, and
+        what no wrap policy means."""
         n = len(self.units)
+        if not n:
+            return f"{self.sharding} over {self.world_size} ranks: the model has no parameters"
         biggest = max(self.units, key=lambda u: u.unsharded_bytes)
         where = repr(biggest.name) if biggest.name else "the root"
-        return (
-            f"{self.sharding} over {self.world_size} ranks, per rank: {n} unit"
-            f"{'s' if n != 1 else ''} (the largest, {where}, "
+        said = (
+            f"{self.sharding} over {self.world_size} rank{'s' if self.world_size != 1 else ''}"
+            f", per rank: {n} unit{'s' if n != 1 else ''} (the largest, {where}, "
             f"{biggest.unsharded_bytes / 2**20:.4g} MiB gathered); parameters, gradients "
             "and optimizer state as the rank's shards where the sharding shards them"
         )
+        if n == 1 and not biggest.name and not self.sharding.startswith("zero"):
+            said += (
+                "; no wrap policy: the whole model is one FSDP unit, gathered whole at the "
+                "peak (wrap_policy=(Block,) makes each Block a unit of its own)"
+            )
+        return said
 
 
 def _silent(rec: Any, t: torch.Tensor) -> None:
