@@ -29,6 +29,7 @@ __all__ = [
     "OPTIMIZERS",
     "PRECISIONS",
     "PURE_PRECISIONS",
+    "SHARDINGS",
     "BatchLike",
     "ImageBatch",
     "SegmentationBatch",
@@ -42,6 +43,8 @@ __all__ = [
     "eager_module",
     "module_precision",
     "parse_precision",
+    "parse_sharding",
+    "parse_wrap_policy",
     "position_table",
     "uncompiled",
 ]
@@ -79,6 +82,72 @@ _PURE_DTYPES = {"bf16-true": torch.bfloat16, "fp16-true": torch.float16, "fp64-t
 _DTYPE_PRECISIONS = {dtype: name for name, dtype in _PURE_DTYPES.items()}
 #: Allocator modes of PyTorch's CUDA caching allocator (``PYTORCH_CUDA_ALLOC_CONF``).
 ALLOCATORS = ("default", "expandable_segments")
+
+
+#: What a sharded spec can say: FSDP's ``FULL_SHARD``, ``SHARD_GRAD_OP`` and ``NO_SHARD``
+#: (FSDP's flat parameters and gradients, unsharded), and DeepSpeed ZeRO's stages 1-3.
+SHARDINGS = ("full_shard", "shard_grad_op", "no_shard", "zero1", "zero2", "zero3")
+#: the shardings that need several processes (all but ``no_shard``, which FSDP over one
+#: process trains: it switches ``FULL_SHARD`` to it there)
+_SHARDING_SPLITS = ("full_shard", "shard_grad_op", "zero1", "zero2", "zero3")
+_SHARDING_ALIASES = {
+    "full_shard": "full_shard", "fsdp": "full_shard", "shard_grad_op": "shard_grad_op",
+    "no_shard": "no_shard",
+    "zero1": "zero1", "zero-1": "zero1", "zero_1": "zero1", "zero2": "zero2",
+    "zero-2": "zero2", "zero_2": "zero2", "zero3": "zero3", "zero-3": "zero3",
+    "zero_3": "zero3",
+}  # fmt: skip
+
+
+def parse_sharding(value: object) -> str | None:
+    """The canonical name (of :data:`SHARDINGS`) of a sharding, or None for none.
+
+    Takes costaware's names, FSDP's ``ShardingStrategy`` members and their names
+    (``"FULL_SHARD"``), ``"fsdp"`` for ``FULL_SHARD``, and ``"zero-2"``-style spellings.
+
+    Raises:
+        SpecError: a name costaware does not know, or a sharding it does not model
+            (``HYBRID_SHARD``).
+    """
+    if value is None:
+        return None
+    text = getattr(value, "name", value)  # a ShardingStrategy member
+    found = _SHARDING_ALIASES.get(text.strip().lower()) if isinstance(text, str) else None
+    if found is None:
+        raise SpecError(
+            f"sharding must be one of {SHARDINGS} (FSDP's FULL_SHARD, SHARD_GRAD_OP and "
+            "NO_SHARD, DeepSpeed ZeRO stages 1-3), FSDP's ShardingStrategy member of one, "
+            f"or None (DDP, or one process), but got sharding={value!r}; FSDP's "
+            "HYBRID_SHARD is not modelled."
+        )
+    return found
+
+
+def parse_wrap_policy(value: object) -> tuple[type[nn.Module], ...]:
+    """The module classes of a wrap policy: a class, a tuple/list/set of classes, or
+    FSDP's ``ModuleWrapPolicy``; ``None`` or empty for no policy (FSDP wraps the root
+    alone: the whole model is one unit). Sorted by name, so equal policies compare equal.
+
+    Raises:
+        SpecError: anything else (a callable policy, something not an ``nn.Module``
+            subclass).
+    """
+    if value is None:
+        return ()
+    classes: Any = getattr(value, "_module_classes", value)  # FSDP's ModuleWrapPolicy
+    if isinstance(classes, type):
+        classes = (classes,)
+    ok = isinstance(classes, (tuple, list, set, frozenset)) and all(
+        isinstance(c, type) and issubclass(c, nn.Module) for c in classes
+    )
+    if not ok:
+        raise SpecError(
+            "wrap_policy must be the nn.Module classes FSDP wraps as units of their own (a "
+            "class, a tuple or set of them, or FSDP's ModuleWrapPolicy), or None for none "
+            f"(the whole model one unit), but got wrap_policy={value!r}; a callable "
+            "(size-based) policy is not modelled."
+        )
+    return tuple(sorted(set(classes), key=lambda c: (c.__module__, c.__qualname__)))
 
 
 def parse_precision(value: object) -> str:
@@ -579,6 +648,21 @@ class TrainingSpec:
         bucket_cap_mb: DDP's ``bucket_cap_mb``: the gradient buckets' size, which DDP
             allocates besides the gradients (``gradient_as_bucket_view=False``, its
             default) and all-reduces bucket by bucket during the backward.
+        sharding: sharded data parallel over ``world_size`` processes instead of DDP:
+            FSDP's ``"full_shard"`` (``ShardingStrategy.FULL_SHARD``, about ZeRO-3) or
+            ``"shard_grad_op"`` (``SHARD_GRAD_OP``, about ZeRO-2), FSDP's ``"no_shard"``
+            (its flat parameters and gradients unsharded, as FSDP trains over one
+            process), or DeepSpeed's
+            ``"zero1"`` (optimizer state sharded), ``"zero2"`` (and gradients) or
+            ``"zero3"`` (and parameters). The prediction is one rank's: its shards, the
+            gathered units at the peak, and the all-gathers and reduce-scatters not
+            hidden behind the compute (see :mod:`costaware.core.sharding`). None (the
+            default): DDP where ``world_size > 1``.
+        wrap_policy: the module classes FSDP wraps as units of their own (FSDP's
+            ``ModuleWrapPolicy``, Lightning's ``auto_wrap_policy={Block}``): each unit is
+            all-gathered for its forward and backward alone. Empty (the default), FSDP
+            wraps the root alone: the whole model is one unit, gathered whole at the
+            peak. Under ZeRO, empty means each module with parameters of its own.
         compiled: whether ``torch.compile`` runs the model. Its figures are those of eager
             mode, and the prediction says so. Set for a model given as an ``nn.Module``
             that is compiled (see :func:`compiled_parts`).
@@ -600,6 +684,8 @@ class TrainingSpec:
     compiled: bool = False
     world_size: int = 1
     bucket_cap_mb: float = 25.0
+    sharding: str | None = None
+    wrap_policy: Any = ()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.model, nn.Module) or callable(self.model)):
@@ -635,6 +721,7 @@ class TrainingSpec:
                 "bucket_cap_mb must be a positive number of MiB (DDP's gradient bucket size, "
                 f"25 by default), but got bucket_cap_mb={self.bucket_cap_mb!r}."
             )
+        self._check_sharding()
         if self.dataset_size is not None:
             _positive_int("dataset_size", self.dataset_size)
         if isinstance(self.optimizer, str):
@@ -668,6 +755,24 @@ class TrainingSpec:
             raise SpecError(f"allocator must be one of {ALLOCATORS}, but got {self.allocator!r}.")
         if self.loss is not None and not callable(self.loss):
             raise SpecError(f"loss must be callable(model, batch), but got {self.loss!r}.")
+
+    def _check_sharding(self) -> None:
+        self.sharding = parse_sharding(self.sharding)
+        self.wrap_policy = parse_wrap_policy(self.wrap_policy)
+        if self.sharding in _SHARDING_SPLITS and self.world_size < 2:
+            raise SpecError(
+                f"sharding={self.sharding!r} shards over world_size processes, but "
+                f"world_size={self.world_size}: one process holds everything (FSDP trains "
+                "it unsharded: sharding='no_shard'). Give the processes it trains with "
+                "(world_size=2 or more), or leave sharding out."
+            )
+        if self.wrap_policy and self.sharding is None:
+            raise SpecError(
+                f"wrap_policy={tuple(c.__name__ for c in self.wrap_policy)} says which "
+                "modules sharded training wraps, but sharding is None; give sharding="
+                "'full_shard' (or 'shard_grad_op', 'zero3', ...) with it, or leave "
+                "wrap_policy out."
+            )
 
     # -- derived -------------------------------------------------------------------------
     @property
@@ -821,7 +926,10 @@ class TrainingSpec:
             loss_fp,
             str(min(self.grad_accumulation, 2)),
         ]
-        if self.world_size > 1:  # DDP's buckets are in the trace
+        if self.sharding is not None:  # one rank's shards and gathers are in the trace
+            wrap = ",".join(f"{c.__module__}.{c.__qualname__}" for c in self.wrap_policy)
+            parts.append(f"{self.sharding}{self.world_size}[{wrap}]")
+        elif self.world_size > 1:  # DDP's buckets are in the trace
             parts.append(f"ddp{self.bucket_cap_mb}")
         return hashlib.sha1("|".join(parts).encode()).hexdigest()
 
@@ -843,7 +951,16 @@ class TrainingSpec:
             **({"compiled": True} if self.compiled else {}),
             **(
                 {"world_size": self.world_size, "bucket_cap_mb": self.bucket_cap_mb}
-                if self.world_size > 1
+                if self.world_size > 1 and self.sharding is None
+                else {}
+            ),
+            **(
+                {
+                    "world_size": self.world_size,
+                    "sharding": self.sharding,
+                    "wrap_policy": [c.__qualname__ for c in self.wrap_policy],
+                }
+                if self.sharding is not None
                 else {}
             ),
         }

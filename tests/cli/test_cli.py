@@ -94,6 +94,21 @@ def test_predict_json(factory_file: Path, capsys: pytest.CaptureFixture[str]) ->
     assert data["spec"]["batch_size"] == 8
 
 
+def test_predict_one_rank_of_sharded_training(
+    factory_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["predict", f"{factory_file}:mlp", "-b", "8", "--input", "32", "--classes", "10"]
+    args += ["--device", "A100"]
+    args += ["--world-size", "4", "--sharding", "full_shard", "--wrap-policy", "torch.nn:Linear"]
+    assert main([*args, "--json"]) == 0
+    spec = json.loads(capsys.readouterr().out)["spec"]
+    assert (spec["sharding"], spec["world_size"], spec["wrap_policy"]) == (
+        "full_shard",
+        4,
+        ["Linear"],
+    )
+
+
 def test_predict_tokens_with_a_module_path(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(
         [

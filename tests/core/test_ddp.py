@@ -120,12 +120,14 @@ def test_the_trainers_ddp_world_size_and_bucket_cap_become_the_specs(ns_name: st
     assert lightning_parallel(ddp) == {"world_size": 2, "bucket_cap_mb": 25.0}
     assert lightning_parallel(capped) == {"world_size": 4, "bucket_cap_mb": 50.0}
 
-    class FSDPStrategy:  # Lightning's FSDP needs a GPU to be built: its name is what counts
+    class ModelParallelStrategy:  # tensor parallel: its name is what counts
         pass
 
-    class Sharded:
+    class Parallel:
         world_size = 2
-        strategy = FSDPStrategy()
+        strategy = ModelParallelStrategy()
 
-    with pytest.raises(ca.CostawareError, match=r"strategy FSDPStrategy over 2 processes is not"):
-        lightning_parallel(Sharded())
+    with pytest.raises(
+        ca.CostawareError, match=r"strategy ModelParallelStrategy over 2 processes is not"
+    ):
+        lightning_parallel(Parallel())

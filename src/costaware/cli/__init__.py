@@ -127,6 +127,8 @@ def _build_spec(args: argparse.Namespace) -> Any:
         epochs=args.epochs,
         name=args.model.rpartition(":")[2],
         world_size=args.world_size,
+        sharding=args.sharding,
+        wrap_policy=tuple(_load_factory(ref) for ref in args.wrap_policy.split(",") if ref),
     )
 
 
@@ -170,6 +172,17 @@ def _spec_arguments(p: argparse.ArgumentParser, *, batch_help: str, batch_requir
         type=int,
         default=1,
         help="DDP's processes, one per device: predict one rank (default 1: no DDP)",
+    )
+    p.add_argument(
+        "--sharding",
+        help="sharded training over --world-size processes instead of DDP: full_shard or "
+        "shard_grad_op (FSDP), zero1, zero2 or zero3 (DeepSpeed ZeRO)",
+    )
+    p.add_argument(
+        "--wrap-policy",
+        default="",
+        help="the module classes FSDP wraps as units, as module:Class (comma-separated); "
+        "default none: the whole model is one unit",
     )
     p.add_argument("--dataset-size", type=int, help="samples per epoch, for the epoch time")
     p.add_argument("--epochs", type=int, default=1, help="planned epochs (default 1)")

@@ -55,6 +55,7 @@ import numpy as np
 
 from costaware.core.allocator import min_capacity, simulate
 from costaware.core.flops import CONV, VIEW
+from costaware.core.sharding import collective_time
 from costaware.core.trace import Trace, exact_live_peak
 from costaware.devices import Device
 from costaware.spec import TrainingSpec
@@ -158,6 +159,8 @@ def allreduce_time(trace: Trace, spec: TrainingSpec, device: Device) -> tuple[fl
     multi-device time has been measured: these are assumptions, not a fit.
     """
     n, grads = spec.world_size, trace.gradient_bytes
+    if spec.sharding is not None:  # all-gathers and reduce-scatters instead
+        return _sharded_time(trace, spec, device)
     if n <= 1 or grads <= 0:
         return 0.0, 0.0
     cap = int(spec.bucket_cap_mb * 2**20)
@@ -176,6 +179,24 @@ def allreduce_time(trace: Trace, spec: TrainingSpec, device: Device) -> tuple[fl
     last = seconds(min(grads, cap), 1)
     exposed = min(total, last + max(0.0, total - last - backward))
     return total / spec.grad_accumulation, exposed / spec.grad_accumulation
+
+
+def _sharded_time(trace: Trace, spec: TrainingSpec, device: Device) -> tuple[float, float]:
+    """``(total, exposed)`` seconds per micro-batch step of one rank's all-gathers and
+    reduce-scatters under sharded training (:func:`costaware.core.sharding.collective_time`,
+    on the link of :data:`INTERCONNECT_BANDWIDTH` at :data:`ALLREDUCE_EFFICIENCY`)."""
+    link = INTERCONNECT_BANDWIDTH.get(device.name, 32e9) * ALLREDUCE_EFFICIENCY
+    t_compute, t_memory = node_seconds(
+        trace.node_flops, trace.node_bytes, trace.node_dtype, trace.node_class, device
+    )
+    bound = np.where(trace.node_class != VIEW, np.maximum(t_compute, t_memory), 0.0)
+    micro = min(spec.grad_accumulation, 2)
+    forward = float(bound[trace.node_phase == 0].sum()) / micro
+    backward = float(bound[trace.node_phase == 1].sum()) / micro
+    return collective_time(
+        trace.collectives, spec.world_size, link, ALLREDUCE_LATENCY_S, forward, backward,
+        spec.grad_accumulation,
+    )  # fmt: skip
 
 
 def time_upper(seconds: float) -> float:
@@ -202,7 +223,8 @@ class AnalyticEstimate:
     #: the smallest capacity the step runs in (:func:`~costaware.core.allocator.min_capacity`,
     #: workspaces included): between ``allocated`` and ``reserved``. On a CPU, the peak
     min_capacity: int = 0
-    #: DDP's all-reduce per micro-batch step not hidden behind the backward
+    #: DDP's all-reduce (sharded training's all-gathers and reduce-scatters) per
+    #: micro-batch step not hidden behind the compute
     #: (:func:`allreduce_time`; 0 without DDP), not part of ``iteration_time``
     exposed_allreduce: float = 0.0
 
@@ -282,9 +304,20 @@ def estimate(trace: Trace, spec: TrainingSpec, device: Device) -> AnalyticEstima
             notes.append(BENCHMARK_NOTE)
     total, compute, memory, overhead = roofline_time(trace, spec, device)
     comm, exposed = allreduce_time(trace, spec, device)
-    if spec.world_size > 1:
-        link = INTERCONNECT_BANDWIDTH.get(device.name)
-        where = f"{link / 1e9:g} GB/s" if link else "32 GB/s (PCIe 4, the device is not listed)"
+    link = INTERCONNECT_BANDWIDTH.get(device.name)
+    where = f"{link / 1e9:g} GB/s" if link else "32 GB/s (PCIe 4, the device is not listed)"
+    if spec.sharding is not None:
+        notes.append(
+            f"sharded ({spec.sharding}) over {spec.world_size} rank"
+            f"{'s' if spec.world_size != 1 else ''}, per rank: the memory "
+            "holds the rank's shards and the gathered units; the time adds the all-gathers "
+            f"and reduce-scatters not hidden behind the compute, {exposed * 1e3:.3g} ms of "
+            f"{comm * 1e3:.3g} ms, at an assumed {where} link ({ALLREDUCE_EFFICIENCY:.0%} "
+            "achieved) with all but the forward's first gather and the backward's last "
+            "reduce-scatter overlapping the compute: an assumption, not measured on "
+            "several devices"
+        )
+    elif spec.world_size > 1:
         notes.append(
             f"DDP over {spec.world_size} ranks, per rank: the memory holds DDP's gradient "
             f"buckets (bucket_cap_mb={spec.bucket_cap_mb:g}); the time adds the all-reduce "

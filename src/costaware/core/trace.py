@@ -70,6 +70,7 @@ from costaware.core.flops import (
     rnn_backward_formula,
     rnn_formula,
 )
+from costaware.core.sharding import ShardedStep
 from costaware.errors import (
     CostawareError,
     SpecError,
@@ -219,6 +220,10 @@ class Trace:
     #: elements of the parameters the optimizer steps (0 in a trace from before it was
     #: recorded: :attr:`param_count` stands in)
     stepped_numel: int = 0
+    #: one rank of sharded training: ``(phase, kind, unsharded bytes)`` of each all-gather
+    #: and reduce-scatter of one micro-batch step, in order
+    #: (:attr:`costaware.core.sharding.ShardedStep.collectives`); empty otherwise
+    collectives: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def flops(self) -> float:
@@ -2137,14 +2142,25 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
     with fm:
         _to_fake(model, param_dtype)
         model.train()
+        # one rank of sharded training (FSDP, ZeRO): its shards, gathers and reduce-scatters
+        sharded = (
+            ShardedStep(model, spec.sharding, spec.world_size, spec.wrap_policy, rec)
+            if spec.sharding is not None
+            else None
+        )
         with rec, fused, fused_rnn, fused_norm:
-            rec.label(list(model.parameters()), "parameters")
+            if sharded is None:
+                rec.label(list(model.parameters()), "parameters")
+            else:
+                sharded.setup()
             rec.label(list(model.buffers()), "buffers")
             # DDP's gradient buckets, allocated with the model and held throughout
-            buckets = _ddp_buckets(model, spec.bucket_cap_mb) if spec.world_size > 1 else []
+            ddp = spec.world_size > 1 and sharded is None
+            buckets = _ddp_buckets(model, spec.bucket_cap_mb) if ddp else []
             rec.label(buckets, "gradients")
+            opt_params = list(model.parameters()) if sharded is None else sharded.optimizer_params
             try:
-                opt = opt_cls(model.parameters(), **opt_kwargs)
+                opt = opt_cls(opt_params, **opt_kwargs)
             except (TypeError, ValueError) as e:
                 raise SpecError(
                     f"optimizer {spec.optimizer_name!r} rejected its arguments {opt_kwargs}: {e}"
@@ -2181,12 +2197,14 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
                     )
                 rec.mark("backward")
                 loss.backward()
+                if sharded is not None:
+                    sharded.after_backward()
                 del loss, batch
-            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            grads = [p.grad for p in opt_params if p.grad is not None]
             grad_bytes = rec.label(grads, "gradients")
             del grads
             rec.mark("optimizer")
-            params = list({id(p): p for p in model.parameters() if p.grad is not None}.values())
+            params = list({id(p): p for p in opt_params if p.grad is not None}.values())
             param_tensors = len(params)
             stepped_numel = sum(p.numel() for p in params)
             if _flat_optimizer_ok(spec, opt_kwargs, params):
@@ -2195,9 +2213,12 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
                 state_bytes = _optimizer_step(rec, fm, opt)
             rec.mark("zero_grad")
             opt.zero_grad(set_to_none=True)
+            if sharded is not None:  # ZeRO-1's whole gradients
+                model.zero_grad(set_to_none=True)
+                sharded.close()
             rec.mark("end")
             rec.closed = True
-            del buckets
+            del buckets, opt_params
 
     param_count = sum(p.numel() for p in model.parameters())
     param_bytes = sum(
@@ -2242,6 +2263,8 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
         notes.append(
             "the model constructor failed on the meta device, so it was built for real on the CPU"
         )
+    if sharded is not None:
+        notes.append(sharded.note())
     if rec.unsupported:
         notes.append(f"FLOPs not counted for ops whose formula failed: {dict(rec.unsupported)}")
     if isinstance(fused, _FusedAttention) and (
@@ -2305,6 +2328,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
         transients=np.asarray(transients, dtype=np.int64).reshape(-1, 3),
         param_tensors=param_tensors,
         stepped_numel=int(stepped_numel),
+        collectives=tuple(sharded.collectives) if sharded is not None else (),
     )
 
 

@@ -161,6 +161,7 @@ from costaware.devices import Device, cpu_device, detect_device, get_device
 from costaware.errors import (
     CostawareError,
     CostAwareWarning,
+    SpecError,
     TrialRejected,
     UserCodeError,
     first_line,
@@ -174,7 +175,7 @@ from costaware.measure.profile import (
     malloc_trim,
 )
 from costaware.runtime.gate import Gate
-from costaware.spec import TrainingSpec
+from costaware.spec import TrainingSpec, parse_sharding, parse_wrap_policy
 
 if TYPE_CHECKING:
     from costaware.runtime.store import ObservationStore
@@ -321,29 +322,98 @@ def lightning_precision(trainer: Any) -> str:
 
 
 def lightning_parallel(trainer: Any) -> dict[str, Any]:
-    """The spec's ``world_size`` and ``bucket_cap_mb`` of a Trainer's strategy (none for
-    one process): DDP (``strategy="ddp"``, ``devices=4``) is predicted per rank.
+    """The spec's ``world_size`` and ``bucket_cap_mb`` (DDP) or ``sharding`` and
+    ``wrap_policy`` (FSDP, DeepSpeed) of a Trainer's strategy, predicted per rank; none for
+    one process but FSDP's.
+
+    - ``DDPStrategy``: its ``bucket_cap_mb``.
+    - ``FSDPStrategy``: its ``sharding_strategy`` (``FULL_SHARD``, ``SHARD_GRAD_OP`` or
+      ``NO_SHARD``; over one process FSDP trains ``NO_SHARD`` whatever it was given) and
+      the module classes of its ``auto_wrap_policy`` (a set of classes or a
+      ``ModuleWrapPolicy``); without one, the whole model is one unit.
+    - ``DeepSpeedStrategy``: the ZeRO stage (1-3) of its config's ``zero_optimization``.
 
     Raises:
-        CostawareError: a strategy over several processes that is not DDP (FSDP,
-            DeepSpeed, ...): costaware does not model its shards; the callback admits the
+        CostawareError: a strategy over several processes that costaware does not model
+            (another strategy; FSDP's ``HYBRID_SHARD``, CPU offload or a
+            callable wrap policy; DeepSpeed's stage 0 or offload); the callback admits the
             fit with a warning that says so.
     """
     world = getattr(trainer, "world_size", 1)
     world = world if isinstance(world, int) and world > 1 else 1
-    if world == 1:
-        return {}
     strategy = getattr(trainer, "strategy", None)
     name = type(strategy).__name__
+    if world == 1 and name != "FSDPStrategy":
+        return {}
+    if name == "FSDPStrategy":
+        return {"world_size": world, **_lightning_fsdp(strategy, world)}
+    if name == "DeepSpeedStrategy":
+        return {"world_size": world, **_lightning_deepspeed(strategy, world)}
     if name != "DDPStrategy":
         raise CostawareError(
             f"the Trainer's strategy {name} over {world} processes is not one costaware "
-            "models: it predicts one rank of DDP (strategy='ddp'), not sharded training "
-            "(FSDP, DeepSpeed)"
+            "models: it predicts one rank of DDP (strategy='ddp'), FSDP (FSDPStrategy) and "
+            "DeepSpeed ZeRO (DeepSpeedStrategy)"
         )
     kwargs = getattr(strategy, "_ddp_kwargs", None) or {}
     cap = kwargs.get("bucket_cap_mb")
     return {"world_size": world, "bucket_cap_mb": float(cap) if cap is not None else 25.0}
+
+
+def _lightning_fsdp(strategy: Any, world: int) -> dict[str, Any]:
+    """``sharding`` and ``wrap_policy`` of Lightning's ``FSDPStrategy``."""
+    value = getattr(strategy, "sharding_strategy", "FULL_SHARD")
+    said = getattr(value, "name", value)
+    try:
+        sharding = parse_sharding(value)
+    except SpecError:
+        sharding = None
+    if sharding not in ("full_shard", "shard_grad_op", "no_shard"):
+        raise CostawareError(
+            f"the Trainer's FSDPStrategy over {world} processes shards with {said}, which "
+            "costaware does not model: it predicts one rank of FULL_SHARD, SHARD_GRAD_OP "
+            "and NO_SHARD"
+        )
+    if world == 1:  # FSDP switches to NO_SHARD over one process
+        sharding = "no_shard"
+    offload = getattr(strategy, "cpu_offload", None)
+    if offload is not None and getattr(offload, "offload_params", False):
+        raise CostawareError(
+            f"the Trainer's FSDPStrategy over {world} processes offloads the parameters to "
+            "the CPU (cpu_offload), which costaware does not model"
+        )
+    policy = (getattr(strategy, "kwargs", None) or {}).get("auto_wrap_policy")
+    try:
+        wrap = parse_wrap_policy(policy)
+    except SpecError:
+        raise CostawareError(
+            f"the Trainer's FSDPStrategy over {world} processes wraps by the policy "
+            f"{policy!r}, which costaware does not model: it takes the module classes FSDP "
+            "wraps (auto_wrap_policy={Block} or ModuleWrapPolicy); pass the callback "
+            "spec=TrainingSpec(..., sharding=..., wrap_policy=(Block,)) with the classes "
+            "it amounts to"
+        ) from None
+    return {"sharding": sharding, "wrap_policy": wrap}
+
+
+def _lightning_deepspeed(strategy: Any, world: int) -> dict[str, Any]:
+    """``sharding`` of Lightning's ``DeepSpeedStrategy``: the ZeRO stage of its config."""
+    config = getattr(strategy, "config", None)
+    zero = config.get("zero_optimization") if isinstance(config, Mapping) else None
+    stage = zero.get("stage") if isinstance(zero, Mapping) else None
+    if isinstance(stage, bool) or stage not in (1, 2, 3):
+        raise CostawareError(
+            f"the Trainer's DeepSpeedStrategy over {world} processes runs ZeRO stage "
+            f"{stage!r} (from its config's zero_optimization), which costaware does not "
+            "model: it predicts one rank of stages 1, 2 and 3"
+        )
+    offload = [k for k in ("offload_optimizer", "offload_param") if zero and zero.get(k)]
+    if offload:
+        raise CostawareError(
+            f"the Trainer's DeepSpeedStrategy over {world} processes offloads "
+            f"({', '.join(offload)}), which costaware does not model"
+        )
+    return {"sharding": f"zero{stage}"}
 
 
 def lightning_step_loss(model: Any, batch: Any) -> torch.Tensor:
