@@ -746,8 +746,8 @@ class Runner:
             store = ObservationStore(db)
             device = "cpu" if self.ctx.device == "cpu" else "auto"
             pruner = CostAwarePruner(
-                functools.partial(_spec_fn, task, self.ctx.dataset_size[task.name]),
-                budget,
+                spec_fn=functools.partial(_spec_fn, task, self.ctx.dataset_size[task.name]),
+                budget=budget,
                 device=device,
                 store=store,
                 model=ca.CostModel.default(),

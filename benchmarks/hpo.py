@@ -374,7 +374,9 @@ def run_arm(bench: Bench, arm: str, seed: int) -> dict[str, Any]:
         store_url = store.url
         model = ca.CostModel.default()  # the shipped model, loaded afresh for each seed
         bench.models.append(describe_model(model))
-        pruner = CostAwarePruner(spec_fn, budget, device="cpu", store=store, model=model)
+        pruner = CostAwarePruner(
+            spec_fn=spec_fn, budget=budget, device="cpu", store=store, model=model
+        )
     study = optuna.create_study(
         study_name=name,
         direction="maximize",
@@ -1133,10 +1135,10 @@ the run described here.
   the compute it used until then is waste. A baseline user would usually let it run to
   the end, so the baselines' time waste here is a lower bound.
 - **Arms**: `baseline` (plain TPE, OOM and over-time trials end as FAIL through
-  `catch=`), `baseline-pruned` (they end as PRUNED), `costaware` (`CostAwarePruner(spec_fn,
-  budget, device="cpu", store=ObservationStore(...))` with the default model and `Budget`
+  `catch=`), `baseline-pruned` (they end as PRUNED), `costaware` (`CostAwarePruner(spec_fn=spec_fn,
+  budget=budget, device="cpu", store=ObservationStore(...))` with the default model and `Budget`
   (memory checked at its upper bound, epoch time at the prediction unless the run says
-  otherwise) and `refit_every=5` (the first refits after 2, 4 and 8 measured trials); `CostAwareCallback(store, budget=budget, enforce=True)` in
+  otherwise) and `refit_every=5` (the first refits after 2, 4 and 8 measured trials); `CostAwareCallback(store=store, budget=budget, enforce=True)` in
   every trial process; a trial the costaware arm admitted that still OOMs ends as FAIL),
   `oracle` (prunes every configuration that the ground truth says is infeasible).
 - **Compute** is the wall time of each trial process (start to exit) plus, for the

@@ -166,7 +166,9 @@ def main() -> None:
     storage = f"sqlite:///{workdir / 'hpo.db'}"
     store = ObservationStore(workdir / "costaware.db")
     budget = ca.Budget(max_memory=args.max_memory, max_epoch_time=args.max_epoch_time)
-    pruner = CostAwarePruner(spec_fn, budget, device="cpu", store=store, refit_every=3)
+    pruner = CostAwarePruner(
+        spec_fn=spec_fn, budget=budget, device="cpu", store=store, refit_every=3
+    )
     study = optuna.create_study(
         study_name="digits",
         storage=storage,
@@ -192,7 +194,9 @@ def main() -> None:
             raise optuna.TrialPruned(trial_reason(trial))
         torch.manual_seed(trial.number)
         model = LitDigits(params["width"], params["hidden"], params["lr"])
-        callback = CostAwareCallback(store, budget=budget, enforce=True, trial=trial, device="cpu")
+        callback = CostAwareCallback(
+            store=store, budget=budget, enforce=True, trial=trial, device="cpu"
+        )
         trainer = pl.Trainer(
             max_epochs=EPOCHS,
             accelerator="cpu",

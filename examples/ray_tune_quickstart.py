@@ -166,8 +166,8 @@ def main() -> None:
 
     searcher = CostAwareSearcher(
         OptunaSearch(seed=args.seed),
-        spec_fn,
-        budget,
+        spec_fn=spec_fn,
+        budget=budget,
         device="cpu",
         store=store,
         study="digits",
@@ -175,7 +175,7 @@ def main() -> None:
     )
     scheduler = CostAwareScheduler(
         ASHAScheduler(max_t=EPOCHS, grace_period=1, reduction_factor=2),
-        budget,
+        budget=budget,
         device="cpu",
         store=store,
         study="digits",

@@ -114,7 +114,7 @@ def fit(width, seed, trial=None):
         TensorDataset(torch.randn(48, 16, generator=g), torch.randn(48, 1, generator=g)),
         batch_size=8,
     )
-    cb = Callback(f"sqlite:///{workdir}/costaware.db", trial=trial)
+    cb = Callback(store=f"sqlite:///{workdir}/costaware.db", trial=trial)
     trainer = ns.Trainer(
         accelerator="cpu", max_epochs=2, limit_train_batches=4, callbacks=[cb],
         logger=False, enable_checkpointing=False, enable_progress_bar=False,

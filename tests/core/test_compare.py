@@ -355,7 +355,11 @@ def test_a_real_study_report_has_the_other_gpus_section(tmp_path: Path) -> None:
     study = optuna.create_study(
         storage=f"sqlite:///{tmp_path / 'hpo.db'}",
         pruner=CostAwarePruner(
-            spec_fn, ca.Budget(max_memory="1.25GiB"), device="T4", refit_every=None, store=store
+            spec_fn=spec_fn,
+            budget=ca.Budget(max_memory="1.25GiB"),
+            device="T4",
+            refit_every=None,
+            store=store,
         ),
         sampler=optuna.samplers.GridSampler({"width": [64, 8192]}),
     )

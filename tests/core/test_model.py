@@ -394,7 +394,7 @@ def test_each_device_kind_gets_its_own_bound(tmp_path: Path, cnn_spec: ca.Traini
             )
     model.fit(obs)
     assert sorted(model.kinds_) == ["cpu", "cuda"]
-    q_gpu, q_cpu = model._q("memory", "cuda"), model._q("memory", "cpu")
+    q_gpu, q_cpu = (max(0.0, model.kinds_[k].memory_q_) for k in ("cuda", "cpu"))
     assert q_cpu > q_gpu + 0.2  # the CPU bound is wide, the GPU one is not dragged along
     gpu = model.predict(cnn_spec, device="H100")
     assert gpu.peak_memory_upper / gpu.peak_memory == pytest.approx(math.exp(q_gpu), rel=1e-6)
@@ -411,7 +411,8 @@ def test_each_device_kind_gets_its_own_bound(tmp_path: Path, cnn_spec: ca.Traini
     assert json.loads((tmp_path / "m" / "manifest.json").read_text())["kinds"] == ["cpu", "cuda"]
     for which in ("memory", "time"):
         for kind in ("cuda", "cpu"):
-            assert loaded._q(which, kind) == pytest.approx(model._q(which, kind))
+            got, want = (getattr(m.kinds_[kind], f"{which}_q_") for m in (loaded, model))
+            assert got == pytest.approx(want)
     again = loaded.predict(cnn_spec, device="cpu")
     assert again.peak_memory_upper == pytest.approx(cpu.peak_memory_upper, rel=1e-3)
     assert again.iteration_time == pytest.approx(cpu.iteration_time, rel=1e-3)
@@ -967,7 +968,10 @@ def test_cpu_step_model_recovers_its_constants_and_saves_with_the_model(
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
     assert manifest["cpu_steps"] == dataclasses.asdict(steps)
     loaded = ca.CostModel.load(tmp_path / "m")
-    assert loaded._point(feats, "cpu") == pytest.approx(model._point(feats, "cpu"), rel=1e-9)
+    assert loaded.cpu_steps_ == steps
+    again = loaded.predict(obs[0].meta["spec"], device="cpu")
+    assert again.iteration_time == pytest.approx(pred.iteration_time, rel=1e-9)
+    assert again.basis["cpu_step_time"] == pytest.approx(pred.basis["cpu_step_time"], rel=1e-9)
     roofline = ca.CostModel(iterations=50, depth=3, time_baseline="roofline").fit(obs)
     assert not hasattr(roofline, "cpu_steps_")
     assert roofline._baseline(feats, "cpu")[1] == pytest.approx(feats["analytic_time_ms"] / 1e3)

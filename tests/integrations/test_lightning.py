@@ -122,7 +122,7 @@ def db(tmp_path: Path) -> str:
 @pytest.mark.parametrize("name", list(NAMESPACES))
 def test_one_row_per_epoch_into_sqlite(name: str, db: str) -> None:
     ns, cls = NAMESPACES[name]
-    cb = cls(db, study="s", trial="t0")
+    cb = cls(store=db, study="s", trial="t0")
     trainer = fit(ns, cb, max_epochs=3, num_sanity_val_steps=2)  # the sanity check runs first
     assert trainer.current_epoch == 3
     assert cb.epochs_recorded == [0, 1, 2]
@@ -170,7 +170,7 @@ def _fit_watching_malloc(cb: Any, **kwargs: Any) -> list[bool]:
 
 def test_cpu_training_runs_under_glibcs_own_settings(db: str) -> None:
     # the mmap threshold makes every large tensor fault its pages in at each step
-    cb = CostAwareCallback(db, study="s", trial="malloc")
+    cb = CostAwareCallback(store=db, study="s", trial="malloc")
     assert _fit_watching_malloc(cb) == [False] * 5
     assert cb.measurements[-1]["actual"]["memory_method"].startswith(ALLOCATOR_METHOD)
 
@@ -180,7 +180,7 @@ def test_cpu_memory_falls_back_to_the_resident_set_under_lightnings_profiler(
 ) -> None:
     from lightning.pytorch.profilers import PyTorchProfiler
 
-    cb = CostAwareCallback(db, study="s", trial="prof")
+    cb = CostAwareCallback(store=db, study="s", trial="prof")
     profiler = PyTorchProfiler(dirpath=tmp_path, filename="trace")
     assert _fit_watching_malloc(cb, profiler=profiler) == [True] * 5  # frees leave the RSS
     assert cb._exit_stack is None  # and the threshold is set back when fit ends
@@ -245,7 +245,7 @@ def test_validation_time_is_not_epoch_time() -> None:
 
 
 def test_spec_records_a_prediction(db: str) -> None:
-    cb = CostAwareCallback(db, spec=spec(), study="s", trial=7)
+    cb = CostAwareCallback(store=db, spec=spec(), study="s", trial=7)
     fit(L, cb)
     assert cb.prediction is not None and cb.prediction.peak_memory > 0
     store = ObservationStore(db)
@@ -266,7 +266,7 @@ def test_prediction_already_recorded_by_the_pruner_is_not_duplicated(db: str) ->
     store.record_prediction(study="s", trial=3, spec={"name": "x"}, features={"a": 1.0},
                             prediction={"peak_memory": 1}, decision={"admit": True},
                             device="CPU", status="admitted")  # fmt: skip
-    cb = CostAwareCallback(store, spec=spec(), study="s", trial=3)
+    cb = CostAwareCallback(store=store, spec=spec(), study="s", trial=3)
     fit(L, cb, max_epochs=1)
     assert len(store.predictions(study="s")) == 1
     assert cb.prediction is None
@@ -278,7 +278,7 @@ def test_failing_prediction_warns_once_and_training_goes_on(db: str) -> None:
         def predict(self, *args: Any, **kwargs: Any) -> ca.Prediction:
             raise ca.UntraceableModelError("data-dependent .item() in forward")
 
-    cb = CostAwareCallback(db, spec=spec(), model=Broken(), study="s", trial=1)
+    cb = CostAwareCallback(store=db, spec=spec(), model=Broken(), study="s", trial=1)
     with pytest.warns(CostAwareWarning, match="could not predict") as caught:
         fit(L, cb)
     assert sum("could not predict" in str(w.message) for w in caught) == 1
@@ -314,7 +314,7 @@ def test_exception_is_recorded_and_propagates(
     name: str, exc: BaseException, status: str, db: str
 ) -> None:
     ns, cls = NAMESPACES[name]
-    cb = cls(db, study="s", trial="crash")
+    cb = cls(store=db, study="s", trial="crash")
     with pytest.raises(type(exc)) as info:
         fit(ns, cb, make_module(ns, fail=exc, fail_at=(1, 2)), max_epochs=3)
     assert info.value is exc
@@ -361,7 +361,7 @@ def test_trial_pruned_by_someone_else_is_recorded_as_stopped() -> None:
 def test_enforce_stops_training(name: str, budget: ca.Budget, words: str, db: str) -> None:
     ns, cls = NAMESPACES[name]
     # the measured checks alone (a fit predicted over budget is rejected before it runs)
-    cb = cls(db, budget=budget, enforce=True, study="s", trial=0, judge_before=False)
+    cb = cls(store=db, budget=budget, enforce=True, study="s", trial=0, judge_before=False)
     trainer = fit(ns, cb, max_epochs=5)
     assert trainer.should_stop and trainer.current_epoch == 1  # stopped after the first epoch
     (row,) = cb.measurements
@@ -385,7 +385,11 @@ def test_enforce_under_optuna_prunes_the_trial(name: str, db: str) -> None:
     def objective(trial: optuna.Trial) -> float:
         trial.suggest_int("width", 8, 64)
         cb = cls(
-            db, budget=ca.Budget(max_epoch_time=1e-6), enforce=True, trial=trial, judge_before=False
+            store=db,
+            budget=ca.Budget(max_epoch_time=1e-6),
+            enforce=True,
+            trial=trial,
+            judge_before=False,
         )
         callbacks.append(cb)
         fit(ns, cb, max_epochs=5)
@@ -428,7 +432,7 @@ def test_store_that_cannot_be_written_does_not_crash_fit(
         raise StoreError("cannot write to the observation store: disk I/O error")
 
     monkeypatch.setattr(ObservationStore, "record_measurement", refuse)
-    cb = CostAwareCallback(db, study="s", trial=1)
+    cb = CostAwareCallback(store=db, study="s", trial=1)
     with pytest.warns(CostAwareWarning, match="could not write") as caught:
         fit(L, cb, max_epochs=3)
     assert sum("could not write" in str(w.message) for w in caught) == 1  # warned once
@@ -449,7 +453,7 @@ def test_a_failure_in_the_callback_itself_does_not_crash_fit(
 
 
 def test_store_that_cannot_be_opened_does_not_crash_fit(tmp_path: Path) -> None:
-    cb = CostAwareCallback(tmp_path / "no" / "such" / "dir" / "hpo.db", spec=spec(), trial=1)
+    cb = CostAwareCallback(store=tmp_path / "no" / "such" / "dir" / "hpo.db", spec=spec(), trial=1)
     with pytest.warns(CostAwareWarning, match="could not open the observation store"):
         fit(L, cb)
     assert len(cb.measurements) == 2 and cb.prediction is not None
@@ -480,7 +484,7 @@ def test_state_dict_round_trip_and_resume(tmp_path: Path) -> None:
 
 
 def test_callback_pickles_after_fit(db: str) -> None:  # Ray ships callbacks to workers
-    cb = CostAwareCallback(db, study="s", trial=1)
+    cb = CostAwareCallback(store=db, study="s", trial=1)
     fit(L, cb, max_epochs=1)
     copy = pickle.loads(pickle.dumps(cb))
     assert copy.records == cb.records and copy.store == db
@@ -687,7 +691,7 @@ def test_trials_sharing_a_gpu_neither_reset_it_nor_learn_its_peak(
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_fields(db: str) -> None:
-    cb = CostAwareCallback(db, spec=spec(), study="gpu", trial=0)
+    cb = CostAwareCallback(store=db, spec=spec(), study="gpu", trial=0)
     fit(L, cb, accelerator="gpu", devices=1, max_epochs=2)
     for r in cb.measurements:
         a = r["actual"]
@@ -726,3 +730,21 @@ def test_real_cuda_oom_is_recorded() -> None:
     (row,) = cb.measurements
     assert row["status"] == "oom" and "out of memory" in row["reason"]
     assert row["actual"]["peak_memory"] > 0
+
+
+@pytest.mark.parametrize("namespace", sorted(NAMESPACES))
+def test_a_positional_store_warns_naming_the_keyword_and_still_records(
+    namespace: str, tmp_path: Path
+) -> None:
+    ns, callback = NAMESPACES[namespace]
+    old_db, new_db = (f"sqlite:///{tmp_path / n}" for n in ("old.db", "new.db"))
+    with pytest.warns(FutureWarning, match=rf"{callback.__name__}\(store=\.\.\.\)"):
+        old = callback(old_db, study="s", trial=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the keyword form does not warn
+        new = callback(store=new_db, study="s", trial=1)
+    assert old.store == old_db
+    for cb, url in ((old, old_db), (new, new_db)):
+        fit(ns, cb, max_epochs=2)
+        rows = ObservationStore(url).measurements(study="s")
+        assert [r["epoch"] for r in rows] == [0, 1]

@@ -56,7 +56,7 @@ def _run(study: optuna.Study, n: int = 10) -> None:
 
 def test_pruner_rejects_over_budget_trials_before_they_run() -> None:
     # "T4" device: 0.5 GiB context; an 8192-wide Adam MLP needs ~1.6 GiB of parameter state
-    pruner = CostAwarePruner(spec_fn, BUDGET, device="T4", refit_every=None)
+    pruner = CostAwarePruner(spec_fn=spec_fn, budget=BUDGET, device="T4", refit_every=None)
     study = optuna.create_study(
         pruner=pruner,
         sampler=optuna.samplers.GridSampler({"width": [64, 4096, 8192], "batch_size": [16, 256]}),
@@ -90,8 +90,8 @@ def test_second_early_call_reuses_the_decision_and_later_steps_delegate() -> Non
         return spec_fn(params)
 
     pruner = CostAwarePruner(
-        spec_counting,
-        BUDGET,
+        spec_fn=spec_counting,
+        budget=BUDGET,
         device="T4",
         wrapped=optuna.pruners.ThresholdPruner(upper=1.0),
         refit_every=None,
@@ -116,7 +116,7 @@ def test_costawares_own_failure_in_spec_fn_never_crashes_the_study(fail_open: bo
         raise ca.TraceTimeout("the dry run took longer than its time limit of 60 s")
 
     study = optuna.create_study(
-        pruner=CostAwarePruner(broken, BUDGET, device="T4", fail_open=fail_open)
+        pruner=CostAwarePruner(spec_fn=broken, budget=BUDGET, device="T4", fail_open=fail_open)
     )
     with pytest.warns(CostAwareWarning, match="could not judge trial 0"):
         _run(study, 1)
@@ -132,7 +132,9 @@ def test_an_untraceable_model_fails_open() -> None:
             model=_data_dependent, batch=ca.ImageBatch((8,), classes=8), batch_size=2
         )
 
-    study = optuna.create_study(pruner=CostAwarePruner(untraceable, BUDGET, device="T4"))
+    study = optuna.create_study(
+        pruner=CostAwarePruner(spec_fn=untraceable, budget=BUDGET, device="T4")
+    )
     with pytest.warns(CostAwareWarning, match="UntraceableModelError"):
         _run(study, 1)
     assert study.trials[0].state == TrialState.COMPLETE
@@ -155,9 +157,14 @@ def _data_dependent() -> Any:
 
 def test_hyperband_keeps_its_brackets() -> None:
     with pytest.warns(CostAwareWarning, match="CostAwareHyperbandPruner"):
-        CostAwarePruner(spec_fn, BUDGET, wrapped=optuna.pruners.HyperbandPruner())
+        CostAwarePruner(spec_fn=spec_fn, budget=BUDGET, wrapped=optuna.pruners.HyperbandPruner())
     hb = CostAwareHyperbandPruner(
-        spec_fn, BUDGET, device="T4", min_resource=1, max_resource=9, refit_every=None
+        spec_fn=spec_fn,
+        budget=BUDGET,
+        device="T4",
+        min_resource=1,
+        max_resource=9,
+        refit_every=None,
     )
     assert isinstance(hb, optuna.pruners.HyperbandPruner)
     study = optuna.create_study(pruner=hb)
@@ -185,11 +192,11 @@ def test_admit_helper_inside_the_objective() -> None:
 
 def test_bad_arguments() -> None:
     with pytest.raises(TypeError, match="spec_fn must be callable"):
-        CostAwarePruner(42, BUDGET)  # type: ignore[arg-type]
+        CostAwarePruner(spec_fn=42, budget=BUDGET)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"costaware\.Budget"):
-        CostAwarePruner(spec_fn, {"max_memory": "1GiB"})  # type: ignore[arg-type]
+        CostAwarePruner(spec_fn=spec_fn, budget={"max_memory": "1GiB"})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="optuna pruner"):
-        CostAwarePruner(spec_fn, BUDGET, wrapped="median")  # type: ignore[arg-type]
+        CostAwarePruner(spec_fn=spec_fn, budget=BUDGET, wrapped="median")  # type: ignore[arg-type]
 
 
 class _BrokenStore:
@@ -202,7 +209,7 @@ class _BrokenStore:
 
 def test_an_unreachable_store_does_not_stop_the_study() -> None:
     study = optuna.create_study(
-        pruner=CostAwarePruner(spec_fn, BUDGET, device="T4", store=_BrokenStore())
+        pruner=CostAwarePruner(spec_fn=spec_fn, budget=BUDGET, device="T4", store=_BrokenStore())
     )
     with pytest.warns(CostAwareWarning, match="could not write to the store"):
         _run(study, 2)
@@ -211,7 +218,7 @@ def test_an_unreachable_store_does_not_stop_the_study() -> None:
 
 
 def _worker(url: str, n: int) -> None:
-    pruner = CostAwarePruner(spec_fn, BUDGET, device="T4", refit_every=None)
+    pruner = CostAwarePruner(spec_fn=spec_fn, budget=BUDGET, device="T4", refit_every=None)
     study = optuna.load_study(study_name="shared", storage=url, pruner=pruner)
     _run(study, n)
 
@@ -241,7 +248,9 @@ def test_trials_say_whether_the_shipped_model_or_a_refit_predicted(tmp_path: Pat
     """``costaware:refit_rows`` is 0 until the online refit has been fitted on the study's
     measured trials, then the number of trials it was fitted on."""
     store = ObservationStore(f"sqlite:///{tmp_path / 'obs.db'}")
-    pruner = CostAwarePruner(spec_fn, BUDGET, device="T4", store=store, refit_every=2)
+    pruner = CostAwarePruner(
+        spec_fn=spec_fn, budget=BUDGET, device="T4", store=store, refit_every=2
+    )
     study = optuna.create_study(study_name="refit-rows", pruner=pruner)
     refit = pruner.refit
     assert refit is not None
@@ -346,7 +355,9 @@ def test_a_damaged_shipped_model_admits_trials_with_the_reason(
     data[len(data) // 2] ^= 0x10
     cbm.write_bytes(bytes(data))
     monkeypatch.setattr(cm, "_load_shipped", lambda: ca.CostModel.load(tmp_path / "shipped"))
-    pruner = CostAwarePruner(spec_fn, BUDGET, device="T4", store=f"sqlite:///{tmp_path / 'o.db'}")
+    pruner = CostAwarePruner(
+        spec_fn=spec_fn, budget=BUDGET, device="T4", store=f"sqlite:///{tmp_path / 'o.db'}"
+    )
     assert pruner.refit is None  # no base to refit over; constructing it did not fail
     study = optuna.create_study(pruner=pruner)
     with pytest.warns(CostAwareWarning, match="could not judge trial"):
@@ -364,3 +375,76 @@ def test_a_damaged_shipped_model_admits_trials_with_the_reason(
         error = t.user_attrs["costaware:error"]
         assert "shipped with costaware cannot be used" in error
         assert f"{cbm} is damaged" in error
+
+
+# --------------------------------------------------------------------------------------
+# one constructor shape: the wrapped pruner first, the options keyword-only
+# --------------------------------------------------------------------------------------
+def _grid_states(pruner: optuna.pruners.BasePruner, db: Path) -> dict[int, set[TrialState]]:
+    """Each width's trial states over a real study on SQLite judged by ``pruner``."""
+    study = optuna.create_study(
+        storage=f"sqlite:///{db}",
+        pruner=pruner,
+        sampler=optuna.samplers.GridSampler({"width": [64, 8192], "batch_size": [16]}),
+    )
+    _run(study, 2)
+    by_width: dict[int, set[TrialState]] = {}
+    for t in study.trials:
+        by_width.setdefault(t.params["width"], set()).add(t.state)
+    return by_width
+
+
+def test_the_positional_form_warns_naming_the_keywords_and_judges_the_same(
+    tmp_path: Path,
+) -> None:
+    with pytest.warns(FutureWarning, match=r"CostAwarePruner\(spec_fn=\.\.\., budget=\.\.\., "):
+        old = CostAwarePruner(spec_fn, BUDGET, "T4", refit_every=None)  # type: ignore[misc]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the keyword form warns about nothing
+        new = CostAwarePruner(spec_fn=spec_fn, budget=BUDGET, device="T4", refit_every=None)
+    assert old._spec_fn is spec_fn and old._gate.budget is BUDGET
+    got = _grid_states(old, tmp_path / "old.db")
+    assert got == _grid_states(new, tmp_path / "new.db")
+    assert got == {64: {TrialState.COMPLETE}, 8192: {TrialState.PRUNED}}
+
+
+def test_a_wrapped_pruner_first_then_positional_options_warn() -> None:
+    median = optuna.pruners.MedianPruner()
+    with pytest.warns(FutureWarning, match=r"CostAwarePruner\(wrapped, budget=\.\.\.\)"):
+        pruner = CostAwarePruner(median, BUDGET)  # type: ignore[misc]
+    assert pruner._wrapped is median and pruner._gate.budget is BUDGET
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keyed = CostAwarePruner(median, spec_fn=spec_fn, budget=BUDGET, device="T4")
+    assert keyed._wrapped is median and keyed._spec_fn is spec_fn
+    with pytest.raises(TypeError, match="at most 4 positional arguments"):
+        CostAwarePruner(spec_fn, BUDGET, "T4", median, 5)  # type: ignore[misc]
+    with pytest.raises(TypeError, match="multiple values for argument 'budget'"):
+        CostAwarePruner(spec_fn, BUDGET, budget=BUDGET)  # type: ignore[misc]
+
+
+def test_the_hyperband_pruner_takes_keywords_and_still_its_positional_form(
+    tmp_path: Path,
+) -> None:
+    def make(positional: bool) -> CostAwareHyperbandPruner:
+        if positional:
+            return CostAwareHyperbandPruner(  # type: ignore[misc]
+                spec_fn, BUDGET, "T4", min_resource=1, max_resource=9, refit_every=None
+            )
+        return CostAwareHyperbandPruner(
+            spec_fn=spec_fn,
+            budget=BUDGET,
+            device="T4",
+            min_resource=1,
+            max_resource=9,
+            refit_every=None,
+        )
+
+    with pytest.warns(FutureWarning, match=r"takes spec_fn, budget, device as keyword"):
+        old = make(positional=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        new = make(positional=False)
+    got = _grid_states(old, tmp_path / "old.db")
+    assert got == _grid_states(new, tmp_path / "new.db")
+    assert got == {64: {TrialState.COMPLETE}, 8192: {TrialState.PRUNED}}

@@ -81,7 +81,7 @@ def _fit(tmp_path: Path, name: str, search_alg: Any, scheduler: Any, space: Any,
 def test_rejected_suggestions_teach_optuna_and_never_run(ray_session: None, tmp_path: Path) -> None:
     store = ObservationStore(tmp_path / "costaware.db")
     searcher = CostAwareSearcher(
-        OptunaSearch(seed=0), spec_fn, BUDGET, device="cpu", model=MODEL, store=store,
+        OptunaSearch(seed=0), spec_fn=spec_fn, budget=BUDGET, device="cpu", model=MODEL, store=store,
         refit_every=None,
     )  # fmt: skip
     results = _fit(tmp_path, "reject", searcher, CostAwareScheduler(store=store), SPACE, 4)
@@ -130,7 +130,9 @@ def test_failing_spec_fn_fails_open(ray_session: None, tmp_path: Path) -> None:
     def broken(cfg: dict[str, Any]) -> ca.TrainingSpec:  # costaware's own failure
         raise ca.UntraceableModelError("cannot build this model")
 
-    searcher = CostAwareSearcher(OptunaSearch(seed=1), broken, BUDGET, device="cpu", model=MODEL)
+    searcher = CostAwareSearcher(
+        OptunaSearch(seed=1), spec_fn=broken, budget=BUDGET, device="cpu", model=MODEL
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         results = _fit(tmp_path, "failopen", searcher, None, SPACE, 2)
@@ -150,7 +152,9 @@ def test_a_bug_in_spec_fn_stops_the_experiment_before_any_trial(
     def buggy(cfg: dict[str, Any]) -> ca.TrainingSpec:
         return spec_fn({"width": cfg["width"], "bs": cfg["batch_size"]})
 
-    searcher = CostAwareSearcher(OptunaSearch(seed=1), buggy, BUDGET, device="cpu", model=MODEL)
+    searcher = CostAwareSearcher(
+        OptunaSearch(seed=1), spec_fn=buggy, budget=BUDGET, device="cpu", model=MODEL
+    )
     with pytest.raises(ca.UserCodeError, match=r"spec_fn raised KeyError: 'batch_size'") as info:
         _fit(tmp_path, "userbug", searcher, None, SPACE, 2)
     assert isinstance(info.value.__cause__, KeyError)
@@ -164,7 +168,7 @@ def test_fail_closed_rejects_and_gives_up() -> None:
         raise ca.TraceTimeout("nope")
 
     searcher = CostAwareSearcher(
-        OptunaSearch(seed=0, metric="loss", mode="min", space=SPACE), broken, BUDGET,
+        OptunaSearch(seed=0, metric="loss", mode="min", space=SPACE), spec_fn=broken, budget=BUDGET,
         device="cpu", fail_open=False, max_retries=2, max_consecutive_rejections=5,
     )  # fmt: skip
     with pytest.warns(CostAwareWarning, match="no trial this step"):
@@ -178,7 +182,7 @@ def test_fail_closed_rejects_and_gives_up() -> None:
 def test_checkpoint_restore_round_trip(tmp_path: Path) -> None:
     def make() -> CostAwareSearcher:
         return CostAwareSearcher(
-            OptunaSearch(seed=0, metric="loss", mode="min", space=SPACE), spec_fn, BUDGET,
+            OptunaSearch(seed=0, metric="loss", mode="min", space=SPACE), spec_fn=spec_fn, budget=BUDGET,
             device="cpu", model=MODEL,
         )  # fmt: skip
 
@@ -222,9 +226,9 @@ def test_resources_packs_by_predicted_memory() -> None:
 
 def test_argument_errors_say_what_was_expected() -> None:
     with pytest.raises(TypeError, match=r"searcher must be a ray\.tune\.search\.Searcher"):
-        CostAwareSearcher(object(), spec_fn, BUDGET)  # type: ignore[arg-type]
+        CostAwareSearcher(object(), spec_fn=spec_fn, budget=BUDGET)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_retries must be an integer >= 0, but got"):
-        CostAwareSearcher(OptunaSearch(), spec_fn, BUDGET, max_retries=-1)
+        CostAwareSearcher(OptunaSearch(), spec_fn=spec_fn, budget=BUDGET, max_retries=-1)
     with pytest.raises(TypeError, match=r"budget must be a costaware\.Budget"):
         CostAwareScheduler(budget="24GiB")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="granularity must be in"):
@@ -262,3 +266,36 @@ def test_epoch_meter_on_a_cpu_is_the_allocators_peak_until_the_second_step() -> 
     assert meter.memory_method.startswith(ALLOCATOR_METHOD)
     assert meter.metrics()["peak_memory_bytes"] == 4 * 2**20
     del y, z
+
+
+def _suggestions(searcher: CostAwareSearcher, n: int = 4) -> list[Any]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CostAwareWarning)
+        return [searcher.suggest(f"t{i}") for i in range(n)]
+
+
+def test_the_positional_forms_warn_naming_the_keywords_and_work_the_same() -> None:
+    from ray.tune.schedulers import FIFOScheduler
+
+    def inner() -> OptunaSearch:
+        return OptunaSearch(space=SPACE, metric="loss", mode="min", seed=3)
+
+    with pytest.warns(FutureWarning, match=r"CostAwareSearcher\(searcher, spec_fn=\.\.\., budget"):
+        old = CostAwareSearcher(inner(), spec_fn, BUDGET, "cpu", model=MODEL)  # type: ignore[misc]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the keyword form does not warn
+        new = CostAwareSearcher(inner(), spec_fn=spec_fn, budget=BUDGET, device="cpu", model=MODEL)
+    assert (old.spec_fn, old.budget) == (new.spec_fn, new.budget) == (spec_fn, BUDGET)
+    got = _suggestions(old)
+    assert got == _suggestions(new)
+    assert all(cfg["width"] == 64 for cfg in got if cfg)  # 8192 is over the budget
+    assert len(old.rejections) == len(new.rejections) > 0
+
+    fifo = FIFOScheduler()  # type: ignore[no-untyped-call]
+    with pytest.warns(FutureWarning, match=r"CostAwareScheduler\(scheduler, budget=\.\.\., dev"):
+        sched = CostAwareScheduler(fifo, BUDGET, "cpu")  # type: ignore[misc]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        keyed = CostAwareScheduler(fifo, budget=BUDGET, device="cpu")
+    assert (sched.scheduler, sched.budget, sched.device) == (fifo, BUDGET, keyed.device)
+    assert keyed.device is not None and keyed.device.name == ca.get_device("cpu").name

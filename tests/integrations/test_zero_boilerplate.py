@@ -156,7 +156,7 @@ def test_the_objective_reads_the_decision_and_raises_it_with_reasons(tmp_path: P
 
     study = optuna.create_study(
         storage=f"sqlite:///{tmp_path / 'study.db'}",
-        pruner=CostAwarePruner(spec_fn, ca.Budget(max_memory="32MiB")),
+        pruner=CostAwarePruner(spec_fn=spec_fn, budget=ca.Budget(max_memory="32MiB")),
         sampler=optuna.samplers.BruteForceSampler(),
     )
     seen: dict[int, Any] = {}
@@ -221,14 +221,14 @@ def test_a_pruner_given_first_is_the_wrapped_one() -> None:
     median = optuna.pruners.MedianPruner()
     pruner = CostAwarePruner(median, budget=ca.Budget(max_memory="1GiB"))
     assert pruner._wrapped is median
-    with pytest.raises(TypeError, match="give the wrapped pruner once"):
+    with pytest.raises(TypeError, match="got wrapped twice: give it once"):
         CostAwarePruner(median, wrapped=median)
 
 
 def test_measurements_are_recorded_as_the_device_the_fit_ran_on(tmp_path: Path) -> None:
     calls: list[int] = []
     store = ca.ObservationStore(f"sqlite:///{tmp_path / 'runs.db'}")
-    callback = CostAwareCallback(store, study="s", trial=0, device="A10", spec=ca.TrainingSpec.from_module(
+    callback = CostAwareCallback(store=store, study="s", trial=0, device="A10", spec=ca.TrainingSpec.from_module(
         torch.nn.Linear(8, 1), (torch.randn(8, 8), torch.randn(8, 1)),
         loss=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]),
     ))  # fmt: skip
@@ -250,7 +250,7 @@ def test_a_fit_judged_before_training_is_learned_from(ns_name: str, tmp_path: Pa
     ns, callback_cls = NAMESPACES[ns_name]
     calls: list[int] = []
     store = ca.ObservationStore(f"sqlite:///{tmp_path / 'runs.db'}")
-    callback = callback_cls(store, study="s", trial=0, budget=ca.Budget(max_memory="4GiB"))
+    callback = callback_cls(store=store, study="s", trial=0, budget=ca.Budget(max_memory="4GiB"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ca.CostAwareWarning)  # device='auto' on a CPU
         _trainer(ns, callback).fit(_module(ns, SMALL, calls), _data())

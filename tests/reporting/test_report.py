@@ -364,7 +364,7 @@ def test_a_real_pruned_study_reports_its_rejections() -> None:
     from costaware.integrations.optuna import CostAwarePruner
 
     study = optuna.create_study(
-        pruner=CostAwarePruner(spec_fn, budget, device="T4", refit_every=None),
+        pruner=CostAwarePruner(spec_fn=spec_fn, budget=budget, device="T4", refit_every=None),
         sampler=optuna.samplers.GridSampler({"width": [64, 8192]}),
     )
 

@@ -294,7 +294,9 @@ def test_a_real_study_counts_its_memory_rejections_until_the_measured_crash(
     study = optuna.create_study(
         storage=f"sqlite:///{tmp_path / 'hpo.db'}",
         study_name="s",
-        pruner=CostAwarePruner(spec_fn, budget, device="cpu", store=store, refit_every=None),
+        pruner=CostAwarePruner(
+            spec_fn=spec_fn, budget=budget, device="cpu", store=store, refit_every=None
+        ),
         sampler=optuna.samplers.GridSampler({"width": [32, 65536], "crash": [False, True]}),
     )
     data = TensorDataset(torch.randn(128, 64), torch.randint(0, 10, (128,)))
@@ -307,7 +309,7 @@ def test_a_real_study_counts_its_memory_rejections_until_the_measured_crash(
         trainer = pl.Trainer(
             max_epochs=1, accelerator="cpu", devices=1, logger=False,
             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-            callbacks=[CostAwareCallback(store, trial=trial, device="cpu")],
+            callbacks=[CostAwareCallback(store=store, trial=trial, device="cpu")],
         )  # fmt: skip
         trainer.fit(Lit(width, crash), DataLoader(data, batch_size=16))
         return 1.0

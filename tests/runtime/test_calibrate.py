@@ -107,7 +107,7 @@ def test_calibrate_measures_here_and_the_refit_learns_the_rows(tmp_path: Path) -
     assert refit.refit_now().training_["rows"] == 4
     # a real Optuna study's pruner over the same store: its first trial is already judged
     # by a model refitted on the calibration
-    pruner = CostAwarePruner(_digits_spec, ca.Budget(max_memory="1GiB"), device="CPU",
+    pruner = CostAwarePruner(spec_fn=_digits_spec, budget=ca.Budget(max_memory="1GiB"), device="CPU",
                              store=store, refit_every=5)  # fmt: skip
     assert pruner.refit is not None
     pruner.refit.background = False

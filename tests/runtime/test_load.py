@@ -239,7 +239,7 @@ def objective(trial):
                            batch_size=8, dataset_size=32)
     # the tight trials train (judge_before=False), so that their measured epoch stops
     # them: a write of the measured stop under load
-    cb = CostAwareCallback(url, spec=spec, trial=trial, enforce=True,
+    cb = CostAwareCallback(store=url, spec=spec, trial=trial, enforce=True,
                            budget=tight if trial.number % 2 else generous,
                            judge_before=not trial.number % 2)
     callbacks[trial.number] = cb

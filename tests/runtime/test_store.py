@@ -820,7 +820,9 @@ def test_a_study_whose_store_is_down_at_start_up_runs_and_records_once_it_is_bac
     monkeypatch.setattr(store_module, "RETRY_FIRST_S", 0.01)
     p, url = proxy
     with pytest.warns(CostAwareWarning, match="goes on without it"):
-        pruner = CostAwarePruner(spec_fn, BUDGET, device="T4", store=url, refit_every=2)
+        pruner = CostAwarePruner(
+            spec_fn=spec_fn, budget=BUDGET, device="T4", store=url, refit_every=2
+        )
     study = optuna.create_study(study_name="down", pruner=pruner)
     with pytest.warns(CostAwareWarning, match="could not write to the store"):
         _run(study, 2)

@@ -137,8 +137,8 @@ Example:
         print(row["epoch"], row["status"], row["actual"]["epoch_time"], row["actual"]["peak_memory"])
 
 Under Optuna, pass ``trial=trial`` (and the spec, to record the prediction):
-``CostAwareCallback("sqlite:///hpo.db", spec=spec_fn(trial), budget=budget, enforce=True,
-trial=trial)``; the study and trial ids of the rows then come from the trial.
+``CostAwareCallback(store="sqlite:///hpo.db", spec=spec_fn(trial), budget=budget,
+enforce=True, trial=trial)``; the study and trial ids of the rows then come from the trial.
 """
 
 from __future__ import annotations
@@ -166,6 +166,7 @@ from costaware.errors import (
     UserCodeError,
     first_line,
 )
+from costaware.integrations._keywords import keyword_options
 from costaware.measure.profile import (
     CpuMemoryMeter,
     DeviceUse,
@@ -518,10 +519,11 @@ class _CostAwareCallbackBase:
 
     _namespace = ""  # "lightning" or "pytorch_lightning", set by the public classes
 
+    @keyword_options(("store",))
     def __init__(
         self,
-        store: ObservationStore | str | os.PathLike[str] | None = None,
         *,
+        store: ObservationStore | str | os.PathLike[str] | None = None,
         spec: TrainingSpec | None = None,
         model: CostModel | None = None,
         budget: Budget | None = None,
@@ -1426,6 +1428,10 @@ _DOC = """Record a run's real cost per epoch and, with ``enforce=True``, stop it
     Use with ``{trainer}``; see :mod:`costaware.integrations.lightning` for what is
     measured and how, and for the class to use with the other Lightning namespace.
 
+    Every argument is a keyword. The earlier positional store,
+    ``{name}("sqlite:///hpo.db", ...)``, still works with a ``FutureWarning`` that
+    names the keyword.
+
     Args:
         store: an :class:`~costaware.runtime.store.ObservationStore`, a URL or path to open one
             (``"sqlite:///hpo.db"``; opened when fitting starts), or None to keep the records
@@ -1557,7 +1563,9 @@ if _LightningCallback is not None:
     class CostAwareCallback(_CostAwareCallbackBase, _LightningCallback):
         _namespace = "lightning"
 
-    CostAwareCallback.__doc__ = _DOC.format(trainer="lightning.pytorch.Trainer")
+    CostAwareCallback.__doc__ = _DOC.format(
+        trainer="lightning.pytorch.Trainer", name="CostAwareCallback"
+    )
 
     class CostAwareBatchSizeFinder(_BatchSizeFinderBase, _LightningCallback):
         __doc__ = _BatchSizeFinderBase.__doc__
@@ -1569,7 +1577,9 @@ if _PLCallback is not None:
     class PLCostAwareCallback(_CostAwareCallbackBase, _PLCallback):
         _namespace = "pytorch_lightning"
 
-    PLCostAwareCallback.__doc__ = _DOC.format(trainer="pytorch_lightning.Trainer")
+    PLCostAwareCallback.__doc__ = _DOC.format(
+        trainer="pytorch_lightning.Trainer", name="PLCostAwareCallback"
+    )
 
     class PLCostAwareBatchSizeFinder(_BatchSizeFinderBase, _PLCallback):
         __doc__ = _BatchSizeFinderBase.__doc__

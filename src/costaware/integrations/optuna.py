@@ -39,7 +39,7 @@ Example:
     >>> def spec_fn(params):
     ...     return ca.TrainingSpec(model=lambda: zoo.mlp(784, (params["width"],), 10),
     ...                            batch=ca.ImageBatch((784,), classes=10), batch_size=params["bs"])
-    >>> pruner = CostAwarePruner(spec_fn, ca.Budget(max_memory="2GiB"), device="T4")
+    >>> pruner = CostAwarePruner(spec_fn=spec_fn, budget=ca.Budget(max_memory="2GiB"), device="T4")
     >>> study = optuna.create_study(pruner=pruner)
     >>> def objective(trial):
     ...     trial.suggest_int("width", 64, 512); trial.suggest_int("bs", 8, 64)
@@ -72,6 +72,7 @@ from costaware.budget import Budget
 from costaware.core.model import CostModel
 from costaware.devices import Device
 from costaware.errors import CostAwareWarning, SpecError
+from costaware.integrations._keywords import keyword_options
 from costaware.runtime.gate import Gate, spec_build_error
 from costaware.spec import TrainingSpec
 
@@ -245,35 +246,41 @@ class CostAwarePruner(BasePruner, _PrunerGate):
     first ``trial.should_prune()`` (before anything is built); raise :func:`pruned` to
     carry the reasons into Optuna's log.
 
+    The wrapped pruner is the one argument given by position, as Optuna's
+    ``PatientPruner`` takes it; the options are keywords:
+    ``CostAwarePruner(MedianPruner(), spec_fn=spec_fn, budget=budget)``. The earlier
+    positional form, ``CostAwarePruner(spec_fn, budget, device, wrapped)``, still works
+    with a ``FutureWarning`` that names the keywords.
+
     Args:
+        wrapped: a pruner to consult after the first report (default: none).
         spec_fn: ``params -> TrainingSpec``, from the trial's suggested parameters
-            (optional: see above). A pruner given first in its place is the wrapped one,
-            as Optuna's ``PatientPruner`` takes it.
+            (optional: see above).
         budget: the limits a trial must fit (default ``Budget()``: the device's memory).
         device: a catalog name, a ``Device``, or ``"auto"`` (the local GPU).
-        wrapped: a pruner to consult after the first report (default: none).
         model: the cost model (default: the shipped one).
         store: an ``ObservationStore`` or its URL, to record predictions (and to refit).
         refit_every: with a store, refit after this many measured trials (None: never).
         fail_open: admit a trial whose prediction fails (default) or reject it.
     """
 
+    @keyword_options(
+        ("spec_fn", "budget", "device", "wrapped"),
+        positional=1,
+        is_old_first=lambda first: first is not None and not isinstance(first, BasePruner),
+    )
     def __init__(
         self,
-        spec_fn: Callable[[dict[str, Any]], TrainingSpec] | BasePruner | None = None,
-        budget: Budget | None = None,
-        device: str | Device = "auto",
         wrapped: BasePruner | None = None,
         *,
+        spec_fn: Callable[[dict[str, Any]], TrainingSpec] | None = None,
+        budget: Budget | None = None,
+        device: str | Device = "auto",
         model: CostModel | None = None,
         store: Any = None,
         refit_every: int | None = 5,
         fail_open: bool = True,
     ) -> None:
-        if isinstance(spec_fn, BasePruner):  # CostAwarePruner(MedianPruner(), ...)
-            if wrapped is not None:
-                raise TypeError("give the wrapped pruner once: first, or as wrapped=.")
-            spec_fn, wrapped = None, spec_fn
         _check_spec_fn(spec_fn)
         if wrapped is not None and not isinstance(wrapped, BasePruner):
             raise TypeError(f"wrapped must be an optuna pruner, but got {type(wrapped).__name__}.")
@@ -310,16 +317,19 @@ class CostAwarePruner(BasePruner, _PrunerGate):
 class CostAwareHyperbandPruner(HyperbandPruner, _PrunerGate):
     """A ``HyperbandPruner`` with the cost gate in front, so Hyperband's brackets still work.
 
-    Takes ``spec_fn`` and ``budget`` (and the keyword options of :class:`CostAwarePruner`)
-    plus any ``HyperbandPruner`` keyword argument.
+    Takes the keyword options of :class:`CostAwarePruner` (``spec_fn``, ``budget``,
+    ``device``, ...) plus any ``HyperbandPruner`` keyword argument. The earlier positional
+    form, ``CostAwareHyperbandPruner(spec_fn, budget, device)``, still works with a
+    ``FutureWarning`` that names the keywords.
     """
 
+    @keyword_options(("spec_fn", "budget", "device"))
     def __init__(
         self,
+        *,
         spec_fn: Callable[[dict[str, Any]], TrainingSpec] | None = None,
         budget: Budget | None = None,
         device: str | Device = "auto",
-        *,
         model: CostModel | None = None,
         store: Any = None,
         refit_every: int | None = 5,

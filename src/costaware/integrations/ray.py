@@ -87,6 +87,7 @@ from costaware.budget import Budget, Reason
 from costaware.core.model import CostModel
 from costaware.devices import Device, get_device
 from costaware.errors import CostAwareWarning, SpecError, first_line
+from costaware.integrations._keywords import keyword_options
 from costaware.measure.profile import CpuMemoryMeter, clear_cuda_cache
 from costaware.runtime.gate import Gate, open_store, spec_build_error
 from costaware.spec import TrainingSpec
@@ -165,6 +166,10 @@ class CostAwareSearcher(Searcher):
 
     ``Searcher.FINISHED`` and ``None`` from the wrapped searcher are passed through.
 
+    The wrapped searcher is the one argument given by position; the options are
+    keywords. The earlier positional form, ``CostAwareSearcher(searcher, spec_fn, budget,
+    device)``, still works with a ``FutureWarning`` that names the keywords.
+
     Args:
         searcher: the Tune ``Searcher`` to wrap.
         spec_fn: ``config -> TrainingSpec``, from the suggested config (the searched
@@ -188,17 +193,19 @@ class CostAwareSearcher(Searcher):
         >>> from ray.tune.search.optuna import OptunaSearch
         >>> import costaware as ca
         >>> searcher = CostAwareSearcher(  # doctest: +SKIP
-        ...     OptunaSearch(), spec_fn, ca.Budget(max_memory="24GiB"), device="A10")
+        ...     OptunaSearch(), spec_fn=spec_fn, budget=ca.Budget(max_memory="24GiB"),
+        ...     device="A10")
         >>> tune.TuneConfig(search_alg=searcher, metric="loss", mode="min")  # doctest: +SKIP
     """
 
+    @keyword_options(("searcher", "spec_fn", "budget", "device"), positional=1)
     def __init__(
         self,
         searcher: Searcher,
+        *,
         spec_fn: Callable[[dict[str, Any]], TrainingSpec],
         budget: Budget,
         device: str | Device = "auto",
-        *,
         model: CostModel | None = None,
         store: Any = None,
         study: str = DEFAULT_STUDY,
@@ -413,6 +420,10 @@ class CostAwareScheduler(TrialScheduler):
     recorded as ``"ok"`` and the wrapped scheduler decides. Results without any cost key
     go straight to the wrapped scheduler.
 
+    The wrapped scheduler is the one argument given by position; the options are
+    keywords. The earlier positional form, ``CostAwareScheduler(scheduler, budget,
+    device)``, still works with a ``FutureWarning`` that names the keywords.
+
     Args:
         scheduler: the scheduler to wrap (default ``FIFOScheduler()``).
         budget: the limits (default: none, only record).
@@ -424,15 +435,17 @@ class CostAwareScheduler(TrialScheduler):
 
     Example:
         >>> from ray.tune.schedulers import ASHAScheduler
-        >>> scheduler = CostAwareScheduler(ASHAScheduler(), ca.Budget(max_epoch_time="10min"))  # doctest: +SKIP
+        >>> scheduler = CostAwareScheduler(  # doctest: +SKIP
+        ...     ASHAScheduler(), budget=ca.Budget(max_epoch_time="10min"))
     """
 
+    @keyword_options(("scheduler", "budget", "device"), positional=1)
     def __init__(
         self,
         scheduler: TrialScheduler | None = None,
+        *,
         budget: Budget | None = None,
         device: str | Device | None = None,
-        *,
         store: Any = None,
         study: str = DEFAULT_STUDY,
         enforce: bool = True,

@@ -514,7 +514,7 @@ class Report:
         elif unmeasured and len(unmeasured) == sum(r.admitted for r in self.trials):
             notes.append(
                 "No actuals recorded (measured peak memory and epoch time): add "
-                "CostAwareCallback(store, ...) to the Lightning Trainer (CostAwareScheduler "
+                "CostAwareCallback(store=store, ...) to the Lightning Trainer (CostAwareScheduler "
                 "for Ray Tune) and give the report that store (--store / store=)."
             )
         elif unmeasured:
@@ -1331,7 +1331,7 @@ def report(
             if not any(st.measurements for st in grouped.values()) and rows:
                 notes.append(
                     f"The observation store has no measurements for study {name!r}: add "
-                    "CostAwareCallback(store, trial=trial) to the Trainer."
+                    "CostAwareCallback(store=store, trial=trial) to the Trainer."
                 )
         else:
             notes.append(

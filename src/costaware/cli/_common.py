@@ -1,0 +1,186 @@
+"""What the commands share: the user error (:class:`CliError`) and the training
+configuration's options and how a spec is built from them, the parser whose usage errors
+are one line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+__all__ = ["CliError"]
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line that names the help to read."""
+
+    def error(self, message: str) -> NoReturn:
+        print(
+            f"costaware: error: {message} (see '{self.prog} --help')",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
+
+def _load_factory(ref: str) -> Callable[[], Any]:
+    """Resolve ``path/to/file.py:name`` or ``package.module:name`` to a callable."""
+    if ":" not in ref:
+        raise CliError(
+            f"expected MODEL as 'path/to/file.py:factory' or 'module:factory', but got {ref!r}."
+        )
+    where, _, name = ref.rpartition(":")
+    if where.endswith(".py") or "/" in where or Path(where).is_file():
+        path = Path(where)
+        if not path.is_file():
+            raise CliError(f"no such file: {where}")
+        mod_spec = importlib.util.spec_from_file_location(f"_costaware_user_{path.stem}", path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise CliError(f"cannot import {where} as a Python file.")
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.path.insert(0, str(path.resolve().parent))
+        try:
+            mod_spec.loader.exec_module(module)
+        finally:
+            sys.path.pop(0)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise CliError(f"cannot import module {where!r}: {e}") from e
+    obj = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise CliError(f"{where} has no attribute {name!r}.")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise CliError(
+            f"{ref} is not callable; it must be a zero-argument factory returning an nn.Module."
+        )
+    return obj  # type: ignore[no-any-return]
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.lower().replace("×", "x").split("x"))
+    except ValueError:
+        raise CliError(f"--input must look like 3x224x224, but got {text!r}.") from None
+    if not dims or any(d < 1 for d in dims):
+        raise CliError(f"--input must be positive sizes like 3x224x224, but got {text!r}.")
+    return dims
+
+
+def _build_spec(args: argparse.Namespace) -> Any:
+    import costaware as ca
+
+    factory = _load_factory(args.model)
+    if args.seq_len is not None:
+        if args.vocab is None:
+            raise CliError("--seq-len needs --vocab (the vocabulary size).")
+        batch: Any = ca.TokenBatch(args.seq_len, args.vocab)
+    elif args.input is not None:
+        shape = _parse_shape(args.input)
+        batch = (ca.SegmentationBatch if args.segmentation else ca.ImageBatch)(
+            shape, classes=args.classes
+        )
+    else:
+        raise CliError(
+            "give the input: --input 3x224x224 for dense inputs, or --seq-len N --vocab V for tokens."
+        )
+    kwargs = {"lr": args.lr} if args.lr is not None else {}
+    return ca.TrainingSpec(
+        model=factory,
+        batch=batch,
+        batch_size=args.batch_size,
+        optimizer=args.optimizer,
+        optimizer_kwargs=kwargs,
+        precision=args.precision,
+        dataset_size=args.dataset_size,
+        cudnn_benchmark=args.cudnn_benchmark,
+        allocator=args.allocator,
+        grad_accumulation=args.grad_accumulation,
+        epochs=args.epochs,
+        name=args.model.rpartition(":")[2],
+        world_size=args.world_size,
+        sharding=args.sharding,
+        wrap_policy=tuple(_load_factory(ref) for ref in args.wrap_policy.split(",") if ref),
+    )
+
+
+def _spec_arguments(p: argparse.ArgumentParser, *, batch_help: str, batch_required: bool) -> None:
+    """The arguments that describe one training configuration (``predict``,
+    ``max-batch-size``)."""
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="'path/to/file.py:factory' or 'module:factory' returning an nn.Module",
+    )
+    p.add_argument(
+        "--batch-size",
+        "-b",
+        type=int,
+        required=batch_required,
+        default=None if batch_required else 32,
+        help=batch_help,
+    )
+    p.add_argument(
+        "--input", help="per-sample input shape, e.g. 3x224x224 (images) or 784 (vectors)"
+    )
+    p.add_argument("--classes", type=int, default=1000, help="classes of the label (default 1000)")
+    p.add_argument(
+        "--segmentation", action="store_true", help="labels per pixel (N×H×W) instead of per sample"
+    )
+    p.add_argument("--seq-len", type=int, help="tokens per sample, for language models")
+    p.add_argument("--vocab", type=int, help="vocabulary size, with --seq-len")
+    p.add_argument(
+        "--optimizer", default="adamw", help="sgd, adam, adamw, rmsprop, ... (default adamw)"
+    )
+    p.add_argument("--lr", type=float, help="learning rate")
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        help="fp32, bf16 or fp16 (mixed precision), or bf16-true, fp16-true, fp64-true (pure: "
+        "parameters, gradients and optimizer state in that type); default fp32",
+    )
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=1,
+        help="DDP's processes, one per device: predict one rank (default 1: no DDP)",
+    )
+    p.add_argument(
+        "--sharding",
+        help="sharded training over --world-size processes instead of DDP: full_shard or "
+        "shard_grad_op (FSDP), zero1, zero2 or zero3 (DeepSpeed ZeRO)",
+    )
+    p.add_argument(
+        "--wrap-policy",
+        default="",
+        help="the module classes FSDP wraps as units, as module:Class (comma-separated); "
+        "default none: the whole model is one unit",
+    )
+    p.add_argument("--dataset-size", type=int, help="samples per epoch, for the epoch time")
+    p.add_argument("--epochs", type=int, default=1, help="planned epochs (default 1)")
+    p.add_argument(
+        "--grad-accumulation", type=int, default=1, help="micro-batches per optimizer step"
+    )
+    p.add_argument("--allocator", default="default", help="default or expandable_segments")
+    p.add_argument(
+        "--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark is on"
+    )
+
+
+def _stderr_console(quiet: bool) -> Any:
+    """A rich Console on stderr for progress, or None when quiet or not a terminal."""
+    if quiet or not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+
+    return Console(stderr=True)
