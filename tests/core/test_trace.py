@@ -740,3 +740,64 @@ def test_fused_rmsnorm_computes_what_torch_computes(weighted: bool) -> None:
     g = torch.randn_like(ref)
     wrt = [x, w] if w is not None else [x]
     torch.testing.assert_close(torch.autograd.grad(ours, wrt, g), torch.autograd.grad(ref, wrt, g))
+
+
+class _DropNet(nn.Module):
+    """Linear -> Dropout -> ReLU, twice (dropout before the ReLU, which keeps its output,
+    so that an in-place dropout is a valid model too)."""
+
+    def __init__(self, p: float = 0.1, inplace: bool = False, functional: bool = False) -> None:
+        super().__init__()
+        self.p, self.functional = p, functional
+        self.fc = nn.ModuleList(nn.Linear(256, 256) for _ in range(2))
+        self.drop = nn.Dropout(p, inplace=inplace)
+        self.head = nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for fc in self.fc:
+            x = fc(x)
+            x = torch.dropout(x, self.p, self.training) if self.functional else self.drop(x)
+            x = torch.relu(x)
+        return self.head(x)
+
+
+def _drop_spec(**kw: object) -> ca.TrainingSpec:
+    return ca.TrainingSpec(
+        model=functools.partial(_DropNet, **kw),
+        batch=ca.ImageBatch((256,), classes=10),
+        batch_size=512,
+        optimizer="sgd",
+    )
+
+
+def test_fused_dropout_keeps_a_bool_mask_where_the_cpu_composite_keeps_a_noise_tensor() -> None:
+    """A CUDA GPU runs dropout in training as one kernel whose backward reads a bool mask;
+    this CPU's composite keeps a noise tensor of the input's dtype, four times the bytes
+    in fp32 (the OOM probes' MLPs were over-predicted by 13% before)."""
+    act = 512 * 256  # one (batch, width) activation's elements
+    native = ca.dry_run(_drop_spec())
+    fused = ca.dry_run(_drop_spec(), attention="fused")
+    assert native.op_counts["bernoulli_"] == 2 and native.op_counts["native_dropout"] == 0
+    assert fused.op_counts["native_dropout"] == 2 and fused.op_counts["bernoulli_"] == 0
+    assert fused.op_counts["native_dropout_backward"] == 2
+    # two masks kept to the backward: 1 byte an element fused, 4 in the composite
+    assert native.peak_live - fused.peak_live >= 2 * act * (4 - 1)
+    none = ca.dry_run(_drop_spec(p=0.0), attention="fused")
+    assert fused.peak_live - none.peak_live <= 2 * act * (4 + 1) + 2**20  # outputs + masks
+    assert any("dropout traced as one fused kernel" in n for n in fused.notes)
+    functional = ca.dry_run(_drop_spec(functional=True), attention="fused")
+    assert functional.op_counts["native_dropout"] == 2
+    # in place, CUDA runs the composite too, and so does the trace
+    inplace = ca.dry_run(_drop_spec(inplace=True), attention="fused")
+    assert inplace.op_counts["native_dropout"] == 0 and inplace.op_counts["bernoulli_"] == 2
+    assert any("ran as the composite" in n and "in place" in n for n in inplace.notes)
+
+
+def test_fused_dropout_computes_what_its_mask_says() -> None:
+    x = torch.randn(64, 32, dtype=torch.float64, requires_grad=True)
+    out, mask = torch.ops.costaware.native_dropout(x, 0.25)
+    assert mask.dtype == torch.bool and 0 < mask.sum() < mask.numel()
+    torch.testing.assert_close(out, x * mask / 0.75)
+    g = torch.randn_like(out)
+    (grad,) = torch.autograd.grad(out, [x], g)
+    torch.testing.assert_close(grad, g * mask / 0.75)

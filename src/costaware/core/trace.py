@@ -1727,6 +1727,96 @@ _RMS_SIGNATURE = inspect.signature(torch.nn.functional.rms_norm)
 
 
 # --------------------------------------------------------------------------------------
+# fused dropout (the "fused" mode)
+# --------------------------------------------------------------------------------------
+# On a CUDA GPU, ``F.dropout`` in training (not in place, 0 < p < 1) runs as one
+# ``native_dropout`` kernel: the output and a bool mask, which the backward
+# (``native_dropout_backward``) reads. This CPU build runs it as its composite instead: a
+# noise tensor of the input's dtype (``bernoulli_``, ``div_``) that the product's backward
+# keeps, two or four times the mask's bytes (bf16: the MLPs of the OOM probes came out
+# 1.13x their measured allocated peaks). The "fused" dry run traces the kernel as
+# ``costaware::native_dropout`` and its backward as ``costaware::native_dropout_backward``
+# (the op names the NSM groups count as dropout). In place, CUDA runs the composite too.
+
+
+@torch.library.custom_op("costaware::native_dropout", mutates_args=())
+def _dropout_op(input: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dropout in training as one kernel: the output and the mask of the elements kept
+    (bool). On real tensors a reference."""
+    mask = torch.rand(input.shape, device=input.device) >= p
+    return input * mask / (1.0 - p), mask
+
+
+@_dropout_op.register_fake
+def _dropout_fake(input: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return input.new_empty(input.shape), input.new_empty(input.shape, dtype=torch.bool)
+
+
+@torch.library.custom_op("costaware::native_dropout_backward", mutates_args=())
+def _dropout_backward_op(grad: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """The backward of :func:`_dropout_op`: ``grad * mask * scale``, one new tensor."""
+    return grad * mask * scale
+
+
+@_dropout_backward_op.register_fake
+def _dropout_backward_fake(grad: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    return grad.new_empty(grad.shape)
+
+
+def _dropout_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
+    ctx.scale = 1.0 / (1.0 - float(inputs[1]))
+    ctx.save_for_backward(output[1])  # the mask: what the CUDA backward reads
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _dropout_backward(
+    ctx: Any, grad: torch.Tensor | None, _grad_mask: torch.Tensor | None
+) -> tuple[Any, ...]:
+    if grad is None:
+        return None, None
+    (mask,) = ctx.saved_tensors
+    return torch.ops.costaware.native_dropout_backward(grad, mask, ctx.scale), None
+
+
+_dropout_op.register_autograd(_dropout_backward, setup_context=_dropout_setup_context)
+_DROPOUT_SIGNATURE = inspect.signature(torch.nn.functional.dropout)
+
+
+class _FusedDropout(_FusedMode):
+    """Routes ``F.dropout`` and ``torch.dropout`` in training to :func:`_dropout_op`
+    where a CUDA GPU runs the fused kernel (not in place, ``0 < p < 1``, a floating
+    tensor). Other calls run natively, as CUDA's composite does, and are counted in
+    ``fallbacks``."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.dropout or func is torch.dropout:
+            if func is torch.dropout:  # torch.dropout(input, p, train)
+                x, p, train, inplace = *args[:3], False
+            else:
+                bound = _DROPOUT_SIGNATURE.bind(*args, **kwargs)
+                bound.apply_defaults()
+                x, p = bound.arguments["input"], bound.arguments["p"]
+                train, inplace = bound.arguments["training"], bound.arguments["inplace"]
+            if train and 0 < p < 1:
+                why = None
+                if inplace:
+                    why = "in place"
+                elif not isinstance(x, torch.Tensor) or not x.is_floating_point():
+                    why = "not a floating tensor"
+                elif x.numel() == 0:
+                    why = "empty"
+                if why is None:
+                    self.fused += 1
+                    return torch.ops.costaware.native_dropout(x, float(p))[0]
+                self.fallbacks[why] += 1
+        return func(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------
 # fused recurrent layers (the "fused" mode)
 # --------------------------------------------------------------------------------------
 # On a CUDA GPU nn.LSTM / nn.GRU / nn.RNN run as cuDNN kernels: a few per layer and
@@ -2125,6 +2215,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
     fused = _FusedAttention() if attention == "fused" else contextlib.nullcontext()
     fused_rnn = _FusedRNN() if attention == "fused" else contextlib.nullcontext()
     fused_norm = _FusedRMSNorm() if attention == "fused" else contextlib.nullcontext()
+    fused_dropout = _FusedDropout() if attention == "fused" else contextlib.nullcontext()
     loss_fn = spec.loss or default_loss
     batch_spec = spec.batch_spec
     bs = spec.batch_size
@@ -2148,7 +2239,7 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
             if spec.sharding is not None
             else None
         )
-        with rec, fused, fused_rnn, fused_norm:
+        with rec, fused, fused_rnn, fused_norm, fused_dropout:
             if sharded is None:
                 rec.label(list(model.parameters()), "parameters")
             else:
@@ -2288,6 +2379,14 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
         note := fused_norm.note(
             f"RMSNorm traced as one fused kernel, as a CUDA GPU runs it ({fused_norm.fused} "
             "calls per step; the backward keeps the input and the inverse RMS)",
+            "ran as the composite, as CUDA runs them",
+        )
+    ):
+        notes.append(note)
+    if isinstance(fused_dropout, _FusedDropout) and (
+        note := fused_dropout.note(
+            f"dropout traced as one fused kernel, as a CUDA GPU runs it ({fused_dropout.fused} "
+            "calls per step; the backward keeps a bool mask)",
             "ran as the composite, as CUDA runs them",
         )
     ):
