@@ -12,11 +12,13 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+import costaware.core.allocator as allocator
 from costaware.core.allocator import (
     ALLOC_MODES,
     AllocatorResult,
     allocation_size,
     min_capacity,
+    replay,
     round_size,
     simulate,
 )
@@ -683,3 +685,59 @@ def test_a_negative_capacity_or_tolerance_is_refused() -> None:
         simulate([(1, MiB)], capacity=-1)
     with pytest.raises(ValueError, match="tolerance must be between 0 and 1"):
         min_capacity([(1, MiB)], tolerance=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# replay: the unlimited replay and the least capacity, once per events and mode
+
+
+def _counting_replays(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The modes of the unlimited replays made from here on (capped ones are not counted)."""
+    made: list[str] = []
+    real = allocator.simulate
+
+    def counted(
+        events: object, mode: str = "default", capacity: int | None = None
+    ) -> AllocatorResult:
+        if capacity is None:
+            made.append(mode)
+        return real(events, mode, capacity)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(allocator, "simulate", counted)
+    monkeypatch.setattr(allocator, "_replays", type(allocator._replays)())
+    return made
+
+
+def test_replay_is_simulate_and_min_capacity_once_per_events_and_mode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made = _counting_replays(monkeypatch)
+    events = _random_events(np.random.default_rng(6), 200)
+    for mode in ALLOC_MODES:
+        full = simulate(events, mode)
+        assert replay(events, mode) == (full, min_capacity(events, mode, uncapped=full))
+    made.clear()
+    for mode in ALLOC_MODES:  # the same events again, as a list or as an array
+        again = replay(np.asarray(events, dtype=np.int64), mode)
+        assert again == replay(events, mode)
+    assert made == []
+    other = [*events, (10**6, MiB)]  # one more allocation: another step
+    replay(other)
+    assert made == ["default"]
+    with pytest.raises(ValueError, match="unknown allocator mode"):
+        replay(events, "native")
+
+
+def test_replay_remembers_only_the_most_recent(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = _counting_replays(monkeypatch)
+    monkeypatch.setattr(allocator, "REPLAY_CACHE_SIZE", 2)
+    steps = [[(1, n * MiB)] for n in (1, 2, 3)]
+    for e in steps:
+        replay(e)
+    assert len(allocator._replays) == 2
+    made.clear()
+    replay(steps[2])
+    replay(steps[1])
+    assert made == []
+    replay(steps[0])  # the least recently used, forgotten
+    assert made == ["default"]

@@ -103,6 +103,55 @@ def test_the_largest_batch_is_max_batch_sizes_answer(
         assert len(search.tried) < len(found.tried)
 
 
+def _figures(c: ca.compare.Comparison) -> object:  # type: ignore[name-defined]
+    """``c.to_dict()`` without the wall-clock times it records."""
+
+    def strip(x: object) -> object:
+        if isinstance(x, dict):
+            return {
+                k: strip(v)
+                for k, v in x.items()
+                if k not in ("elapsed_s", "latency_s", "trace_seconds")
+            }
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+
+    return strip(json.loads(json.dumps(c.to_dict())))
+
+
+def test_each_step_is_replayed_once_for_every_gpu_with_the_same_figures(
+    model: ca.CostModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The allocator replay does not depend on the device: a comparison replays each batch
+    size it tries once, whatever the number of GPUs, and its figures are the ones each
+    GPU's replay of its own gives."""
+    import costaware.core.allocator as allocator
+
+    made: list[int] = []
+    real = allocator.simulate
+
+    def counted(events, mode="default", capacity=None):  # type: ignore[no-untyped-def]
+        if capacity is None:
+            made.append(len(events))
+        return real(events, mode, capacity)
+
+    devices = ["A10G", "T4", "H100", "L4"]
+    model.compare(_spec(), devices=devices)  # the dry runs, cached from here on
+    monkeypatch.setattr(allocator, "simulate", counted)
+    monkeypatch.setattr(allocator, "_replays", type(allocator._replays)())
+    again = model.compare(_spec(), devices=devices, price_per_hour={"A10G": 1.2})
+    tried = {b for o in again.options if o.batch_search for b in o.batch_search.tried}
+    assert len(made) == len(tried) < sum(len(o.batch_search.tried) for o in again.options)
+    # with nothing remembered, every device replays its own: the same figures
+    monkeypatch.setattr(allocator, "REPLAY_CACHE_SIZE", 0)
+    monkeypatch.setattr(allocator, "_replays", type(allocator._replays)())
+    made.clear()
+    alone = model.compare(_spec(), devices=devices, price_per_hour={"A10G": 1.2})
+    assert len(made) == sum(len(o.batch_search.tried) for o in alone.options)
+    assert _figures(alone) == _figures(again)
+
+
 def test_sorted_by_cost_with_prices_and_unpriced_last(result: ca.compare.Comparison) -> None:  # type: ignore[name-defined]
     assert result.sort == "cost"
     costs = [o.cost_per_epoch for o in result.options]

@@ -51,7 +51,10 @@ every request size is distinct and about 1,800 blocks are live takes about 51 ms
 
 from __future__ import annotations
 
+import hashlib
+import threading
 from bisect import bisect_left, insort
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -69,6 +72,7 @@ __all__ = [
     "AllocatorResult",
     "allocation_size",
     "min_capacity",
+    "replay",
     "round_size",
     "simulate",
 ]
@@ -679,3 +683,39 @@ def min_capacity(
         else:
             lo = mid
     return max(hi, 0) * unit
+
+
+#: how many replays :func:`replay` keeps: a comparison over every catalog GPU replays a
+#: few dozen batch sizes of one spec
+REPLAY_CACHE_SIZE = 256
+_replays: OrderedDict[tuple[str, bytes], tuple[AllocatorResult, int]] = OrderedDict()
+_replays_lock = threading.Lock()
+
+
+def replay(events: EventsLike, mode: str = "default") -> tuple[AllocatorResult, int]:
+    """The unlimited replay of ``events`` (:func:`simulate`) and the smallest capacity it
+    runs in (:func:`min_capacity`), remembered for the same events and mode.
+
+    Neither depends on the device: a step predicted for several GPUs (``CostModel.compare``,
+    a loop of ``predict`` calls) replays its allocations once. The events are keyed by a
+    digest of their bytes, not kept; the :data:`REPLAY_CACHE_SIZE` most recently used
+    replays are remembered, for any thread.
+    """
+    if mode not in ALLOC_MODES:
+        raise ValueError(f"unknown allocator mode {mode!r}; valid modes are {list(ALLOC_MODES)}")
+    arr = np.ascontiguousarray(np.asarray(events, dtype=np.int64))
+    digest = hashlib.blake2b(arr.tobytes(), digest_size=20)
+    digest.update(str(arr.shape).encode())
+    key = (mode, digest.digest())
+    with _replays_lock:
+        hit = _replays.get(key)
+        if hit is not None:
+            _replays.move_to_end(key)
+            return hit
+    full = simulate(arr, mode)
+    found = (full, min_capacity(arr, mode, uncapped=full))
+    with _replays_lock:
+        _replays[key] = found
+        while len(_replays) > REPLAY_CACHE_SIZE:
+            _replays.popitem(last=False)
+    return found

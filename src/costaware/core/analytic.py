@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costaware.core.allocator import min_capacity, simulate
+from costaware.core.allocator import replay
 from costaware.core.flops import CONV, VIEW
 from costaware.core.sharding import collective_time
 from costaware.core.trace import Trace, exact_live_peak
@@ -290,13 +290,13 @@ def estimate(trace: Trace, spec: TrainingSpec, device: Device) -> AnalyticEstima
         upper = int(reserved * 1.25)
         notes.append("CPU: no caching allocator; the peak is the live-tensor peak, unrounded")
     else:
-        events = trace.allocator_events()
-        sim = simulate(events, mode=spec.allocator)
+        # the replay is the device's allocator's whatever the device: done once per step
+        sim, fitting = replay(trace.allocator_events(), spec.allocator)
         workspace = workspace_bytes(trace, device)
         allocated = sim.peak_allocated + workspace
         reserved = sim.peak_reserved + workspace
         # the workspaces are held throughout: they take their bytes off any capacity
-        capacity = min_capacity(events, spec.allocator, uncapped=sim) + workspace
+        capacity = fitting + workspace
         segments = sim.num_segments
         # H200 cross-check: reserved ran up to 1.75x allocated with the default allocator
         upper = int(reserved * (1.25 if spec.allocator == "default" else 1.1))
