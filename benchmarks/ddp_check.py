@@ -62,19 +62,25 @@ def rank_run(rank: int, world: int, expr: str, port: int, out: Any) -> None:
     dist.destroy_process_group()
 
 
-def measure(expr: str, world: int, port: int) -> list[tuple[int, int, float]]:
-    """Each rank's (rank, peak bytes, median step seconds) of a real gloo DDP run."""
+def run_ranks(target: Any, world: int, expr: str, port: int) -> list[Any]:
+    """What each of ``world`` spawned processes put on the queue, sorted (by rank first):
+    ``target(rank, world, expr, port, queue)`` in each."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=rank_run, args=(r, world, expr, port, out)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, world, expr, port, out)) for r in range(world)]
     for p in procs:
         p.start()
     results = sorted(out.get(timeout=600) for _ in procs)
     for p in procs:
         p.join(60)
     return results
+
+
+def measure(expr: str, world: int, port: int) -> list[tuple[int, int, float]]:
+    """Each rank's (rank, peak bytes, median step seconds) of a real gloo DDP run."""
+    return run_ranks(rank_run, world, expr, port)
 
 
 def main() -> None:

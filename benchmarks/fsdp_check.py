@@ -41,7 +41,7 @@ CONFIGS = {
     "mlp 256-1024-1024-10 bs64 adamw, full_shard, Linear": "ca.TrainingSpec(model=functools.partial(zoo.mlp, 256, (1024, 1024), 10), batch=ca.ImageBatch((256,), classes=10), batch_size=64, world_size=2, sharding='full_shard', wrap_policy=nn.Linear)",
     "mlp 256-1024-1024-10 bs64 adamw, shard_grad_op, Linear": "ca.TrainingSpec(model=functools.partial(zoo.mlp, 256, (1024, 1024), 10), batch=ca.ImageBatch((256,), classes=10), batch_size=64, world_size=2, sharding='shard_grad_op', wrap_policy=nn.Linear)",
     "mlp 784-2048-2048-10 bs32 sgd-momentum, full_shard, Linear": "ca.TrainingSpec(model=functools.partial(zoo.mlp, 784, (2048, 2048), 10), batch=ca.ImageBatch((784,), classes=10), batch_size=32, optimizer='sgd', optimizer_kwargs={'momentum': 0.9}, world_size=2, sharding='full_shard', wrap_policy=nn.Linear)",
-    "gpt d128 L2 T128 bs4 adamw, full_shard, block": "ca.TrainingSpec(model=functools.partial(zoo.gpt, vocab=4096, seq_len=128, dim=128, depth=2, heads=4), batch=ca.TokenBatch(128, 4096), batch_size=4, world_size=2, sharding='full_shard', wrap_policy=zoo._PreLNBlock)",
+    "gpt d128 L2 T128 bs4 adamw, full_shard, block": "ca.TrainingSpec(model=functools.partial(zoo.gpt, vocab=4096, seq_len=128, dim=128, depth=2, heads=4), batch=ca.TokenBatch(128, 4096), batch_size=4, world_size=2, sharding='full_shard', wrap_policy=_PreLNBlock)",
 }
 _MARK = "fsdp_check:"
 
@@ -54,6 +54,7 @@ def _spec(expr: str, world: int) -> Any:
 
     import costaware as ca  # noqa: F401
     from costaware import zoo  # noqa: F401
+    from costaware.zoo._layers import _PreLNBlock  # noqa: F401  (the GPT block, a unit)
 
     spec = eval(expr)  # written with world_size=2
     if world == 1:  # one process: FSDP trains unsharded (NO_SHARD)
@@ -169,17 +170,9 @@ def rank_run(rank: int, world: int, expr: str, port: int, out: Any) -> None:
 
 def measure(expr: str, world: int, port: int) -> list[tuple[int, int, int, float]]:
     """Each rank's (rank, wrap peak, training peak, median step seconds) of a real run."""
-    import torch.multiprocessing as mp
+    from ddp_check import run_ranks  # this folder: the script's own
 
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=rank_run, args=(r, world, expr, port, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = sorted(out.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join(60)
-    return results
+    return run_ranks(rank_run, world, expr, port)
 
 
 def main() -> None:
