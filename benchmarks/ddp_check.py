@@ -34,6 +34,7 @@ def rank_run(rank: int, world: int, expr: str, port: int, out: Any) -> None:
     import torch
     import torch.distributed as dist
 
+    import costaware as ca  # noqa: F401  (the expressions name it)
     from costaware import zoo  # noqa: F401
     from costaware.measure.profile import AllocatorPeak
     from costaware.spec import default_loss
