@@ -28,7 +28,16 @@ Usage:
 
 With no DATA it reads every ``data/**/*.jsonl.gz`` outside ``data/archive/`` (rows that a
 later measurement replaced, kept for the record). Features (one dry run per row) are
-cached in the temp folder, keyed by row id, device and feature version.
+cached in the temp folder (``--cache``), keyed by row id, device and feature version.
+
+``--graph2vec`` adds the design's graph2vec embedding of the operator graph
+(:mod:`costaware.core.graph2vec`) to the features, held out as the rest: each fold fits
+its embedding on the training families' graphs alone and embeds the held-out family's
+graphs inductively (``g2v_0`` .. ``g2v_15`` and ``g2v_oov``, as
+:meth:`costaware.CostModel.features` adds them for a model that carries one). The graphs
+take one dry run per configuration apart from its batch size (the operator graph is the
+same at every batch size), cached beside the features. ``--kinds gpu`` and
+``--no-unseen-devices`` leave out what an ablation does not need.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +61,7 @@ GiB = 1024**3
 ARCHIVE = "archive"
 #: OOM-boundary probes (data/oom/): labelled runs under a cap, not whole-model measurements
 PROBES = "oom"
+_DEFAULT_CACHE = Path(tempfile.gettempdir()) / "costaware-accuracy" / "features.json.gz"
 
 
 def _read(files: Sequence[Path]) -> list[dict[str, Any]]:
@@ -293,7 +303,11 @@ def _repeat_lines(rep: dict[str, Any] | None) -> list[str]:
 
 
 def _observations(
-    rows: list[dict[str, Any]], use_cache: bool, trace_timeout: float, op_rows: list[dict[str, Any]]
+    rows: list[dict[str, Any]],
+    use_cache: bool,
+    trace_timeout: float,
+    op_rows: list[dict[str, Any]],
+    cache: Path | None = None,
 ) -> tuple[list[Any], list[str]]:
     from costaware.core.model import CostModel
     from costaware.measure.collect import observations
@@ -313,7 +327,7 @@ def _observations(
             f"op models ({kinds}): {len(op_rows)} op rows, {time.perf_counter() - t:.0f}s",
             file=sys.stderr,
         )
-    cache = Path(tempfile.gettempdir()) / "costaware-accuracy" / "features.json.gz"
+    cache = cache if cache is not None else _DEFAULT_CACHE
     t0 = time.perf_counter()
     count = [0]
 
@@ -456,13 +470,21 @@ def _summarise(recs: list[dict[str, Any]], caps: dict[str, float]) -> dict[str, 
     return s
 
 
-def _evaluate(obs: list[Any], kind: str, settings: dict[str, Any]) -> dict[str, Any]:
+#: a fold's features from its training and held-out observations (``--graph2vec``)
+Refeature = Callable[[list[Any], list[Any]], tuple[list[Any], list[Any]]]
+
+
+def _evaluate(
+    obs: list[Any], kind: str, settings: dict[str, Any], refeature: Refeature | None = None
+) -> dict[str, Any]:
     families = sorted({o.family for o in obs})
     caps = _capacities(obs, kind)
     records: list[dict[str, Any]] = []
     for fam in families:
         train = [o for o in obs if o.family != fam]
         test = [o for o in obs if o.family == fam]
+        if refeature is not None:
+            train, test = refeature(train, test)
         model = _fit(train, settings)
         records += _records(model, test)
         print(f"  fold {fam}: {len(test)} held out, {len(train)} trained", file=sys.stderr)
@@ -535,6 +557,121 @@ def _evaluate_unseen_devices(obs: list[Any], kind: str, settings: dict[str, Any]
     return out
 
 
+def _graph_key(row: dict[str, Any]) -> str:
+    """A row's operator graph: its configuration apart from the batch size, and whether
+    its dry run is a GPU's (fused attention) or a CPU's."""
+    skip = {"id", "batch_size", "fwd_flops", "est_seconds", "corpus"}
+    config = {k: v for k, v in (row.get("config") or {}).items() if k not in skip}
+    return json.dumps(config, sort_keys=True) + f"|{_kind(str(row.get('device_name')))}"
+
+
+def _graphs(rows: Sequence[dict[str, Any]], cache: Path, trace_timeout: float) -> dict[str, Any]:
+    """The operator graph (``networkx.DiGraph``, nodes labelled ``op``) of each of ``rows``'
+    configurations apart from the batch size (:func:`_graph_key`): one dry run each, at the
+    smallest batch size measured, kept in ``cache`` (a ``.json.gz`` of op names and edges
+    per feature version) so that a later run repeats none."""
+    import gzip
+
+    import networkx as nx
+
+    from costaware.core.features import FEATURE_VERSION
+    from costaware.core.trace import dry_run
+    from costaware.measure.collect import Config, _as_measured
+
+    stored: dict[str, Any] = {}
+    if cache.is_file():
+        stored = json.loads(gzip.decompress(cache.read_bytes())).get(FEATURE_VERSION, {})
+    first: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        key = _graph_key(r)
+        if key not in first or r["config"]["batch_size"] < first[key]["config"]["batch_size"]:
+            first[key] = r
+    todo = [k for k in first if k not in stored]
+    t0 = time.perf_counter()
+
+    def save() -> None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(cache.name + ".tmp")
+        tmp.write_bytes(gzip.compress(json.dumps({FEATURE_VERSION: stored}).encode(), mtime=0))
+        tmp.replace(cache)
+
+    for i, key in enumerate(todo):
+        r = first[key]
+        device = str(r.get("device_name"))
+        try:
+            spec = Config.from_dict(r["config"]).to_spec()
+            with _as_measured(r, device):
+                t = dry_run(
+                    spec,
+                    timeout=trace_timeout,
+                    attention="native" if _kind(device) == "cpu" else "fused",
+                )
+        except Exception as e:  # listed, left without a graph: its embedding is zeros
+            print(f"  no graph for {r.get('id')}: {type(e).__name__}: {e}", file=sys.stderr)
+            stored[key] = None
+            continue
+        g = nx.convert_node_labels_to_integers(t.graph, ordering="sorted")
+        stored[key] = {
+            "ops": [str(g.nodes[n]["op"]) for n in range(g.number_of_nodes())],
+            "edges": [[int(a), int(b)] for a, b in g.edges],
+        }
+        if (i + 1) % 25 == 0:
+            save()
+            print(
+                f"  graphs {i + 1}/{len(todo)} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr
+            )
+    if todo:
+        save()
+    out: dict[str, Any] = {}
+    for key, g in stored.items():
+        graph = nx.DiGraph()
+        if g is not None:
+            graph.add_nodes_from((n, {"op": op}) for n, op in enumerate(g["ops"]))
+            graph.add_edges_from(map(tuple, g["edges"]))
+        out[key] = graph
+    return out
+
+
+def _graph2vec_features(
+    rows: Sequence[dict[str, Any]], cache: Path, trace_timeout: float
+) -> Refeature:
+    """A fold's observations with the graph2vec embedding of their operator graphs, the
+    embedding fitted on the training observations' graphs alone (as
+    :meth:`costaware.CostModel.features` adds it: ``g2v_<i>`` and ``g2v_oov``)."""
+    import dataclasses
+
+    from costaware.core.graph2vec import Graph2Vec
+
+    graphs = _graphs(rows, cache, trace_timeout)
+    keys = {(str(r.get("id")), str(r.get("device_name"))): _graph_key(r) for r in rows}
+
+    def key(o: Any) -> str:
+        return keys[(str(o.meta.get("id")), str(o.meta.get("source_device")))]
+
+    def refeature(train: list[Any], test: list[Any]) -> tuple[list[Any], list[Any]]:
+        t = time.perf_counter()
+        seen = sorted({key(o) for o in train})
+        g2v = Graph2Vec().fit([graphs[k] for k in seen])
+        wanted = sorted({key(o) for o in [*train, *test]})
+        vectors = g2v.transform([graphs[k] for k in wanted])
+        feats: dict[str, dict[str, float]] = {}
+        for k, vec in zip(wanted, vectors, strict=True):
+            feats[k] = {f"g2v_{i}": float(v) for i, v in enumerate(vec)}
+            feats[k]["g2v_oov"] = float(g2v.oov_fraction(graphs[k]))
+        print(
+            f"  graph2vec: {len(seen)} training graphs, {len(wanted)} embedded "
+            f"({time.perf_counter() - t:.0f}s)",
+            file=sys.stderr,
+        )
+
+        def add(os_: list[Any]) -> list[Any]:
+            return [dataclasses.replace(o, features={**o.features, **feats[key(o)]}) for o in os_]
+
+        return add(train), add(test)
+
+    return refeature
+
+
 def _precision(feats: dict[str, float]) -> str:
     from costaware.spec import PRECISIONS
 
@@ -597,6 +734,12 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
             "without the row's family, and there is no shift. "
             if meta.get("memory_model", "line") == "line"
             else "Memory is learned by trees as well (`memory_model='trees'`). "
+        )
+        + (
+            "The features include the graph2vec embedding of the operator graph, fitted in "
+            "each fold on the training families' graphs alone (`--graph2vec`). "
+            if meta.get("graph2vec")
+            else ""
         )
         + "MRE = mean |predicted - measured| / measured. "
         "`analytic` is the unfitted baseline (simulated allocator peak, roofline time). "
@@ -829,6 +972,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--no-cache", action="store_true", help="recompute every feature")
     p.add_argument(
+        "--cache",
+        default=str(_DEFAULT_CACHE),
+        help="the features cache (.json.gz) to read and update; the graphs of --graph2vec "
+        "are cached beside it",
+    )
+    p.add_argument(
+        "--graph2vec",
+        action="store_true",
+        help="add the graph2vec embedding of the operator graph to the features, fitted "
+        "per fold on the training families' graphs (the ablation of docs/accuracy.md)",
+    )
+    p.add_argument(
+        "--kinds",
+        default="cpu,gpu",
+        help="the device kinds to evaluate, comma-separated (default cpu,gpu)",
+    )
+    p.add_argument(
+        "--no-unseen-devices",
+        action="store_true",
+        help="leave out the evaluation of each GPU by models that never saw it (always "
+        "with --graph2vec, whose embedding that evaluation does not refit)",
+    )
+    p.add_argument(
         "--rows",
         default=None,
         help="also write every held-out prediction (one JSON object per row) to this .jsonl file",
@@ -866,10 +1032,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = _load(raw)
     op_rows = _load(raw, kind="op")
     print(f"{len(rows)} rows from {len(files)} file(s); computing features", file=sys.stderr)
-    obs, skipped = _observations(rows, not args.no_cache, args.trace_timeout, op_rows)
+    cache = Path(args.cache)
+    obs, skipped = _observations(rows, not args.no_cache, args.trace_timeout, op_rows, cache)
+    kinds = {k.strip() for k in args.kinds.split(",") if k.strip()}
+    if not kinds <= {"cpu", "gpu"}:
+        p.error(f"--kinds takes cpu and/or gpu, but got {args.kinds!r}")
     by_kind: dict[str, list[Any]] = {}
     for o in obs:
-        by_kind.setdefault(_kind(o.device), []).append(o)
+        if _kind(o.device) in kinds:
+            by_kind.setdefault(_kind(o.device), []).append(o)
+    refeature = None
+    if args.graph2vec:
+        measured = {(str(o.meta.get("id")), str(o.meta.get("source_device"))) for o in obs}
+        refeature = _graph2vec_features(
+            [r for r in rows if (str(r.get("id")), str(r.get("device_name"))) in measured],
+            cache.with_name("graphs.json.gz"),
+            args.trace_timeout,
+        )
     devices = sorted({str(r.get("device_name")) for r in rows})
     settings = {
         "iterations": args.iterations,
@@ -878,8 +1057,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "random_state": args.seed,
         "memory_model": args.memory_model,
     }
-    results = {k: _evaluate(v, k, settings) for k, v in by_kind.items()}
-    unseen = {k: _evaluate_unseen_devices(v, k, settings) for k, v in by_kind.items()}
+    results = {k: _evaluate(v, k, settings, refeature) for k, v in by_kind.items()}
+    unseen = (
+        {}
+        if args.no_unseen_devices or args.graph2vec
+        else {k: _evaluate_unseen_devices(v, k, settings) for k, v in by_kind.items()}
+    )
     meta = {
         "unseen_devices": unseen,
         "date": time.strftime("%Y-%m-%d"),
@@ -889,6 +1072,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seed": args.seed,
         "time_baseline": args.time_baseline,
         "memory_model": args.memory_model,
+        "graph2vec": args.graph2vec,
         "trace_timeout": args.trace_timeout,
         "repeats": _repeats(raw),
         "step_noise": _step_noise(rows),

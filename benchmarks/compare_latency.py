@@ -2,7 +2,10 @@
 
 For a ResNet-18 (bf16, batch 64, 224x224 images) and a GPT-style transformer, on 16 GPUs
 of the catalog: the comparison from a fresh model (its two dry runs included), again with
-the dry runs cached, the number of predictions the batch-size search made against what
+the dry runs cached but the allocator replays forgotten (what a comparison of another
+batch size or precision of a model already predicted costs: every step it tries is
+replayed once), again with both remembered (the same comparison repeated), the number of
+predictions the batch-size search made against what
 :func:`costaware.core.batch_size.max_batch_size` makes (and how far apart their answers are:
 the memory need is not monotone to the byte near the edge), and, for
 reference, the loop a user writes without it (one ``predict`` per GPU, no batch-size
@@ -54,19 +57,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     import costaware as ca
+    import costaware.core.allocator as allocator
     from costaware.core.batch_size import max_batch_size
+
+    def forget_replays() -> None:
+        with allocator._replays_lock:
+            allocator._replays.clear()
 
     print(f"{len(DEVICES)} devices; cpu count {os.cpu_count()}, load {os.getloadavg()[0]:.1f}")
     for label, spec in _specs().items():
+        forget_replays()
         model = ca.CostModel.default()
         t = time.perf_counter()
         first = model.compare(spec, DEVICES)
         cold = time.perf_counter() - t
-        warm = []
+        warm, again = [], []
         for _ in range(args.repeats):
+            forget_replays()
             t = time.perf_counter()
             model.compare(spec, DEVICES)
             warm.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            model.compare(spec, DEVICES)
+            again.append(time.perf_counter() - t)
+        forget_replays()
         t = time.perf_counter()
         for d in DEVICES:
             model.predict(spec, d)
@@ -80,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             apart = max(apart, abs(found.batch_size - o.max_batch) / max(found.batch_size, 1))
         print(
             f"{label}: compare {cold:.2f} s from a fresh model (dry runs included), "
-            f"{statistics.median(warm):.2f} s with them cached (median of {args.repeats}); "
+            f"{statistics.median(warm):.2f} s with them cached, "
+            f"{statistics.median(again):.2f} s repeated (medians of {args.repeats}); "
             f"a predict per device alone {loop:.2f} s; batch-size search "
             f"{tried} predictions (max_batch_size: {plain}; their answers at most "
             f"{apart:.2%} apart)"
