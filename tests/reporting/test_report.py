@@ -831,7 +831,7 @@ def test_failures_are_one_line_with_the_fix(
     def boom(args: Any) -> int:
         raise exc
 
-    monkeypatch.setattr(cli, "_cmd_devices", boom)
+    monkeypatch.setattr(cli.devices, "run", boom)
     assert main(["devices"]) == 2
     err = capsys.readouterr().err
     assert message in err
@@ -851,7 +851,7 @@ def test_warnings_are_one_line_and_pipes_may_close(
         warnings.warn("could not predict\nsecond line", ca.CostAwareWarning, stacklevel=1)
         return 0
 
-    monkeypatch.setattr(cli, "_cmd_devices", warns)
+    monkeypatch.setattr(cli.devices, "run", warns)
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         assert main(["devices"]) == 0
@@ -861,5 +861,5 @@ def test_warnings_are_one_line_and_pipes_may_close(
     def closed(args: Any) -> int:
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(cli, "_cmd_devices", closed)
+    monkeypatch.setattr(cli.devices, "run", closed)
     assert main(["devices"]) == 1 and capsys.readouterr().err == ""
