@@ -205,23 +205,20 @@ def test_the_gpu_window_step_checks_its_minutes_and_reports_a_missing_gpu(tmp_pa
         "PYTHON": sys.executable,
         "COSTAWARE_DEVICE": "cpu",
     }
-    bad = subprocess.run(
-        ["bash", str(script), "alloctrace", "soon"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+
+    def window(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(script), "alloctrace", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    bad = window("soon")
     assert bad.returncode == 2 and "MINUTES must be a number" in bad.stderr
-    r = subprocess.run(
-        ["bash", str(script), "alloctrace", "1"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = window("1")
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr
 
 
