@@ -1733,8 +1733,8 @@ _RMS_SIGNATURE = inspect.signature(torch.nn.functional.rms_norm)
 # ``native_dropout`` kernel: the output and a bool mask, which the backward
 # (``native_dropout_backward``) reads. This CPU build runs it as its composite instead: a
 # noise tensor of the input's dtype (``bernoulli_``, ``div_``) that the product's backward
-# keeps, two or four times the mask's bytes (bf16: the MLPs of the OOM probes came out
-# 1.13x their measured allocated peaks). The "fused" dry run traces the kernel as
+# keeps, two or four times the mask's bytes (what that did to the OOM probes' MLPs:
+# docs/features.md, version 21). The "fused" dry run traces the kernel as
 # ``costaware::native_dropout`` and its backward as ``costaware::native_dropout_backward``
 # (the op names the NSM groups count as dropout). In place, CUDA runs the composite too.
 
