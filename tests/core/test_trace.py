@@ -756,7 +756,7 @@ class _DropNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for fc in self.fc:
             x = fc(x)
-            x = torch.dropout(x, self.p, self.training) if self.functional else self.drop(x)
+            x = torch.dropout(x, p=self.p, train=self.training) if self.functional else self.drop(x)
             x = torch.relu(x)
         return self.head(x)
 

@@ -1781,6 +1781,10 @@ def _dropout_backward(
 
 _dropout_op.register_autograd(_dropout_backward, setup_context=_dropout_setup_context)
 _DROPOUT_SIGNATURE = inspect.signature(torch.nn.functional.dropout)
+#: ``torch.dropout(input, p, train)``, a builtin without a signature of its own
+_TORCH_DROPOUT_SIGNATURE = inspect.Signature(
+    [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("input", "p", "train")]
+)
 
 
 class _FusedDropout(_FusedMode):
@@ -1794,14 +1798,17 @@ class _FusedDropout(_FusedMode):
     ) -> Any:
         kwargs = kwargs or {}
         if func is torch.nn.functional.dropout or func is torch.dropout:
-            if func is torch.dropout:  # torch.dropout(input, p, train)
-                x, p, train, inplace = *args[:3], False
-            else:
-                bound = _DROPOUT_SIGNATURE.bind(*args, **kwargs)
-                bound.apply_defaults()
-                x, p = bound.arguments["input"], bound.arguments["p"]
-                train, inplace = bound.arguments["training"], bound.arguments["inplace"]
-            if train and 0 < p < 1:
+            try:
+                bound = (
+                    _TORCH_DROPOUT_SIGNATURE if func is torch.dropout else _DROPOUT_SIGNATURE
+                ).bind(*args, **kwargs)
+            except TypeError:  # a call torch refuses: its own error, as a real step raises it
+                return func(*args, **kwargs)
+            bound.apply_defaults()
+            x, p = bound.arguments["input"], bound.arguments["p"]
+            train = bound.arguments.get("training", bound.arguments.get("train"))
+            inplace = bound.arguments.get("inplace", False)
+            if train and isinstance(p, (int, float)) and 0 < p < 1:
                 why = None
                 if inplace:
                     why = "in place"
