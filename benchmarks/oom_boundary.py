@@ -259,25 +259,20 @@ def _batch_size_searches(probes: list[dict[str, Any]], shipped: Any) -> list[dic
     (the shipped model) finds for a budget of the cap (plus the context the budget adds)."""
     import costaware as ca
     from costaware.measure.corpus import Config
+    from costaware.measure.oomprobe import boundaries
 
-    bounds: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in probes:
-        if r.get("allocator", "default") != "default":
-            continue
-        b = bounds.setdefault(
-            (r["config_id"], int(r["cap_bytes"])),
-            {
-                "family": r["family"],
-                "config": r["config"],
-                "gpu": r["gpu_name"],
-                "fit": 0,
-                "oom": None,
-            },
-        )
-        if r["status"] == "fits":
-            b["fit"] = max(b["fit"], int(r["batch_size"]))
-        elif b["oom"] is None or int(r["batch_size"]) < b["oom"]:
-            b["oom"] = int(r["batch_size"])
+    bounds = {
+        key: {
+            "family": b["row"]["family"],
+            "config": b["row"]["config"],
+            "gpu": b["row"]["gpu_name"],
+            "fit": b["fit"],
+            "oom": b["oom"],
+        }
+        for key, b in boundaries(
+            r for r in probes if r.get("allocator", "default") == "default"
+        ).items()
+    }
     out = []
     for (_, cap), b in sorted(bounds.items(), key=lambda kv: (kv[1]["family"], kv[0][1])):
         device = ca.get_device(b["gpu"] or "H200")

@@ -44,7 +44,7 @@ import torch
 
 from costaware.measure.collect import _now, append_row, read_rows
 from costaware.measure.corpus import Config
-from costaware.measure.oomprobe import GiB, _Prober
+from costaware.measure.oomprobe import GiB, _Prober, boundaries
 from costaware.measure.profile import _failure
 
 __all__ = [
@@ -90,22 +90,15 @@ def boundary_runs(probe_rows: Iterable[dict[str, Any]]) -> list[BoundaryRun]:
     the largest size that fitted (capped, then uncapped) and the smallest that did not;
     smallest caps first, families in order, so an interrupted recording covers every
     family at the first caps."""
-    bounds: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in probe_rows:
-        if r.get("kind") != "probe" or r.get("status") not in ("fits", "oom"):
-            continue
-        b = bounds.setdefault((str(r["config_id"]), int(r["cap_bytes"])), {"config": r["config"]})
-        size = int(r["batch_size"])
-        if r["status"] == "fits":
-            b["fit"] = max(b.get("fit", 0), size)
-        else:
-            b["oom"] = min(b.get("oom", size), size)
+    bounds = boundaries(probe_rows)
     runs: list[BoundaryRun] = []
-    order = sorted(bounds.items(), key=lambda kv: (kv[0][1], kv[1]["config"]["family"], kv[0][0]))
+    order = sorted(
+        bounds.items(), key=lambda kv: (kv[0][1], kv[1]["row"]["config"]["family"], kv[0][0])
+    )
     for (_, cap), b in order:
-        if "fit" not in b or "oom" not in b:
+        if not b["fit"] or b["oom"] is None:
             continue
-        cfg = Config.from_dict(b["config"])
+        cfg = Config.from_dict(b["row"]["config"])
         runs += [
             BoundaryRun(cfg, cap, b["fit"], True, "fits"),
             BoundaryRun(cfg, cap, b["oom"], True, "oom"),

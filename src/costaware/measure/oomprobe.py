@@ -47,7 +47,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -62,7 +62,14 @@ from costaware.measure.profile import (
     nvml_driver,
 )
 
-__all__ = ["SCHEMA_VERSION", "boundary_configs", "context_memory", "main", "probe_boundary"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "boundaries",
+    "boundary_configs",
+    "context_memory",
+    "main",
+    "probe_boundary",
+]
 
 #: Version of the probe row layout (see data/README.md).
 SCHEMA_VERSION = 1
@@ -88,6 +95,27 @@ def boundary_configs(
         for cfg in ranked[:per_family]:
             chosen.append(dataclasses.replace(cfg, cudnn_benchmark=False, allocator=allocator))
     return chosen
+
+
+def boundaries(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """What the probe ``rows`` found per (configuration id, cap in bytes): ``fit``, the
+    largest batch size that fitted (0 where none did), ``oom``, the smallest that ran out
+    of memory (None where none did), and ``row``, the first of its rows (its
+    configuration, family, ...). Rows that are not a probe that fitted or ran out of
+    memory are left out."""
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in rows:
+        if r.get("kind") != "probe" or r.get("status") not in ("fits", "oom"):
+            continue
+        b = found.setdefault(
+            (str(r["config_id"]), int(r["cap_bytes"])), {"row": r, "fit": 0, "oom": None}
+        )
+        size = int(r["batch_size"])
+        if r["status"] == "fits":
+            b["fit"] = max(b["fit"], size)
+        elif b["oom"] is None or size < b["oom"]:
+            b["oom"] = size
+    return found
 
 
 def _nvml_used(index: int) -> int | None:
