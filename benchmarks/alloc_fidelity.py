@@ -29,7 +29,6 @@ import argparse
 import bisect
 import dataclasses
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,7 +78,6 @@ def analyse(row: dict[str, Any], traced_events: Any, basis: dict[str, Any]) -> d
 
     history = row["history"]
     events, info = real_events(history)
-    oom = info["oom_request"] is not None
     uncapped = simulate(events)
     capacity = min_capacity(events, uncapped=uncapped)
     cap = int(row["cap_bytes"]) if row.get("capped") else None
@@ -108,8 +106,6 @@ def analyse(row: dict[str, Any], traced_events: Any, basis: dict[str, Any]) -> d
         # right when the capacity falls on the side of the cap the real run was on
         out["real_right"] = (capacity <= cap) == fitted
         out["dry_right"] = (out["dry_capacity"] <= cap) == fitted
-    elif oom:
-        out["real_right"] = out["dry_right"] = None
     return out
 
 
@@ -206,12 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results.append(analyse(row, trace.allocator_events(), basis))
     print("\n".join(report(results)))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, default=_jsonable))
+        Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
-
-
-def _jsonable(x: Any) -> Any:
-    return None if isinstance(x, float) and math.isnan(x) else str(x)
 
 
 if __name__ == "__main__":
