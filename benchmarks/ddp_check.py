@@ -47,7 +47,12 @@ def rank_run(rank: int, world: int, expr: str, port: int, out: Any) -> None:
     times = []
     with AllocatorPeak() as peak:
         model = spec.model()
-        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=spec.bucket_cap_mb)
+        # no broadcast from rank 0 at construction (every rank builds the same model): its
+        # flat copy of the parameters can be freed by the gloo worker, which the profiler
+        # does not see, and the peak would come out higher by that copy
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=spec.bucket_cap_mb, init_sync=False
+        )
         opt = spec.optimizer_class(ddp.parameters(), **spec.optimizer_kwargs)
         for i in range(12):
             if i == 3:

@@ -49,22 +49,41 @@ def test_buckets_are_assigned_as_ddps_reducer_assigns_them() -> None:
     assert sorted(n for n, _ in ours) == sorted(sum(rev[i].numel() for i in b) for b in theirs)
 
 
+#: measurements per rank, each of a fresh model; the lowest counts (see :func:`_rank`)
+_WINDOWS = 3
+
+
 def _rank(rank: int, world: int, port: int, out: Any) -> None:
+    """Train three steps of DDP, :data:`_WINDOWS` times over (a fresh model each time), and
+    report each window's allocator peak.
+
+    The profiler counts the frees made by the threads that carry its state. A tensor whose
+    last reference sits with a gloo worker (its collective's finished work, which a worker
+    that is slow to be scheduled holds a moment longer) is freed in that worker, and the
+    window's peak comes out higher by its size. The one such tensor before the step's peak
+    is the flat copy of the parameters that DDP's construction broadcasts from rank 0
+    (``init_sync``): every rank starts from the same parameters here, so it is left out.
+    A missed free only ever raises a peak, so the lowest window counts."""
     from costaware.measure.profile import AllocatorPeak
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     spec = _spec(world_size=world)
-    with AllocatorPeak() as peak:
-        ddp = nn.parallel.DistributedDataParallel(spec.model())  # type: ignore[operator]
-        opt = torch.optim.AdamW(ddp.parameters())
-        for _ in range(3):
-            x, y = spec.batch_spec.make(spec.batch_size)
-            nn.functional.cross_entropy(ddp(x), y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    out.put((rank, peak.peak))
+    peaks = []
+    for _ in range(_WINDOWS):
+        with AllocatorPeak() as peak:
+            model = spec.model()  # type: ignore[operator]
+            ddp = nn.parallel.DistributedDataParallel(model, init_sync=False)
+            opt = torch.optim.AdamW(ddp.parameters())
+            for _ in range(3):
+                x, y = spec.batch_spec.make(spec.batch_size)
+                nn.functional.cross_entropy(ddp(x), y).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        del model, ddp, opt, x, y
+        peaks.append(peak.peak)
+    out.put((rank, peaks))
     torch.distributed.destroy_process_group()
 
 
@@ -85,8 +104,9 @@ def test_a_ranks_peak_in_a_real_two_process_gloo_run_is_the_dry_runs() -> None:
     alone = exact_live_peak(ca.dry_run(_spec()).allocator_events())
     grads = (256 * 1024 + 1024 + 1024 * 10 + 10) * 4
     assert predicted == pytest.approx(alone + grads, rel=0.01)  # the buckets: one more copy
-    for peak in peaks.values():
-        assert peak is not None and predicted == pytest.approx(peak, rel=0.02)
+    for windows in peaks.values():
+        assert None not in windows and len(windows) == _WINDOWS
+        assert predicted == pytest.approx(min(windows), rel=0.02)
 
 
 def test_the_allreduce_time_is_added_as_a_stated_assumption() -> None:
