@@ -359,7 +359,10 @@ class AllocatorPeak:
     memory: every allocation and free made through the CPU allocator by the profiled
     thread (and by the intra-op and autograd threads that carry its state) is an event
     with its size (blocks allocated before are not counted, nor their frees). The peak is
-    the highest running total of those sizes. It is exact, it is the quantity a dry run
+    the highest running total of those sizes. A free made in a thread that does not carry
+    that state goes unseen: a tensor whose last reference a gloo worker drops (DDP's
+    construction-time broadcast of the parameters, on a loaded machine) leaves the peak
+    higher by its size. Otherwise it is exact, it is the quantity a dry run
     predicts for a CPU (the live-tensor peak; kernels' internal buffers count too), and
     unlike the resident set it does not depend on what the process's heap held before (a
     process that has freed memory reuses it, and grows by far less than its tensors need)
