@@ -42,7 +42,7 @@ The parts, each a module of this package, in the order a dry run meets them:
   :mod:`~costaware.core.trace.fused_dropout`, :mod:`~costaware.core.trace.fused_rnn`: the
   fused kernels a CUDA GPU runs, traced as such;
 - :mod:`~costaware.core.trace.result`: the :class:`Trace` and its live-bytes timeline;
-  :mod:`~costaware.core.trace.rescale` a trace at another batch size;
+  :mod:`~costaware.core.trace.rescaling` a trace at another batch size;
 - :mod:`~costaware.core.trace.failures`: a failed dry run told as the user's bug or the
   dry run's own limit, :mod:`~costaware.core.trace.user_code` which code is the user's,
   :mod:`~costaware.core.trace.torch_logs` torch's log of the failing op silenced.
@@ -58,7 +58,7 @@ from costaware.core.trace.build import build_model as build_model
 from costaware.core.trace.build import default_real_build_limit as default_real_build_limit
 from costaware.core.trace.ddp import ddp_bucket_sizes as ddp_bucket_sizes
 from costaware.core.trace.fused_rnn import _FusedRNN as _FusedRNN
-from costaware.core.trace.rescale import rescale as rescale
+from costaware.core.trace.rescaling import rescale as rescale
 from costaware.core.trace.result import CATEGORIES as CATEGORIES
 from costaware.core.trace.result import COMPILED_NOTE as COMPILED_NOTE
 from costaware.core.trace.result import Trace as Trace

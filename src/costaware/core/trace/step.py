@@ -65,9 +65,9 @@ def _trace(spec: TrainingSpec, model: nn.Module, how: str, attention: str = "nat
     """The :class:`Trace` of two training steps of ``model`` as ``spec`` trains it.
 
     ``how`` is how the model was built ("meta", or "cpu" where its constructor needed
-    real tensors), ``attention`` whom the step is traced for: a CPU ("native") or a CUDA
-    GPU ("fused", see :func:`~costaware.core.trace.dry_run`). The model's parameters and
-    buffers are fake tensors afterwards.
+    real tensors), ``attention`` the device the step is traced for: a CPU ("native") or a
+    CUDA GPU ("fused", see :func:`~costaware.core.trace.dry_run`). The model's parameters
+    and buffers are fake tensors afterwards.
 
     One step is run and recorded (:func:`_record_step`); the second, which every later
     step is like, is synthesised from the first one's events (:func:`_with_second_step`),
