@@ -3,8 +3,9 @@
 A fp32 convolution that PyTorch hands to oneDNN (``mkldnn_convolution``) reorders its
 input, weight and output into blocked layouts inside the op, and its backward does the
 same for the gradients. Those buffers are freed before the op returns, so a dry run on
-fake tensors never sees them; :func:`costaware.core.trace._onednn_conv_transient` is the block
-the CPU dry run adds for them (feature version 15).
+fake tensors never sees them;
+:func:`costaware.core.trace.transients._onednn_conv_transient` is the block the CPU dry
+run adds for them (feature version 15).
 
 This script draws random convolutions (seeded), runs each forward and backward for real
 on this CPU with the profiler recording every allocation, and compares the op's peak
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from costaware.core.trace import _onednn_conv_transient
+from costaware.core.trace.transients import _onednn_conv_transient
 from costaware.measure.profile import AllocatorPeak
 
 KIB8 = 8 * 1024

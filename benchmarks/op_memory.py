@@ -9,8 +9,8 @@ recurrent layers), replays the allocations and compares the replay's allocated p
 with the measurement.
 
 - ``lstm``: one ``nn.LSTM`` layer. cuDNN's recurrent backward takes work space the dry run
-  cannot see; :func:`costaware.core.trace._cudnn_rnn_transient` is a formula fitted on these
-  rows. The script prints the error without the block, with the shipped formula (fitted
+  cannot see; :func:`costaware.core.trace.transients._cudnn_rnn_transient` is a formula fitted on
+  these rows. The script prints the error without the block, with the shipped formula (fitted
   on these same rows, so in-sample), and with the formula refitted on ``--folds`` folds
   of cases and applied to the held-out fold.
 - ``linear``: ``nn.Linear`` with and without bias, for reference: nothing is fitted there.
@@ -38,8 +38,9 @@ from scipy.optimize import nnls
 from torch import nn
 
 import costaware as ca
-from costaware.core import trace as trace_mod
 from costaware.core.allocator import simulate
+from costaware.core.trace import Trace
+from costaware.core.trace.transients import _CUDNN_RNN_TERMS, _cudnn_rnn_terms
 from costaware.measure.opbench import load_op_rows
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -68,7 +69,7 @@ def _model(op: str, p: dict[str, Any], dtype: torch.dtype) -> Callable[[], nn.Mo
     raise ValueError(f"no model for op {op!r}")
 
 
-def _trace(op: str, row: dict[str, Any]) -> trace_mod.Trace:
+def _trace(op: str, row: dict[str, Any]) -> Trace:
     spec = ca.TrainingSpec(
         model=_model(op, row["params"], _DTYPES[row["dtype"]]),
         batch=lambda n: torch.zeros(n),
@@ -118,9 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 live_b.append(max(float(tr.timeline[int(i) - 1]) for i in tr.transients[:, 0]))
                 q, esz = r["params"], 4 if r["dtype"] == "fp32" else 2
                 w = 4 * q["H"] * (q["I"] + q["H"]) + 8 * q["H"]  # weights and biases
-                terms.append(
-                    trace_mod._cudnn_rnn_terms(q["T"], q["B"], q["I"], q["H"], 1, 4, w, esz)
-                )
+                terms.append(_cudnn_rnn_terms(q["T"], q["B"], q["I"], q["H"], 1, 4, w, esz))
         m = np.asarray(meas)
         print(f"{op}: {len(cases)} cases, the replayed allocated peak against the measured one")
         if op != "lstm":
@@ -141,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         coef, _ = nnls(x * wt[:, None], (m - lb) * wt)
         print(
             "  fitted on all:",
-            ", ".join(f"{c:.3g} x {n}" for c, n in zip(coef, trace_mod._CUDNN_RNN_TERMS)),
+            ", ".join(f"{c:.3g} x {n}" for c, n in zip(coef, _CUDNN_RNN_TERMS)),
         )
     return 0
 

@@ -452,14 +452,14 @@ def test_an_internal_error_of_costaware_fails_open(monkeypatch: pytest.MonkeyPat
     """A bug in costaware's own dry run (here its table of memory categories is missing,
     so its bookkeeping raises KeyError) is costaware's: the trial is admitted, and the
     reason says whose bug it is."""
-    import costaware.core.trace as trace
+    from costaware.core.trace import step
 
-    monkeypatch.setattr(trace, "_CAT_CODE", {})
+    monkeypatch.setattr(step, "_CAT_CODE", {})
     gate = Gate(BUDGET, device="T4", model=ca.CostModel())
     with pytest.warns(ca.CostAwareWarning, match="could not judge trial 3"):
         verdict = gate.judge(_spec(functools.partial(MLP, 8)), study=None, trial=3)
     assert verdict.admit
-    assert re.search(r"inside costaware at trace\.py:\d+: KeyError", verdict.info["error"])
+    assert re.search(r"inside costaware at step\.py:\d+: KeyError", verdict.info["error"])
     assert "costaware's bug, not the model's" in verdict.info["error"]
 
 

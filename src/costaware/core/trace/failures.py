@@ -1,0 +1,354 @@
+"""A failed dry run, told as the user's bug or the dry run's own limit.
+
+The user's bug (their factory, forward or loss raised, or the model does not take the
+batch's shape) fails fast as :class:`~costaware.errors.UserCodeError`, naming the layer
+and the line that failed and what to change; the dry run's limit (a model that reads a
+tensor's value, an operator without a fake implementation, costaware's own bug) is a
+:class:`~costaware.errors.TraceError`, so that the integrations fail open on it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import traceback
+from typing import Any
+
+import torch
+from torch import nn
+
+from costaware.core.trace.user_code import (
+    _OWN_DIRS,
+    _TORCH_DIR,
+    _factory_name,
+    _is_theirs,
+    _raised_by_costaware,
+    _said,
+    _where,
+)
+from costaware.errors import (
+    CostawareError,
+    TraceError,
+    UntraceableModelError,
+    UserCodeError,
+    first_line,
+)
+from costaware.spec import ImageBatch, TokenBatch, TrainingSpec
+
+#: what torch says when a fake or meta tensor cannot do what a real one would
+_FAKE_WORDS = re.compile(
+    r"fake ?tensor|fake impl|tensor subclass|meta tensor|meta device|'Meta' backend|"
+    r"meta kernel|data pointer|data_ptr|doesn't have storage|without storage|"
+    r"data-dependent|data dependent|unbacked|SymInt|SymFloat|SymBool|__torch_dispatch__",
+    re.IGNORECASE,
+)
+#: what torch says about an operator without a fake (meta) implementation
+_NO_FAKE_IMPL = re.compile(
+    r"no fake impl|no fake implementation|no meta kernel|'Meta' backend|"
+    r"attempted to run this operator with Meta tensors",
+    re.IGNORECASE,
+)
+#: what torch says about a device the dry run does not have (it keeps every tensor on a
+#: fake CPU)
+_DEVICE_WORDS = re.compile(
+    r"CUDA|NVIDIA|\bMPS\b|\bXPU\b|ROCm|HIP|same device|different devices|two different "
+    r"devices|device type",
+)
+#: what torch says about shapes that do not fit (the user's bug)
+_SHAPE_WORDS = re.compile(
+    r"shape|size|dimension|\bdims?\b|channels|mat1|mat2|broadcast|reduction dim|"
+    r"expected .{0,80}(?:but )?got",
+    re.IGNORECASE,
+)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling, once each."""
+    out: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or any(e is o for o in out):
+            continue
+        out.append(e)
+        todo += [e.__cause__, e.__context__]
+    return out
+
+
+def _limit_of_the_dry_run(exc: BaseException) -> str | None:
+    """Why ``exc`` is a limit of the dry run rather than the user's bug ("value",
+    "dynamic", "unsupported", "device", "fake", "internal"), or None where it is theirs."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        UnsupportedOperatorException,
+    )
+
+    for e in _chain(exc):  # a fake tensor's refusal, however the model re-raised it
+        if isinstance(e, DataDependentOutputException):
+            return "value"
+        if isinstance(e, DynamicOutputShapeException):
+            return "dynamic"
+        if isinstance(e, UnsupportedOperatorException) or _NO_FAKE_IMPL.search(str(e)):
+            return "unsupported"
+        if type(e).__module__.startswith(
+            ("torch._subclasses", "torch.fx.experimental", "torch._guards")
+        ):
+            return "device" if _DEVICE_WORDS.search(str(e)) else "fake"
+    text = str(exc)
+    if _DEVICE_WORDS.search(text):
+        return "device"
+    if _FAKE_WORDS.search(text):
+        return "fake"
+    frames = traceback.extract_tb(exc.__traceback__)
+    innermost = frames[-1].filename if frames else ""
+    # torch's word for an operator without a meta kernel; a module without a forward, or
+    # the user's own `raise NotImplementedError`, is the user's
+    if (
+        isinstance(exc, NotImplementedError)
+        and not _is_theirs(innermost)
+        and 'missing the required "forward"' not in text
+    ):
+        return "unsupported"
+    if _raised_by_costaware(exc):
+        return "internal"
+    return None
+
+
+def _untraceable(exc: BaseException, why: str) -> TraceError:
+    """The dry run's own failure, said so: the trial is admitted (fail open)."""
+    where = _where(exc)
+    ours = "This is a limit of costaware's dry run, not a bug in the model"
+    if why == "value":
+        return UntraceableModelError(
+            f"The model cannot run on fake tensors: it reads a tensor's value {where} "
+            "(.item(), .tolist(), float(t), or a Python `if` on a tensor), and a dry run's "
+            f"tensors have no values. {ours}; to make it predictable, keep the computation in "
+            "tensors (torch.where rather than an `if`)."
+        )
+    if why == "dynamic":
+        return UntraceableModelError(
+            f"The model cannot run on fake tensors: the operator {_op_of(exc)} {where} "
+            "returns a tensor whose size depends on the values (nonzero, a boolean mask such as "
+            f"x[x > 0], unique), and a dry run's tensors have no values. {ours}; to make it "
+            "predictable, use a fixed-size form (torch.where(mask, x, 0), masked_fill)."
+        )
+    if why == "unsupported":
+        return UntraceableModelError(
+            f"The model cannot run on fake tensors: an operator {where} has no fake (meta) "
+            f"implementation ({_said(exc)}). {ours}; an operator of your own can be "
+            "given one with torch.library.register_fake."
+        )
+    if why == "device":
+        return UntraceableModelError(
+            f"The model cannot run on fake tensors: it places tensors on a device of its own "
+            f"{where} ({_said(exc)}), and the dry run keeps every tensor on a fake CPU. "
+            f"{ours}; to make it predictable, create tensors on the input's device "
+            "(torch.zeros(..., device=x.device)) or register them as buffers."
+        )
+    if why == "internal":
+        return TraceError(
+            f"costaware's dry run failed inside costaware at {_own_line(exc)}: "
+            f"{_said(exc)}. This is costaware's bug, not the model's; please report it."
+        )
+    return UntraceableModelError(
+        f"The model cannot run on fake tensors: {_said(exc)} {where}. {ours}: the "
+        "step runs on tensors without data, and this model needs them."
+    )
+
+
+def _op_of(exc: BaseException) -> str:
+    """The aten operator a fake tensor refused (``aten.nonzero``), from the chain."""
+    for e in _chain(exc):
+        func = getattr(e, "func", None)
+        if func is not None:
+            name = str(func)
+            return name[: -len(".default")] if name.endswith(".default") else name
+    return _said(exc)
+
+
+def _own_line(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "an unknown place"
+    last = frames[-1]
+    return f"{os.path.basename(last.filename)}:{last.lineno}"
+
+
+def _shape(t: Any) -> str | None:
+    return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else None
+
+
+def _failing_layer(
+    exc: BaseException, model: nn.Module | None
+) -> tuple[str, nn.Module, Any] | None:
+    """The innermost module that was running when ``exc`` arose: its name in ``model``
+    (``"fc"``; ``""`` for the model itself), the module, and the input it was called with
+    (None where that is not a tensor)."""
+    layer: nn.Module | None = None
+    inputs: dict[int, Any] = {}
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        this = frame.f_locals.get("self")
+        if not isinstance(this, nn.Module):
+            continue
+        layer = this
+        if frame.f_code.co_name in ("_call_impl", "_wrapped_call_impl"):
+            args = frame.f_locals.get("args")  # as the module was called, never rebound
+            if isinstance(args, tuple) and args:
+                inputs[id(this)] = args[0]
+    if layer is None:
+        return None
+    names = {id(m): n for n, m in model.named_modules()} if model is not None else {}
+    return names.get(id(layer), "?"), layer, inputs.get(id(layer))
+
+
+def _batch_words(spec: TrainingSpec) -> str:
+    """The spec's batch as the user wrote it, and the inputs it makes."""
+    b = spec.batch
+    bs = spec.batch_size
+    if isinstance(b, ImageBatch):
+        return f"{b!r} at batch_size={bs}: inputs of shape {(bs, *b.shape)}"
+    if isinstance(b, TokenBatch):
+        return f"{b!r} at batch_size={bs}: input_ids of shape {(bs, b.seq_len)}"
+    return f"batch={_factory_name(b)}({bs})"
+
+
+def _image_size_hint(spec: TrainingSpec, modules: list[nn.Module]) -> str | None:
+    """Where the model records the image size it was built for and the batch's differs."""
+    b = spec.batch
+    if not isinstance(b, ImageBatch) or len(b.shape) != 3:
+        return None
+    for m in modules:
+        config = getattr(m, "config", None)
+        for owner in (m, config):
+            for attr in ("image_size", "img_size"):
+                size = getattr(owner, attr, None) if owner is not None else None
+                if isinstance(size, (tuple, list)) and len(size) == 2:
+                    hw = tuple(int(v) for v in size)
+                elif isinstance(size, int):
+                    hw = (size, size)
+                else:
+                    continue
+                if hw != tuple(b.shape[1:]):
+                    c = b.shape[0]
+                    return (
+                        f"the model was built for {attr}={size} but the batch's images are "
+                        f"{b.shape[1]}x{b.shape[2]}: make the batch "
+                        f"{type(b).__name__}(shape={(c, *hw)}, ...) or build the model with "
+                        f"{attr}={b.shape[1] if b.shape[1] == b.shape[2] else tuple(b.shape[1:])}"
+                    )
+    return None
+
+
+def _layer_hint(spec: TrainingSpec, label: str, layer: nn.Module, arg: Any) -> str | None:
+    """The size a linear or convolutional layer takes against the one it was given."""
+    if not isinstance(arg, torch.Tensor):
+        return None
+    if isinstance(layer, nn.Linear) and arg.dim() >= 1 and arg.shape[-1] != layer.in_features:
+        got = int(arg.shape[-1])
+        return (
+            f"{label} takes in_features={layer.in_features} per sample but gets {got}: make the "
+            f"batch give it {layer.in_features}, or build the layer with in_features={got}"
+        )
+    if isinstance(layer, nn.modules.conv._ConvNd) and arg.dim() >= 2:
+        got = int(arg.shape[1] if arg.dim() > layer.weight.dim() - 2 else arg.shape[0])
+        if got != layer.in_channels:
+            fit = ""
+            b = spec.batch
+            if isinstance(b, ImageBatch) and len(b.shape) == 3 and b.shape[0] == got:
+                fit = f" ({type(b).__name__}(shape={(layer.in_channels, *b.shape[1:])}, ...))"
+            return (
+                f"{label} takes in_channels={layer.in_channels} but gets {got} channels: make the "
+                f"batch give it {layer.in_channels}{fit}, or build the layer with "
+                f"in_channels={got}"
+            )
+    return None
+
+
+def _user_bug(exc: Exception, spec: TrainingSpec, model: nn.Module | None) -> UserCodeError:
+    """The user's bug in the training step (forward, loss, backward), said so: where it
+    arose, in which layer, with what input, and what to change."""
+    where = _where(exc)
+    frames = [f for f, _ in traceback.walk_tb(exc.__traceback__)]
+    files = [f.f_code.co_filename for f in frames]
+    names = [f.f_code.co_name for f in frames]
+    loss_code = getattr(spec.loss, "__code__", None)
+    if any(p.startswith(_TORCH_DIR + "optim") for p in files) or "_optimizer_step" in names:
+        what, fix = "The optimizer step", "fix the optimizer or its arguments"
+    elif any(
+        p.startswith(_TORCH_DIR) and n in ("backward", "_engine_run_backward")
+        for p, n in zip(files, names, strict=True)
+    ):
+        what, fix = "The backward pass", "fix the model's custom backward"
+    elif any(isinstance(f.f_locals.get("self"), nn.Module) for f in frames):
+        what, fix = "The model's forward", "fix the model"
+    elif loss_code is not None and any(f.f_code is loss_code for f in frames):
+        what, fix = "The loss", "fix the loss"
+    elif spec.loss is None and any(
+        os.path.basename(p) == "spec.py" and p.startswith(_OWN_DIRS) for p in files
+    ):
+        what = "costaware's default loss"
+        fix = (
+            "pass TrainingSpec(loss=callable(model, batch)) that computes the loss as the "
+            "training does"
+        )
+    else:
+        what, fix = "The training step", "fix the model or the loss"
+    found = _failing_layer(exc, model)
+    in_layer, hint = "", None
+    if found is not None:
+        name, layer, arg = found
+        label = f"`{name}`" if name not in ("", "?") else "the model"
+        in_layer = f", in {label} ({_short_repr(layer)}"
+        if _shape(arg) is not None:
+            in_layer += f", given an input of shape {_shape(arg)}"
+        in_layer += ")"
+        hint = _layer_hint(spec, label, layer, arg)
+    modules = [m for m in (model, found[1] if found else None) if m is not None]
+    batch = _batch_words(spec)
+    # torch says that a shape does not fit with a RuntimeError (a loss's batch sizes with a
+    # ValueError, a model's own check with an AssertionError); an IndexError or a TypeError
+    # is the code's own mistake, whatever words it uses
+    if isinstance(exc, (RuntimeError, ValueError, AssertionError)) and _SHAPE_WORDS.search(
+        str(exc)
+    ):
+        if what != "The model's forward":  # the loss does not fit the model's output
+            change = f"Make it fit the model's output and the batch: {fix}."
+        else:
+            hint = hint or _image_size_hint(spec, modules)
+            change = (
+                "Change the batch to the shape the model was built for, or build the model for "
+                "this batch"
+                + (f": {hint}." if hint else " (its input size, channels or image size).")
+            )
+        return UserCodeError(
+            f"{what} fails on a shape mismatch {where}{in_layer}: {_said(exc)}. The batch is "
+            f"{batch}. A real training step fails the same way. {change}"
+        )
+    return UserCodeError(
+        f"{what} raised {_said(exc)} {where}{in_layer}. A real training step runs the same "
+        f"code and fails the same way: {fix} (the batch is {batch})."
+    )
+
+
+def _short_repr(module: nn.Module) -> str:
+    """``Linear(in_features=784, out_features=64, bias=True)``; a container's class name."""
+    extra = module.extra_repr()
+    return (
+        f"{type(module).__name__}({extra})"
+        if extra and "\n" not in extra
+        else type(module).__name__
+    )
+
+
+def _classify(exc: Exception, spec: TrainingSpec, model: nn.Module | None) -> Exception:
+    """The error a failed dry run raises: the user's bug (:class:`UserCodeError`), or the
+    dry run's own failure (:class:`UntraceableModelError`, :class:`TraceError`)."""
+    if isinstance(exc, CostawareError):
+        return exc
+    why = _limit_of_the_dry_run(exc)
+    if why is not None:
+        return _untraceable(exc, why)
+    if isinstance(exc, MemoryError):
+        return TraceError(f"the dry run ran out of this machine's memory: {first_line(exc)}")
+    return _user_bug(exc, spec, model)
