@@ -21,9 +21,9 @@ __all__ = ["CapacityFit", "TargetFit"]
 class TargetFit:
     """The residual model of one target and its calibrated upper bound.
 
-    The bound over a corrected point is ``(point + shift) * exp(q) - shift``
-    (:meth:`CostModel._upper <costaware.CostModel>`): ``q`` is the conformal quantile of
-    the log residuals of shifted values, at the achieved ``coverage``.
+    The bound over a corrected point is ``(point + shift) * exp(q) - shift``: ``q`` is
+    the conformal quantile of the log residuals of shifted values,
+    ``log((measured + shift) / (predicted + shift))``, at the achieved ``coverage``.
 
     Attributes:
         model: the log correction over the baseline: CatBoost trees, a line over the

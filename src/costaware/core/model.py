@@ -26,7 +26,8 @@ Models are saved as CatBoost ``.cbm`` files plus a JSON manifest. Nothing is pic
 The estimator's parts live beside it: :mod:`~costaware.core.prediction` (what a
 prediction says), :mod:`~costaware.core.step_models` (the time baselines),
 :mod:`~costaware.core.residuals` (the small-sample lines), :mod:`~costaware.core.conformal`
-(the bounds' calibration), :mod:`~costaware.core.persistence` (saving and loading) and
+(the bounds' calibration), :mod:`~costaware.core.learned` (what a fit learns of each
+target), :mod:`~costaware.core.persistence` (saving and loading) and
 :mod:`~costaware.core.trace_cache` (the traces kept per architecture). This module
 re-exports the names that moved there.
 """
@@ -408,24 +409,45 @@ class CostModel:
             ``_MIN_CV_FAMILIES`` families, else a split) or "split" (one held-out split of
             ``calibration_fraction`` of the families, kept out of the trees). "cross" fits
             the trees ``_CV_FOLDS`` + 1 times.
+
+    Attributes:
+        memory_: what the fit learned of the reserved peak, a
+            :class:`~costaware.core.learned.TargetFit` (its correction and bound), or None.
+        time_: what the fit learned of the iteration time, likewise, or None.
+        capacity_: the smallest capacity's bound, a
+            :class:`~costaware.core.learned.CapacityFit`, or None where the fit had no
+            measured allocated peaks.
+        base_: the model a refit corrects; None: the analytic estimate.
+        kinds_: one model per device kind ("cuda", "cpu") of a fit on several; else empty.
+        dispatch_: the GPU step model the time residual is learned over, or None.
+        cpu_steps_: the CPU step model the time residual is learned over, or None.
+        time_measured_: a refit's median measured iteration time and trials per
+            configuration (:func:`repeat_key`), or None.
+        feature_names_: the feature columns the fit learned on (set by every fit).
+        training_: what the fit was fitted on: rows, devices, families, calibration rows
+            (set by every fit).
+        op_models_: the op-level time models per device kind (:meth:`add_op_model`), which
+            fit keeps.
+        graph2vec_: the graph embedding whose features the model sees (a refit takes its
+            base's), which fit keeps; or None.
     """
 
-    # Learned state: what fit (or load) sets, each name ending in "_", declared here with
-    # the value it holds where nothing of it was learned (no time rows, no allocated
-    # peaks, one device kind, ...). Every fit starts from these values (_forget), so a
-    # second fit keeps nothing of the first.
-    feature_names_: list[str]  # the feature columns, in order (set by every fit)
-    training_: dict[str, Any]  # what it was fitted on (set by every fit)
-    base_: CostModel | None = None  # the model a refit corrects (None: the analytic estimate)
-    kinds_: Mapping[str, CostModel] = _NOTHING  # one model per device kind, fitted on several
-    dispatch_: _Dispatch | None = None  # the GPU step model the time residual is learned over
-    cpu_steps_: _CpuSteps | None = None  # the CPU step model the time residual is learned over
-    memory_: TargetFit | None = None  # the reserved peak's residual model and bound
-    time_: TargetFit | None = None  # the iteration time's residual model and bound
-    capacity_: CapacityFit | None = None  # the smallest capacity's bound
-    time_measured_: dict[str, tuple[float, int]] | None = None  # a refit's configurations
-    # parts added to the model rather than learned by fit, which fit keeps: the graph
-    # embedding (a refit takes its base's) and the op-level time models (add_op_model)
+    # Learned state (the Attributes above): what fit (or load) sets, each name ending in
+    # "_", declared here with the value it holds where nothing of it was learned (no time
+    # rows, no allocated peaks, one device kind, ...). Every fit starts from these values
+    # (_forget), so a second fit keeps nothing of the first; feature_names_ and training_
+    # are set by every fit and absent before one.
+    feature_names_: list[str]
+    training_: dict[str, Any]
+    base_: CostModel | None = None
+    kinds_: Mapping[str, CostModel] = _NOTHING
+    dispatch_: _Dispatch | None = None
+    cpu_steps_: _CpuSteps | None = None
+    memory_: TargetFit | None = None
+    time_: TargetFit | None = None
+    capacity_: CapacityFit | None = None
+    time_measured_: dict[str, tuple[float, int]] | None = None
+    # parts added to the model rather than learned by fit, which fit keeps
     graph2vec_: Any = None
     op_models_: Mapping[str, OpTimeModel] = _NOTHING
     # the traces kept per architecture (made on first use; a copy starts without)
