@@ -351,10 +351,10 @@ def _predict(model: Any, feats: dict[str, float]) -> tuple[float, float, float, 
     from costaware.core.analytic import time_upper
 
     # the roofline, or the step model of time_baseline (op-level sum, CPU step model)
-    mem, secs = model._baseline(feats, None)
+    mem, secs = model.baseline(feats)
     # the model's own corrections and bounds (trees, a line, or one factor per precision)
-    corrected: tuple[float, float, float, float] = model._corrected(
-        feats, (mem, mem, secs, time_upper(secs)), None
+    corrected: tuple[float, float, float, float] = model.correct(
+        feats, (mem, mem, secs, time_upper(secs))
     )
     return (*corrected, secs)
 

@@ -184,10 +184,11 @@ def test_fit_leaves_benchmark_search_peaks_out_of_memory() -> None:
     without = ca.CostModel(iterations=20).fit(obs + unmeasured)
     # the 9x peaks count as no peak at all: same memory point and bound; times still count
     for row in (obs[3].features, searched[0].features):
-        base = mixed._baseline(row, None)
+        base = mixed.baseline(row)
         guess = (base[0], base[0], base[1], base[1])
-        assert mixed._corrected(row, guess, None) == without._corrected(row, guess, None)
-    assert mixed._point(obs[3].features, None)[0] < obs[3].peak_memory * 2
+        assert mixed.correct(row, guess) == without.correct(row, guess)
+    mem, secs = mixed.baseline(obs[3].features)
+    assert mixed.correct(obs[3].features, (mem, mem, secs, secs))[0] < obs[3].peak_memory * 2
 
 
 def test_predict_rejects_non_specs() -> None:
@@ -394,10 +395,19 @@ def test_each_device_kind_gets_its_own_bound(tmp_path: Path, cnn_spec: ca.Traini
             )
     model.fit(obs)
     assert sorted(model.kinds_) == ["cpu", "cuda"]
-    q_gpu, q_cpu = (max(0.0, model.kinds_[k].memory_q_) for k in ("cuda", "cpu"))
+    q_gpu, q_cpu = (max(0.0, model.kinds_[k].memory_.q) for k in ("cuda", "cpu"))
     assert q_cpu > q_gpu + 0.2  # the CPU bound is wide, the GPU one is not dragged along
     gpu = model.predict(cnn_spec, device="H100")
     assert gpu.peak_memory_upper / gpu.peak_memory == pytest.approx(math.exp(q_gpu), rel=1e-6)
+    # from a feature row, each kind's model gives the baseline and the corrections
+    guess = (1e8, 1.2e8, 0.01, 0.02)
+    for kind in ("cuda", "cpu"):
+        row, sub = obs[0].features, model.kinds_[kind]
+        assert model.baseline(row, kind) == sub.baseline(row)
+        assert model.correct(row, guess, kind) == sub.correct(row, guess)
+    assert model.correct(obs[0].features, guess, "cpu") != model.correct(
+        obs[0].features, guess, "cuda"
+    )
     # the GPU part is exactly what the GPU rows alone give: the CPU rows do not leak in
     alone = ca.CostModel(iterations=100, depth=4, calibration_fraction=0.4)
     alone.fit([o for o in obs if o.device.upper() != "CPU"])
@@ -411,7 +421,7 @@ def test_each_device_kind_gets_its_own_bound(tmp_path: Path, cnn_spec: ca.Traini
     assert json.loads((tmp_path / "m" / "manifest.json").read_text())["kinds"] == ["cpu", "cuda"]
     for which in ("memory", "time"):
         for kind in ("cuda", "cpu"):
-            got, want = (getattr(m.kinds_[kind], f"{which}_q_") for m in (loaded, model))
+            got, want = (getattr(m.kinds_[kind], f"{which}_").q for m in (loaded, model))
             assert got == pytest.approx(want)
     again = loaded.predict(cnn_spec, device="cpu")
     assert again.peak_memory_upper == pytest.approx(cpu.peak_memory_upper, rel=1e-3)
@@ -584,7 +594,8 @@ def test_memory_line_learns_offset_and_factor_and_saves_without_trees(
     loaded = ca.CostModel.load(tmp_path)
     feats = obs[0].features
     est = 64 * MiB + 1.1 * feats["analytic_reserved_mib"] * MiB
-    assert loaded._point(feats, "cuda")[0] == pytest.approx(est, rel=0.01)
+    mem, secs = loaded.baseline(feats, "cuda")
+    assert loaded.correct(feats, (mem, mem, secs, secs), "cuda")[0] == pytest.approx(est, rel=0.01)
     with pytest.raises(ValueError, match="memory_model"):
         ca.CostModel(memory_model="forest")
 
@@ -713,7 +724,7 @@ def test_models_with_convolutions_get_their_own_bound() -> None:
                 )
     model.fit(obs)
     # each group, and within it the fp32 steps (the only precision here)
-    assert set(model.memory_bounds_) == {"conv", "other", "conv+fp32", "other+fp32"}
+    assert set(model.memory_.bounds) == {"conv", "other", "conv+fp32", "other+fp32"}
     for spec_model, batch in (
         (functools.partial(tiny_cnn, width=9), ca.ImageBatch((3, 32, 32), classes=10)),
         (functools.partial(zoo.mlp, 64, (100,), 10), ca.ImageBatch((64,), classes=10)),
@@ -754,7 +765,7 @@ def test_steps_under_autocast_get_their_own_bound() -> None:
                     )
                 )
     model.fit(obs)
-    assert {"other+fp32", "other+amp", "other"} <= set(model.time_bounds_)
+    assert {"other+fp32", "other+amp", "other"} <= set(model.time_.bounds)
 
     def ratio(precision: str) -> float:
         spec = ca.TrainingSpec(
@@ -769,7 +780,8 @@ def test_steps_under_autocast_get_their_own_bound() -> None:
     assert ratio("fp32") < 1.15  # fp32's own 2% spread, not bf16's 150%
     assert ratio("bf16") > 1.3
     # a manifest written before the split: the coarse group's bound serves both
-    model.time_bounds_ = {"other": (0.0, 0.5, 0.95), "conv": (0.0, 0.1, 0.95)}
+    coarse = {"other": (0.0, 0.5, 0.95), "conv": (0.0, 0.1, 0.95)}
+    model.time_ = dataclasses.replace(model.time_, bounds=coarse)
     assert ratio("fp32") == pytest.approx(math.exp(0.5), rel=1e-9)
     assert ratio("bf16") == pytest.approx(math.exp(0.5), rel=1e-9)
 
@@ -834,11 +846,11 @@ def test_gpu_memory_line_is_calibrated_across_families() -> None:
             base = o.features["analytic_reserved_mib"] * MiB
             obs.append(dataclasses.replace(o, peak_memory=base * factor))
     fitted = ca.CostModel(iterations=20).fit(obs)
-    assert fitted.memory_cal_rows_ == len(obs)  # every row calibrates, none is held back
-    assert not hasattr(fitted, "memory_bounds_")  # one bound for all rows
+    assert fitted.memory_.cal_rows == len(obs)  # every row calibrates, none is held back
+    assert not fitted.memory_.bounds  # one bound for all rows
     for o in obs:
-        base = fitted._baseline(o.features, None)
-        _, upper, _, _ = fitted._corrected(o.features, (base[0], base[0], base[1], base[1]), None)
+        base = fitted.baseline(o.features)
+        _, upper, _, _ = fitted.correct(o.features, (base[0], base[0], base[1], base[1]))
         assert o.peak_memory is not None and o.peak_memory <= upper * (1 + 1e-9), o.family
     # peaks from 20 MiB to 40 GiB, each 0-60 MiB over its simulation: an offset-shaped error
     # that a shifted bound would fit far tighter. But every row calibrates, and a shape
@@ -853,7 +865,7 @@ def test_gpu_memory_line_is_calibrated_across_families() -> None:
         for k, (o, mib) in enumerate(zip(obs, sizes, strict=True))
     ]
     line = ca.CostModel(iterations=20).fit(spread)
-    assert line.memory_shift_ == 0.0 and line.memory_cal_rows_ == len(spread)
+    assert line.memory_.shift == 0.0 and line.memory_.cal_rows == len(spread)
 
 
 def test_trees_are_calibrated_across_families() -> None:
@@ -870,8 +882,8 @@ def test_trees_are_calibrated_across_families() -> None:
             obs.append(dataclasses.replace(o, iteration_time=o.iteration_time * factor))
     cross = ca.CostModel(iterations=30, depth=3).fit(obs)
     split = ca.CostModel(iterations=30, depth=3, calibration="split").fit(obs)
-    assert cross.time_cal_rows_ == len(obs)  # every row calibrates
-    assert split.time_cal_rows_ < len(obs) // 2
+    assert cross.time_.cal_rows == len(obs)  # every row calibrates
+    assert split.time_.cal_rows < len(obs) // 2
     spec = obs[0].meta["spec"]
     p_cross, p_split = cross.predict(spec, "H100"), split.predict(spec, "H100")
     assert p_split.iteration_time_upper < 1.2 * p_split.iteration_time
@@ -959,8 +971,8 @@ def test_cpu_step_model_recovers_its_constants_and_saves_with_the_model(
     for o in obs:
         assert steps.seconds(o.features) == pytest.approx(o.iteration_time, rel=0.05)
     feats = obs[0].features
-    assert model._baseline(feats, "cpu")[1] == pytest.approx(steps.seconds(feats), rel=1e-12)
-    assert model._baseline(feats, "cpu")[1] != pytest.approx(feats["analytic_time_ms"] / 1e3)
+    assert model.baseline(feats, "cpu")[1] == pytest.approx(steps.seconds(feats), rel=1e-12)
+    assert model.baseline(feats, "cpu")[1] != pytest.approx(feats["analytic_time_ms"] / 1e3)
     pred = model.predict(obs[0].meta["spec"], device="cpu")
     assert pred.basis["cpu_step_time"] == pytest.approx(steps.seconds(feats), rel=1e-6)
     assert "CPU step model" in pred.explain()
@@ -973,8 +985,8 @@ def test_cpu_step_model_recovers_its_constants_and_saves_with_the_model(
     assert again.iteration_time == pytest.approx(pred.iteration_time, rel=1e-9)
     assert again.basis["cpu_step_time"] == pytest.approx(pred.basis["cpu_step_time"], rel=1e-9)
     roofline = ca.CostModel(iterations=50, depth=3, time_baseline="roofline").fit(obs)
-    assert not hasattr(roofline, "cpu_steps_")
-    assert roofline._baseline(feats, "cpu")[1] == pytest.approx(feats["analytic_time_ms"] / 1e3)
+    assert roofline.cpu_steps_ is None
+    assert roofline.baseline(feats, "cpu")[1] == pytest.approx(feats["analytic_time_ms"] / 1e3)
 
 
 # --------------------------------------------------------------------------------------
@@ -1283,17 +1295,24 @@ def test_a_damaged_shipped_model_is_refused_once_with_a_clear_error(
 
 
 # -- the estimator's contract: parameters, learned state, validation -------------------------
-def _rows(n: int, *, memory: bool = True, time: bool = True) -> list[Observation]:
-    """Measured rows over hand-made features (no dry run): a memory and a time factor."""
+def _rows(
+    n: int, *, memory: bool = True, time: bool = True, allocated: bool = False
+) -> list[Observation]:
+    """Measured rows over hand-made features (no dry run): a memory and a time factor,
+    and with ``allocated`` an allocated peak for the capacity's bound."""
     rows = []
     for i in range(n):
         mib, ms = 100.0 + 37.0 * i, 5.0 + 1.5 * i
+        feats = {"analytic_reserved_mib": mib, "analytic_time_ms": ms, "width": float(i)}
+        if allocated:
+            feats["analytic_allocated_mib"] = 0.9 * mib
         rows.append(
             Observation(
-                features={"analytic_reserved_mib": mib, "analytic_time_ms": ms, "width": i},
+                features=feats,
                 device="H100-SXM",
                 peak_memory=mib * MiB * (1.2 + 0.001 * i) if memory else None,
                 iteration_time=ms / 1e3 * (1.5 + 0.002 * i) if time else None,
+                peak_allocated=mib * MiB * (1.05 + 0.002 * i) if allocated else None,
                 family=f"f{i % 6}",
             )
         )
@@ -1352,13 +1371,50 @@ def test_every_fit_starts_from_nothing_learned() -> None:
     # a fit without memory targets keeps nothing of an earlier fit's memory model
     settings = {"time_baseline": "roofline", "iterations": 20, "depth": 2}
     model = ca.CostModel(**settings).fit(_rows(36))
-    assert hasattr(model, "memory_model_") and hasattr(model, "time_model_")
+    assert model.memory_ is not None and model.time_ is not None
     time_only = _rows(36, memory=False)
     model.fit(time_only)
     fresh = ca.CostModel(**settings).fit(time_only)
-    assert not hasattr(model, "memory_model_")
+    assert model.memory_ is None
     assert _learned(model) == _learned(fresh)
     assert model.achieved_coverage() == fresh.achieved_coverage()
+
+
+def test_every_fit_forgets_the_capacity_bound_and_the_measured_times_of_the_last() -> None:
+    settings = {"time_baseline": "roofline", "iterations": 20, "depth": 2}
+    rows = _rows(12, allocated=True)
+    model = ca.CostModel(**settings).fit(rows, base=ca.CostModel())
+    assert model.capacity_ is not None and model.capacity_.rows == len(rows)
+    assert model.measured_time(rows[3].features, "H100-SXM") is not None  # a refit's
+    model.fit(_rows(12))  # no allocated peaks, no base
+    assert model.capacity_ is None and model.time_measured_ is None
+    assert model.measured_time(rows[3].features, "H100-SXM") is None
+    assert _learned(model) == _learned(ca.CostModel(**settings).fit(_rows(12)))
+
+
+def test_an_unfitted_model_holds_nothing_learned() -> None:
+    model = ca.CostModel()
+    assert not {n for n in vars(model) if n.endswith("_")}  # __init__ stores parameters only
+    assert model.memory_ is None and model.time_ is None and model.capacity_ is None
+    assert model.base_ is None and not model.kinds_ and not model.op_models_
+    assert model.dispatch_ is None and model.cpu_steps_ is None
+    assert model.time_measured_ is None and model.graph2vec_ is None
+    assert not model.is_fitted and model.achieved_coverage() is None
+
+
+def test_a_copy_predicts_as_the_model_and_fits_apart_from_it(cnn_spec: ca.TrainingSpec) -> None:
+    import copy
+
+    model = ca.CostModel(time_baseline="roofline", iterations=20, depth=2).fit(_rows(36))
+    first = model.predict(cnn_spec, "H100")  # fills the trace cache, which holds a lock
+    twin = copy.deepcopy(model)
+    again = twin.predict(cnn_spec, "H100")
+    figures = ("peak_memory", "peak_memory_upper", "iteration_time", "iteration_time_upper")
+    assert [getattr(again, f) for f in figures] == [getattr(first, f) for f in figures]
+    twin.fit(_rows(36, memory=False))
+    assert twin.memory_ is None and model.memory_ is not None  # the model keeps its own
+    with pytest.raises(dataclasses.FrozenInstanceError):  # shared parts are read-only
+        model.memory_.q = 0.0  # type: ignore[misc]
 
 
 def test_a_model_is_not_its_own_base() -> None:

@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         "files": per_file,
         "rows_read": len(rows),
         "op_rows": len(op_rows),
-        "op_model": sorted(model.__dict__.get("op_models_", {})) or False,
+        "op_model": sorted(model.op_models_) or False,
         "observations": len(obs),
         "skipped": skipped,
         "devices": model.training_.get("devices"),

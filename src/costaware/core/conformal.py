@@ -108,6 +108,31 @@ def _shifted_quantile(
     return shift, q, level
 
 
+def _group_bounds(
+    cal_groups: tuple[np.ndarray, np.ndarray],
+    train_groups: tuple[np.ndarray, np.ndarray],
+    calibration: tuple[np.ndarray, np.ndarray],
+    training: tuple[np.ndarray, np.ndarray],
+    coverage: float,
+) -> dict[str, tuple[float, float, float]]:
+    """The ``(shift, q, coverage)`` of the bound of each group (:func:`_bound_groups` of
+    the calibration and training rows: the fine groups, then the coarse ones) with at
+    least ``_MIN_GROUP_ROWS`` calibration rows, from (predicted, measured) rows as
+    :func:`_shifted_quantile` takes them."""
+    by_group: dict[str, tuple[float, float, float]] = {}
+    for in_cal, in_train in zip(cal_groups, train_groups):
+        by_group |= {
+            g: _shifted_quantile(
+                (calibration[0][in_cal == g], calibration[1][in_cal == g]),
+                (training[0][in_train == g], training[1][in_train == g]),
+                coverage,
+            )
+            for g in np.unique(in_cal).tolist()
+            if np.sum(in_cal == g) >= _MIN_GROUP_ROWS
+        }
+    return by_group
+
+
 #: leave-one-out residuals a small-sample refit needs before it calibrates its own bound;
 #: with fewer, it moves its base model's bound by the same correction as the point
 _MIN_BOUND_ROWS = 8

@@ -26,7 +26,8 @@ Models are saved as CatBoost ``.cbm`` files plus a JSON manifest. Nothing is pic
 The estimator's parts live beside it: :mod:`~costaware.core.prediction` (what a
 prediction says), :mod:`~costaware.core.step_models` (the time baselines),
 :mod:`~costaware.core.residuals` (the small-sample lines), :mod:`~costaware.core.conformal`
-(the bounds' calibration), :mod:`~costaware.core.persistence` (saving and loading) and
+(the bounds' calibration), :mod:`~costaware.core.learned` (what a fit learns of each
+target), :mod:`~costaware.core.persistence` (saving and loading) and
 :mod:`~costaware.core.trace_cache` (the traces kept per architecture). This module
 re-exports the names that moved there.
 """
@@ -43,10 +44,11 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from types import MappingProxyType
+from typing import Any, ClassVar, NamedTuple, cast
 
 import numpy as np
 from torch import nn
@@ -57,12 +59,12 @@ from costaware.core.conformal import (
     _CV_FOLDS,
     _MIN_BOUND_ROWS,
     _MIN_CV_FAMILIES,
-    _MIN_GROUP_ROWS,
     _bound_group,
     _bound_groups,
     _bound_keys,
     _conformal_quantile,
     _family_folds,
+    _group_bounds,
     _shifted_quantile,
 )
 from costaware.core.conformal import CAPACITY_COVERAGE as CAPACITY_COVERAGE
@@ -74,6 +76,7 @@ from costaware.core.features import (
     nsm_features,
     trace_features,
 )
+from costaware.core.learned import CapacityFit, TargetFit
 from costaware.core.optime import OpTimeModel, node_table
 from costaware.core.persistence import FORMAT_VERSION as FORMAT_VERSION
 from costaware.core.persistence import MANIFEST as MANIFEST
@@ -106,6 +109,7 @@ from costaware.errors import (
     CostawareError,
     CostAwareWarning,
     NotEnoughObservations,
+    NotFittedError,
     TraceError,
     first_line,
 )
@@ -115,6 +119,8 @@ from costaware.spec import TrainingSpec
 __all__ = ["CostModel", "Observation", "Prediction", "benchmark_search_peak", "features_for"]
 
 MiB = 2**20
+#: the value of a learned mapping (per-kind models, op models) where nothing was learned
+_NOTHING: Mapping[str, Any] = MappingProxyType({})
 #: below this many measurements of a target, fit learns a line, not trees: trees on a
 #: handful of trials fit their noise, and their few calibration rows give bounds no wider
 #: than the point (``docs/predictions.md`` compares the two on the HPO benchmark's studies)
@@ -248,6 +254,83 @@ def _measured_times(obs: Sequence[Observation]) -> dict[str, tuple[float, int]]:
     return {k: (float(np.median(v)), len(v)) for k, v in times.items()}
 
 
+def _checked_observations(
+    observations: Iterable[Observation | Mapping[str, Any]],
+) -> list[Observation]:
+    """The observations a fit learns from, as :class:`Observation` s; raises
+    ``ValueError`` for none, or for one without the analytic features every baseline
+    rests on."""
+    obs = [o if isinstance(o, Observation) else Observation.from_dict(o) for o in observations]
+    if not obs:
+        raise ValueError("fit needs at least one observation, but got none.")
+    for o in obs:
+        for name in ("analytic_reserved_mib", "analytic_time_ms"):
+            if name not in o.features:
+                raise ValueError(
+                    f"observation features lack {name!r}; build them with CostModel.features(spec, device)."
+                )
+    return obs
+
+
+def _usable_base(base: CostModel | None, obs: Sequence[Observation]) -> CostModel | None:
+    """The model a refit's residuals are learned over: ``base`` where it is fitted on the
+    observations' device kind, else None (the analytic estimate). An unfitted base is
+    the analytic estimate already; a base fitted on another kind (a GPU model under CPU
+    trials) would apply its corrections where they mean nothing."""
+    if base is None or not base.is_fitted:
+        return None
+    seen = {device_kind(d) for d in base.training_.get("devices", [])}
+    if not {device_kind(o.device) for o in obs} <= seen:
+        return None
+    return base
+
+
+@dataclass
+class _FitRows:
+    """The observations of one fit as arrays, one row each (:meth:`CostModel._fit_rows`)."""
+
+    obs: list[Observation]
+    names: list[str]  # the feature columns
+    x: np.ndarray  # the features (NaN where a row lacks one)
+    groups: np.ndarray  # each row's family, or a name of its own
+    is_cal: np.ndarray  # in the families held out for a split calibration
+    kinds: np.ndarray  # each row's device kind
+    baselines: np.ndarray  # each row's (memory, time) baseline
+    rng: np.random.Generator  # the calibration's draws, taken in order by the targets
+
+    def residuals(self, which: str) -> np.ndarray:
+        """Each row's ``log(measured / baseline)`` of ``which``, NaN where it is no target:
+        no measurement, a peak of a failed step, or cuDNN's benchmark search's peak
+        (:func:`benchmark_search_peak`)."""
+        out = []
+        for (mem, secs), o in zip(self.baselines, self.obs):
+            if which == "memory":
+                measured = (
+                    o.peak_memory is not None
+                    and o.peak_memory > 0
+                    and o.status in ("ok", None)
+                    and not benchmark_search_peak(o.features)
+                )
+                out.append(math.log(o.peak_memory / mem) if measured else np.nan)
+            elif o.iteration_time is not None and o.iteration_time > 0:
+                out.append(math.log(o.iteration_time / secs))
+            else:
+                out.append(np.nan)
+        return np.asarray(out)
+
+
+class _Residual(NamedTuple):
+    """A target's residual model and the predictions its bound is calibrated on
+    (:meth:`CostModel._fit_residual`)."""
+
+    model: Any
+    cal: np.ndarray  # the rows that calibrate the bound
+    train: np.ndarray  # the rows the bound's shift is chosen on
+    cal_pred: np.ndarray  # the calibrating rows' predicted log corrections (held out)
+    train_pred: np.ndarray  # the training rows' predicted log corrections
+    pooled: bool  # one bound for every row, not one per bound group
+
+
 def _check_params(**params: Any) -> None:
     """Raise ``ValueError`` naming the first of :class:`CostModel`'s parameters that is out
     of its range, with what it accepts and what it got."""
@@ -326,43 +409,49 @@ class CostModel:
             ``_MIN_CV_FAMILIES`` families, else a split) or "split" (one held-out split of
             ``calibration_fraction`` of the families, kept out of the trees). "cross" fits
             the trees ``_CV_FOLDS`` + 1 times.
+
+    Attributes:
+        memory_: what the fit learned of the reserved peak, a
+            :class:`~costaware.core.learned.TargetFit` (its correction and bound), or None.
+        time_: what the fit learned of the iteration time, likewise, or None.
+        capacity_: the smallest capacity's bound, a
+            :class:`~costaware.core.learned.CapacityFit`, or None where the fit had no
+            measured allocated peaks.
+        base_: the model a refit corrects; None: the analytic estimate.
+        kinds_: one model per device kind ("cuda", "cpu") of a fit on several; else empty.
+        dispatch_: the GPU step model the time residual is learned over, or None.
+        cpu_steps_: the CPU step model the time residual is learned over, or None.
+        time_measured_: a refit's median measured iteration time and trials per
+            configuration (:func:`repeat_key`), or None.
+        feature_names_: the feature columns the fit learned on (set by every fit).
+        training_: what the fit was fitted on: rows, devices, families, calibration rows
+            (set by every fit).
+        op_models_: the op-level time models per device kind (:meth:`add_op_model`), which
+            fit keeps.
+        graph2vec_: the graph embedding whose features the model sees (a refit takes its
+            base's), which fit keeps; or None.
     """
 
-    # Learned state: set by fit (or load), each name ending in "_", and none of it kept
-    # from one fit to the next (see _LEARNED). An attribute is absent where the fit learned
-    # nothing of it (no time rows, no capacity rows, ...).
+    # Learned state (the Attributes above): what fit (or load) sets, each name ending in
+    # "_", declared here with the value it holds where nothing of it was learned (no time
+    # rows, no allocated peaks, one device kind, ...). Every fit starts from these values
+    # (_forget), so a second fit keeps nothing of the first; feature_names_ and training_
+    # are set by every fit and absent before one.
     feature_names_: list[str]
     training_: dict[str, Any]
-    base_: CostModel | None  # the model a refit corrects (None: the analytic estimate)
-    kinds_: dict[str, CostModel]  # one model per device kind, when fitted on several
-    dispatch_: _Dispatch  # the GPU step model the time residual is learned over
-    cpu_steps_: _CpuSteps  # the CPU step model the time residual is learned over
-    # per target ("memory", "time"): the residual model; its conformal quantile, shift and
-    # achieved coverage; the rows it was calibrated on; "base" where the bound is the
-    # base's, moved; and the bounds of the groups that have their own
-    memory_model_: Any
-    memory_q_: float
-    memory_shift_: float
-    memory_coverage_: float
-    memory_cal_rows_: int
-    memory_bound_: str
-    memory_bounds_: dict[str, tuple[float, float, float]]
-    time_model_: Any
-    time_q_: float
-    time_shift_: float
-    time_coverage_: float
-    time_cal_rows_: int
-    time_bound_: str
-    time_bounds_: dict[str, tuple[float, float, float]]
-    capacity_q_: float
-    capacity_shift_: float
-    capacity_coverage_: float
-    capacity_rows_: int
-    time_measured_: dict[str, tuple[float, int]]  # a refit's measured configurations
-    # parts added to the model rather than learned by fit, which fit keeps: the graph
-    # embedding (a refit takes its base's) and the op-level time models (add_op_model)
-    graph2vec_: Any
-    op_models_: dict[str, OpTimeModel]
+    base_: CostModel | None = None
+    kinds_: Mapping[str, CostModel] = _NOTHING
+    dispatch_: _Dispatch | None = None
+    cpu_steps_: _CpuSteps | None = None
+    memory_: TargetFit | None = None
+    time_: TargetFit | None = None
+    capacity_: CapacityFit | None = None
+    time_measured_: dict[str, tuple[float, int]] | None = None
+    # parts added to the model rather than learned by fit, which fit keeps
+    graph2vec_: Any = None
+    op_models_: Mapping[str, OpTimeModel] = _NOTHING
+    # the traces kept per architecture (made on first use; a copy starts without)
+    _trace_cache: _TraceCache | None = None
 
     #: every attribute a fit learns; each fit starts without any of them
     _LEARNED: ClassVar[tuple[str, ...]] = (
@@ -372,24 +461,9 @@ class CostModel:
         "kinds_",
         "dispatch_",
         "cpu_steps_",
-        "memory_model_",
-        "memory_q_",
-        "memory_shift_",
-        "memory_coverage_",
-        "memory_cal_rows_",
-        "memory_bound_",
-        "memory_bounds_",
-        "time_model_",
-        "time_q_",
-        "time_shift_",
-        "time_coverage_",
-        "time_cal_rows_",
-        "time_bound_",
-        "time_bounds_",
-        "capacity_q_",
-        "capacity_shift_",
-        "capacity_coverage_",
-        "capacity_rows_",
+        "memory_",
+        "time_",
+        "capacity_",
         "time_measured_",
     )
     TIME_BASELINES: ClassVar[tuple[str, ...]] = ("optime", "roofline")
@@ -465,14 +539,12 @@ class CostModel:
     # -- state helpers --------------------------------------------------------------------
     @property
     def is_fitted(self) -> bool:
-        return (
-            hasattr(self, "memory_model_") or hasattr(self, "time_model_") or bool(self._by_kind())
-        )
+        """Whether a fit (or load) learned a correction of either target, here or per kind."""
+        return self.memory_ is not None or self.time_ is not None or bool(self.kinds_)
 
-    def _by_kind(self) -> dict[str, CostModel]:
-        """The per-device-kind models of a model fitted on several kinds (else empty)."""
-        subs: dict[str, CostModel] = self.__dict__.get("kinds_", {})
-        return subs
+    def _target(self, which: str) -> TargetFit | None:
+        """What this model learned of ``which`` ("memory" or "time"), or None."""
+        return self.memory_ if which == "memory" else self.time_
 
     def __getstate__(self) -> dict[str, Any]:
         # the trace cache holds a lock: a pickled (or copied) model starts with a fresh one
@@ -493,15 +565,15 @@ class CostModel:
         return new
 
     def _forget(self) -> None:
-        """Drop everything an earlier fit learned (:attr:`_LEARNED`)."""
+        """Drop everything an earlier fit learned (:attr:`_LEARNED`): each attribute
+        holds its declared nothing-learned value again."""
         for name in self._LEARNED:
-            self.__dict__.pop(name, None)
+            vars(self).pop(name, None)
 
     def _cache(self) -> _TraceCache:
-        cache = self.__dict__.get("_trace_cache")
-        if cache is None:
-            cache = self.__dict__["_trace_cache"] = _TraceCache(self.cache_size)
-        return cache
+        if self._trace_cache is None:
+            self._trace_cache = _TraceCache(self.cache_size)
+        return self._trace_cache
 
     # -- features -------------------------------------------------------------------------
     def trace(
@@ -585,7 +657,7 @@ class CostModel:
 
     def _graph_features(self, t: Trace) -> dict[str, float]:
         graph_feats = nsm_features(t)
-        g2v = self.__dict__.get("graph2vec_")
+        g2v = self.graph2vec_
         if g2v is not None:
             vec = g2v.transform([t.graph])[0]
             graph_feats.update({f"g2v_{i}": float(v) for i, v in enumerate(vec)})
@@ -609,15 +681,14 @@ class CostModel:
     def op_model(self, kind: str = "cuda") -> OpTimeModel | None:
         """The op-level time model of a device kind ("cuda" or "cpu") whose sums are
         features: this model's or its base's."""
-        m: OpTimeModel | None = self.__dict__.get("op_models_", {}).get(kind)
-        base: CostModel | None = self.__dict__.get("base_")
-        if m is None and base is not None:
-            return base.op_model(kind)
+        m = self.op_models_.get(kind)
+        if m is None and self.base_ is not None:
+            return self.base_.op_model(kind)
         return m
 
     def add_op_model(self, op_model: OpTimeModel) -> None:
         """Use ``op_model`` (fitted) for the devices of its kind: its sums become features."""
-        self.__dict__.setdefault("op_models_", {})[op_model.kind] = op_model
+        self.op_models_ = {**self.op_models_, op_model.kind: op_model}
 
     def _op_model_for(self, kind: str) -> OpTimeModel | None:
         """The op model for a device of ``kind``; without one but with another kind's, that
@@ -691,8 +762,8 @@ class CostModel:
                 )
             if "optime_ms" in feats and feats["optime_ms"] == feats["optime_ms"]:
                 basis["op_sum_time"] = feats["optime_ms"] / 1e3
-            steps = self._by_kind().get(dev.kind, self).__dict__.get("cpu_steps_")
-            if steps is not None and (stepped := steps.seconds(feats)) is not None:
+            cpu_steps = self.kinds_.get(dev.kind, self).cpu_steps_
+            if cpu_steps is not None and (stepped := cpu_steps.seconds(feats)) is not None:
                 basis["cpu_step_time"] = stepped
             basis["memory_factor"] = peak / max(est.reserved, 1)
             basis["time_factor"] = it / max(est.iteration_time, 1e-12)
@@ -788,7 +859,7 @@ class CostModel:
 
         The point is the simulated capacity (:func:`~costaware.core.allocator.min_capacity`)
         moved by the same learned correction as the reserved peak. The bound is the point
-        times the capacity quantile (:attr:`capacity_q_`: the spread of the measured
+        times the capacity quantile (:attr:`capacity_`: the spread of the measured
         allocated peaks around the simulated ones, which the capacity follows, where the
         model was fitted with it), and never above the reserved peak's own bound (no step
         needs more than its unlimited reserved peak). Without a learned model, the point
@@ -807,12 +878,11 @@ class CostModel:
     def _capacity_bound(self, kind: str | None) -> tuple[float, float] | None:
         """``(q, shift)`` of the capacity's upper bound for ``kind`` (see
         :func:`capacity_quantile`), or None where the fit had no allocated peaks."""
-        if (subs := self._by_kind()) and kind in subs:
-            return subs[kind]._capacity_bound(kind)
-        q = self.__dict__.get("capacity_q_")
-        if q is None:
+        if kind is not None and kind in self.kinds_:
+            return self.kinds_[kind]._capacity_bound(kind)
+        if self.capacity_ is None:
             return None
-        return float(q), float(self.__dict__.get("capacity_shift_", CAPACITY_SHIFT))
+        return float(self.capacity_.q), float(self.capacity_.shift)
 
     def covers(self, device: str | Device) -> bool:
         """Whether the learned part applies to ``device``: fitted on that kind (GPU or CPU).
@@ -832,17 +902,16 @@ class CostModel:
         The nominal ``coverage`` when there were enough calibration rows, lower otherwise.
         With ``kind`` ("cuda" or "cpu"), the level of that kind's own bound when it has one.
         """
-        if subs := self._by_kind():
+        if self.kinds_:
             levels = [
                 c
-                for k, sub in subs.items()
+                for k, sub in self.kinds_.items()
                 if kind in (None, k) and (c := sub.achieved_coverage(k)) is not None
             ]
             return min(levels) if levels else None
-        for which in ("memory", "time"):
-            level = self.__dict__.get(f"{which}_coverage_")
-            if level is not None:
-                return float(level)
+        for target in (self.memory_, self.time_):
+            if target is not None:
+                return float(target.coverage)
         return None
 
     def _vector(self, feats: Mapping[str, float]) -> np.ndarray:
@@ -856,9 +925,12 @@ class CostModel:
         negative, and an upper bound below its own point prediction would admit trials
         that the point prediction already puts over the budget.
         """
-        if (subs := self._by_kind()) and kind in subs:
-            return subs[kind]._q(which, kind)
-        return max(0.0, float(getattr(self, f"{which}_q_")))
+        if kind is not None and kind in self.kinds_:
+            return self.kinds_[kind]._q(which, kind)
+        target = self._target(which)
+        if target is None:
+            raise NotFittedError(f"this CostModel learned no {which} bound.")
+        return max(0.0, float(target.q))
 
     def _learned(
         self, feats: Mapping[str, float], est: _analytic.AnalyticEstimate, kind: str | None = None
@@ -869,33 +941,42 @@ class CostModel:
         this model was refitted on top of another one. A target without a learned model
         falls back to the baseline and its bound.
         """
-        if (subs := self._by_kind()) and kind in subs:
-            return subs[kind]._learned(feats, est, kind)
-        base: CostModel | None = self.__dict__.get("base_")
-        if base is not None:
-            peak, peak_hi, it, it_hi = base._learned(feats, est, kind)
+        if kind is not None and kind in self.kinds_:
+            return self.kinds_[kind]._learned(feats, est, kind)
+        if self.base_ is not None:
+            peak, peak_hi, it, it_hi = self.base_._learned(feats, est, kind)
         else:
             peak, peak_hi = float(est.reserved), float(est.reserved_upper)
-            it = self._baseline(feats, kind)[1]
+            it = self.baseline(feats, kind)[1]
             it_hi = _analytic.time_upper(it)
-        return self._corrected(feats, (peak, peak_hi, it, it_hi), kind)
+        return self.correct(feats, (peak, peak_hi, it, it_hi), kind)
 
-    def _corrected(
+    def correct(
         self,
-        feats: Mapping[str, float],
+        features: Mapping[str, float],
         baseline: tuple[float, float, float, float],
-        kind: str | None,
+        kind: str | None = None,
     ) -> tuple[float, float, float, float]:
-        """This model's corrections and bounds over ``baseline`` (peak, peak_hi, time,
-        time_hi); a target without a learned model keeps its baseline and bound."""
+        """This model's corrections and upper bounds over ``baseline``, for one feature
+        row (:meth:`features`) on a device of ``kind`` ("cuda" or "cpu").
+
+        ``baseline`` is ``(peak, peak upper, time, time upper)``: bytes and seconds.
+        Returns the same four, each target moved by its learned correction and given its
+        calibrated bound; a target without a learned correction keeps its baseline and
+        bound. :meth:`predict` corrects the analytic estimate; an evaluation on stored
+        features (``benchmarks/accuracy.py``) corrects :meth:`baseline`. A model fitted
+        on several device kinds corrects with ``kind``'s model.
+        """
+        if kind is not None and kind in self.kinds_:
+            return self.kinds_[kind].correct(features, baseline, kind)
         peak, peak_hi, it, it_hi = baseline
-        x = self._vector(feats)
+        x = self._vector(features)
         if (r := self._residual("memory", x, peak)) is not None:
             peak = peak * math.exp(r)
-            peak_hi = self._moved_or_own("memory", peak, peak_hi * math.exp(r), kind, feats)
+            peak_hi = self._moved_or_own("memory", peak, peak_hi * math.exp(r), kind, features)
         if (r := self._residual("time", x, it)) is not None:
             it = it * math.exp(r)
-            it_hi = self._moved_or_own("time", it, it_hi * math.exp(r), kind, feats)
+            it_hi = self._moved_or_own("time", it, it_hi * math.exp(r), kind, features)
         return peak, peak_hi, it, it_hi
 
     def _moved_or_own(
@@ -909,7 +990,8 @@ class CostModel:
         """The upper bound of a corrected point: this model's own, or, for a refit on too
         few measurements to calibrate one (``_MIN_BOUND_ROWS``), ``moved``: the base's
         bound times the same correction as the point."""
-        if self.__dict__.get(f"{which}_bound_") == "base":
+        target = self._target(which)
+        if target is not None and target.from_base:
             return moved
         return self._upper(which, point, kind, feats)
 
@@ -932,9 +1014,10 @@ class CostModel:
         are calibrated apart when each has the rows for it, and within each, steps under
         autocast apart from fp32 ones (``_bound_keys``).
         """
-        if (subs := self._by_kind()) and kind in subs:
-            return subs[kind]._upper(which, point, kind, feats)
-        groups: dict[str, tuple[float, float, float]] = self.__dict__.get(f"{which}_bounds_", {})
+        if kind is not None and kind in self.kinds_:
+            return self.kinds_[kind]._upper(which, point, kind, feats)
+        target = self._target(which)
+        groups = target.bounds if target is not None else _NOTHING
         found = (
             next((groups[k] for k in _bound_keys(feats) if k in groups), None)
             if feats is not None and groups
@@ -943,45 +1026,56 @@ class CostModel:
         if found is not None:
             shift, q = found[0], max(0.0, found[1])
         else:
-            shift, q = float(self.__dict__.get(f"{which}_shift_", 0.0)), self._q(which, kind)
+            shift = float(target.shift) if target is not None else 0.0
+            q = self._q(which, kind)
         return (point + shift) * math.exp(q) - shift
 
     def _residual(self, which: str, x: np.ndarray, baseline: float) -> float | None:
         """The learned log correction of ``which`` for one feature row whose baseline
         prediction is ``baseline`` (None: keep the baseline)."""
-        m = self.__dict__.get(f"{which}_model_")
-        if m is None:
+        target = self._target(which)
+        if target is None:
             return None
+        m = target.model
         if isinstance(m, _Affine):
             return m.correction(baseline)
         r = m.correction(x, baseline) if isinstance(m, _PrecisionLine) else float(m.predict(x)[0])
         return None if math.isnan(r) else r
 
-    def _baseline(self, feats: Mapping[str, float], kind: str | None) -> tuple[float, float]:
-        """The (memory, time) baseline this model's residuals are learned against, for a
-        device of ``kind``."""
-        base: CostModel | None = self.__dict__.get("base_")
-        if base is None:
-            secs = feats["analytic_time_ms"] / 1e3
-            op_sum = feats.get("optime_ms", math.nan)
-            if (cpu := self.__dict__.get("cpu_steps_")) is not None and (
-                (stepped := cpu.seconds(feats)) or 0.0
-            ) > 0:
+    def baseline(
+        self, features: Mapping[str, float], kind: str | None = None
+    ) -> tuple[float, float]:
+        """The ``(memory bytes, seconds)`` this model's corrections are learned over, for
+        one feature row (:meth:`features`) on a device of ``kind`` ("cuda" or "cpu").
+
+        The memory is the simulated reserved peak. The time is the ``time_baseline``'s:
+        the CPU step model or the GPU's op-level sum through its dispatch model where
+        the fit learned them, else the roofline. Over a ``base`` (a refit), both are the
+        base's point prediction. A model fitted on several device kinds gives
+        ``kind``'s model's.
+        """
+        if kind is not None and kind in self.kinds_:
+            return self.kinds_[kind].baseline(features, kind)
+        if self.base_ is None:
+            secs = features["analytic_time_ms"] / 1e3
+            op_sum = features.get("optime_ms", math.nan)
+            stepped = self.cpu_steps_.seconds(features) if self.cpu_steps_ is not None else None
+            if stepped is not None and stepped > 0:
                 secs = stepped  # a CPU's step model (over the roofline's parts and op sum)
             elif self.time_baseline == "optime" and op_sum > 0:
                 secs = op_sum / 1e3  # the op-level sum where there is one, else roofline
-                dispatch = self.__dict__.get("dispatch_")
-                if dispatch is not None and (issued := dispatch.seconds(feats)) is not None:
+                dispatch = self.dispatch_
+                if dispatch is not None and (issued := dispatch.seconds(features)) is not None:
                     secs = issued
-            return feats["analytic_reserved_mib"] * MiB, secs
-        return base._point(feats, kind)
+            return features["analytic_reserved_mib"] * MiB, secs
+        return self.base_._point(features, kind)
 
     def _point(self, feats: Mapping[str, float], kind: str | None) -> tuple[float, float]:
         """This model's (memory, time) point prediction on a device of ``kind``, from the
         features alone."""
-        if (subs := self._by_kind()) and kind in subs:
-            return subs[kind]._point(feats, kind)
-        mem, secs = self._baseline(feats, kind)
+        if kind is not None and kind in self.kinds_:
+            return self.kinds_[kind]._point(feats, kind)
+        mem, secs = self.baseline(feats, kind)
         x = self._vector(feats)
         if (r := self._residual("memory", x, mem)) is not None:
             mem *= math.exp(r)
@@ -1015,16 +1109,11 @@ class CostModel:
         kept, moved by the same correction as the point. A fit with a ``base`` (fitted or
         not) also keeps each configuration's measured iteration time, which
         :meth:`predict` gives for that configuration again (:meth:`measured_time`).
+
+        Every fit starts from nothing learned: what an earlier fit learned is dropped
+        first, whatever this one's observations measure.
         """
-        obs = [o if isinstance(o, Observation) else Observation.from_dict(o) for o in observations]
-        if not obs:
-            raise ValueError("fit needs at least one observation, but got none.")
-        for o in obs:
-            for name in ("analytic_reserved_mib", "analytic_time_ms"):
-                if name not in o.features:
-                    raise ValueError(
-                        f"observation features lack {name!r}; build them with CostModel.features(spec, device)."
-                    )
+        obs = _checked_observations(observations)
         if base is self:
             raise ValueError("fit's base must be another model, not the one being fitted.")
         self._forget()
@@ -1032,181 +1121,16 @@ class CostModel:
         if len(present) > 1:
             return self._fit_by_kind(obs, base, present)
         refit = base is not None  # even over an unfitted base, which is then the analytic one
-        if base is not None and not base.is_fitted:
-            base = None  # an unfitted base is the analytic estimate, the default baseline
-        if base is not None:
-            seen = {device_kind(d) for d in base.training_.get("devices", [])}
-            if not {device_kind(o.device) for o in obs} <= seen:
-                # its corrections were learned on another device kind (a GPU model under
-                # CPU trials): they would be applied where they mean nothing
-                base = None
+        base = _usable_base(base, obs)
         self.base_ = base
-        if base is not None and base.__dict__.get("graph2vec_") is not None:
+        if base is not None and base.graph2vec_ is not None:
             self.graph2vec_ = base.graph2vec_
         if base is None and self.time_baseline == "optime":
-            # the step models the time residual is learned over: a GPU's where the rows
-            # have an op-level sum, a CPU's where they are all CPU rows
-            dispatch = _Dispatch.fitted_on(
-                obs,
-                lambda o: (
-                    device_kind(o.device) == "cuda" and o.features.get("optime_ms", math.nan) > 0
-                ),
-            )
-            if dispatch is not None:
-                self.dispatch_ = dispatch
-            if all(device_kind(o.device) == "cpu" for o in obs):
-                cpu_steps = _CpuSteps.fitted_on(obs)
-                if cpu_steps is not None:
-                    self.cpu_steps_ = cpu_steps
-        names = sorted({k for o in obs for k in o.features})
-        self.feature_names_ = names
-        x_all = np.asarray(
-            [[o.features.get(n, np.nan) for n in names] for o in obs], dtype=np.float64
-        )
-        groups = np.asarray([o.family or f"row{i}" for i, o in enumerate(obs)])
-        rng = np.random.default_rng(self.random_state)
-        uniq = np.unique(groups)
-        n_cal = max(1, round(len(uniq) * self.calibration_fraction)) if len(uniq) > 1 else 0
-        cal_groups = set(rng.choice(uniq, size=n_cal, replace=False).tolist()) if n_cal else set()
-        is_cal = np.asarray([g in cal_groups for g in groups])
-        kinds = np.asarray([device_kind(o.device) for o in obs])
-
-        # every row's (memory, time) baseline, once: with a base model each is a prediction
-        baselines = np.asarray(
-            [self._baseline(o.features, k) for o, k in zip(obs, kinds)], dtype=np.float64
-        )
-
-        def target(i: int, o: Observation, which: str) -> float | None:
-            mem, secs = baselines[i]
-            if which == "memory":
-                if o.peak_memory is None or o.peak_memory <= 0 or o.status not in ("ok", None):
-                    return None
-                if benchmark_search_peak(o.features):
-                    return None
-                return math.log(o.peak_memory / mem)
-            if o.iteration_time is None or o.iteration_time <= 0:
-                return None
-            return math.log(o.iteration_time / secs)
-
-        for col, which in enumerate(("memory", "time")):
-            y = np.asarray(
-                [np.nan if (v := target(i, o, which)) is None else v for i, o in enumerate(obs)]
-            )
-            ok = ~np.isnan(y)
-            if ok.sum() < 2:
-                continue
-            if ok.sum() < SMALL_SAMPLE:
-                # memory: a line (fixed offset + factor) over the baseline; time: a line in
-                # log space per precision, a precision not measured yet keeping the
-                # baseline. Either way the bound comes from leave-one-out residuals.
-                small: Any
-                if which == "memory":
-                    bases = baselines[ok, 0]
-                    small, loo = _small_sample_affine(bases, bases * np.exp(y[ok]))
-                else:
-                    cols = _group_columns(names)
-                    log_base = np.log(np.maximum(baselines[ok, 1], 1e-12))
-                    factors, slope, loo = _small_sample_line(
-                        y[ok], log_base, _row_groups(x_all[ok], cols)
-                    )
-                    small = _PrecisionLine(factors, cols, slope)
-                if not len(loo):  # no precision measured twice: nothing to calibrate on
-                    continue
-                setattr(self, f"{which}_model_", small)
-                setattr(self, f"{which}_cal_rows_", int(ok.sum()))
-                if base is not None and len(loo) < _MIN_BOUND_ROWS:
-                    # too few residuals to calibrate a bound of its own: the base's
-                    # bound, moved by the same correction as the point (see _corrected)
-                    setattr(self, f"{which}_bound_", "base")
-                    setattr(self, f"{which}_q_", math.nan)
-                    level = base.achieved_coverage(kinds[0])
-                    setattr(self, f"{which}_coverage_", self.coverage if level is None else level)
-                    continue
-                q, level = _conformal_quantile(loo, self.coverage)
-                setattr(self, f"{which}_q_", q)
-                setattr(self, f"{which}_coverage_", level)
-                continue
-            train = ok & ~is_cal
-            cal = ok & is_cal
-            if cal.sum() < 2 or train.sum() < 3:  # too few families: hold out rows instead
-                idx = np.nonzero(ok)[0]
-                rng.shuffle(idx)
-                k = max(2, int(len(idx) * self.calibration_fraction))
-                cal = np.zeros_like(ok)
-                cal[idx[:k]] = True
-                train = ok & ~cal
-            model: Any
-            pooled = False  # one bound for every row, not one per bound group
-            one_kind = len(set(kinds[ok].tolist())) == 1
-            if which == "memory" and self.memory_model == "line" and one_kind:
-                bases = baselines[:, 0]
-                fams = np.unique(groups[ok])
-                if len(fams) >= _MIN_CV_FAMILIES:
-                    # cross-conformal by family: every family's residuals come from a line
-                    # fitted without it, and the line itself from every row. One held-out
-                    # split would calibrate on a few families, and a family's simulator
-                    # error is shared by all its rows; one pooled bound, since a group holds
-                    # too few families to calibrate its own
-                    cal, train, pooled = ok.copy(), ok.copy(), True
-                    oof = np.zeros(len(obs))
-                    for fam in fams.tolist():
-                        rest, out = ok & (groups != fam), ok & (groups == fam)
-                        line = _fit_affine(bases[rest], bases[rest] * np.exp(y[rest]))
-                        oof[out] = [line.correction(b) for b in bases[out]]
-                    model = _fit_affine(bases[ok], bases[ok] * np.exp(y[ok]))
-                    fitted = oof[cal]
-                else:
-                    model = _fit_affine(bases[train], bases[train] * np.exp(y[train]))
-                    fitted = np.asarray([model.correction(b) for b in bases[cal]])
-                fitted_train = np.asarray([model.correction(b) for b in bases[train]])
-            elif (
-                self.calibration == "cross"
-                and len(fams := np.unique(groups[ok])) >= _MIN_CV_FAMILIES
-            ):
-                # cross-conformal by family: each row's residual comes from trees fitted
-                # without its fold of families, and the trees themselves from every row (one
-                # held-out split calibrates on the few families it happens to draw, and
-                # keeps them out of the trees)
-                cal, train = ok.copy(), ok.copy()
-                oof = np.zeros(len(obs))
-                for fold in _family_folds(fams, _CV_FOLDS, rng):
-                    out = ok & np.isin(groups, fold)
-                    oof[out] = self._trees(x_all[ok & ~out], y[ok & ~out]).predict(x_all[out])
-                model = self._trees(x_all[ok], y[ok])
-                fitted = oof[cal]
-                fitted_train = model.predict(x_all[train])
-            else:
-                model = self._trees(x_all[train], y[train])
-                fitted = model.predict(x_all[cal])
-                fitted_train = model.predict(x_all[train])
-            per_row = baselines[:, col]
-            cal_rows = (per_row[cal] * np.exp(fitted), per_row[cal] * np.exp(y[cal]))
-            train_rows = (per_row[train] * np.exp(fitted_train), per_row[train] * np.exp(y[train]))
-            # the shift is chosen on rows apart from the calibration ones (chosen on the
-            # calibrating rows themselves, it fits their noise and the bound covers less);
-            # cross-conformal, every row calibrates, so the bound is a factor
-            shape = None if pooled else train_rows
-            shift, q, level = _shifted_quantile(cal_rows, shape, self.coverage)
-            setattr(self, f"{which}_shift_", shift)
-            by_group: dict[str, tuple[float, float, float]] = {}
-            for in_cal, in_train in zip(
-                _bound_groups(x_all[cal], names), _bound_groups(x_all[train], names)
-            ):  # the fine groups, then the coarse ones (see _bound_keys)
-                by_group |= {
-                    g: _shifted_quantile(
-                        (cal_rows[0][in_cal == g], cal_rows[1][in_cal == g]),
-                        (train_rows[0][in_train == g], train_rows[1][in_train == g]),
-                        self.coverage,
-                    )
-                    for g in np.unique(in_cal).tolist()
-                    if np.sum(in_cal == g) >= _MIN_GROUP_ROWS and not pooled
-                }
-            if len(by_group) > 1:
-                setattr(self, f"{which}_bounds_", by_group)
-            setattr(self, f"{which}_model_", model)
-            setattr(self, f"{which}_q_", q)
-            setattr(self, f"{which}_coverage_", level)
-            setattr(self, f"{which}_cal_rows_", int(cal.sum()))
+            self._fit_step_models(obs)
+        rows = self._fit_rows(obs)
+        self.feature_names_ = rows.names
+        self.memory_ = self._fit_target("memory", rows, base)
+        self.time_ = self._fit_target("time", rows, base)
         if not self.is_fitted:
             raise NotEnoughObservations(
                 "fit needs at least 2 observations with a measured peak memory or iteration time."
@@ -1215,17 +1139,205 @@ class CostModel:
         if refit:
             # a refit remembers what each configuration it saw measured (see predict)
             self.time_measured_ = _measured_times(obs)
-        digest = hashlib.sha1(x_all.tobytes()).hexdigest()[:16]
-        self.training_ = {
+        self.training_ = self._training_record(obs, rows.x, base)
+        return self
+
+    def _fit_step_models(self, obs: Sequence[Observation]) -> None:
+        """The step models the time residual is learned over (``time_baseline="optime"``):
+        a GPU's (:class:`_Dispatch`) where the rows have an op-level sum, a CPU's
+        (:class:`_CpuSteps`) where they are all CPU rows."""
+        self.dispatch_ = _Dispatch.fitted_on(
+            obs,
+            lambda o: device_kind(o.device) == "cuda" and o.features.get("optime_ms", math.nan) > 0,
+        )
+        if all(device_kind(o.device) == "cpu" for o in obs):
+            self.cpu_steps_ = _CpuSteps.fitted_on(obs)
+
+    def _fit_rows(self, obs: list[Observation]) -> _FitRows:
+        """The observations as the arrays a fit learns from: features, families, the
+        families held out for a split calibration (drawn from ``random_state``), device
+        kinds and each row's (memory, time) baseline (a prediction, over a base)."""
+        names = sorted({k for o in obs for k in o.features})
+        x = np.asarray([[o.features.get(n, np.nan) for n in names] for o in obs], dtype=np.float64)
+        groups = np.asarray([o.family or f"row{i}" for i, o in enumerate(obs)])
+        rng = np.random.default_rng(self.random_state)
+        uniq = np.unique(groups)
+        n_cal = max(1, round(len(uniq) * self.calibration_fraction)) if len(uniq) > 1 else 0
+        cal_groups = set(rng.choice(uniq, size=n_cal, replace=False).tolist()) if n_cal else set()
+        kinds = np.asarray([device_kind(o.device) for o in obs])
+        baselines = np.asarray(
+            [self.baseline(o.features, k) for o, k in zip(obs, kinds)], dtype=np.float64
+        )
+        return _FitRows(
+            obs=obs,
+            names=names,
+            x=x,
+            groups=groups,
+            is_cal=np.asarray([g in cal_groups for g in groups]),
+            kinds=kinds,
+            baselines=baselines,
+            rng=rng,
+        )
+
+    def _fit_target(self, which: str, rows: _FitRows, base: CostModel | None) -> TargetFit | None:
+        """What this fit learns of ``which`` ("memory" or "time"): a line with
+        leave-one-out bounds under ``SMALL_SAMPLE`` measurements of it, else the
+        ``memory_model``'s or the trees' residual model with a conformal bound; None with
+        fewer than 2 measurements (or, few, none of a precision measured twice)."""
+        y = rows.residuals(which)
+        ok = ~np.isnan(y)
+        if ok.sum() < 2:
+            return None
+        if ok.sum() < SMALL_SAMPLE:
+            return self._fit_small_sample(which, rows, y, ok, base)
+        return self._fit_calibrated(which, rows, y, ok)
+
+    def _fit_small_sample(
+        self, which: str, rows: _FitRows, y: np.ndarray, ok: np.ndarray, base: CostModel | None
+    ) -> TargetFit | None:
+        """A few measurements of ``which``: for memory a line (fixed offset + factor) over
+        the baseline, for time a line in log space per precision (a precision not measured
+        yet keeps the baseline). The bound comes from leave-one-out residuals; with fewer
+        than ``_MIN_BOUND_ROWS`` of them over a ``base``, it is the base's, moved."""
+        small: Any
+        if which == "memory":
+            bases = rows.baselines[ok, 0]
+            small, loo = _small_sample_affine(bases, bases * np.exp(y[ok]))
+        else:
+            cols = _group_columns(rows.names)
+            log_base = np.log(np.maximum(rows.baselines[ok, 1], 1e-12))
+            factors, slope, loo = _small_sample_line(y[ok], log_base, _row_groups(rows.x[ok], cols))
+            small = _PrecisionLine(factors, cols, slope)
+        if not len(loo):  # no precision measured twice: nothing to calibrate on
+            return None
+        if base is not None and len(loo) < _MIN_BOUND_ROWS:
+            # too few residuals to calibrate a bound of its own: the base's bound, moved by
+            # the same correction as the point (see correct)
+            level = base.achieved_coverage(rows.kinds[0])
+            return TargetFit(
+                small,
+                q=math.nan,
+                coverage=self.coverage if level is None else level,
+                from_base=True,
+                cal_rows=int(ok.sum()),
+            )
+        q, level = _conformal_quantile(loo, self.coverage)
+        return TargetFit(small, q=q, coverage=level, cal_rows=int(ok.sum()))
+
+    def _fit_calibrated(
+        self, which: str, rows: _FitRows, y: np.ndarray, ok: np.ndarray
+    ) -> TargetFit:
+        """The residual model of ``which`` (:meth:`_fit_residual`) and its conformal bound:
+        one over every row, and one per bound group with the rows for it (``_bound_keys``)."""
+        fitted = self._fit_residual(which, rows, y, ok)
+        cal, train = fitted.cal, fitted.train
+        per_row = rows.baselines[:, 0 if which == "memory" else 1]
+        cal_rows = (per_row[cal] * np.exp(fitted.cal_pred), per_row[cal] * np.exp(y[cal]))
+        train_rows = (per_row[train] * np.exp(fitted.train_pred), per_row[train] * np.exp(y[train]))
+        # the shift is chosen on rows apart from the calibration ones (chosen on the
+        # calibrating rows themselves, it fits their noise and the bound covers less);
+        # cross-conformal, every row calibrates, so the bound is a factor
+        shape = None if fitted.pooled else train_rows
+        shift, q, level = _shifted_quantile(cal_rows, shape, self.coverage)
+        by_group = (
+            {}
+            if fitted.pooled
+            else _group_bounds(
+                _bound_groups(rows.x[cal], rows.names),
+                _bound_groups(rows.x[train], rows.names),
+                cal_rows,
+                train_rows,
+                self.coverage,
+            )
+        )
+        return TargetFit(
+            fitted.model,
+            q=q,
+            coverage=level,
+            shift=shift,
+            bounds=by_group if len(by_group) > 1 else {},
+            cal_rows=int(cal.sum()),
+        )
+
+    def _fit_residual(self, which: str, rows: _FitRows, y: np.ndarray, ok: np.ndarray) -> _Residual:
+        """The residual model of ``which`` on the measured rows ``ok``, and the predictions
+        its bound is calibrated on.
+
+        Memory with ``memory_model="line"``: a Theil-Sen line over the baseline,
+        cross-conformal by family where there are ``_MIN_CV_FAMILIES`` families (one
+        pooled bound), else calibrated on the held-out families. Otherwise trees,
+        cross-conformal by family with ``calibration="cross"`` and enough families, else
+        on one held-out split (of rows, where too few families were held out).
+        """
+        train = ok & ~rows.is_cal
+        cal = ok & rows.is_cal
+        if cal.sum() < 2 or train.sum() < 3:  # too few families: hold out rows instead
+            idx = np.nonzero(ok)[0]
+            rows.rng.shuffle(idx)
+            k = max(2, int(len(idx) * self.calibration_fraction))
+            cal = np.zeros_like(ok)
+            cal[idx[:k]] = True
+            train = ok & ~cal
+        model: Any
+        pooled = False  # one bound for every row, not one per bound group
+        groups, x = rows.groups, rows.x
+        one_kind = len(set(rows.kinds[ok].tolist())) == 1
+        if which == "memory" and self.memory_model == "line" and one_kind:
+            bases = rows.baselines[:, 0]
+            fams = np.unique(groups[ok])
+            if len(fams) >= _MIN_CV_FAMILIES:
+                # cross-conformal by family: every family's residuals come from a line
+                # fitted without it, and the line itself from every row. One held-out
+                # split would calibrate on a few families, and a family's simulator
+                # error is shared by all its rows; one pooled bound, since a group holds
+                # too few families to calibrate its own
+                cal, train, pooled = ok.copy(), ok.copy(), True
+                oof = np.zeros(len(rows.obs))
+                for fam in fams.tolist():
+                    rest, out = ok & (groups != fam), ok & (groups == fam)
+                    line = _fit_affine(bases[rest], bases[rest] * np.exp(y[rest]))
+                    oof[out] = [line.correction(b) for b in bases[out]]
+                model = _fit_affine(bases[ok], bases[ok] * np.exp(y[ok]))
+                cal_pred = oof[cal]
+            else:
+                model = _fit_affine(bases[train], bases[train] * np.exp(y[train]))
+                cal_pred = np.asarray([model.correction(b) for b in bases[cal]])
+            train_pred = np.asarray([model.correction(b) for b in bases[train]])
+        elif self.calibration == "cross" and len(fams := np.unique(groups[ok])) >= _MIN_CV_FAMILIES:
+            # cross-conformal by family: each row's residual comes from trees fitted
+            # without its fold of families, and the trees themselves from every row (one
+            # held-out split calibrates on the few families it happens to draw, and
+            # keeps them out of the trees)
+            cal, train = ok.copy(), ok.copy()
+            oof = np.zeros(len(rows.obs))
+            for fold in _family_folds(fams, _CV_FOLDS, rows.rng):
+                out = ok & np.isin(groups, fold)
+                oof[out] = self._trees(x[ok & ~out], y[ok & ~out]).predict(x[out])
+            model = self._trees(x[ok], y[ok])
+            cal_pred = oof[cal]
+            train_pred = model.predict(x[train])
+        else:
+            model = self._trees(x[train], y[train])
+            cal_pred = model.predict(x[cal])
+            train_pred = model.predict(x[train])
+        return _Residual(model, cal, train, cal_pred, train_pred, pooled)
+
+    def _training_record(
+        self, obs: Sequence[Observation], x: np.ndarray, base: CostModel | None
+    ) -> dict[str, Any]:
+        """What this fit was fitted on (``training_``): rows, devices, families, when, a
+        hash of the feature matrix ``x``, the rows each bound was calibrated on, and the
+        base's record."""
+        targets = {"memory": self.memory_, "time": self.time_}
+        return {
             "rows": len(obs),
             "devices": sorted({o.device for o in obs}),
             "families": sorted({o.family for o in obs if o.family}),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "data_hash": digest,
-            "calibration": {w: getattr(self, f"{w}_cal_rows_", 0) for w in ("memory", "time")},
+            "data_hash": hashlib.sha1(x.tobytes()).hexdigest()[:16],
+            "calibration": {w: 0 if t is None else t.cal_rows for w, t in targets.items()},
             "base": None if base is None else base.training_,
         }
-        return self
 
     def _fit_capacity(self, obs: Sequence[Observation]) -> None:
         """The capacity bound (:func:`capacity_quantile`) from the observations with a
@@ -1242,9 +1354,10 @@ class CostModel:
             pairs.append((simulated * point / max(reserved, 1.0), o.peak_allocated))
         found = capacity_quantile(pairs)
         if found is not None:
-            self.capacity_q_, self.capacity_coverage_ = found
-            self.capacity_shift_ = float(CAPACITY_SHIFT)
-            self.capacity_rows_ = len(pairs)
+            q, coverage = found
+            self.capacity_ = CapacityFit(
+                q=q, shift=float(CAPACITY_SHIFT), coverage=coverage, rows=len(pairs)
+            )
 
     def measured_time(self, feats: Mapping[str, float], device: str) -> tuple[float, int] | None:
         """(median seconds, trials) of the iteration time this refit measured for the
@@ -1255,8 +1368,7 @@ class CostModel:
         learning rates, which do not change what a step costs, so a repeat is best predicted
         by its earlier measurements (``docs/predictions.md``, "Online refit", measures how
         much). Only a refit (a model fitted over a ``base``) keeps them."""
-        sub = self._by_kind().get(device_kind(device), self)
-        measured: dict[str, tuple[float, int]] | None = sub.__dict__.get("time_measured_")
+        measured = self.kinds_.get(device_kind(device), self).time_measured_
         if not measured:
             return None
         return measured.get(repeat_key(feats, device))

@@ -12,12 +12,13 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from costaware.core.conformal import CAPACITY_COVERAGE, CAPACITY_SHIFT
 from costaware.core.features import FEATURE_VERSION
+from costaware.core.learned import CapacityFit, TargetFit
 from costaware.core.optime import OpTimeModel
 from costaware.core.residuals import _Affine, _Constant, _group_columns, _PrecisionLine
 from costaware.core.step_models import _CpuSteps, _Dispatch
@@ -50,12 +51,11 @@ def save_model(model: CostModel, path: str | os.PathLike[str]) -> Path:
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     files = {}
-    for which in ("memory", "time"):
-        m = model.__dict__.get(f"{which}_model_")
-        level = model.__dict__.get(f"{which}_coverage_", model.coverage)
-        if m is None:
+    for which, target in (("memory", model.memory_), ("time", model.time_)):
+        if target is None:
             (out / f"{which}.cbm").unlink(missing_ok=True)
             continue
+        m = target.model
         entry: dict[str, Any]
         if isinstance(m, _Affine):
             entry = {"affine": {"intercept": m.intercept, "slope": m.slope}}
@@ -68,26 +68,26 @@ def save_model(model: CostModel, path: str | os.PathLike[str]) -> Path:
             entry = {"file": f"{which}.cbm"}
         if "file" not in entry:  # no trees: a stale .cbm of an earlier fit must not linger
             (out / f"{which}.cbm").unlink(missing_ok=True)
-        from_base = model.__dict__.get(f"{which}_bound_") == "base"
-        entry["conformal_quantile"] = None if from_base else getattr(model, f"{which}_q_")
-        if from_base:
+        entry["conformal_quantile"] = None if target.from_base else target.q
+        if target.from_base:
             entry["bound"] = "base"
-        entry["shift"] = float(model.__dict__.get(f"{which}_shift_", 0.0))
-        if bounds := model.__dict__.get(f"{which}_bounds_"):
+        entry["shift"] = float(target.shift)
+        if target.bounds:
             entry["bounds_by_group"] = {
-                g: {"shift": b[0], "quantile": b[1], "coverage": b[2]} for g, b in bounds.items()
+                g: {"shift": b[0], "quantile": b[1], "coverage": b[2]}
+                for g, b in target.bounds.items()
             }
-        entry["coverage"] = level
+        entry["coverage"] = target.coverage
         files[which] = entry
-    for kind, sub in model._by_kind().items():
+    for kind, sub in model.kinds_.items():
         sub.save(out / kind)
-    g2v = model.__dict__.get("graph2vec_")
+    g2v = model.graph2vec_
     if g2v is not None:
         g2v.save(out / "graph2vec")
-    base = model.__dict__.get("base_")
+    base = model.base_
     if base is not None:
         base.save(out / "base")
-    for kind, op_model in sorted(model.__dict__.get("op_models_", {}).items()):
+    for kind, op_model in sorted(model.op_models_.items()):
         # a GPU's is "op_time" in optime.cbm, as before there were CPU op models
         key, name = (
             ("op_time", "optime") if kind == "cuda" else (f"op_time_{kind}", f"optime-{kind}")
@@ -101,22 +101,22 @@ def save_model(model: CostModel, path: str | os.PathLike[str]) -> Path:
         "models": files,
         "graph2vec": g2v is not None,
         "base": base is not None,
-        "kinds": sorted(model._by_kind()),
-        "dispatch": asdict(d) if (d := model.__dict__.get("dispatch_")) is not None else None,
-        "cpu_steps": asdict(c) if (c := model.__dict__.get("cpu_steps_")) is not None else None,
+        "kinds": sorted(model.kinds_),
+        "dispatch": asdict(d) if (d := model.dispatch_) is not None else None,
+        "cpu_steps": asdict(c) if (c := model.cpu_steps_) is not None else None,
         "capacity": (
             {
-                "quantile": float(model.capacity_q_),
-                "shift": float(model.__dict__.get("capacity_shift_", CAPACITY_SHIFT)),
-                "coverage": float(model.__dict__.get("capacity_coverage_", CAPACITY_COVERAGE)),
-                "rows": int(model.__dict__.get("capacity_rows_", 0)),
+                "quantile": float(cap.q),
+                "shift": float(cap.shift),
+                "coverage": float(cap.coverage),
+                "rows": int(cap.rows),
             }
-            if model.__dict__.get("capacity_q_") is not None
+            if (cap := model.capacity_) is not None
             else None
         ),
         "training": model.training_,
     }
-    if (measured := model.__dict__.get("time_measured_")) is not None:
+    if (measured := model.time_measured_) is not None:
         manifest["time_measured"] = measured
     # every file load reads from this level, verified before anything parses it: the
     # .cbm files (a damaged one can crash CatBoost), graph2vec's, and the per-kind and
@@ -126,7 +126,7 @@ def save_model(model: CostModel, path: str | os.PathLike[str]) -> Path:
         from costaware.core.graph2vec import ARRAYS_NAME, JSON_NAME
 
         listed += [f"graph2vec/{JSON_NAME}", f"graph2vec/{ARRAYS_NAME}"]
-    listed += [f"{k}/{MANIFEST}" for k in sorted(model._by_kind())]
+    listed += [f"{k}/{MANIFEST}" for k in sorted(model.kinds_)]
     if base is not None:
         listed.append(f"base/{MANIFEST}")
     manifest["sha256"] = {name: _sha256(out / name) for name in sorted(listed)}
@@ -140,37 +140,9 @@ def read_model(
     """The model of class ``cls`` saved in ``root`` (:meth:`CostModel.load
     <costaware.CostModel.load>`), a part (per-kind, base) of the models in ``seen``
     (their resolved folders), adding the folders without checksums to ``unverified``."""
-    from catboost import CatBoostError, CatBoostRegressor
-
     mpath = root / MANIFEST
-    if not mpath.is_file():
-        raise FileNotFoundError(f"no {MANIFEST} in {root}: not a saved CostModel directory.")
-    here = root.resolve()
-    if here in seen:
-        raise CostawareError(
-            f"{seen[-1] / MANIFEST} lists a part at {root}, which is {here}: the model "
-            "itself or a folder it is in. A saved model's 'kinds' and 'base' name "
-            "sub-folders of it; this manifest is malformed."
-        )
-    if len(seen) >= _MAX_NESTING:
-        raise CostawareError(
-            f"{mpath} is nested {len(seen)} parts deep (kinds, bases), more than any "
-            f"saved model has ({_MAX_NESTING}); its manifests are malformed."
-        )
-    try:
-        manifest = json.loads(mpath.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise CostawareError(f"{mpath} is not valid JSON ({e}): the model is damaged.") from e
-    if not isinstance(manifest, dict):
-        raise CostawareError(
-            f"{mpath} holds a JSON {type(manifest).__name__}, but a CostModel manifest "
-            "is an object; the model is damaged."
-        )
-    if manifest.get("feature_version") != FEATURE_VERSION:
-        raise CostawareError(
-            f"the model at {root} uses feature version {manifest.get('feature_version')!r}, "
-            f"but this costaware computes version {FEATURE_VERSION!r}; refit it with `costaware fit`."
-        )
+    here = _part_folder(root, seen)
+    manifest = _manifest(root)
     sums = manifest.get("sha256")
     if sums is None:
         unverified.append(root)
@@ -191,9 +163,82 @@ def read_model(
             f"sub-folder of the model), but got {str(kinds)[:120]}; the manifest is "
             "malformed."
         )
+    read = _verified_reader(root, sums)
+    try:
+        model = cls(**manifest["params"])
+        model.feature_names_ = [str(n) for n in manifest["feature_names"]]
+        model.training_ = dict(manifest.get("training") or {})
+        for which, info in dict(manifest["models"]).items():
+            if which.startswith("op_time"):
+                read(info["file"])  # verified here, then read by OpTimeModel.load
+                model.add_op_model(OpTimeModel.load(root, info))
+                continue
+            target = _target_fit(info, model, root, read)
+            if which == "memory":
+                model.memory_ = target
+            elif which == "time":
+                model.time_ = target
+        _read_parts(model, manifest, kinds, root, (*seen, here), read, unverified)
+    except (CostawareError, OSError):
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise CostawareError(
+            f"{mpath} is not a CostModel manifest this costaware can read "
+            f"({first_line(e)}); the model is damaged or malformed."
+        ) from e
+    return model
+
+
+def _part_folder(root: Path, seen: tuple[Path, ...]) -> Path:
+    """The resolved folder of the model saved in ``root``, checked to hold a manifest and
+    to be no folder of the models ``seen`` (a part naming its own model, or a folder above
+    it, would be read for ever) nor nested deeper than any saved model."""
+    mpath = root / MANIFEST
+    if not mpath.is_file():
+        raise FileNotFoundError(f"no {MANIFEST} in {root}: not a saved CostModel directory.")
+    here = root.resolve()
+    if here in seen:
+        raise CostawareError(
+            f"{seen[-1] / MANIFEST} lists a part at {root}, which is {here}: the model "
+            "itself or a folder it is in. A saved model's 'kinds' and 'base' name "
+            "sub-folders of it; this manifest is malformed."
+        )
+    if len(seen) >= _MAX_NESTING:
+        raise CostawareError(
+            f"{mpath} is nested {len(seen)} parts deep (kinds, bases), more than any "
+            f"saved model has ({_MAX_NESTING}); its manifests are malformed."
+        )
+    return here
+
+
+def _manifest(root: Path) -> dict[str, Any]:
+    """The manifest in ``root``: a JSON object written for this costaware's feature
+    version."""
+    mpath = root / MANIFEST
+    try:
+        manifest = json.loads(mpath.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise CostawareError(f"{mpath} is not valid JSON ({e}): the model is damaged.") from e
+    if not isinstance(manifest, dict):
+        raise CostawareError(
+            f"{mpath} holds a JSON {type(manifest).__name__}, but a CostModel manifest "
+            "is an object; the model is damaged."
+        )
+    if manifest.get("feature_version") != FEATURE_VERSION:
+        raise CostawareError(
+            f"the model at {root} uses feature version {manifest.get('feature_version')!r}, "
+            f"but this costaware computes version {FEATURE_VERSION!r}; refit it with `costaware fit`."
+        )
+    return manifest
+
+
+def _verified_reader(root: Path, sums: dict[str, str] | None) -> Callable[[Any], bytes]:
+    """A reader of the files of the model in ``root``: the bytes of a file its manifest
+    lists, verified against the manifest's checksums ``sums`` (None: unverified) before
+    anything parses them."""
+    mpath = root / MANIFEST
 
     def read(name: Any) -> bytes:
-        """The bytes of ``name`` (a file of this model), verified against ``sums``."""
         if not isinstance(name, str) or not _part_name(name):
             raise CostawareError(
                 f"{mpath} lists the file {name!r}, but a saved model's files are plain "
@@ -217,85 +262,88 @@ def read_model(
                 )
         return data
 
-    try:
-        model = cls(**manifest["params"])
-        model.feature_names_ = [str(n) for n in manifest["feature_names"]]
-        model.training_ = dict(manifest.get("training") or {})
-        for which, info in dict(manifest["models"]).items():
-            m: Any
-            if which.startswith("op_time"):
-                read(info["file"])  # verified here, then read by OpTimeModel.load
-                model.add_op_model(OpTimeModel.load(root, info))
-                continue
-            if "affine" in info:
-                m = _Affine(float(info["affine"]["intercept"]), float(info["affine"]["slope"]))
-            elif "by_precision" in info:
-                m = _PrecisionLine(
-                    {str(g): float(v) for g, v in info["by_precision"].items()},
-                    _group_columns(model.feature_names_),
-                    float(info.get("log_slope", 0.0)),
-                )
-            elif "constant" in info:
-                m = _Constant(float(info["constant"]))
-            else:
-                blob = read(info["file"])
-                m = CatBoostRegressor()
-                try:
-                    m.load_model(blob=blob)
-                except CatBoostError as e:
-                    raise CostawareError(
-                        f"CatBoost could not read {root / info['file']}: {first_line(e)}"
-                    ) from e
-            setattr(model, f"{which}_model_", m)
-            q = info["conformal_quantile"]
-            setattr(model, f"{which}_q_", math.nan if q is None else float(q))
-            if info.get("bound") == "base":
-                setattr(model, f"{which}_bound_", "base")
-            setattr(model, f"{which}_shift_", float(info.get("shift", 0.0)))
-            if bounds := info.get("bounds_by_group"):
-                setattr(
-                    model,
-                    f"{which}_bounds_",
-                    {
-                        str(g): (float(b["shift"]), float(b["quantile"]), float(b["coverage"]))
-                        for g, b in bounds.items()
-                    },
-                )
-            setattr(model, f"{which}_coverage_", float(info.get("coverage", model.coverage)))
-        parts = (*seen, here)
-        model.base_ = None
-        if manifest.get("base"):
-            read(f"base/{MANIFEST}")
-            model.base_ = read_model(cls, root / "base", parts, unverified)
-        if manifest.get("dispatch"):
-            model.dispatch_ = _Dispatch(**manifest["dispatch"])
-        if manifest.get("cpu_steps"):
-            model.cpu_steps_ = _CpuSteps(**manifest["cpu_steps"])
-        if capacity := manifest.get("capacity"):
-            model.capacity_q_ = float(capacity["quantile"])
-            model.capacity_shift_ = float(capacity["shift"])
-            model.capacity_coverage_ = float(capacity["coverage"])
-            model.capacity_rows_ = int(capacity.get("rows", 0))
-        if (measured := manifest.get("time_measured")) is not None:
-            model.time_measured_ = {str(k): (float(v[0]), int(v[1])) for k, v in measured.items()}
-        if kinds:
-            for k in kinds:
-                read(f"{k}/{MANIFEST}")
-            model.kinds_ = {k: read_model(cls, root / k, parts, unverified) for k in kinds}
-        if manifest.get("graph2vec"):
-            from costaware.core.graph2vec import ARRAYS_NAME, JSON_NAME, Graph2Vec
+    return read
 
-            read(f"graph2vec/{JSON_NAME}")
-            read(f"graph2vec/{ARRAYS_NAME}")
-            model.graph2vec_ = Graph2Vec.load(root / "graph2vec")
-    except (CostawareError, OSError):
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-        raise CostawareError(
-            f"{mpath} is not a CostModel manifest this costaware can read "
-            f"({first_line(e)}); the model is damaged or malformed."
-        ) from e
-    return model
+
+def _target_fit(
+    info: dict[str, Any], model: CostModel, root: Path, read: Callable[[Any], bytes]
+) -> TargetFit:
+    """A target's residual model and bound as its manifest entry ``info`` records them
+    (trees in a verified ``.cbm`` file, or a line, per-precision factors or a constant)."""
+    from catboost import CatBoostError, CatBoostRegressor
+
+    m: Any
+    if "affine" in info:
+        m = _Affine(float(info["affine"]["intercept"]), float(info["affine"]["slope"]))
+    elif "by_precision" in info:
+        m = _PrecisionLine(
+            {str(g): float(v) for g, v in info["by_precision"].items()},
+            _group_columns(model.feature_names_),
+            float(info.get("log_slope", 0.0)),
+        )
+    elif "constant" in info:
+        m = _Constant(float(info["constant"]))
+    else:
+        blob = read(info["file"])
+        m = CatBoostRegressor()
+        try:
+            m.load_model(blob=blob)
+        except CatBoostError as e:
+            raise CostawareError(
+                f"CatBoost could not read {root / info['file']}: {first_line(e)}"
+            ) from e
+    q = info["conformal_quantile"]
+    q = math.nan if q is None else float(q)
+    from_base = info.get("bound") == "base"
+    shift = float(info.get("shift", 0.0))
+    bounds = {
+        str(g): (float(b["shift"]), float(b["quantile"]), float(b["coverage"]))
+        for g, b in (info.get("bounds_by_group") or {}).items()
+    }
+    coverage = float(info.get("coverage", model.coverage))
+    return TargetFit(m, q=q, coverage=coverage, shift=shift, bounds=bounds, from_base=from_base)
+
+
+def _read_parts(
+    model: CostModel,
+    manifest: dict[str, Any],
+    kinds: list[str],
+    root: Path,
+    parts: tuple[Path, ...],
+    read: Callable[[Any], bytes],
+    unverified: list[Path],
+) -> None:
+    """The rest of ``model`` as ``manifest`` records it: its base and per-kind models
+    (read from their sub-folders of ``root``, below the models in ``parts``), step
+    models, capacity bound, a refit's measured times and the graph embedding."""
+    cls = type(model)
+    model.base_ = None
+    if manifest.get("base"):
+        read(f"base/{MANIFEST}")
+        model.base_ = read_model(cls, root / "base", parts, unverified)
+    if manifest.get("dispatch"):
+        model.dispatch_ = _Dispatch(**manifest["dispatch"])
+    if manifest.get("cpu_steps"):
+        model.cpu_steps_ = _CpuSteps(**manifest["cpu_steps"])
+    if capacity := manifest.get("capacity"):
+        model.capacity_ = CapacityFit(
+            q=float(capacity["quantile"]),
+            shift=float(capacity["shift"]),
+            coverage=float(capacity["coverage"]),
+            rows=int(capacity.get("rows", 0)),
+        )
+    if (measured := manifest.get("time_measured")) is not None:
+        model.time_measured_ = {str(k): (float(v[0]), int(v[1])) for k, v in measured.items()}
+    if kinds:
+        for k in kinds:
+            read(f"{k}/{MANIFEST}")
+        model.kinds_ = {k: read_model(cls, root / k, parts, unverified) for k in kinds}
+    if manifest.get("graph2vec"):
+        from costaware.core.graph2vec import ARRAYS_NAME, JSON_NAME, Graph2Vec
+
+        read(f"graph2vec/{JSON_NAME}")
+        read(f"graph2vec/{ARRAYS_NAME}")
+        model.graph2vec_ = Graph2Vec.load(root / "graph2vec")
 
 
 def _sha256(path: Path) -> str:
