@@ -47,7 +47,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -542,14 +542,7 @@ def _search(
         runs += 1
         last = row
         if not args.quiet:
-            print(
-                f"[oomprobe] {cfg.family:<18} cap {cap / GiB:5.1f} GiB  "
-                f"batch {row['batch_size']:>6}  {row['status']:<7} "
-                f"alloc {(row.get('max_allocated') or 0) / GiB:6.2f}  "
-                f"reserved {(row.get('max_reserved') or 0) / GiB:6.2f} GiB  "
-                f"retries {row.get('num_alloc_retries', '-')}",
-                flush=True,
-            )
+            print(_run_line(cfg, cap, row), flush=True)
     timed_out = deadline is not None and time.monotonic() > deadline
     if last and not timed_out:
         append_row(
@@ -566,6 +559,18 @@ def _search(
     models[cfg.id] = prober.release()
     del prober
     return runs, searched
+
+
+def _run_line(cfg: Config, cap: int, row: Mapping[str, Any]) -> str:
+    """One run's progress line: the family, cap and batch size, whether it fitted, and
+    the allocator's peaks and retries under the cap."""
+    return (
+        f"[oomprobe] {cfg.family:<18} cap {cap / GiB:5.1f} GiB  "
+        f"batch {row['batch_size']:>6}  {row['status']:<7} "
+        f"alloc {(row.get('max_allocated') or 0) / GiB:6.2f}  "
+        f"reserved {(row.get('max_reserved') or 0) / GiB:6.2f} GiB  "
+        f"retries {row.get('num_alloc_retries', '-')}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
