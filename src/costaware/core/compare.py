@@ -648,9 +648,10 @@ class _BatchSearch:
         return None
 
     def climb(self) -> tuple[int, int | None]:
-        """From the starting size up, in steps that double while admitted, until a size
-        is rejected or the search limit is admitted: (the largest size admitted, 0 for
-        none; the smallest rejected, None for none)."""
+        """From the starting size up, to where the need line meets the memory (else
+        twice the size) but at least a step that doubles while admitted, until a size is
+        rejected or the search limit is admitted: (the largest size admitted, 0 for none;
+        the smallest rejected, None for none)."""
         lo, hi = 0, None
         if self.admit(self.start):
             lo = self.start
@@ -669,8 +670,9 @@ class _BatchSearch:
         return lo, hi
 
     def descend(self, hi: int) -> tuple[int, int]:
-        """From a rejected size down, in steps that double while rejected, until a size
-        is admitted: (that size, 0 where even a batch of 1 is rejected; the smallest size
+        """From a rejected size down, to where the need line meets the memory (else
+        half the size) but at least a step that doubles while rejected, until a size is
+        admitted: (that size, 0 where even a batch of 1 is rejected; the smallest size
         rejected)."""
         step = 1
         while True:  # below every size rejected so far
