@@ -398,6 +398,34 @@ def compare(
     t0 = time.perf_counter()
     if not isinstance(spec, TrainingSpec):
         raise CompareError(f"compare expects a TrainingSpec, but got {type(spec).__name__}.")
+    chosen = _chosen_devices(devices, extra_devices)
+    prices = _device_prices(chosen, price_per_hour, currency, default_prices)
+    sort = sort if sort is not None else ("cost" if prices else "time")
+    _sort_key(sort)  # an unknown key fails before the predictions
+    judge = budget if budget is not None else Budget()
+    seen = tuple(model.training_.get("devices", [])) if model.is_fitted else ()
+    options: list[DeviceOption] = []
+    needs: list[tuple[str, int, float]] = []  # (device, batch size, memory need) so far
+    for dev in chosen.values():
+        if on_device is not None:
+            on_device(dev.name)
+        options.append(
+            _device_option(model, spec, dev, judge, prices.get(dev.name), limit, needs, seen)
+        )
+    if not any(o.max_batch for o in options):
+        raise NothingFitsError(_nothing_fits(options))
+    result = _comparison(spec, options, sort=sort, currency=currency, measured_on=seen)
+    return dataclasses.replace(
+        result, options=tuple(result.sorted()), elapsed_s=time.perf_counter() - t0
+    )
+
+
+def _chosen_devices(
+    devices: Iterable[str | Device] | None, extra_devices: Sequence[Device]
+) -> dict[str, Device]:
+    """The devices to compare, by name, in the order given, each once: the catalog's GPUs
+    and ``extra_devices`` when ``devices`` is None, else each name resolved against the
+    catalog and ``extra_devices``."""
     extra = list(extra_devices)
     if devices is None:
         wanted: list[Device] = [*_catalog_gpus(), *extra]
@@ -410,55 +438,77 @@ def compare(
         chosen.setdefault(d.name, d)
     if not chosen:
         raise CompareError("no devices to compare: give at least one device name.")
+    return chosen
+
+
+def _device_prices(
+    chosen: Mapping[str, Device], price_per_hour: Prices, currency: str, default_prices: bool
+) -> dict[str, tuple[float, str]]:
+    """Each device's price per hour and where it comes from (``"given"``, or the
+    :data:`DEFAULT_PRICES` source); a device with neither is left out. The default prices
+    are US dollars, so they apply only with ``currency="$"``."""
     given = _prices(price_per_hour, list(chosen.values()))
-    prices: dict[str, float] = {}
-    price_sources: dict[str, str] = {}
+    prices: dict[str, tuple[float, str]] = {}
     for name in chosen:
         if name in given:
-            prices[name], price_sources[name] = given[name], "given"
+            prices[name] = (given[name], "given")
         elif default_prices and currency == "$" and name in DEFAULT_PRICES:
-            prices[name], price_sources[name] = DEFAULT_PRICES[name]
-    sort = sort if sort is not None else ("cost" if prices else "time")
-    _sort_key(sort)  # an unknown key fails before the predictions
-    judge = budget if budget is not None else Budget()
-    seen = tuple(model.training_.get("devices", [])) if model.is_fitted else ()
+            prices[name] = DEFAULT_PRICES[name]
+    return prices
 
-    options: list[DeviceOption] = []
-    needs: list[tuple[str, int, float]] = []  # (device, batch size, memory need) so far
-    for dev in chosen.values():
-        if on_device is not None:
-            on_device(dev.name)
-        price = prices.get(dev.name)
-        dev_judge = judge
-        if judge.max_cost is not None and price:
-            dev_judge = dataclasses.replace(judge, price_per_hour=price)
-        pred = model.predict(spec, dev)
-        decision = dev_judge.decide(pred, device=dev)
-        found = _largest_batch(model, spec, dev, dev_judge, limit, pred, decision, needs)
-        options.append(
-            DeviceOption(
-                device=dev.name,
-                fits=decision.admit,
-                reasons=tuple(r.message for r in decision.reasons),
-                max_batch=found.batch_size,
-                max_batch_limited_by=found.limited_by,
-                iteration_time=pred.iteration_time,
-                iteration_time_upper=pred.iteration_time_upper,
-                epoch_time=pred.epoch_time,
-                epoch_time_upper=pred.epoch_time_upper,
-                memory_need=int(pred.min_capacity_upper + dev.context_overhead_bytes),
-                memory_usable=int(dev.memory_bytes),
-                price_per_hour=price,
-                price_source=price_sources.get(dev.name),
-                measured=dev.name in seen,
-                notes=tuple(pred.notes),
-                prediction=pred,
-                decision=decision,
-                batch_search=found,
-            )
-        )
-    if not any(o.max_batch for o in options):
-        raise NothingFitsError(_nothing_fits(options))
+
+def _device_option(
+    model: CostModel,
+    spec: TrainingSpec,
+    dev: Device,
+    judge: Budget,
+    priced: tuple[float, str] | None,
+    limit: int,
+    needs: list[tuple[str, int, float]],
+    measured_on: tuple[str, ...],
+) -> DeviceOption:
+    """One device's row: the prediction at the spec's batch size, the budget's decision
+    on it (a ``max_cost`` judged at this device's price), and the largest batch size
+    admitted. ``needs`` collects the memory needs predicted across the devices, which
+    steer the next device's batch search."""
+    price, price_source = priced if priced is not None else (None, None)
+    if judge.max_cost is not None and price:
+        judge = dataclasses.replace(judge, price_per_hour=price)
+    pred = model.predict(spec, dev)
+    decision = judge.decide(pred, device=dev)
+    found = _largest_batch(model, spec, dev, judge, limit, pred, decision, needs)
+    return DeviceOption(
+        device=dev.name,
+        fits=decision.admit,
+        reasons=tuple(r.message for r in decision.reasons),
+        max_batch=found.batch_size,
+        max_batch_limited_by=found.limited_by,
+        iteration_time=pred.iteration_time,
+        iteration_time_upper=pred.iteration_time_upper,
+        epoch_time=pred.epoch_time,
+        epoch_time_upper=pred.epoch_time_upper,
+        memory_need=int(pred.min_capacity_upper + dev.context_overhead_bytes),
+        memory_usable=int(dev.memory_bytes),
+        price_per_hour=price,
+        price_source=price_source,
+        measured=dev.name in measured_on,
+        notes=tuple(pred.notes),
+        prediction=pred,
+        decision=decision,
+        batch_search=found,
+    )
+
+
+def _comparison(
+    spec: TrainingSpec,
+    options: Sequence[DeviceOption],
+    *,
+    sort: str,
+    currency: str,
+    measured_on: tuple[str, ...],
+) -> Comparison:
+    """The comparison of ``options``: a note every device shares is said once, for the
+    whole comparison, and left out of each device's own notes."""
     common = set.intersection(*(set(o.notes) for o in options))
     options = [
         dataclasses.replace(o, notes=tuple(n for n in o.notes if n not in common)) for o in options
@@ -466,17 +516,14 @@ def compare(
     first_notes = options[0].prediction.notes if options[0].prediction is not None else ()
     summary = spec.summary()
     summary["steps_per_epoch"] = spec.steps_per_epoch
-    result = Comparison(
+    return Comparison(
         spec=summary,
         options=tuple(options),
         sort=sort,
         currency=currency,
-        measured_on=seen,
+        measured_on=measured_on,
         notes=tuple(n for n in first_notes if n in common),
         elapsed_s=0.0,
-    )
-    return dataclasses.replace(
-        result, options=tuple(result.sorted()), elapsed_s=time.perf_counter() - t0
     )
 
 
@@ -504,106 +551,170 @@ def _largest_batch(
     allocator rounds), so the two may stop a size or two apart. ``needs`` collects
     (device, batch size, memory need) across the devices of one comparison.
     """
-    seen: dict[int, tuple[Prediction, Decision]] = {}
-    start = max(1, min(spec.batch_size, limit))
-    target = float(dev.usable_memory_bytes)
+    search = _BatchSearch(model, spec, dev, judge, limit, pred0, decision0, needs)
+    lo, hi = search.climb()
+    if hi is None:
+        return search.result(lo, None, "search limit")
+    if lo == 0:
+        lo, hi = search.descend(hi)
+        if lo == 0:
+            return search.result(0, None, "nothing fits")
+    return search.narrow(lo, hi)
 
-    def admit(b: int) -> bool:
-        if b not in seen:
-            if b == spec.batch_size:
-                pred, decision = pred0, decision0
+
+class _BatchSearch:
+    """The state of one device's batch-size search for :func:`_largest_batch`: the
+    predictions and decisions made so far, by batch size, and the steps of the search
+    (climb above the sizes admitted, descend below the sizes rejected, narrow the bracket
+    between them)."""
+
+    def __init__(
+        self,
+        model: CostModel,
+        spec: TrainingSpec,
+        dev: Device,
+        judge: Budget,
+        limit: int,
+        pred0: Prediction,
+        decision0: Decision,
+        needs: list[tuple[str, int, float]],
+    ) -> None:
+        self.model, self.spec, self.dev, self.judge, self.limit = model, spec, dev, judge, limit
+        self.pred0, self.decision0, self.needs = pred0, decision0, needs
+        self.seen: dict[int, tuple[Prediction, Decision]] = {}
+        self.start = max(1, min(spec.batch_size, limit))
+        self.target = float(dev.usable_memory_bytes)
+
+    def admit(self, b: int) -> bool:
+        """Whether the budget admits batch size ``b``, predicted once (the spec's own
+        size is the prediction already made); each new need joins ``needs``."""
+        if b not in self.seen:
+            if b == self.spec.batch_size:
+                pred, decision = self.pred0, self.decision0
             else:
-                pred = model.predict(spec.with_batch_size(b), dev)
-                decision = judge.decide(pred, device=dev)
-            seen[b] = (pred, decision)
-            needs.append((dev.name, b, float(pred.min_capacity_upper)))
-        return seen[b][1].admit
+                pred = self.model.predict(self.spec.with_batch_size(b), self.dev)
+                decision = self.judge.decide(pred, device=self.dev)
+            self.seen[b] = (pred, decision)
+            self.needs.append((self.dev.name, b, float(pred.min_capacity_upper)))
+        return self.seen[b][1].admit
 
-    def aim(lo: int, hi: int | None) -> int | None:
-        """The batch size where the need meets ``target`` on a line through two needs
-        around it, or None: inside a bracket, this device's needs at its ends; else the
-        needs of every device so far, each shifted by its difference from this device's
-        at the starting size (the devices' needs differ by a workspace and little else)."""
-        own = {b: float(p.min_capacity_upper) for b, (p, _) in seen.items()}
+    def aim(self, lo: int, hi: int | None) -> int | None:
+        """The batch size where the need meets the device's memory on a line through two
+        needs around it, or None: inside a bracket, this device's needs at its ends; else
+        the needs of every device so far, each shifted by its difference from this
+        device's at the starting size (the devices' needs differ by a workspace and
+        little else)."""
+        own = {b: float(p.min_capacity_upper) for b, (p, _) in self.seen.items()}
         if hi is not None and lo in own and hi in own:
             a, c = (lo, own[lo]), (hi, own[hi])
         else:
-            base = {d: n for d, b, n in needs if b == start}
-            shifted: dict[int, float] = {}
-            if start in own:
-                shifted = {
-                    b: n - base[d] + own[start] for d, b, n in needs if d != dev.name and d in base
-                }
-            shifted.update(own)
-            pts = sorted(shifted.items())
-            below = [pt for pt in pts if pt[1] <= target]
-            above = [pt for pt in pts if pt[1] > target]
-            if below and above:
-                a, c = below[-1], above[0]
-            elif len(above) >= 2:
-                a, c = above[0], above[1]
-            elif len(below) >= 2:
-                a, c = below[-2], below[-1]
-            else:
+            pair = self._nearest_pair(own)
+            if pair is None:
                 return None
+            a, c = pair
         if c[0] == a[0]:
             return None
         slope = (c[1] - a[1]) / (c[0] - a[0])
         if not slope > 0:
             return None
-        x = a[0] + (target - a[1]) / slope
-        return int(x) if math.isfinite(x) and x < 2 * limit else limit
+        x = a[0] + (self.target - a[1]) / slope
+        return int(x) if math.isfinite(x) and x < 2 * self.limit else self.limit
 
-    def result(best: int, over: int | None, why: str) -> BatchSizeResult:
-        pred, decision = seen[max(best, 1)]
+    def _nearest_pair(
+        self, own: Mapping[int, float]
+    ) -> tuple[tuple[int, float], tuple[int, float]] | None:
+        """The two (batch size, need) points nearest the device's memory among this
+        device's needs and the other devices' shifted to it: one on each side where
+        there are, else the two nearest on the one side; None with fewer than two."""
+        start = self.start
+        base = {d: n for d, b, n in self.needs if b == start}
+        shifted: dict[int, float] = {}
+        if start in own:
+            shifted = {
+                b: n - base[d] + own[start]
+                for d, b, n in self.needs
+                if d != self.dev.name and d in base
+            }
+        shifted.update(own)
+        pts = sorted(shifted.items())
+        below = [pt for pt in pts if pt[1] <= self.target]
+        above = [pt for pt in pts if pt[1] > self.target]
+        if below and above:
+            return below[-1], above[0]
+        if len(above) >= 2:
+            return above[0], above[1]
+        if len(below) >= 2:
+            return below[-2], below[-1]
+        return None
+
+    def climb(self) -> tuple[int, int | None]:
+        """From the starting size up, to where the need line meets the memory (else
+        twice the size) but at least a step that doubles while admitted, until a size is
+        rejected or the search limit is admitted: (the largest size admitted, 0 for none;
+        the smallest rejected, None for none)."""
+        lo, hi = 0, None
+        if self.admit(self.start):
+            lo = self.start
+        else:
+            hi = self.start
+        step = 1
+        while hi is None:  # above every size admitted so far
+            if lo >= self.limit:
+                return lo, None
+            guess = self.aim(lo, None)
+            nxt = min(max(guess if guess is not None else 2 * lo, lo + step), self.limit)
+            if self.admit(nxt):
+                lo, step = nxt, step * 2
+            else:
+                hi = nxt
+        return lo, hi
+
+    def descend(self, hi: int) -> tuple[int, int]:
+        """From a rejected size down, to where the need line meets the memory (else
+        half the size) but at least a step that doubles while rejected, until a size is
+        admitted: (that size, 0 where even a batch of 1 is rejected; the smallest size
+        rejected)."""
+        step = 1
+        while True:  # below every size rejected so far
+            if hi == 1:
+                return 0, hi
+            guess = self.aim(hi, None)
+            nxt = max(min(guess if guess is not None else hi // 2, hi - step), 1)
+            if self.admit(nxt):
+                return nxt, hi
+            hi, step = nxt, step * 2
+
+    def narrow(self, lo: int, hi: int) -> BatchSizeResult:
+        """Between an admitted size and a rejected one, interpolate (or bisect where the
+        last interpolation gained less than a bisection) until they are adjacent; the
+        result is limited by the first reason the rejected one was refused."""
+        halve = False
+        while hi - lo > 1:
+            guess = None if halve else self.aim(lo, hi)
+            nxt = guess if guess is not None and lo < guess < hi else (lo + hi) // 2
+            width = hi - lo
+            if self.admit(nxt):
+                lo = nxt
+            else:
+                hi = nxt
+            halve = (hi - lo) * 2 > width  # interpolation gained less than a bisection
+        reasons = self.seen[hi][1].reasons
+        return self.result(lo, hi, reasons[0].kind if reasons else "rejected")
+
+    def result(self, best: int, over: int | None, why: str) -> BatchSizeResult:
+        """The search's answer: ``best`` admitted (its prediction, or batch 1's where
+        nothing fits), ``over`` the size above it rejected, ``why`` what limits it."""
+        pred, decision = self.seen[max(best, 1)]
         return BatchSizeResult(
             batch_size=best,
             prediction=pred,
             decision=decision,
-            rejected=seen[over][1] if over is not None else None,
+            rejected=self.seen[over][1] if over is not None else None,
             limited_by=why,
-            device=dev.name,
-            limit=limit,
-            tried=tuple(seen),
+            device=self.dev.name,
+            limit=self.limit,
+            tried=tuple(self.seen),
         )
-
-    lo, hi = 0, None  # lo: the largest size admitted (0: none yet); hi: smallest rejected
-    if admit(start):
-        lo = start
-    else:
-        hi = start
-    step = 1
-    while hi is None:  # above every size admitted so far
-        if lo >= limit:
-            return result(lo, None, "search limit")
-        guess = aim(lo, None)
-        nxt = min(max(guess if guess is not None else 2 * lo, lo + step), limit)
-        if admit(nxt):
-            lo, step = nxt, step * 2
-        else:
-            hi = nxt
-    step = 1
-    while lo == 0:  # below every size rejected so far
-        if hi == 1:
-            return result(0, None, "nothing fits")
-        guess = aim(hi, None)
-        nxt = max(min(guess if guess is not None else hi // 2, hi - step), 1)
-        if admit(nxt):
-            lo = nxt
-        else:
-            hi, step = nxt, step * 2
-    halve = False
-    while hi - lo > 1:
-        guess = None if halve else aim(lo, hi)
-        nxt = guess if guess is not None and lo < guess < hi else (lo + hi) // 2
-        width = hi - lo
-        if admit(nxt):
-            lo = nxt
-        else:
-            hi = nxt
-        halve = (hi - lo) * 2 > width  # interpolation gained less than a bisection
-    reasons = seen[hi][1].reasons
-    return result(lo, hi, reasons[0].kind if reasons else "rejected")
 
 
 def _nothing_fits(options: Sequence[DeviceOption]) -> str:

@@ -361,18 +361,7 @@ def collect(
     out.parent.mkdir(parents=True, exist_ok=True)
     stream = stream if stream is not None else sys.stdout
     is_cuda = device.startswith("cuda")
-    extra_env = {
-        "torch_threads": torch.get_num_threads(),
-        # oneDNN's kernels, and so a CPU step's buffers, depend on the instruction set
-        "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
-        # and a CPU's half-precision speed on its native bf16/fp16 arithmetic
-        "cpu_half_flags": cpu_half_flags(),
-        # the host's physical memory: a CPU device's memory is a feature
-        "cpu_memory_bytes": cpu_device().memory_bytes,
-        "hostname_hash": _host_hash(),
-        "collector": "costaware.collect",
-        "schema": SCHEMA_VERSION,
-    }
+    extra_env = _collector_env()
     summary = CollectSummary(out_path=str(out))
     known = done_ids(out) if resume else set()
     if resume:
@@ -385,13 +374,7 @@ def collect(
         return _collect_spawned(
             todo, out, device, max_minutes, warmup, steps, progress, summary, timeout_s, in_context
         )
-    deferred = [c for c in todo if is_cuda and not _alloc_matches(c)]
-    if deferred:
-        todo = [c for c in todo if not (is_cuda and not _alloc_matches(c))]
-        stream.write(
-            f"[collect] leaving {len(deferred)} configurations whose allocator differs from "
-            f"{_ALLOC_ENV}={os.environ.get(_ALLOC_ENV, '')!r} for another run\n"
-        )
+    todo, deferred = _defer_other_allocators(todo, is_cuda, stream)
     budget = None if max_minutes is None else max_minutes * 60.0
     bar = _Progress(len(todo), sum(c.est_seconds for c in todo), progress, stream)
     pace = 1.0  # observed / estimated seconds, to judge whether the next config fits
@@ -406,40 +389,17 @@ def collect(
         started = _now()
         marker.write_text(json.dumps({"config": cfg.to_dict(), "started_at": started}))
         c0 = time.perf_counter()
-        try:
-            spec = cfg.to_spec()
-        except Exception as e:  # a record that cannot become a spec is an error row
-            row = _failure_row(cfg, device, "error", f"{type(e).__name__}: {e}"[:500], extra_env)
-        else:
-            speed = host_speed()
-            speeds.append(speed)
-            grad_was = torch.is_grad_enabled()
-            context: dict[str, Any] | None = None
-            profiling = False  # set once the measurement is done and the profile runs
-            with _time_limit(timeout_s) as fired:
-                try:
-                    m = measure(spec, device, warmup=warmup, steps=steps)
-                    if in_context and m.status == "ok" and not fired[0]:
-                        profiling = True
-                        # the measurement warmed the process: one warm-up step, two profiled
-                        context = in_context_op_times(spec, device, warmup=1, steps=2)
-                except _ConfigTimeout:  # fired outside measure's own guard
-                    if not profiling:
-                        m = Measurement(status="timeout", device=device)
-                finally:
-                    fired[1] = False  # disarmed: a late alarm is ignored
-                    # an alarm between a grad-mode switch and its ``try`` (an optimizer's
-                    # step turns gradients off) would leave them off for what follows
-                    torch.set_grad_enabled(grad_was)
-            if fired[0]:
-                limit = f"stopped after the per-configuration limit of {timeout_s:g} s"
-                if not profiling:
-                    m.status, m.error = "timeout", limit
-                else:  # the measurement stands; the profile ran out of time
-                    context = {"status": "timeout", "error": limit, "device": device}
-            row = _row(cfg, m, device, started, {**extra_env, "host_speed": speed})
-            if context is not None:
-                row["in_context"] = context
+        row = _measure_config(
+            cfg,
+            device,
+            started,
+            extra_env,
+            speeds,
+            warmup=warmup,
+            steps=steps,
+            timeout_s=timeout_s,
+            in_context=in_context,
+        )
         append_row(out, row)
         marker.unlink(missing_ok=True)
         took = time.perf_counter() - c0
@@ -458,6 +418,104 @@ def collect(
     summary.seconds = time.perf_counter() - t0
     summary.host_speed = _speed_range(speeds)
     return summary
+
+
+def _collector_env() -> dict[str, Any]:
+    """What every row of this process records about its host beside the measurement's
+    own environment: what a CPU step's buffers and speed depend on, and which collector
+    and row layout wrote it."""
+    return {
+        "torch_threads": torch.get_num_threads(),
+        # oneDNN's kernels, and so a CPU step's buffers, depend on the instruction set
+        "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+        # and a CPU's half-precision speed on its native bf16/fp16 arithmetic
+        "cpu_half_flags": cpu_half_flags(),
+        # the host's physical memory: a CPU device's memory is a feature
+        "cpu_memory_bytes": cpu_device().memory_bytes,
+        "hostname_hash": _host_hash(),
+        "collector": "costaware.collect",
+        "schema": SCHEMA_VERSION,
+    }
+
+
+def _defer_other_allocators(
+    todo: list[Config], is_cuda: bool, stream: TextIO
+) -> tuple[list[Config], list[Config]]:
+    """``(to measure here, left for another run)``: on CUDA the allocator is fixed when
+    CUDA starts, so a configuration asking for another allocator mode than this
+    process's ``PYTORCH_CUDA_ALLOC_CONF`` cannot be measured in it; says how many."""
+    deferred = [c for c in todo if is_cuda and not _alloc_matches(c)]
+    if deferred:
+        todo = [c for c in todo if not (is_cuda and not _alloc_matches(c))]
+        stream.write(
+            f"[collect] leaving {len(deferred)} configurations whose allocator differs from "
+            f"{_ALLOC_ENV}={os.environ.get(_ALLOC_ENV, '')!r} for another run\n"
+        )
+    return todo, deferred
+
+
+def _measure_config(
+    cfg: Config,
+    device: str,
+    started: str,
+    extra_env: dict[str, Any],
+    speeds: list[dict[str, float]],
+    *,
+    warmup: int,
+    steps: int,
+    timeout_s: float | None,
+    in_context: bool,
+) -> dict[str, Any]:
+    """One configuration's row: the host's speed probed just before (added to
+    ``speeds``), the measurement under the time limit and, with ``in_context``, each
+    op's time in the step; a configuration that cannot become a spec is an error row."""
+    try:
+        spec = cfg.to_spec()
+    except Exception as e:  # a record that cannot become a spec is an error row
+        return _failure_row(cfg, device, "error", f"{type(e).__name__}: {e}"[:500], extra_env)
+    speed = host_speed()
+    speeds.append(speed)
+    m, context = _measure_within_limit(
+        spec, device, warmup=warmup, steps=steps, timeout_s=timeout_s, in_context=in_context
+    )
+    row = _row(cfg, m, device, started, {**extra_env, "host_speed": speed})
+    if context is not None:
+        row["in_context"] = context
+    return row
+
+
+def _measure_within_limit(
+    spec: Any, device: str, *, warmup: int, steps: int, timeout_s: float | None, in_context: bool
+) -> tuple[Measurement, dict[str, Any] | None]:
+    """The measurement of ``spec`` and, with ``in_context``, its in-context op times,
+    both under one ``timeout_s`` alarm. A measurement the alarm stops is a timeout; a
+    profile it stops keeps the measurement and records the timeout in the profile's place.
+    Gradient mode is restored whatever the alarm interrupted."""
+    grad_was = torch.is_grad_enabled()
+    context: dict[str, Any] | None = None
+    profiling = False  # set once the measurement is done and the profile runs
+    with _time_limit(timeout_s) as fired:
+        try:
+            m = measure(spec, device, warmup=warmup, steps=steps)
+            if in_context and m.status == "ok" and not fired[0]:
+                profiling = True
+                # the measurement warmed the process: one warm-up step, two profiled
+                context = in_context_op_times(spec, device, warmup=1, steps=2)
+        except _ConfigTimeout:  # fired outside measure's own guard
+            if not profiling:
+                m = Measurement(status="timeout", device=device)
+        finally:
+            fired[1] = False  # disarmed: a late alarm is ignored
+            # an alarm between a grad-mode switch and its ``try`` (an optimizer's
+            # step turns gradients off) would leave them off for what follows
+            torch.set_grad_enabled(grad_was)
+    if fired[0]:
+        limit = f"stopped after the per-configuration limit of {timeout_s:g} s"
+        if not profiling:
+            m.status, m.error = "timeout", limit
+        else:  # the measurement stands; the profile ran out of time
+            context = {"status": "timeout", "error": limit, "device": device}
+    return m, context
 
 
 class _ConfigTimeout(Exception):
@@ -784,36 +842,12 @@ def observations(
     """
     from costaware.core.model import CostModel, Observation
     from costaware.core.optime import catalog_device
-    from costaware.observation import MAX_HELD_BEFORE
 
     # a generous dry-run limit: this is offline, and a busy machine slows tracing down
     cm = model if model is not None else CostModel(trace_timeout=600.0)
-    cache_path = Path(cache) if cache is not None else None
-    version = features_version(cm)
-    # one section per features version: a run with another op model (or none, as a
-    # CPU-only run has) keeps the other sections instead of overwriting them
-    sections: dict[str, dict[str, Any]] = {}
-    if cache_path is not None and cache_path.is_file():
-        with contextlib.suppress(OSError, ValueError, EOFError):
-            stored = json.loads(gzip.decompress(cache_path.read_bytes()))
-            if "versions" in stored:
-                sections = dict(stored["versions"])
-            elif "feature_version" in stored:  # the one-version layout written before
-                sections = {str(stored["feature_version"]): stored.get("features", {})}
-    feats_cache: dict[str, Any] = sections.pop(version, {})
+    feats_cache = _FeaturesCache(Path(cache) if cache is not None else None, features_version(cm))
     out: list[Any] = []
     skipped: list[str] = []
-    dirty = 0
-
-    def save() -> None:
-        if cache_path is not None and dirty:
-            cache_path.parent.mkdir(parents=True, exist_ok=True)
-            kept = list(sections.items())[: _CACHE_VERSIONS - 1]  # this run's goes first
-            payload = {"versions": {version: feats_cache, **dict(kept)}}
-            tmp = cache_path.with_name(cache_path.name + ".tmp")
-            tmp.write_bytes(gzip.compress(json.dumps(payload).encode(), mtime=0))
-            os.replace(tmp, cache_path)
-
     for i, row in enumerate(rows):
         status = row.get("status")
         rid = str(row.get("id", f"row{i}"))
@@ -830,39 +864,15 @@ def observations(
             if feats is None:
                 if on_row is not None:
                     on_row(i, row)
-                spec = Config.from_dict(row["config"]).to_spec()
-                # a CPU row's features are its own CPU's, not this one's
-                target = measured_cpu_device(row) if dev == "CPU" else dev
-                with _as_measured(row, dev):
-                    feats = cm.features(spec, target, exact=True)  # never a rescale
-                feats_cache[key] = feats
-                dirty += 1
-                if dirty % 50 == 0:  # an interrupted run keeps what it traced
-                    save()
+                feats = _row_features(cm, row, dev)
+                feats_cache.add(key, feats)
         except Exception as e:
             skipped.append(f"{rid}: {type(e).__name__}: {str(e)[:200]}")
             continue
         m = row.get("measurement", {})
         ok = status == "ok"
-        peak = m.get("max_reserved") if ok else None
         meta: dict[str, Any] = {"id": rid, "source_device": row.get("device_name")}
-        if peak is not None and peak <= 0:
-            peak = None
-        if peak is not None and dev == "CPU" and not cpu_allocator_peak(m):
-            meta["memory_left_out"] = "a resident-set growth, not the CPU allocator's peak"
-            meta["memory_left_out_kind"] = LEFT_OUT_RSS
-            peak = None  # another quantity than the one learned: a time row only
-        held = reserved_before(m) if dev != "CPU" and peak is not None else None
-        why = kind = None
-        if held is not None and held > MAX_HELD_BEFORE:
-            why, kind = f"{held / 2**20:,.0f} MiB reserved before it began", LEFT_OUT_HELD
-        elif held is not None and _held_cublas_workspace(held, feats):
-            why = f"{held / 2**20:,.0f} MiB reserved before it began: {HELD_WORKSPACE_NOTE}"
-            kind = LEFT_OUT_WORKSPACE
-        if why is not None and peak is not None:
-            meta["memory_left_out"], meta["memory_left_out_kind"] = why, kind
-            meta["measured_peak"] = float(peak)  # as recorded, for reports that show it
-            peak = None  # the peak is partly an earlier configuration's: a time row only
+        peak = _learnable_peak(m if ok else {}, dev, feats, meta)
         secs = m.get("iteration_time") if ok else None
         alloc = m.get("max_allocated") if peak is not None else None
         out.append(
@@ -877,8 +887,94 @@ def observations(
                 meta=meta,
             )
         )
-    save()
+    feats_cache.save()
     return out, skipped
+
+
+def _row_features(cm: Any, row: dict[str, Any], dev: Any) -> Any:
+    """The features ``cm`` computes for a row's configuration on the device that measured
+    it, from the row's own dry run (never a rescale of another batch size); a CPU row is
+    traced as its own CPU, not this one (:func:`_as_measured`)."""
+    spec = Config.from_dict(row["config"]).to_spec()
+    # a CPU row's features are its own CPU's, not this one's
+    target = measured_cpu_device(row) if dev == "CPU" else dev
+    with _as_measured(row, dev):
+        return cm.features(spec, target, exact=True)  # never a rescale
+
+
+def _learnable_peak(
+    m: dict[str, Any], dev: Any, feats: Mapping[str, float], meta: dict[str, Any]
+) -> Any:
+    """A row's peak as a memory target, or None where it is no such target: missing or
+    not positive, a CPU peak that is not the CPU allocator's, or a GPU peak partly held
+    before the step began (over :data:`costaware.observation.MAX_HELD_BEFORE`, or a cuBLAS
+    workspace the step never calls). A peak left out says why in ``meta`` (and, when
+    held, what was measured): the row stays a time row."""
+    from costaware.observation import MAX_HELD_BEFORE
+
+    peak = m.get("max_reserved")
+    if peak is not None and peak <= 0:
+        peak = None
+    if peak is not None and dev == "CPU" and not cpu_allocator_peak(m):
+        meta["memory_left_out"] = "a resident-set growth, not the CPU allocator's peak"
+        meta["memory_left_out_kind"] = LEFT_OUT_RSS
+        peak = None  # another quantity than the one learned: a time row only
+    held = reserved_before(m) if dev != "CPU" and peak is not None else None
+    why = kind = None
+    if held is not None and held > MAX_HELD_BEFORE:
+        why, kind = f"{held / 2**20:,.0f} MiB reserved before it began", LEFT_OUT_HELD
+    elif held is not None and _held_cublas_workspace(held, feats):
+        why = f"{held / 2**20:,.0f} MiB reserved before it began: {HELD_WORKSPACE_NOTE}"
+        kind = LEFT_OUT_WORKSPACE
+    if why is not None and peak is not None:
+        meta["memory_left_out"], meta["memory_left_out_kind"] = why, kind
+        meta["measured_peak"] = float(peak)  # as recorded, for reports that show it
+        peak = None  # the peak is partly an earlier configuration's: a time row only
+    return peak
+
+
+class _FeaturesCache:
+    """The features cache of :func:`observations`: a ``.json.gz`` file with one section
+    of features per features version. This run's section is read and grown; the others
+    are kept (a run with another op model, or none, as a CPU-only run has, does not
+    discard them), up to ``_CACHE_VERSIONS`` sections. Saved every 50 new features, so
+    that an interrupted run keeps what it traced, and at the end."""
+
+    def __init__(self, path: Path | None, version: str) -> None:
+        self.path = path
+        self.version = version
+        self.sections: dict[str, dict[str, Any]] = {}
+        if path is not None and path.is_file():
+            with contextlib.suppress(OSError, ValueError, EOFError):
+                stored = json.loads(gzip.decompress(path.read_bytes()))
+                if "versions" in stored:
+                    self.sections = dict(stored["versions"])
+                elif "feature_version" in stored:  # the one-version layout written before
+                    self.sections = {str(stored["feature_version"]): stored.get("features", {})}
+        self.features: dict[str, Any] = self.sections.pop(version, {})
+        self.dirty = 0
+
+    def get(self, key: str) -> Any:
+        """The features stored under ``key`` for this version, or None."""
+        return self.features.get(key)
+
+    def add(self, key: str, feats: Any) -> None:
+        """Store ``feats`` under ``key``, saving the file every 50 new entries."""
+        self.features[key] = feats
+        self.dirty += 1
+        if self.dirty % 50 == 0:  # an interrupted run keeps what it traced
+            self.save()
+
+    def save(self) -> None:
+        """Write the file (atomically) when it has a path and new entries: this
+        version's section first, then up to ``_CACHE_VERSIONS - 1`` of the others."""
+        if self.path is not None and self.dirty:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            kept = list(self.sections.items())[: _CACHE_VERSIONS - 1]  # this run's goes first
+            payload = {"versions": {self.version: self.features, **dict(kept)}}
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_bytes(gzip.compress(json.dumps(payload).encode(), mtime=0))
+            os.replace(tmp, self.path)
 
 
 # ------------------------------------------------------------------------------- command line

@@ -47,7 +47,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -387,6 +387,9 @@ def _parse_caps(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Search each configuration's boundary under each cap, caps outermost, appending
+    every run to ``args.out``; stops cleanly at ``--max-minutes``. Returns the exit code
+    (2: no CUDA GPU for a CUDA device)."""
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("costaware oomprobe: error: no CUDA GPU here; use --device cpu.", file=sys.stderr)
@@ -394,43 +397,15 @@ def run(args: argparse.Namespace) -> int:
     if device.type == "cuda" and device.index is None:  # the memory fraction wants an index
         device = torch.device("cuda", 0)
     caps = _parse_caps(args.caps)
-    allocator = (
-        "expandable_segments"
-        if "expandable_segments:true"
-        in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
-        else "default"
-    )
-    configs = boundary_configs(args.seed, args.per_family, allocator, args.corpus)
-    if args.families:
-        wanted = {f.strip() for f in args.families.split(",")}
-        configs = [c for c in configs if c.family in wanted]
-    if args.limit is not None:
-        configs = configs[: args.limit]
+    allocator = _allocator_mode()
+    configs = _chosen_configs(args, allocator)
     done = _done(args.out)
     started = time.monotonic()
     deadline = started + 60 * args.max_minutes if args.max_minutes else None
-    # the context first: environment() starts CUDA
-    context = context_memory(device) if device.type == "cuda" else None
-    header: dict[str, Any] = {
-        "kind": "context",
-        "schema": SCHEMA_VERSION,
-        "env": environment(str(device)),
-        "started_at": _now(),
-        "device": str(device),
-        "allocator": allocator,
-        "context": context,
-        "driver": nvml_driver() if context is not None else None,
-    }
-    append_row(args.out, header)
+    append_row(args.out, _context_row(device, allocator))
     n_runs = n_searches = 0
     models: dict[str, torch.nn.Module] = {}  # built once, kept on the CPU between caps
-    points: dict[str, list[tuple[int, int]]] = {}
-    if os.path.exists(args.out):  # a resumed file's fitting runs guide the new searches
-        for r in read_rows(args.out):
-            if r.get("kind") == "probe" and r.get("status") == "fits" and r.get("max_allocated"):
-                points.setdefault(str(r["config_id"]), []).append(
-                    (int(r["batch_size"]), int(r["max_allocated"]))
-                )
+    points = _fitting_points(args.out)
     # caps outermost: an interrupted run has every family at the first caps
     for cap in caps:
         for cfg in configs:
@@ -441,80 +416,161 @@ def run(args: argparse.Namespace) -> int:
                     f"[oomprobe] out of time after {n_searches} searches, {n_runs} runs", flush=True
                 )
                 return 0
-            try:
-                prober = _Prober(cfg, device, args.steps, models.pop(cfg.id, None))
-            except Exception as e:
-                status, message = _failure(e)
-                append_row(
-                    args.out,
-                    {
-                        "kind": "search_end",
-                        "config_id": cfg.id,
-                        "cap_bytes": cap,
-                        "status": "build_" + status,
-                        "error": message,
-                        "finished_at": _now(),
-                    },
-                )
-                continue
-            last: dict[str, Any] = {}
-            for row in probe_boundary(
-                prober,
-                cap,
-                cfg.batch_size,
-                tolerance=args.tolerance,
-                timeout_s=args.timeout,
-                deadline=deadline,
-                points=points.setdefault(cfg.id, []),
-            ):
-                row.update(
-                    {
-                        "kind": "probe",
-                        "schema": SCHEMA_VERSION,
-                        "config": cfg.to_dict(),
-                        "config_id": cfg.id,
-                        "family": cfg.family,
-                        "cap_bytes": cap,
-                        "gpu_total": prober.total,
-                        "param_bytes": prober.param_bytes,
-                        "allocator": allocator,
-                        "device": str(device),
-                        "finished_at": _now(),
-                    }
-                )
-                append_row(args.out, row)
-                n_runs += 1
-                last = row
-                if not args.quiet:
-                    print(
-                        f"[oomprobe] {cfg.family:<18} cap {cap / GiB:5.1f} GiB  "
-                        f"batch {row['batch_size']:>6}  {row['status']:<7} "
-                        f"alloc {(row.get('max_allocated') or 0) / GiB:6.2f}  "
-                        f"reserved {(row.get('max_reserved') or 0) / GiB:6.2f} GiB  "
-                        f"retries {row.get('num_alloc_retries', '-')}",
-                        flush=True,
-                    )
-            timed_out = deadline is not None and time.monotonic() > deadline
-            if last and not timed_out:
-                append_row(
-                    args.out,
-                    {
-                        "kind": "search_end",
-                        "config_id": cfg.id,
-                        "cap_bytes": cap,
-                        "status": last.get("status"),
-                        "finished_at": _now(),
-                    },
-                )
-                n_searches += 1
-            models[cfg.id] = prober.release()
-            del prober
+            runs, searched = _search(
+                args, cfg, cap, device, allocator, deadline, models, points.setdefault(cfg.id, [])
+            )
+            n_runs += runs
+            n_searches += searched
     print(
         f"[oomprobe] done: {n_searches} searches, {n_runs} runs in "
         f"{time.monotonic() - started:.0f} s",
         flush=True,
     )
     return 0
+
+
+def _allocator_mode() -> str:
+    """The CUDA allocator mode this process runs with, from ``PYTORCH_CUDA_ALLOC_CONF``:
+    ``"expandable_segments"`` or ``"default"`` (fixed when CUDA starts)."""
+    return (
+        "expandable_segments"
+        if "expandable_segments:true"
+        in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+        else "default"
+    )
+
+
+def _chosen_configs(args: argparse.Namespace, allocator: str) -> list[Config]:
+    """The configurations to search: ``--per-family`` of each family of the corpus, with
+    this process's allocator, narrowed to ``--families`` and cut at ``--limit``."""
+    configs = boundary_configs(args.seed, args.per_family, allocator, args.corpus)
+    if args.families:
+        wanted = {f.strip() for f in args.families.split(",")}
+        configs = [c for c in configs if c.family in wanted]
+    if args.limit is not None:
+        configs = configs[: args.limit]
+    return configs
+
+
+def _context_row(device: torch.device, allocator: str) -> dict[str, Any]:
+    """The run's first row: its environment, and on CUDA the device memory held before
+    any model exists (measured first, since :func:`environment` starts CUDA)."""
+    # the context first: environment() starts CUDA
+    context = context_memory(device) if device.type == "cuda" else None
+    return {
+        "kind": "context",
+        "schema": SCHEMA_VERSION,
+        "env": environment(str(device)),
+        "started_at": _now(),
+        "device": str(device),
+        "allocator": allocator,
+        "context": context,
+        "driver": nvml_driver() if context is not None else None,
+    }
+
+
+def _fitting_points(out: str) -> dict[str, list[tuple[int, int]]]:
+    """Each configuration's (batch size, allocated peak) of the fitting runs already in
+    ``out``: a resumed file's runs guide the new searches."""
+    points: dict[str, list[tuple[int, int]]] = {}
+    if os.path.exists(out):  # a resumed file's fitting runs guide the new searches
+        for r in read_rows(out):
+            if r.get("kind") == "probe" and r.get("status") == "fits" and r.get("max_allocated"):
+                points.setdefault(str(r["config_id"]), []).append(
+                    (int(r["batch_size"]), int(r["max_allocated"]))
+                )
+    return points
+
+
+def _search(
+    args: argparse.Namespace,
+    cfg: Config,
+    cap: int,
+    device: torch.device,
+    allocator: str,
+    deadline: float | None,
+    models: dict[str, torch.nn.Module],
+    points: list[tuple[int, int]],
+) -> tuple[int, int]:
+    """One configuration's search under one cap: each run appended as a ``probe`` row,
+    then a ``search_end`` row unless the deadline cut it short (or the model could not
+    be built: a ``search_end`` row with the failure). The model is kept in ``models``
+    for the next cap. Returns (runs made, searches completed)."""
+    try:
+        prober = _Prober(cfg, device, args.steps, models.pop(cfg.id, None))
+    except Exception as e:
+        status, message = _failure(e)
+        append_row(
+            args.out,
+            {
+                "kind": "search_end",
+                "config_id": cfg.id,
+                "cap_bytes": cap,
+                "status": "build_" + status,
+                "error": message,
+                "finished_at": _now(),
+            },
+        )
+        return 0, 0
+    runs = searched = 0
+    last: dict[str, Any] = {}
+    for row in probe_boundary(
+        prober,
+        cap,
+        cfg.batch_size,
+        tolerance=args.tolerance,
+        timeout_s=args.timeout,
+        deadline=deadline,
+        points=points,
+    ):
+        row.update(
+            {
+                "kind": "probe",
+                "schema": SCHEMA_VERSION,
+                "config": cfg.to_dict(),
+                "config_id": cfg.id,
+                "family": cfg.family,
+                "cap_bytes": cap,
+                "gpu_total": prober.total,
+                "param_bytes": prober.param_bytes,
+                "allocator": allocator,
+                "device": str(device),
+                "finished_at": _now(),
+            }
+        )
+        append_row(args.out, row)
+        runs += 1
+        last = row
+        if not args.quiet:
+            print(_run_line(cfg, cap, row), flush=True)
+    timed_out = deadline is not None and time.monotonic() > deadline
+    if last and not timed_out:
+        append_row(
+            args.out,
+            {
+                "kind": "search_end",
+                "config_id": cfg.id,
+                "cap_bytes": cap,
+                "status": last.get("status"),
+                "finished_at": _now(),
+            },
+        )
+        searched = 1
+    models[cfg.id] = prober.release()
+    del prober
+    return runs, searched
+
+
+def _run_line(cfg: Config, cap: int, row: Mapping[str, Any]) -> str:
+    """One run's progress line: the family, cap and batch size, whether it fitted, and
+    the allocator's peaks and retries under the cap."""
+    return (
+        f"[oomprobe] {cfg.family:<18} cap {cap / GiB:5.1f} GiB  "
+        f"batch {row['batch_size']:>6}  {row['status']:<7} "
+        f"alloc {(row.get('max_allocated') or 0) / GiB:6.2f}  "
+        f"reserved {(row.get('max_reserved') or 0) / GiB:6.2f} GiB  "
+        f"retries {row.get('num_alloc_retries', '-')}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

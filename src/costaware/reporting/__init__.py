@@ -1205,6 +1205,263 @@ def _ray_study(
 # --------------------------------------------------------------------------------------
 # entry point
 # --------------------------------------------------------------------------------------
+@dataclass
+class _Sources:
+    """What :func:`report` reads from, once its arguments are resolved: the Optuna study,
+    the opened observation store and the Ray Tune directory (any may be missing), and the
+    Optuna storage URL (where a store lying beside it is looked for)."""
+
+    optuna_study: Any = None
+    store: Any = None
+    ray_path: pathlib.Path | None = None
+    storage: str | None = None
+
+
+@dataclass
+class _Gathered:
+    """The trials one kind of source gives the report, and what the report says of them:
+    where they came from, its default title, what a trial's spent time is, what is
+    missing, and the study, ranking direction and metric the trials were read under."""
+
+    rows: list[TrialRow]
+    source: str
+    default_title: str
+    spent_basis: str
+    notes: list[str]
+    study: str | None
+    direction: str | None
+    metric: str | None = None
+
+
+def _direction_of(mode: str | None, price_per_hour: float | None) -> str | None:
+    """The Optuna direction ``mode`` names, after checking ``mode`` and
+    ``price_per_hour``: bad options fail before any source is opened."""
+    if mode is not None and mode not in ("max", "min", "maximize", "minimize"):
+        raise ReportError(f"mode must be 'max' or 'min', but got {mode!r}.")
+    direction = {"max": "maximize", "min": "minimize"}.get(mode or "", mode)
+    if price_per_hour is not None and (_num(price_per_hour) is None or price_per_hour < 0):
+        raise ReportError(f"price_per_hour must be a number >= 0, but got {price_per_hour!r}.")
+    return direction
+
+
+def _open_sources(
+    source: Any,
+    *,
+    study: str | None,
+    store: Any,
+    storage: str | None,
+    ray_dir: str | os.PathLike[str] | None,
+    progress: ProgressFn | None,
+) -> _Sources:
+    """Tell what ``source`` is (a study, a store, a database holding either or both, a Ray
+    directory), then open the Optuna study and the store; a database that holds both
+    serves as both. Fails with what to pass when nothing can be reported on."""
+    found = _Sources(storage=storage)
+    if source is not None:
+        if _is_study(source):
+            found.optuna_study = source
+        elif hasattr(source, "predictions") and hasattr(source, "measurements"):
+            found.store = source
+        elif isinstance(source, (str, os.PathLike)):
+            text = os.fspath(source)
+            path = pathlib.Path(text).expanduser()
+            if "://" not in text and path.is_dir():
+                found.ray_path = path
+            else:
+                url = _as_url(text)
+                tables = _tables(url)
+                if "studies" in tables:
+                    found.storage = url
+                if "costaware_predictions" in tables and store is None:
+                    store = url
+                if "studies" not in tables and "costaware_predictions" not in tables:
+                    raise ReportError(
+                        f"{_safe(url)} holds neither an Optuna study nor a costaware "
+                        "observation store."
+                    )
+        else:
+            raise ReportError(
+                "report() takes an optuna.Study, an ObservationStore, a database URL or path, "
+                f"or a Ray Tune experiment directory, but got {type(source).__name__}."
+            )
+    if ray_dir is not None:
+        found.ray_path = pathlib.Path(ray_dir).expanduser()
+        if not found.ray_path.is_dir():
+            raise ReportError(f"no such directory: {found.ray_path}")
+    if found.storage is not None and found.optuna_study is None:
+        if progress is not None:
+            progress("opening the Optuna study", 0, 1)
+        storage_url = _as_url(found.storage)
+        found.optuna_study = _load_study(storage_url, study)
+        if store is None and "costaware_predictions" in _tables(storage_url):
+            store = storage_url  # one database holds both
+    if store is not None and found.store is None:
+        found.store = _open_store(store)
+    if found.optuna_study is None and found.store is None and found.ray_path is None:
+        raise ReportError(
+            "nothing to report on: give an Optuna study (--storage URL --study NAME), an "
+            "observation store (--store URL) or a Ray Tune directory (--ray-dir PATH)."
+        )
+    return found
+
+
+def _read_records(
+    found: _Sources, study: str | None, progress: ProgressFn | None
+) -> tuple[dict[tuple[str | None, str], _StoreTrial], dict[str, float], str | None]:
+    """The store's records grouped by (study, trial), the budget limits its decisions
+    recorded, and the note on malformed rows it skipped (None: none). Beside an Optuna
+    study only that study's records are read; alone, ``study``'s (None: all)."""
+    if found.store is None:
+        return {}, {}, None
+    if progress is not None:
+        progress("reading the observation store", 0, 1)
+    want = study if found.optuna_study is None and found.ray_path is None else None
+    if found.optuna_study is not None:
+        want = found.optuna_study.study_name
+    predictions, measurements, skipped = _read_store(found.store, want)
+    return _group_store(predictions, measurements), _caps_from(predictions), skipped
+
+
+def _optuna_gathered(
+    found: _Sources,
+    grouped: Mapping[tuple[str | None, str], _StoreTrial],
+    direction: str | None,
+    progress: ProgressFn | None,
+) -> _Gathered:
+    """An Optuna study's trials, joined with the store's records where one is given;
+    the study's own direction wins over ``mode``."""
+    optuna_study = found.optuna_study
+    name = optuna_study.study_name
+    notes: list[str] = []
+    rows = _optuna_rows(optuna_study, grouped, progress)
+    src = f"Optuna study {name!r}"
+    if found.store is not None:
+        src += f", observation store {found.store.url}" if hasattr(found.store, "url") else ""
+        if not any(st.measurements for st in grouped.values()) and rows:
+            notes.append(
+                f"The observation store has no measurements for study {name!r}: add "
+                "CostAwareCallback(store=store, trial=trial) to the Trainer."
+            )
+    else:
+        notes.append(
+            "No observation store given: the measured peak memory and epoch times live in "
+            "the store CostAwareCallback writes to; pass it with --store URL (store= in "
+            "Python)." + _store_hint(found.storage)
+        )
+    if len(getattr(optuna_study, "directions", ())) > 1:
+        notes.append("A multi-objective study: the best trials are ranked by the first objective.")
+    return _Gathered(
+        rows=rows,
+        source=src,
+        default_title=f"costaware report: {name}",
+        spent_basis="a trial's wall time as Optuna recorded it (start to end)",
+        notes=notes,
+        study=name,
+        direction=_direction(optuna_study) or direction,
+    )
+
+
+def _ray_gathered(
+    found: _Sources,
+    ray_path: pathlib.Path,
+    grouped: Mapping[tuple[str | None, str], _StoreTrial],
+    study: str | None,
+    direction: str | None,
+) -> _Gathered:
+    """A Ray Tune run's trials, joined with the store's records of the study they were
+    recorded under; the suggestions the searcher rejected (never trials) come from the
+    store alone."""
+    exp = _ray_experiment_dir(ray_path)
+    trials, _ = _ray_trials(exp)
+    ids = {str(t.get("trial_id")) for t in trials}
+    chosen = _ray_study(grouped, ids, study)
+    rows, metric = _ray_rows(exp, grouped, chosen)
+    notes: list[str] = []
+    if found.store is not None and chosen is not None:
+        for (s, tid), st in grouped.items():  # rejected suggestions never became trials
+            if s == chosen and tid not in ids:
+                rows.extend(_store_rows({(s, tid): st}, prefix_study=False))
+    elif found.store is not None:
+        notes.append(
+            "The observation store holds no records of these Ray trials: give "
+            "CostAwareSearcher and CostAwareScheduler this store (and the same study=)."
+        )
+    else:
+        notes.append(
+            "No observation store given: Ray Tune keeps the rejected suggestions only in "
+            "the searcher's pickled state, which a report does not unpickle. Pass the store "
+            "CostAwareSearcher wrote to (--store URL) to see rejections, predictions and "
+            "over-budget stops." + _store_hint(str(ray_path / "x"))
+        )
+    if direction is None and metric:
+        notes.append(
+            f"Ray Tune does not record whether {metric!r} is maximised or minimised: pass "
+            "--mode max or --mode min to rank the best trials."
+        )
+    src = f"Ray Tune experiment {exp}"
+    if found.store is not None and hasattr(found.store, "url"):
+        src += f", observation store {found.store.url}"
+    return _Gathered(
+        rows=rows,
+        source=src,
+        default_title=f"costaware report: {exp.name}",
+        spent_basis="a trial's time_total_s as Ray Tune recorded it",
+        notes=notes,
+        study=study,
+        direction=direction,
+        metric=metric,
+    )
+
+
+def _store_gathered(
+    found: _Sources,
+    grouped: Mapping[tuple[str | None, str], _StoreTrial],
+    study: str | None,
+    direction: str | None,
+) -> _Gathered:
+    """The store's trials on their own, ordered by study, trial number and start. Without
+    a ``study``, ``costaware calibrate`` measurements are left out (they are no study's
+    trials) unless they are all the store holds."""
+    notes: list[str] = []
+    calibration = {k for k, st in grouped.items() if _is_calibration(st)}
+    if study is None and calibration and len(calibration) < len(grouped):
+        grouped = {k: st for k, st in grouped.items() if k not in calibration}
+        names = sorted({str(s) for s, _ in calibration})
+        notes.append(
+            f"{len(calibration)} calibration measurements (costaware calibrate, study "
+            f"{', '.join(map(repr, names))}) are left out: they are no study's trials. "
+            f"--study {names[0]} reports them."
+        )
+    studies = {s for s, _ in grouped}
+    rows = _store_rows(grouped, prefix_study=len(studies) > 1)
+    rows.sort(
+        key=lambda r: (
+            r.study or "",
+            r.number is None,
+            r.number or 0,
+            r.start or _dt.datetime.min.replace(tzinfo=_dt.timezone.utc),
+        )
+    )
+    only = next(iter(studies)) if len(studies) == 1 else study
+    src = f"observation store {getattr(found.store, 'url', found.store)!s}"
+    if study is not None:
+        src += f", study {study!r}"
+    if grouped:
+        notes.append(
+            "The observation store holds no objective values: report the Optuna study "
+            "(--storage URL --study NAME) or the Ray directory to see the best trials."
+        )
+    return _Gathered(
+        rows=rows,
+        source=src,
+        default_title=f"costaware report: {only}" if only else "costaware report",
+        spent_basis="the sum of a trial's measured epoch times (the store records no wall time)",
+        notes=notes,
+        study=only,
+        direction=direction,
+    )
+
+
 def report(
     source: Any = None,
     *,
@@ -1246,170 +1503,17 @@ def report(
     Raises:
         ReportError: the source cannot be found or read; the message says what to pass.
     """
-    if mode is not None and mode not in ("max", "min", "maximize", "minimize"):
-        raise ReportError(f"mode must be 'max' or 'min', but got {mode!r}.")
-    direction = {"max": "maximize", "min": "minimize"}.get(mode or "", mode)
-    if price_per_hour is not None and (_num(price_per_hour) is None or price_per_hour < 0):
-        raise ReportError(f"price_per_hour must be a number >= 0, but got {price_per_hour!r}.")
-
-    notes: list[str] = []
-    warned: set[str] = set()  # the notes also given as a warning
-    caps: dict[str, float] = {}
-    store_obj: Any = None
-    optuna_study: Any = None
-    ray_path: pathlib.Path | None = None
-
-    if source is not None:
-        if _is_study(source):
-            optuna_study = source
-        elif hasattr(source, "predictions") and hasattr(source, "measurements"):
-            store_obj = source
-        elif isinstance(source, (str, os.PathLike)):
-            text = os.fspath(source)
-            path = pathlib.Path(text).expanduser()
-            if "://" not in text and path.is_dir():
-                ray_path = path
-            else:
-                url = _as_url(text)
-                tables = _tables(url)
-                if "studies" in tables:
-                    storage = url
-                if "costaware_predictions" in tables and store is None:
-                    store = url
-                if "studies" not in tables and "costaware_predictions" not in tables:
-                    raise ReportError(
-                        f"{_safe(url)} holds neither an Optuna study nor a costaware "
-                        "observation store."
-                    )
-        else:
-            raise ReportError(
-                "report() takes an optuna.Study, an ObservationStore, a database URL or path, "
-                f"or a Ray Tune experiment directory, but got {type(source).__name__}."
-            )
-    if ray_dir is not None:
-        ray_path = pathlib.Path(ray_dir).expanduser()
-        if not ray_path.is_dir():
-            raise ReportError(f"no such directory: {ray_path}")
-    if storage is not None and optuna_study is None:
-        if progress is not None:
-            progress("opening the Optuna study", 0, 1)
-        storage_url = _as_url(storage)
-        optuna_study = _load_study(storage_url, study)
-        if store is None and "costaware_predictions" in _tables(storage_url):
-            store = storage_url  # one database holds both
-    if store is not None and store_obj is None:
-        store_obj = _open_store(store)
-    if optuna_study is None and store_obj is None and ray_path is None:
-        raise ReportError(
-            "nothing to report on: give an Optuna study (--storage URL --study NAME), an "
-            "observation store (--store URL) or a Ray Tune directory (--ray-dir PATH)."
-        )
-
-    grouped: dict[tuple[str | None, str], _StoreTrial] = {}
-    store_predictions: list[dict[str, Any]] = []
-    if store_obj is not None:
-        if progress is not None:
-            progress("reading the observation store", 0, 1)
-        want = study if optuna_study is None and ray_path is None else None
-        if optuna_study is not None:
-            want = optuna_study.study_name
-        store_predictions, measurements, skipped = _read_store(store_obj, want)
-        if skipped is not None:
-            notes.append(skipped)
-            warned.add(skipped)
-        grouped = _group_store(store_predictions, measurements)
-        caps.update(_caps_from(store_predictions))
-
-    metric = None
-    if optuna_study is not None:
-        name = optuna_study.study_name
-        rows = _optuna_rows(optuna_study, grouped, progress)
-        direction = _direction(optuna_study) or direction
-        src = f"Optuna study {name!r}"
-        if store_obj is not None:
-            src += f", observation store {store_obj.url}" if hasattr(store_obj, "url") else ""
-            if not any(st.measurements for st in grouped.values()) and rows:
-                notes.append(
-                    f"The observation store has no measurements for study {name!r}: add "
-                    "CostAwareCallback(store=store, trial=trial) to the Trainer."
-                )
-        else:
-            notes.append(
-                "No observation store given: the measured peak memory and epoch times live in "
-                "the store CostAwareCallback writes to; pass it with --store URL (store= in "
-                "Python)." + _store_hint(storage)
-            )
-        if len(getattr(optuna_study, "directions", ())) > 1:
-            notes.append(
-                "A multi-objective study: the best trials are ranked by the first objective."
-            )
-        default_title = f"costaware report: {name}"
-        spent_basis = "a trial's wall time as Optuna recorded it (start to end)"
-    elif ray_path is not None:
-        exp = _ray_experiment_dir(ray_path)
-        trials, _ = _ray_trials(exp)
-        ids = {str(t.get("trial_id")) for t in trials}
-        chosen = _ray_study(grouped, ids, study)
-        rows, metric = _ray_rows(exp, grouped, chosen)
-        if store_obj is not None and chosen is not None:
-            for (s, tid), st in grouped.items():  # rejected suggestions never became trials
-                if s == chosen and tid not in ids:
-                    rows.extend(_store_rows({(s, tid): st}, prefix_study=False))
-        elif store_obj is not None:
-            notes.append(
-                "The observation store holds no records of these Ray trials: give "
-                "CostAwareSearcher and CostAwareScheduler this store (and the same study=)."
-            )
-        else:
-            notes.append(
-                "No observation store given: Ray Tune keeps the rejected suggestions only in "
-                "the searcher's pickled state, which a report does not unpickle. Pass the store "
-                "CostAwareSearcher wrote to (--store URL) to see rejections, predictions and "
-                "over-budget stops." + _store_hint(str(ray_path / "x"))
-            )
-        if direction is None and metric:
-            notes.append(
-                f"Ray Tune does not record whether {metric!r} is maximised or minimised: pass "
-                "--mode max or --mode min to rank the best trials."
-            )
-        src = f"Ray Tune experiment {exp}"
-        if store_obj is not None and hasattr(store_obj, "url"):
-            src += f", observation store {store_obj.url}"
-        default_title = f"costaware report: {exp.name}"
-        spent_basis = "a trial's time_total_s as Ray Tune recorded it"
+    direction = _direction_of(mode, price_per_hour)
+    found = _open_sources(
+        source, study=study, store=store, storage=storage, ray_dir=ray_dir, progress=progress
+    )
+    grouped, caps, skipped = _read_records(found, study, progress)
+    if found.optuna_study is not None:
+        gathered = _optuna_gathered(found, grouped, direction, progress)
+    elif found.ray_path is not None:
+        gathered = _ray_gathered(found, found.ray_path, grouped, study, direction)
     else:
-        calibration = {k for k, st in grouped.items() if _is_calibration(st)}
-        if study is None and calibration and len(calibration) < len(grouped):
-            grouped = {k: st for k, st in grouped.items() if k not in calibration}
-            names = sorted({str(s) for s, _ in calibration})
-            notes.append(
-                f"{len(calibration)} calibration measurements (costaware calibrate, study "
-                f"{', '.join(map(repr, names))}) are left out: they are no study's trials. "
-                f"--study {names[0]} reports them."
-            )
-        studies = {s for s, _ in grouped}
-        rows = _store_rows(grouped, prefix_study=len(studies) > 1)
-        rows.sort(
-            key=lambda r: (
-                r.study or "",
-                r.number is None,
-                r.number or 0,
-                r.start or _dt.datetime.min.replace(tzinfo=_dt.timezone.utc),
-            )
-        )
-        only = next(iter(studies)) if len(studies) == 1 else study
-        src = f"observation store {getattr(store_obj, 'url', store_obj)!s}"
-        if study is not None:
-            src += f", study {study!r}"
-        default_title = f"costaware report: {only}" if only else "costaware report"
-        spent_basis = "the sum of a trial's measured epoch times (the store records no wall time)"
-        if grouped:
-            notes.append(
-                "The observation store holds no objective values: report the Optuna study "
-                "(--storage URL --study NAME) or the Ray directory to see the best trials."
-            )
-        study = only
-
+        gathered = _store_gathered(found, grouped, study, direction)
     if budget is not None:
         caps.update(_caps_from_budget(budget))
         if price_per_hour is None:
@@ -1417,20 +1521,21 @@ def report(
     if progress is not None:
         progress("analysing", 1, 1)
     rep = Report(
-        rows,
-        title=title or default_title,
-        source=src,
-        study=study if optuna_study is None else optuna_study.study_name,
-        direction=direction,
-        metric=metric,
+        gathered.rows,
+        title=title or gathered.default_title,
+        source=gathered.source,
+        study=gathered.study,
+        direction=gathered.direction,
+        metric=gathered.metric,
         caps=caps,
         price_per_hour=price_per_hour,
         currency=currency,
-        notes=notes,
-        spent_basis=spent_basis,
-        actuals_expected=store_obj is not None or ray_path is not None,
+        notes=[*([skipped] if skipped is not None else []), *gathered.notes],
+        spent_basis=gathered.spent_basis,
+        actuals_expected=found.store is not None or found.ray_path is not None,
     )
-    rep.warned = warned
+    # the malformed-rows note was also given as a warning while the store was read
+    rep.warned = {skipped} if skipped is not None else set()
     return rep
 
 

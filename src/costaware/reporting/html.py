@@ -14,6 +14,7 @@ import datetime as _dt
 import html
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from costaware._format import fmt_bytes, fmt_money, fmt_pct, fmt_seconds, fmt_value
@@ -408,56 +409,87 @@ def _measured_pairs(rep: Report, memory: bool) -> list[TrialRow]:
     return rows
 
 
+@dataclass(frozen=True)
+class _Quantity:
+    """The quantity a predicted-vs-measured figure compares (peak memory or epoch time):
+    how to read its prediction, measurement and upper bound off a trial, write it, and
+    name it."""
+
+    memory: bool
+
+    @property
+    def label(self) -> str:
+        return "peak memory" if self.memory else "epoch time"
+
+    def fmt(self, v: float | None) -> str:
+        return fmt_bytes(v) if self.memory else fmt_seconds(v)
+
+    def pred(self, r: TrialRow) -> float:
+        return float((r.pred_memory if self.memory else r.pred_epoch_time) or 0.0)
+
+    def act(self, r: TrialRow) -> float:
+        return float((r.actual_memory if self.memory else r.actual_epoch_time) or 0.0)
+
+    def upper(self, r: TrialRow) -> float | None:
+        return r.pred_memory_upper if self.memory else r.pred_epoch_time_upper
+
+
 def _scatter(rep: Report, figs: _Figures, *, what: str, name: str, height: int = 440) -> str:
-    memory = what == "memory"
-    fmt = fmt_bytes if memory else fmt_seconds
-    rows = _measured_pairs(rep, memory)[:MAX_POINTS]
+    """The predicted-vs-measured figure of ``what`` (``"memory"`` or ``"time"``): one
+    point per measured trial with a bar to its upper bound, the trials that ran out of
+    memory at what they reached, and the line where prediction equals measurement; or a
+    line saying there is nothing to compare."""
+    q = _Quantity(memory=what == "memory")
+    rows = _measured_pairs(rep, q.memory)[:MAX_POINTS]
     ooms = [
         r
         for r in rep.trials
-        if memory and r.outcome == "oom" and r.pred_memory and r.oom_memory_reached
+        if q.memory and r.outcome == "oom" and r.pred_memory and r.oom_memory_reached
     ]
-    label = "peak memory" if memory else "epoch time"
     if not rows and not ooms:
         return (
-            f'<div><p class="empty">No trial has both a predicted and a measured {label} yet, '
+            f'<div><p class="empty">No trial has both a predicted and a measured {q.label} yet, '
             "so there is nothing to compare.</p></div>"
         )
-
-    def pred_of(r: TrialRow) -> float:
-        return float((r.pred_memory if memory else r.pred_epoch_time) or 0.0)
-
-    def act_of(r: TrialRow) -> float:
-        return float((r.actual_memory if memory else r.actual_epoch_time) or 0.0)
-
-    def upper_of(r: TrialRow) -> float | None:
-        return r.pred_memory_upper if memory else r.pred_epoch_time_upper
-
-    raw = [v for r in rows for v in (pred_of(r), act_of(r), upper_of(r) or pred_of(r))]
+    raw = [v for r in rows for v in (q.pred(r), q.act(r), q.upper(r) or q.pred(r))]
     raw += [v for r in ooms for v in (r.pred_memory or 0.0, r.oom_memory_reached or 0.0)]
     raw = [v for v in raw if v > 0]
-    scale: float
-    if memory:
-        scale, unit = (2.0**30, "GiB") if max(raw) >= 4 * 2**30 else (2.0**20, "MiB")
-    else:
-        scale, unit = (60.0, "min") if max(raw) >= 600 else (1.0, "s")
+    scale, unit = _scatter_unit(q, max(raw))
     fig = _Fig()
+    _add_pair_traces(fig, q, rows, scale)
+    if ooms:
+        _add_oom_trace(fig, q, ooms, scale)
+    _add_identity_and_axes(fig, q, min(raw) / scale, max(raw) / scale, scale, unit)
+    return figs.div(fig, name, height, f"{q.label.capitalize()}: predicted vs measured")
+
+
+def _scatter_unit(q: _Quantity, largest: float) -> tuple[float, str]:
+    """The unit the figure's axes are drawn in, with its size in bytes or seconds: GiB
+    from 4 GiB up (else MiB), minutes from 10 minutes up (else seconds)."""
+    if q.memory:
+        return (2.0**30, "GiB") if largest >= 4 * 2**30 else (2.0**20, "MiB")
+    return (60.0, "min") if largest >= 600 else (1.0, "s")
+
+
+def _add_pair_traces(fig: _Fig, q: _Quantity, rows: Sequence[TrialRow], scale: float) -> None:
+    """One trace of measured trials per (cost model, within its upper bound or not),
+    each point with its hover text and a bar from the prediction to the upper bound."""
     groups: dict[tuple[str, bool], list[TrialRow]] = {}
     for r in rows:
-        upper = upper_of(r)
-        covered = upper is None or act_of(r) <= upper
+        upper = q.upper(r)
+        covered = upper is None or q.act(r) <= upper
         groups.setdefault((r.model_kind or "unknown", covered), []).append(r)
     kinds = {kind for kind, _ in groups}
     for (kind, covered), members in sorted(groups.items(), key=lambda g: (g[0][0], not g[0][1])):
         texts = []
         for r in members:
-            pred, act, upper = pred_of(r), act_of(r), upper_of(r)
+            pred, act, upper = q.pred(r), q.act(r), q.upper(r)
             texts.append(
                 _hover(
                     r,
                     [
-                        f"predicted {e(fmt(pred))}, upper bound {e(fmt(upper))}",
-                        f"measured {e(fmt(act))} (error {e(fmt_pct(pred / act - 1, True))})",
+                        f"predicted {e(q.fmt(pred))}, upper bound {e(q.fmt(upper))}",
+                        f"measured {e(q.fmt(act))} (error {e(fmt_pct(pred / act - 1, True))})",
                     ],
                 )
             )
@@ -465,8 +497,8 @@ def _scatter(rep: Report, figs: _Figures, *, what: str, name: str, height: int =
         fig.add_trace(
             dict(
                 type="scatter",
-                x=[pred_of(r) / scale for r in members],
-                y=[act_of(r) / scale for r in members],
+                x=[q.pred(r) / scale for r in members],
+                y=[q.act(r) / scale for r in members],
                 mode="markers",
                 name=(f"{e(kind)} model, " if len(kinds) > 1 else "")
                 + ("within its upper bound" if covered else "above its upper bound"),
@@ -480,7 +512,7 @@ def _scatter(rep: Report, figs: _Figures, *, what: str, name: str, height: int =
                 error_x={
                     "type": "data",
                     "symmetric": False,
-                    "array": [((upper_of(r) or pred_of(r)) - pred_of(r)) / scale for r in members],
+                    "array": [((q.upper(r) or q.pred(r)) - q.pred(r)) / scale for r in members],
                     "arrayminus": [0.0] * len(members),
                     "thickness": 1.2,
                     "width": 0,
@@ -490,29 +522,39 @@ def _scatter(rep: Report, figs: _Figures, *, what: str, name: str, height: int =
                 hovertemplate="%{text}<extra></extra>",
             )
         )
-    if ooms:
-        fig.add_trace(
-            dict(
-                type="scatter",
-                x=[(r.pred_memory or 0) / scale for r in ooms],
-                y=[(r.oom_memory_reached or 0) / scale for r in ooms],
-                mode="markers",
-                name="out of memory (measured: reached before the crash)",
-                marker={"color": COLORS["oom"], "symbol": "triangle-up", "size": 11},
-                text=[
-                    _hover(
-                        r,
-                        [
-                            f"predicted {e(fmt(r.pred_memory))}, upper bound {e(fmt(r.pred_memory_upper))}",
-                            f"ran out of memory after reaching {e(fmt(r.oom_memory_reached))}",
-                        ],
-                    )
-                    for r in ooms
-                ],
-                hovertemplate="%{text}<extra></extra>",
-            )
+
+
+def _add_oom_trace(fig: _Fig, q: _Quantity, ooms: Sequence[TrialRow], scale: float) -> None:
+    """The trials that ran out of memory, at the memory they reached before the crash:
+    a lower bound of their need, so they are drawn apart from the measured peaks."""
+    fig.add_trace(
+        dict(
+            type="scatter",
+            x=[(r.pred_memory or 0) / scale for r in ooms],
+            y=[(r.oom_memory_reached or 0) / scale for r in ooms],
+            mode="markers",
+            name="out of memory (measured: reached before the crash)",
+            marker={"color": COLORS["oom"], "symbol": "triangle-up", "size": 11},
+            text=[
+                _hover(
+                    r,
+                    [
+                        f"predicted {e(q.fmt(r.pred_memory))}, upper bound {e(q.fmt(r.pred_memory_upper))}",
+                        f"ran out of memory after reaching {e(q.fmt(r.oom_memory_reached))}",
+                    ],
+                )
+                for r in ooms
+            ],
+            hovertemplate="%{text}<extra></extra>",
         )
-    lo, hi = min(raw) / scale, max(raw) / scale
+    )
+
+
+def _add_identity_and_axes(
+    fig: _Fig, q: _Quantity, lo: float, hi: float, scale: float, unit: str
+) -> None:
+    """The predicted = measured line and the axes, between ``lo`` and ``hi`` (in
+    ``unit``): logarithmic, with readable ticks, where the values span more than 30x."""
     log = hi / lo > 30
     lo, hi = (lo / 1.25, hi * 1.25) if log else (0.0, hi * 1.08)
     fig.add_trace(
@@ -532,13 +574,12 @@ def _scatter(rep: Report, figs: _Figures, *, what: str, name: str, height: int =
     )
     axis: dict[str, Any] = {"type": "log" if log else "linear", "range": _range(lo, hi, log)}
     if log:
-        tick = short_mib if memory else short_time
-        factor = scale / 2**20 if memory else scale
+        tick = short_mib if q.memory else short_time
+        factor = scale / 2**20 if q.memory else scale
         vals, texts = log_ticks(lo, hi, lambda v: tick(v * factor))
         axis.update(tickvals=vals, ticktext=texts)
     fig.update_xaxes(**axis)
     fig.update_yaxes(**axis)
-    return figs.div(fig, name, height, f"{label.capitalize()}: predicted vs measured")
 
 
 def _range(lo: float, hi: float, log: bool) -> list[float]:
