@@ -476,7 +476,7 @@ def _device_option(
         judge = dataclasses.replace(judge, price_per_hour=price)
     pred = model.predict(spec, dev)
     decision = judge.decide(pred, device=dev)
-    found = _largest_batch(model, spec, dev, judge, limit, pred, decision, needs)
+    found = _BatchSearch(model, spec, dev, judge, limit, pred, decision, needs).run()
     return DeviceOption(
         device=dev.name,
         fits=decision.admit,
@@ -527,17 +527,8 @@ def _comparison(
     )
 
 
-def _largest_batch(
-    model: CostModel,
-    spec: TrainingSpec,
-    dev: Device,
-    judge: Budget,
-    limit: int,
-    pred0: Prediction,
-    decision0: Decision,
-    needs: list[tuple[str, int, float]],
-) -> BatchSizeResult:
-    """The largest batch size ``judge`` admits on ``dev``, as
+class _BatchSearch:
+    """The largest batch size ``judge`` admits on ``dev`` (:meth:`run`), as
     :func:`~costaware.core.batch_size.max_batch_size` finds it (a size admitted, the next one
     above it rejected, or the search limit), in fewer predictions.
 
@@ -550,23 +541,11 @@ def _largest_batch(
     rejected one is admitted; near the edge the need is not monotone to the byte (the
     allocator rounds), so the two may stop a size or two apart. ``needs`` collects
     (device, batch size, memory need) across the devices of one comparison.
+
+    It holds the predictions and decisions made so far, by batch size, and the steps of
+    the search: climb above the sizes admitted, descend below the sizes rejected, narrow
+    the bracket between them.
     """
-    search = _BatchSearch(model, spec, dev, judge, limit, pred0, decision0, needs)
-    lo, hi = search.climb()
-    if hi is None:
-        return search.result(lo, None, "search limit")
-    if lo == 0:
-        lo, hi = search.descend(hi)
-        if lo == 0:
-            return search.result(0, None, "nothing fits")
-    return search.narrow(lo, hi)
-
-
-class _BatchSearch:
-    """The state of one device's batch-size search for :func:`_largest_batch`: the
-    predictions and decisions made so far, by batch size, and the steps of the search
-    (climb above the sizes admitted, descend below the sizes rejected, narrow the bracket
-    between them)."""
 
     def __init__(
         self,
@@ -584,6 +563,18 @@ class _BatchSearch:
         self.seen: dict[int, tuple[Prediction, Decision]] = {}
         self.start = max(1, min(spec.batch_size, limit))
         self.target = float(dev.usable_memory_bytes)
+
+    def run(self) -> BatchSizeResult:
+        """The search: climb from the sizes admitted; where none was, descend below the
+        sizes rejected; then narrow the bracket."""
+        lo, hi = self.climb()
+        if hi is None:
+            return self.result(lo, None, "search limit")
+        if lo == 0:
+            lo, hi = self.descend(hi)
+            if lo == 0:
+                return self.result(0, None, "nothing fits")
+        return self.narrow(lo, hi)
 
     def admit(self, b: int) -> bool:
         """Whether the budget admits batch size ``b``, predicted once (the spec's own
