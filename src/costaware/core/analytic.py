@@ -21,7 +21,7 @@ measured figure or a documented assumption:
   the segments a real run keeps: without it the H100 conv nets' reserved peaks were
   under-predicted (VGG by 7%, U-Net by 6%).
 - A CPU's peak is the live-tensor peak, unrounded, with the columns of PyTorch's own
-  convolution where a CPU runs it (:func:`~costaware.core.trace._cpu_conv_transient`).
+  convolution where a CPU runs it (:func:`~costaware.core.trace.transients._cpu_conv_transient`).
 - cuDNN's benchmark mode (``torch.backends.cudnn.benchmark=True``) is not a factor on the
   peak. Its algorithm search takes a workspace sized to the free memory: PyTorch keeps the
   plans whose workspace fits the largest free block (``cacheInfo`` starts from
