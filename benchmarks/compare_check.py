@@ -64,17 +64,17 @@ def trained_ids(model_dir: Path | None) -> tuple[set[tuple[str, str]], list[str]
 
 def whole_model_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """The rows of ``paths`` that measured (or ran out of memory on) a whole training step
-    on a GPU."""
-    from costaware.measure.collect import read_rows
+    on a GPU: the latest of each configuration and GPU, as the accuracy benchmark counts
+    them (a repeat measurement replaces the earlier one)."""
+    from accuracy import _load, _read
 
-    rows = []
-    for path in paths:
-        for r in read_rows(path):
-            if "config" not in r or not str(r.get("device", "")).startswith("cuda"):
-                continue
-            if r.get("status") in ("ok", "oom"):
-                rows.append(r)
-    return rows
+    return [
+        r
+        for r in _load(_read(list(paths)))
+        if "config" in r
+        and str(r.get("device", "")).startswith("cuda")
+        and r.get("status") in ("ok", "oom")
+    ]
 
 
 def check_row(model: Any, row: dict[str, Any], seen_elsewhere: bool = False) -> dict[str, Any]:

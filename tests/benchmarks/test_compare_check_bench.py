@@ -64,3 +64,14 @@ def test_configurations_the_model_learned_on_that_gpu_are_left_out(tmp_path: Pat
     seen, missing = compare_check.trained_ids(model_dir)
     assert missing == []
     assert seen == {(c["id"], "H100-SXM") for c in cfgs} | {(cfgs[0]["id"], "CPU")}
+
+
+def test_a_repeat_measurement_replaces_the_earlier_one(tmp_path: Path) -> None:
+    cfg = full_corpus("cpu", 0)[0].to_dict()
+    later = {**_row(cfg, "ok", iteration_time=0.02), "finished_at": "2026-11-27T10:00:00"}
+    earlier = {**_row(cfg, "ok", iteration_time=0.01), "finished_at": "2026-11-26T10:00:00"}
+    path = tmp_path / "rows.jsonl.gz"
+    with gzip.open(path, "wt") as f:  # the repeat written first, as a file of its own sorts
+        f.write(json.dumps(later) + "\n" + json.dumps(earlier) + "\n")
+    (row,) = compare_check.whole_model_rows([path])
+    assert row["measurement"]["iteration_time"] == 0.02
