@@ -1261,14 +1261,9 @@ def section(rep: dict[str, Any], command: str) -> str:
 
 def splice(doc: Path, text: str) -> None:
     """Put ``text`` between the GPU markers of ``doc`` (appended if it has none)."""
-    old = doc.read_text() if doc.is_file() else ""
-    if START in old and END in old:
-        head, rest = old.split(START, 1)
-        tail = rest.split(END, 1)[1]
-        new = head + text + tail
-    else:
-        new = old.rstrip("\n") + "\n\n" + text + "\n"
-    doc.write_text(new)
+    from _docs import splice as splice_section
+
+    splice_section(doc, text, START, END)
 
 
 # --------------------------------------------------------------------------------------

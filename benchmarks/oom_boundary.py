@@ -467,14 +467,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
     if args.update_docs:
-        doc = ROOT / "docs" / "accuracy.md"
-        current = doc.read_text()
-        if START in current and END in current:
-            head, rest = current.split(START, 1)
-            current = head + text + rest.split(END, 1)[1]
-        else:
-            current = current.rstrip("\n") + "\n\n" + text + "\n"
-        doc.write_text(current)
+        from _docs import splice
+
+        splice(ROOT / "docs" / "accuracy.md", text, START, END)
     return 0
 
 
