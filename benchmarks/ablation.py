@@ -180,6 +180,12 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _result_name(variant: str, split: str) -> str:
+    """The file a (variant, split) result is kept in."""
+    slug = variant.strip("+ ").replace(" ", "-").replace("(", "").replace(")", "")
+    return f"{split}-{slug}.json"
+
+
 def _cache_key(files: Sequence[Path], meta: dict[str, Any]) -> str:
     """What a kept result depends on: the data's bytes, the features and the settings."""
     h = hashlib.sha256()
@@ -197,8 +203,10 @@ def run(
     meta: dict[str, Any],
     results_dir: Path,
     graph2vec: Callable[[], accuracy.Refeature],
+    splits: Sequence[str] = SPLITS,
 ) -> dict[str, dict[str, Any]]:
-    """Every (variant, split) evaluated, or read back from ``results_dir``."""
+    """Every variant under each of ``splits`` evaluated, or read back from ``results_dir``
+    (the graph2vec embedding of a fold is fitted once for the variants that share it)."""
     keys = {accuracy._key(r): accuracy._graph_key(r) for r in rows}
 
     def key(o: Any) -> str:
@@ -211,10 +219,9 @@ def run(
     }
     g2v: accuracy.Refeature | None = None
     out: dict[str, dict[str, Any]] = {}
-    for name, (keep_nsm, with_g2v) in VARIANTS.items():
-        for split in SPLITS:
-            slug = name.strip("+ ").replace(" ", "-").replace("(", "").replace(")", "")
-            path = results_dir / f"{split}-{slug}.json"
+    for split in splits:
+        for name, (keep_nsm, with_g2v) in VARIANTS.items():
+            path = results_dir / _result_name(name, split)
             if path.is_file():
                 out.setdefault(name, {})[split] = json.loads(path.read_text())
                 continue
@@ -259,11 +266,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=str(_DEFAULT_RESULTS),
         help="folder for each (features, split) result, read back by a later run",
     )
+    p.add_argument(
+        "--splits",
+        default=",".join(SPLITS),
+        help="the splits to evaluate, comma-separated (default both; two processes can "
+        "share --results, one per split)",
+    )
     p.add_argument("--trace-timeout", type=float, default=600.0, help="seconds per dry run")
     p.add_argument(
         "--update-docs", action="store_true", help="write the section into docs/accuracy.md"
     )
     args = p.parse_args(argv)
+    splits = [x.strip() for x in args.splits.split(",") if x.strip()]
+    if not splits or not set(splits) <= set(SPLITS):
+        p.error(f"--splits takes {' and/or '.join(SPLITS)}, got {args.splits!r}")
     if args.folds < 2:
         p.error(f"--folds must be at least 2, got {args.folds}")
     from costaware.core.features import FEATURE_VERSION
@@ -299,16 +315,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     measured = {(str(o.meta.get("id")), str(o.meta.get("source_device"))) for o in obs}
     used = [r for r in rows if accuracy._key(r) in measured]
+    results_dir = Path(args.results) / _cache_key(files, meta)
     results = run(
         obs,
         used,
         settings,
         meta,
-        Path(args.results) / _cache_key(files, meta),
+        results_dir,
         lambda: accuracy._graph2vec_features(
             used, cache.with_name("graphs.json.gz"), args.trace_timeout
         ),
+        splits,
     )
+    for split in SPLITS:  # the other process's results, where two ran side by side
+        for name in VARIANTS:
+            path = results_dir / _result_name(name, split)
+            if split not in results.get(name, {}) and path.is_file():
+                results.setdefault(name, {})[split] = json.loads(path.read_text())
+    missing = [s for s in SPLITS if any(s not in r for r in results.values())]
+    if missing:
+        print(f"results kept in {results_dir}; run --splits {','.join(missing)} as well")
+        return 0
     text = markdown(results, meta)
     if skipped:
         text = text.replace(

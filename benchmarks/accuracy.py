@@ -656,11 +656,13 @@ def _graph2vec_features(
     def key(o: Any) -> str:
         return keys[(str(o.meta.get("id")), str(o.meta.get("source_device")))]
 
-    def refeature(train: list[Any], test: list[Any]) -> tuple[list[Any], list[Any]]:
+    #: each fold's embeddings, by its training graphs and the graphs it embeds: a fold
+    #: that comes back (another variant of the same split) is not fitted again
+    folds: dict[tuple[tuple[str, ...], tuple[str, ...]], dict[str, dict[str, float]]] = {}
+
+    def embed(seen: list[str], wanted: list[str]) -> dict[str, dict[str, float]]:
         t = time.perf_counter()
-        seen = sorted({key(o) for o in train})
         g2v = Graph2Vec().fit([graphs[k] for k in seen])
-        wanted = sorted({key(o) for o in [*train, *test]})
         vectors = g2v.transform([graphs[k] for k in wanted])
         feats: dict[str, dict[str, float]] = {}
         for k, vec in zip(wanted, vectors, strict=True):
@@ -671,6 +673,15 @@ def _graph2vec_features(
             f"({time.perf_counter() - t:.0f}s)",
             file=sys.stderr,
         )
+        return feats
+
+    def refeature(train: list[Any], test: list[Any]) -> tuple[list[Any], list[Any]]:
+        seen = sorted({key(o) for o in train})
+        wanted = sorted({key(o) for o in [*train, *test]})
+        fold = (tuple(seen), tuple(wanted))
+        if fold not in folds:
+            folds[fold] = embed(seen, wanted)
+        feats = folds[fold]
 
         def add(os_: list[Any]) -> list[Any]:
             return [dataclasses.replace(o, features={**o.features, **feats[key(o)]}) for o in os_]
