@@ -16,7 +16,7 @@ and what share of the runs that fitted it rejects.
   its unlimited reserved peak.
 
 **Held out by family:** for each probed family, the memory line and both bounds are
-fitted on the corpus rows (``data/gpu/*-shard*.jsonl.gz``) of the *other* families, as
+fitted on the GPU rows the shipped model learns from (:data:`CORPUS`) of the *other* families, as
 ``CostModel.fit`` fits them: a Theil-Sen line over the simulated reserved peak; its bound
 cross-conformal by family at 95%; the capacity bound (:func:`costaware.core.model.capacity_quantile`)
 over the measured allocated peaks. Then the family's probes are predicted from their own
@@ -52,6 +52,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 1024**3
 MiB = 1024**2
+#: the GPU rows the shipped model's memory line and bounds learn from: the corpus shards
+#: and the small models measured on a GPU (``data/README.md``)
+CORPUS = ("data/gpu/*-shard*.jsonl.gz", "data/gpu/*-small-*.jsonl.gz")
 START = "<!-- oom_boundary:start -->"
 END = "<!-- oom_boundary:end -->"
 
@@ -84,7 +87,10 @@ def _corpus_observations() -> list[Any]:
     from costaware.measure.collect import observations, read_rows
 
     rows = [
-        r for f in sorted(glob.glob(str(ROOT / "data/gpu/*-shard*.jsonl.gz"))) for r in read_rows(f)
+        r
+        for pattern in CORPUS
+        for f in sorted(glob.glob(str(ROOT / pattern)))
+        for r in read_rows(f)
     ]
     temp = Path(tempfile.gettempdir())
     cache = temp / "costaware-oom-boundary" / "features.json.gz"
@@ -392,7 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "with the default allocator, one configuration per corpus family, each at batch "
         "sizes bisected to within 6% of the largest that runs under a cap "
         "(`set_per_process_memory_fraction`). Held out by family: the memory line and both "
-        "bounds were fitted on the corpus rows of the other families (`docs` of the script). "
+        "bounds were fitted on the other families' GPU rows that the shipped model learns "
+        "from, the corpus and the small models (`docs` of the script). "
         "*old* admits when the reserved peak's upper bound fits the cap, *new* when the "
         "upper bound of the smallest capacity the step runs in does (what `Budget` "
         "checks). The target is 0 admitted OOMs and at most 5% of the fitting runs rejected.",
