@@ -401,6 +401,7 @@ def _records(model: Any, test: list[Any]) -> list[dict[str, Any]]:
                 "family": o.family,
                 "id": o.meta.get("id"),
                 "device": o.device,
+                "source_device": o.meta.get("source_device"),
                 "status": o.status,
                 "mem": o.peak_memory,
                 "secs": o.iteration_time,
@@ -830,6 +831,7 @@ def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
             if misses:
                 lines += ["", f"Admitted but OOM at {_cap_label(name, cap)}: " + "; ".join(misses)]
         lines += _device_lines(res)
+        lines += _corpus_lines(res)
         if kind == "gpu":
             lines += _same_configuration_lines(meta.get("same_configurations", []))
         lines += _unseen_device_lines(meta.get("unseen_devices", {}).get(kind))
@@ -868,6 +870,37 @@ def _device_lines(res: dict[str, Any]) -> list[str]:
         *_SUMMARY_HEAD,
         *(_summary_row(d, s) for d, s in res["devices"].items()),
     ]
+
+
+def _corpus_lines(res: dict[str, Any]) -> list[str]:
+    """The leave-family-out figures above, by the corpus the rows were drawn from."""
+    if len(res.get("corpora") or {}) < 2:
+        return []
+    return [
+        "",
+        "The same held-out predictions by the corpus each configuration was drawn from "
+        "(`costaware.measure.corpus`: `gpu` sized for a GPU, `cpu` the small models sized "
+        "for a CPU, here measured on a GPU):",
+        "",
+        *_SUMMARY_HEAD,
+        *(_summary_row(f"`{c}` corpus", s) for c, s in res["corpora"].items()),
+    ]
+
+
+def by_corpus(
+    results: dict[str, dict[str, Any]], rows: Sequence[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """``results`` with each kind's held-out predictions also summarised by the corpus
+    their rows were drawn from (``corpora``)."""
+    corpus = {_key(r): str((r.get("config") or {}).get("corpus")) for r in rows}
+    for res in results.values():
+        recs = res["records"]
+        of = [corpus.get((str(r["id"]), str(r["source_device"])), "None") for r in recs]
+        res["corpora"] = {
+            c: _summarise([r for r, k in zip(recs, of, strict=True) if k == c], res["capacities"])
+            for c in sorted(set(of))
+        }
+    return results
 
 
 def _unseen_device_lines(unseen: dict[str, Any] | None) -> list[str]:
@@ -1076,7 +1109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "random_state": args.seed,
         "memory_model": args.memory_model,
     }
-    results = {k: _evaluate(v, k, settings, refeature) for k, v in by_kind.items()}
+    results = by_corpus({k: _evaluate(v, k, settings, refeature) for k, v in by_kind.items()}, rows)
     unseen = (
         {}
         if args.no_unseen_devices or args.graph2vec

@@ -199,3 +199,27 @@ def test_step_noise_is_the_spread_of_each_rows_own_timed_steps() -> None:
     assert accuracy._step_noise(rows) == noise  # seeded
     text = "\n".join(accuracy._step_noise_lines(gpu, 0.17))
     assert "a mean" in text and "17.0%" in text and "vgg" in text
+
+
+def test_held_out_predictions_are_also_summarised_by_corpus() -> None:
+    def rec(cid: str, secs: float, predicted: float) -> dict[str, Any]:
+        return {
+            "id": cid, "source_device": "NVIDIA H200", "family": "mlp", "status": "ok",
+            "mem": 2**30, "p_mem": 2**30, "p_mem_hi": 2**30, "a_mem": 2**30, "search": False,
+            "secs": secs, "p_secs": predicted, "p_secs_hi": predicted * 2, "a_secs": secs,
+        }  # fmt: skip
+
+    rows = [
+        {"id": "big", "device_name": "NVIDIA H200", "config": {"corpus": "gpu"}},
+        {"id": "small", "device_name": "NVIDIA H200", "config": {"corpus": "cpu"}},
+        {"id": "small2", "device_name": "NVIDIA H200", "config": {"corpus": "cpu"}},
+    ]
+    res = {"records": [rec("big", 1.0, 1.1), rec("small", 1.0, 1.5), rec("small2", 1.0, 1.3)]}
+    res["capacities"] = {"12 GiB": 12.0 * 2**30}
+    out = accuracy.by_corpus({"gpu": res}, rows)["gpu"]["corpora"]
+    assert sorted(out) == ["cpu", "gpu"]
+    assert out["gpu"]["n"] == 1 and out["gpu"]["time_mre"] == pytest.approx(0.1)
+    assert out["cpu"]["n"] == 2 and out["cpu"]["time_mre"] == pytest.approx(0.4)
+    text = "\n".join(accuracy._corpus_lines({"corpora": out}))
+    assert "| `cpu` corpus | 2 |" in text and "| `gpu` corpus | 1 |" in text
+    assert accuracy._corpus_lines({"corpora": {"gpu": out["gpu"]}}) == []
