@@ -122,7 +122,8 @@ def best_variant(results: dict[str, dict[str, Any]], split: str = "family") -> s
 def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     """The ablation section of ``docs/accuracy.md``."""
     pct = accuracy._pct
-    first = next(iter(results.values()))["family"]["overall"]
+    some = next(iter(results.values()))  # the row counts and the unfitted estimate's errors
+    first = some["family"]["overall"]
     lines = [
         START,
         "## What each part of the features is worth (ablation)",
@@ -144,7 +145,7 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         "| within families: time MRE | median | time cov | mem MRE |",
         "|" + "---|" * 9,
         f"| analytic (unfitted) | {pct(first['a_time_mre'])} | | | {pct(first['a_mem_mre'])} "
-        f"| {pct(next(iter(results.values()))['configuration']['overall']['a_time_mre'])} "
+        f"| {pct(some['configuration']['overall']['a_time_mre'])} "
         "| | | |",
     ]
     for name, by_split in results.items():
@@ -154,7 +155,7 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
             f"| {pct(f['mem_mre'])} | {pct(c['time_mre'])} | {pct(c['time_mdre'])} "
             f"| {pct(c['time_cov'])} | {pct(c['mem_mre'])} |"
         )
-    families = sorted(next(iter(results.values()))["family"]["families"])
+    families = sorted(some["family"]["families"])
     lines += [
         "",
         "Iteration-time MRE by family, held out by family:",
@@ -206,13 +207,10 @@ def run(
     splits: Sequence[str] = SPLITS,
     variants: Sequence[str] = tuple(VARIANTS),
 ) -> dict[str, dict[str, Any]]:
-    """Every variant under each of ``splits`` evaluated, or read back from ``results_dir``
-    (the graph2vec embedding of a fold is fitted once for the variants that share it)."""
-    keys = {accuracy._key(r): accuracy._graph_key(r) for r in rows}
-
-    def key(o: Any) -> str:
-        return keys[(str(o.meta.get("id")), str(o.meta.get("source_device")))]
-
+    """Every (variant, split) kept in ``results_dir`` read back (another process's too),
+    and those of ``variants`` under ``splits`` that are not there evaluated (the graph2vec
+    embedding of a fold is fitted once for the variants that share it)."""
+    key = accuracy._graph_key_of(rows)
     folds = configuration_folds([key(o) for o in obs], meta["folds"], meta["seed"])
     fold_of: dict[str, Callable[[Any], str] | None] = {
         "family": None,
@@ -220,12 +218,13 @@ def run(
     }
     g2v: accuracy.Refeature | None = None
     out: dict[str, dict[str, Any]] = {}
-    for split in splits:
-        for name in variants:
-            keep_nsm, with_g2v = VARIANTS[name]
+    for split in SPLITS:
+        for name, (keep_nsm, with_g2v) in VARIANTS.items():
             path = results_dir / _result_name(name, split)
             if path.is_file():
                 out.setdefault(name, {})[split] = json.loads(path.read_text())
+                continue
+            if split not in splits or name not in variants:
                 continue
             if with_g2v and g2v is None:
                 g2v = graph2vec()
@@ -321,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "random_state": args.seed,
         "memory_model": "line",
     }
-    measured = {(str(o.meta.get("id")), str(o.meta.get("source_device"))) for o in obs}
+    measured = {accuracy._obs_key(o) for o in obs}
     used = [r for r in rows if accuracy._key(r) in measured]
     results_dir = Path(args.results) / _cache_key(files, meta)
     results = run(
@@ -336,11 +335,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         splits,
         [v for v, (_, g2v) in VARIANTS.items() if not (g2v and args.no_graph2vec)],
     )
-    for split in SPLITS:  # the other process's results, where two ran side by side
-        for name in VARIANTS:
-            path = results_dir / _result_name(name, split)
-            if split not in results.get(name, {}) and path.is_file():
-                results.setdefault(name, {})[split] = json.loads(path.read_text())
     missing = [(v, s) for v in VARIANTS for s in SPLITS if s not in results.get(v, {})]
     if missing:  # what there is, and no section until every variant and split is there
         for name, by_split in results.items():

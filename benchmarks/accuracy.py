@@ -77,6 +77,11 @@ def _key(r: dict[str, Any]) -> tuple[str, str]:
     return str(r.get("id")), str(r.get("device_name"))
 
 
+def _obs_key(o: Any) -> tuple[str, str]:
+    """An observation's configuration and device, as :func:`_key` gives its row's."""
+    return str(o.meta.get("id")), str(o.meta.get("source_device"))
+
+
 def _kind(device: str) -> str:
     """The device kind a row or observation is evaluated with: "cpu" or "gpu"."""
     return "cpu" if device == "CPU" else "gpu"
@@ -574,6 +579,12 @@ def _graph_key(row: dict[str, Any]) -> str:
     return json.dumps(config, sort_keys=True) + f"|{_kind(str(row.get('device_name')))}"
 
 
+def _graph_key_of(rows: Sequence[dict[str, Any]]) -> Callable[[Any], str]:
+    """Each observation's :func:`_graph_key`, from the rows it was measured in."""
+    keys = {_key(r): _graph_key(r) for r in rows}
+    return lambda o: keys[_obs_key(o)]
+
+
 def _graphs(rows: Sequence[dict[str, Any]], cache: Path, trace_timeout: float) -> dict[str, Any]:
     """The operator graph (``networkx.DiGraph``, nodes labelled ``op``) of each of ``rows``'
     configurations apart from the batch size (:func:`_graph_key`): one dry run each, at the
@@ -652,10 +663,7 @@ def _graph2vec_features(
     from costaware.core.graph2vec import Graph2Vec
 
     graphs = _graphs(rows, cache, trace_timeout)
-    keys = {(str(r.get("id")), str(r.get("device_name"))): _graph_key(r) for r in rows}
-
-    def key(o: Any) -> str:
-        return keys[(str(o.meta.get("id")), str(o.meta.get("source_device")))]
+    key = _graph_key_of(rows)
 
     #: each fold's embeddings, by its training graphs and the graphs it embeds: a fold
     #: that comes back (another variant of the same split) is not fitted again
@@ -1095,9 +1103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             by_kind.setdefault(_kind(o.device), []).append(o)
     refeature = None
     if args.graph2vec:
-        measured = {(str(o.meta.get("id")), str(o.meta.get("source_device"))) for o in obs}
+        measured = {_obs_key(o) for o in obs}
         refeature = _graph2vec_features(
-            [r for r in rows if (str(r.get("id")), str(r.get("device_name"))) in measured],
+            [r for r in rows if _key(r) in measured],
             cache.with_name("graphs.json.gz"),
             args.trace_timeout,
         )
