@@ -1,11 +1,11 @@
-"""``compare`` against what a GPU measured: the figures it gives for a device, set against
-the same configurations trained on that device.
+"""``compare`` against what a device measured: the figures it gives for a device, set
+against the same configurations trained on that device.
 
 Each whole-model row of the files given (``data/gpu/*.jsonl.gz``, measured by
-``bash data/gpu_window.sh corpus|broad|small``) is a configuration trained on one GPU.
-Its spec is compared on that GPU (``CostModel.default().compare(spec, devices=[gpu])``,
-the shipped model unless ``--model-dir``), and the comparison's figures are set against
-the row's measurement:
+``bash data/gpu_window.sh corpus|broad|small``; or a CPU's, ``data/cpu/*.jsonl.gz``) is a
+configuration trained on one device. Its spec is compared on that device
+(``CostModel.default().compare(spec, devices=[name])``, the shipped model unless
+``--model-dir``), and the comparison's figures are set against the row's measurement:
 
 - **iteration time** against the measured median step: the mean and median relative
   error, the median of predicted / measured - 1 (bias), and the share of rows at or
@@ -19,15 +19,22 @@ out and counted (the files named in the model's ``data.json``, where this checko
 them): figures on the training data would say nothing about a configuration a user
 brings. A configuration the model learned as measured on another GPU is kept, and its
 rows are summarised apart ("config seen elsewhere"): that is the question ``compare``
-answers for a GPU the user does not have. Run it on rows a GPU window measured after
-the model was fitted, such as the broad families' shards.
+answers for a GPU the user does not have. Run it on rows measured after the model was
+fitted, such as the broad families' shards. A CPU's rows check the CPU model only where
+they were measured on the host it learned (the development container's CPU, whose
+speed ``data/README.md`` records per file): a CPU step's time is its host's.
 
 Usage: python benchmarks/compare_check.py FILE.jsonl.gz [...] [--model-dir DIR] [--json OUT]
+[--update-docs]
+
+``--update-docs`` writes the table into ``docs/accuracy.md`` (its section between the
+``compare_check`` markers), with the command and the files.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import statistics
 import sys
@@ -37,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+START = "<!-- compare_check:start -->"
+END = "<!-- compare_check:end -->"
 
 
 def trained_ids(model_dir: Path | None) -> tuple[set[tuple[str, str]], list[str]]:
@@ -63,31 +72,30 @@ def trained_ids(model_dir: Path | None) -> tuple[set[tuple[str, str]], list[str]
 
 
 def whole_model_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """The rows of ``paths`` that measured (or ran out of memory on) a whole training step
-    on a GPU: the latest of each configuration and GPU, as the accuracy benchmark counts
-    them (a repeat measurement replaces the earlier one)."""
+    """The rows of ``paths`` that measured (or ran out of memory on) a whole training step:
+    the latest of each configuration and device, as the accuracy benchmark counts them (a
+    repeat measurement replaces the earlier one)."""
     from accuracy import _load, _read
 
     return [
         r
         for r in _load(_read(list(paths)))
-        if "config" in r
-        and str(r.get("device", "")).startswith("cuda")
-        and r.get("status") in ("ok", "oom")
+        if "config" in r and r.get("kind") != "op" and r.get("status") in ("ok", "oom")
     ]
 
 
 def check_row(model: Any, row: dict[str, Any], seen_elsewhere: bool = False) -> dict[str, Any]:
-    """One row's comparison on the GPU it was measured on, beside what was measured."""
+    """One row's comparison on the device it was measured on, beside what was measured."""
     from costaware.measure.corpus import Config
 
     spec = Config.from_dict(row["config"]).to_spec()
-    gpu = str(row["device_name"])
-    option = model.compare(spec, devices=[gpu], default_prices=False).option(gpu)
+    name = str(row["device_name"])
+    option = model.compare(spec, devices=[name], default_prices=False).option(name)
     m = row.get("measurement") or {}
     out: dict[str, Any] = {
         "id": row["id"],
         "family": row.get("family") or row["config"].get("family"),
+        "precision": row["config"].get("precision", "fp32"),
         "device": option.device,
         "seen_elsewhere": seen_elsewhere,
         "measured_fits": row["status"] == "ok",
@@ -130,10 +138,12 @@ def _stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summarise(checked: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """:func:`_stats` per (device, family), per device, and overall."""
+    """:func:`_stats` per (device, family), per (device, precision), per device, and
+    overall."""
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in checked:
         groups[f"{r['device']} / {r['family']}"].append(r)
+        groups[f"{r['device']} / {r.get('precision', 'fp32')}"].append(r)
         groups[f"{r['device']} / all"].append(r)
         if r["seen_elsewhere"]:
             groups[f"{r['device']} / config seen elsewhere"].append(r)
@@ -162,11 +172,44 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def section(summary: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
+    """The docs section: what was checked, by which command, and the table."""
+    files = ", ".join(_rel(p) for p in args.files)
+    model = _rel(args.model_dir) if args.model_dir else "the shipped model"
+    command = "python benchmarks/compare_check.py " + " ".join(_rel(p) for p in args.files)
+    if args.model_dir:
+        command += f" --model-dir {_rel(args.model_dir)}"
+    return "\n".join(
+        [
+            START,
+            "## Measured after the fit: configurations the model never learned",
+            "",
+            f"Generated by `{command} --update-docs` on {datetime.date.today()} from {files}: "
+            f"{model}'s comparison on the device each row was measured on (`CostModel.compare`), "
+            "set against the measurement. Rows of configurations the model was fitted on, on "
+            "that device, are left out. Time bias is the median of predicted / measured - 1; "
+            "time cov the share of rows at or below the upper bound.",
+            "",
+            table(summary),
+            "",
+            END,
+        ]
+    )
+
+
+def _rel(path: Path) -> str:
+    p = path.resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    parser.add_argument("files", nargs="+", type=Path, help="jsonl.gz files of GPU rows")
+    parser.add_argument("files", nargs="+", type=Path, help="jsonl.gz files of whole-model rows")
     parser.add_argument("--model-dir", type=Path, help="a model saved by `costaware fit`")
     parser.add_argument("--json", type=Path, help="write every checked row and the figures")
+    parser.add_argument(
+        "--update-docs", action="store_true", help="write the table into docs/accuracy.md"
+    )
     args = parser.parse_args(argv)
 
     import costaware as ca
@@ -177,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fresh = [r for r in rows if (str(r["id"]), str(r["device_name"])) not in seen]
     seen_ids = {i for i, _ in seen}
     print(
-        f"{len(rows)} GPU rows; {len(rows) - len(fresh)} left out as configurations the "
+        f"{len(rows)} rows; {len(rows) - len(fresh)} left out as configurations the "
         f"model was fitted on; {len(fresh)} checked",
         file=sys.stderr,
     )
@@ -193,6 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     summary = summarise(checked)
     print(table(summary))
+    if args.update_docs:
+        from _docs import splice
+
+        splice(ROOT / "docs" / "accuracy.md", section(summary, args), START, END)
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "rows": checked}, indent=1))
     return 0

@@ -1,4 +1,4 @@
-"""benchmarks/compare_check.py: rows of a GPU run set against ``compare`` on that GPU."""
+"""benchmarks/compare_check.py: rows of a device's run set against ``compare`` on it."""
 
 from __future__ import annotations
 
@@ -48,15 +48,17 @@ def test_errors_coverage_and_decisions_are_scored_against_the_measurement() -> N
     assert s["time_coverage"] == (sum(m <= upper for m in (t * 1.25, t / 1.25)) / 2)
 
 
-def test_configurations_the_model_learned_on_that_gpu_are_left_out(tmp_path: Path) -> None:
+def test_configurations_the_model_learned_on_that_device_are_left_out(tmp_path: Path) -> None:
     cfgs = [c.to_dict() for c in full_corpus("cpu", 0)[:2]]
     path = tmp_path / "rows.jsonl.gz"
     with gzip.open(path, "wt") as f:
         for cfg in cfgs:
             f.write(json.dumps(_row(cfg, "ok", iteration_time=0.01, max_reserved=1e6)) + "\n")
         f.write(json.dumps({**_row(cfgs[0], "ok"), "device": "cpu", "device_name": "CPU"}) + "\n")
+        f.write(json.dumps({**_row(cfgs[1], "ok"), "kind": "op"}) + "\n")  # an op case
     rows = compare_check.whole_model_rows([path])
-    assert len(rows) == 2  # the CPU row is not a GPU's
+    # each device's whole-model rows, the CPU's too; no op case
+    assert sorted(r["device_name"] for r in rows) == ["CPU", "H100-SXM", "H100-SXM"]
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     trained = {"files": {str(path): {}}}  # an absolute path: the files need not be in data/
@@ -75,3 +77,19 @@ def test_a_repeat_measurement_replaces_the_earlier_one(tmp_path: Path) -> None:
         f.write(json.dumps(later) + "\n" + json.dumps(earlier) + "\n")
     (row,) = compare_check.whole_model_rows([path])
     assert row["measurement"]["iteration_time"] == 0.02
+
+
+def test_the_docs_section_names_its_command_and_splits_by_precision(tmp_path: Path) -> None:
+    model = ca.CostModel()
+    cfg = full_corpus("cpu", 0)[0].to_dict()
+    checked = [
+        compare_check.check_row(model, _row(c, "ok", iteration_time=0.01, max_reserved=1e6))
+        for c in ({**cfg, "precision": "fp32"}, {**cfg, "precision": "bf16"})
+    ]
+    summary = compare_check.summarise(checked)
+    assert summary["H100-SXM / fp32"]["n"] == 1 and summary["H100-SXM / bf16"]["n"] == 1
+    args = compare_check.argparse.Namespace(files=[ROOT / "data" / "x.jsonl.gz"], model_dir=None)
+    text = compare_check.section(summary, args)
+    assert text.startswith(compare_check.START) and text.endswith(compare_check.END)
+    assert "`python benchmarks/compare_check.py data/x.jsonl.gz --update-docs`" in text
+    assert "| H100-SXM / bf16 | 1 |" in text
