@@ -631,8 +631,9 @@ def test_bounds_follow_an_additive_error_without_widening_large_predictions() ->
 
 def test_dispatch_baseline_recovers_a_cpu_bound_and_a_gpu_bound_regime() -> None:
     """Steps of many tiny kernels take the CPU's issue time, steps of large kernels their
-    kernel time: the fitted baseline recovers both regimes, and the CPU's cost per op of
-    each phase, from whole-model timings."""
+    kernel time: the fitted baseline recovers both regimes, the CPU's cost per op of each
+    phase and per view, and how much the two pipelines fail to overlap, from whole-model
+    timings."""
     from costaware.core.step_models import _Dispatch
 
     rng = np.random.default_rng(1)
@@ -641,9 +642,10 @@ def test_dispatch_baseline_recovers_a_cpu_bound_and_a_gpu_bound_regime() -> None
     bwd = fwd * rng.uniform(1.2, 2.5, n)
     opt = rng.integers(3, 12, n).astype(float)
     tensors = rng.integers(4, 700, n).astype(float)  # parameter tensors, apart from ops
+    views = fwd * rng.uniform(0.0, 1.5, n)  # kernel-free ops, a few or many per kernel
     kernel_ms = np.exp(rng.uniform(np.log(0.05), np.log(200.0), n))
     amp = (rng.random(n) < 0.5).astype(float)  # half the steps under autocast
-    rows = np.column_stack([kernel_ms, fwd, bwd, opt, tensors, amp])
+    rows = np.column_stack([kernel_ms, fwd, bwd, opt, tensors, views, amp])
     truth = _Dispatch(
         gpu=0.9,
         fwd_ms=0.05,
@@ -653,6 +655,8 @@ def test_dispatch_baseline_recovers_a_cpu_bound_and_a_gpu_bound_regime() -> None
         tensor_ms=0.01,
         amp_kernel=1.25,
         amp_issue=1.1,
+        view_ms=0.008,
+        softness=0.3,
     )
     measured_s = truth._ms(rows) / 1e3 * np.exp(rng.normal(0, 0.03, n))
     fitted = _Dispatch.fit(rows, measured_s)
@@ -662,14 +666,28 @@ def test_dispatch_baseline_recovers_a_cpu_bound_and_a_gpu_bound_regime() -> None
     assert fitted.tensor_ms == pytest.approx(0.01, rel=0.3)
     assert fitted.amp_kernel == pytest.approx(1.25, rel=0.05)
     assert fitted.amp_issue == pytest.approx(1.1, rel=0.05)
+    assert fitted.view_ms == pytest.approx(0.008, rel=0.3)
+    assert fitted.softness == pytest.approx(0.3, rel=0.3)
+    # where kernel and issue time are equal, the soft maximum charges 2^0.3 of either
+    even = _Dispatch(1.0, 0.0, 0.0, 0.0, 10.0, 0.0, softness=0.3)._ms(
+        np.asarray([[10.0, *[0.0] * 6]])
+    )
+    assert even[0] == pytest.approx(10.0 * 2**0.3)
     # the same steps, none under autocast: no factor to learn, none applied
     fp32 = rows.copy()
-    fp32[:, 5] = 0.0
+    fp32[:, 6] = 0.0
     plain = _Dispatch.fit(fp32, truth._ms(fp32) / 1e3)
     assert (plain.amp_kernel, plain.amp_issue) == (1.0, 1.0)
-    # a manifest from before the autocast factors loads with neither
+    # a manifest from before the autocast factors loads with neither; one from before the
+    # views and the softness, with the plain maximum it was fitted as
     old = {k: v for k, v in dataclasses.asdict(fitted).items() if not k.startswith("amp_")}
     assert _Dispatch(**old).amp_kernel == 1.0
+    older = {k: v for k, v in dataclasses.asdict(truth).items() if k not in ("view_ms", "softness")}
+    plain_max = np.maximum(
+        0.9 * rows[:, 0] * np.where(rows[:, 6] > 0, 1.25, 1.0),
+        (rows[:, 1:5] @ [0.05, 0.012, 0.06, 0.01] + 0.3) * np.where(rows[:, 6] > 0, 1.1, 1.0),
+    )
+    np.testing.assert_allclose(_Dispatch(**older)._ms(rows), plain_max)
     # 800 forward and 1,600 backward ops of next to nothing: the step is their issue time
     tiny = {
         "optime_kernel_ms": 0.5,
@@ -677,20 +695,26 @@ def test_dispatch_baseline_recovers_a_cpu_bound_and_a_gpu_bound_regime() -> None
         "kernels_bwd": 1600.0,
         "kernels_opt": 5.0,
         "param_tensors": 300.0,
+        "ops:shape": 400.0,
     }
-    expected = (0.05 * 800 + 0.012 * 1600 + 0.06 * 5 + 0.01 * 300 + 0.3) / 1e3
+    expected = (0.05 * 800 + 0.012 * 1600 + 0.06 * 5 + 0.01 * 300 + 0.008 * 400 + 0.3) / 1e3
     assert fitted.seconds(tiny) == pytest.approx(expected, rel=0.1)
-    # the per-tensor share is per optimizer step: four micro-batches pay it a quarter each
+    # the per-tensor share is per optimizer step: four micro-batches pay it a quarter each;
+    # the views are per micro-batch, of which a trace holds two
     accumulated = {**tiny, "grad_accumulation": 4.0}
     saved = fitted.seconds(tiny) - fitted.seconds(accumulated)  # type: ignore[operator]
-    assert saved == pytest.approx(fitted.tensor_ms * 300 * 0.75 / 1e3, rel=1e-9)
+    per_step = fitted.tensor_ms * 300 * 0.75 + fitted.view_ms * 400 * 0.5
+    assert saved == pytest.approx(per_step / 1e3, rel=1e-4)
     # large kernels: the step is the GPU's, longer under autocast by its factor
     big = {**tiny, "optime_kernel_ms": 500.0}
     assert fitted.seconds(big) == pytest.approx(0.9 * 0.5, rel=0.1)
     bf16 = fitted.seconds({**big, "precision_is_bf16": 1.0})
-    assert bf16 == pytest.approx(fitted.seconds(big) * fitted.amp_kernel, rel=1e-9)  # type: ignore[operator]
-    # features from before the split (no kernels_* counts): no answer, the op sum is used
+    # (the issue time, an eighth of the kernel time, adds next to nothing to the soft maximum)
+    assert bf16 == pytest.approx(fitted.seconds(big) * fitted.amp_kernel, rel=1e-3)  # type: ignore[operator]
+    # features from before the split (no kernels_* counts) or without the views: no
+    # answer, the op sum is used
     assert fitted.seconds({"optime_kernel_ms": 5.0}) is None
+    assert fitted.seconds({k: v for k, v in tiny.items() if k != "ops:shape"}) is None
 
 
 def test_models_with_convolutions_get_their_own_bound() -> None:

@@ -62,30 +62,43 @@ class _StepModel:
 
 @dataclass(frozen=True)
 class _Dispatch(_StepModel):
-    """A GPU step as ``max(gpu * kernel time, CPU issue time)`` (milliseconds), where the
-    CPU's issue time is ``fwd * kernels_fwd + bwd * kernels_bwd + opt * kernels_opt +
-    tensor * param_tensors + step``; under autocast (bf16, fp16) the kernel time is
-    multiplied by ``amp_kernel`` and the issue time by ``amp_issue``.
+    """A GPU step (milliseconds) from two pipelines: the GPU's kernel time ``gpu * kernel
+    time`` and the CPU's issue time ``fwd * kernels_fwd + bwd * kernels_bwd + opt *
+    kernels_opt + tensor * param_tensors + view * views + step``. The two combine as
+    ``(k^p + i^p)^(1/p)`` with ``p = 1 / softness``: 0 is their maximum, 1 their sum.
+    Under autocast (bf16, fp16) the kernel time is multiplied by ``amp_kernel`` and the
+    issue time by ``amp_issue``.
 
-    An eager step is two pipelines: the CPU issues ops (Python, dispatcher and autograd
-    per op) while the GPU runs them. A step of many tiny kernels takes its issue time, one
-    of large kernels its kernel time; adding the two would count small models twice.
+    An eager step is the CPU issuing ops (Python, dispatcher and autograd per op) while
+    the GPU runs them. A step of many tiny kernels takes about its issue time, one of large
+    kernels about its kernel time; adding the two would count small models twice. They do
+    not overlap perfectly either: the loss and the optimizer synchronise, and the GPU
+    idles where the CPU falls behind for part of a step. Hence a soft maximum, whose
+    softness is fitted: it charges most where the two are close.
+
     The CPU's cost per op differs by phase: a forward op goes through Python and the
     module call, a backward op only through the autograd engine in C++, and an optimizer
     node is a ``_foreach`` op over every parameter, so each phase has its own cost per
     kernel (one cost for all three over-predicts backward-heavy steps such as DenseNet's).
-    Besides its ops, the CPU pays per parameter tensor: autograd's gradient accumulation,
-    ``zero_grad``, each ``_foreach`` op's per-tensor work and the module call around most
-    tensors; without that term a ``_foreach`` node would cost as much over the 8 tensors
-    of an MLP as over the 160 of a ResNet. Autocast dispatches every op through its cast
-    policy and adds casts that the op-level sum under-counts, hence its two factors (one
-    set of constants for both would under-predict the mixed-precision steps and
-    over-predict the fp32 ones). What each part is worth on held-out families is in
-    ``docs/accuracy.md``. The eight constants are
+    A view (``view``, ``transpose``, ``split`` and the rest of the ``shape`` op group)
+    launches no kernel but costs the CPU a dispatch all the same; a transformer or a
+    DenseNet makes hundreds per step. Besides its ops, the CPU pays per parameter tensor:
+    autograd's gradient accumulation, ``zero_grad``, each ``_foreach`` op's per-tensor
+    work and the module call around most tensors; without that term a ``_foreach`` node
+    would cost as much over the 8 tensors of an MLP as over the 160 of a ResNet. Autocast
+    dispatches every op through its cast policy and adds casts that the op-level sum
+    under-counts, hence its two factors (one set of constants for both would
+    under-predict the mixed-precision steps and over-predict the fp32 ones). What each
+    part is worth on held-out families is in ``docs/predictions.md``. The constants are
     fitted on whole-model timings (the training rows of ``fit``), minimising the mean
     absolute log error; the kernel time and the three kernel counts are the
-    :data:`INPUTS` features of :mod:`costaware.core.optime`, ``param_tensors`` the dry run's,
-    per optimizer step as ``kernels_opt`` is.
+    :data:`INPUTS` features of :mod:`costaware.core.optime`, ``param_tensors`` the dry
+    run's, per optimizer step as ``kernels_opt`` is, and the views the forward and
+    backward ``ops:shape`` count of :mod:`costaware.core.features`, per micro-batch as
+    the kernels are.
+
+    A manifest written before the views and the softness were modelled loads with both at
+    0: the step is then the plain maximum it was fitted as.
     """
 
     gpu: float
@@ -96,6 +109,8 @@ class _Dispatch(_StepModel):
     tensor_ms: float
     amp_kernel: float = 1.0
     amp_issue: float = 1.0
+    view_ms: float = 0.0
+    softness: float = 0.0
 
     #: the features the step is computed from, in the order of ``_ms``'s columns, then
     #: whether the step runs under autocast (``precision_is_bf16`` or ``_fp16``)
@@ -105,44 +120,59 @@ class _Dispatch(_StepModel):
         "kernels_bwd",
         "kernels_opt",
         "param_tensors",
+        "ops:shape",
     )
+    #: the column of the autocast flag in a :meth:`row`
+    _AMP = len(INPUTS)
 
     @classmethod
     def row(cls, feats: Mapping[str, float]) -> list[float] | None:
         """The :data:`INPUTS` of ``feats`` and the autocast flag; None when one is missing
         (or not finite)."""
         row = [feats.get(n, math.nan) for n in cls.INPUTS]
-        row[4] /= max(feats.get("grad_accumulation", 1.0), 1.0)
+        accumulation = max(feats.get("grad_accumulation", 1.0), 1.0)
+        row[4] /= accumulation
+        row[5] /= min(accumulation, 2.0)  # a trace holds up to two micro-batches
         amp = max(feats.get("precision_is_bf16", 0.0), feats.get("precision_is_fp16", 0.0))
         row.append(1.0 if amp > 0 else 0.0)
         return row if all(math.isfinite(v) for v in row) else None
 
     def _ms(self, rows: np.ndarray) -> np.ndarray:
-        per = np.asarray([self.fwd_ms, self.bwd_ms, self.opt_ms, self.tensor_ms])
-        amp = rows[:, 5] > 0
-        issue = (rows[:, 1:5] @ per + self.step_ms) * np.where(amp, self.amp_issue, 1.0)
+        per = np.asarray([self.fwd_ms, self.bwd_ms, self.opt_ms, self.tensor_ms, self.view_ms])
+        amp = rows[:, self._AMP] > 0
+        issue = (rows[:, 1:6] @ per + self.step_ms) * np.where(amp, self.amp_issue, 1.0)
         kernel = self.gpu * np.maximum(rows[:, 0], 1e-3) * np.where(amp, self.amp_kernel, 1.0)
-        out: np.ndarray = np.maximum(kernel, issue)
+        top: np.ndarray = np.maximum(kernel, issue)
+        if self.softness <= 0.0:
+            return top
+        p = 1.0 / min(self.softness, 1.0)
+        out: np.ndarray = top * ((kernel / top) ** p + (issue / top) ** p) ** (1.0 / p)
         return out
 
     @classmethod
-    def fit(cls, rows: np.ndarray, measured_s: np.ndarray) -> _Dispatch:
-        """From rows of the :data:`INPUTS` and the measured seconds of each."""
+    def fit(cls, rows: np.ndarray, measured_s: np.ndarray, soft: bool = True) -> _Dispatch:
+        """From rows of :meth:`row` and the measured seconds of each; with ``soft=False``
+        the two pipelines combine as their plain maximum (``benchmarks/step_model.py``
+        scores each form)."""
         measured_ms = measured_s * 1e3
-        any_amp = bool((rows[:, 5] > 0).any())  # else no autocast factor to learn
+        any_amp = bool((rows[:, cls._AMP] > 0).any())  # else no autocast factor to learn
 
         def make(x: np.ndarray) -> _Dispatch:
-            gpu, fwd, bwd, opt, step, tensor, amp_kernel, amp_issue = np.exp(x).tolist()
+            # clipped: the search strays far along the flat directions of the max
+            gpu, fwd, bwd, opt, step, tensor, amp_kernel, amp_issue, view, soft_ = np.exp(
+                np.clip(x, -40.0, 40.0)
+            ).tolist()
             if not any_amp:
                 amp_kernel = amp_issue = 1.0
-            return cls(gpu, fwd, bwd, opt, step, tensor, amp_kernel, amp_issue)
+            softness = min(soft_, 1.0) if soft else 0.0
+            return cls(gpu, fwd, bwd, opt, step, tensor, amp_kernel, amp_issue, view, softness)
 
         def loss(x: np.ndarray) -> float:
             return float(np.mean(np.abs(np.log(make(x)._ms(rows) / measured_ms))))
 
-        starts = [  # a few starts: the max() has flat regions
-            np.log([1.0, per_op_ms, per_op_ms, per_op_ms, 0.5, per_op_ms / 4, 1.0, 1.0])
-            for per_op_ms in (0.005, 0.015, 0.04)
+        starts = [  # a few starts: the objective has flat regions
+            np.log([1.0, per_op, per_op, per_op, 0.5, per_op / 4, 1.0, 1.0, per_op / 4, 0.25])
+            for per_op in (0.005, 0.015, 0.04)
         ]
         return make(_min_log_error(loss, starts))
 
