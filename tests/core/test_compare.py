@@ -427,3 +427,16 @@ def test_a_real_study_report_has_the_other_gpus_section(tmp_path: Path) -> None:
     assert by["H100-SXM"]["seconds"] < by["T4"]["seconds"]
     text = rep.to_markdown()
     assert "## On other GPUs" in text and "| T4 (ran here) | 1 of 1 |" in text
+
+
+def test_small_costs_keep_two_significant_digits() -> None:
+    from costaware.core.compare import _money
+
+    assert [_money(x, "$") for x in (0.0395, 0.0236, 0.00041, 1.5, 0.0, None)] == [
+        "$0.040",
+        "$0.024",
+        "$0.00041",
+        "$1.50",
+        "$0",
+        "-",
+    ]

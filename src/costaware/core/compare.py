@@ -738,7 +738,8 @@ def _money(x: float | None, currency: str) -> str:
         return "-"
     if x == 0:
         return f"{currency}0"
-    return f"{currency}{x:,.2f}" if x >= 0.095 else f"{currency}{x:.2g}"
+    # two significant digits below a dime, trailing zero kept: $0.040, not $0.04
+    return f"{currency}{x:,.2f}" if x >= 0.095 else f"{currency}{x:#.2g}"
 
 
 def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
