@@ -20,9 +20,10 @@ them): figures on the training data would say nothing about a configuration a us
 brings. A configuration the model learned as measured on another GPU is kept, and its
 rows are summarised apart ("config seen elsewhere"): that is the question ``compare``
 answers for a GPU the user does not have. Run it on rows measured after the model was
-fitted, such as the broad families' shards. A CPU's rows check the CPU model only where
-they were measured on the host it learned (the development container's CPU, whose
-speed ``data/README.md`` records per file): a CPU step's time is its host's.
+fitted, such as the broad families' shards. A CPU's rows test the host as much as the
+model: a CPU step's time is its host's, and the CPU model learned the development
+container's CPU as it ran on the day its data was timed (``data/README.md`` records each
+file's host speed).
 
 Usage: python benchmarks/compare_check.py FILE.jsonl.gz [...] [--model-dir DIR] [--json OUT]
 [--update-docs]
