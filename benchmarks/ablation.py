@@ -298,16 +298,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not files:
         print("no data files: see data/README.md", file=sys.stderr)
         return 2
-    raw = accuracy._read(files)
-    rows = [r for r in accuracy._load(raw) if accuracy._kind(str(r.get("device_name"))) == "gpu"]
-    op_rows = accuracy._load(raw, kind="op")
-    print(f"{len(rows)} GPU rows from {len(files)} file(s); computing features", file=sys.stderr)
     cache = Path(args.cache)
-    obs, skipped = accuracy._observations(rows, True, args.trace_timeout, op_rows, cache)
-    obs = [o for o in obs if accuracy._kind(o.device) == "gpu"]
+    rows, obs, skipped = accuracy._gpu_observations(files, cache, args.trace_timeout)
     meta = {
         "date": time.strftime("%Y-%m-%d"),
-        "files": [str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f) for f in files],
+        "files": [accuracy._rel(f) for f in files],
         "feature_version": FEATURE_VERSION,
         "iterations": args.iterations,
         "seed": args.seed,

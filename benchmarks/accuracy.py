@@ -82,6 +82,13 @@ def _obs_key(o: Any) -> tuple[str, str]:
     return str(o.meta.get("id")), str(o.meta.get("source_device"))
 
 
+def _rel(path: Path | str) -> str:
+    """``path`` relative to the checkout where it lies in it (as the docs name files), else
+    as given."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
+
+
 def _kind(device: str) -> str:
     """The device kind a row or observation is evaluated with: "cpu" or "gpu"."""
     return "cpu" if device == "CPU" else "gpu"
@@ -348,6 +355,20 @@ def _observations(
         cache=cache if use_cache else None,
     )
     return list(obs), list(skipped)
+
+
+def _gpu_observations(
+    files: Sequence[Path], cache: Path | None, trace_timeout: float
+) -> tuple[list[dict[str, Any]], list[Any], list[str]]:
+    """The GPU whole-model rows of ``files`` and their observations (features from
+    ``cache``, every one computed without it; op-level sums from the files' op timings),
+    and the rows skipped."""
+    raw = _read(files)
+    rows = [r for r in _load(raw) if _kind(str(r.get("device_name"))) == "gpu"]
+    op_rows = _load(raw, kind="op")
+    print(f"{len(rows)} GPU rows from {len(files)} file(s); computing features", file=sys.stderr)
+    obs, skipped = _observations(rows, cache is not None, trace_timeout, op_rows, cache)
+    return rows, [o for o in obs if _kind(o.device) == "gpu"], skipped
 
 
 def _predict(model: Any, feats: dict[str, float]) -> tuple[float, float, float, float, float]:
@@ -1127,7 +1148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = {
         "unseen_devices": unseen,
         "date": time.strftime("%Y-%m-%d"),
-        "files": [str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f) for f in files],
+        "files": [_rel(f) for f in files],
         "devices": devices,
         "iterations": args.iterations,
         "seed": args.seed,

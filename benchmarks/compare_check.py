@@ -175,6 +175,8 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
 
 def section(summary: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     """The docs section: what was checked, by which command, and the table."""
+    from accuracy import _rel
+
     files = ", ".join(_rel(p) for p in args.files)
     model = _rel(args.model_dir) if args.model_dir else "the shipped model"
     command = "python benchmarks/compare_check.py " + " ".join(_rel(p) for p in args.files)
@@ -196,11 +198,6 @@ def section(summary: dict[str, dict[str, Any]], args: argparse.Namespace) -> str
             END,
         ]
     )
-
-
-def _rel(path: Path) -> str:
-    p = path.resolve()
-    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -62,13 +62,13 @@ _DEFAULT_DATA = (
 
 def step_rows(obs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The step model's rows (:meth:`_Dispatch.row`), measured seconds and families of the
-    timed GPU observations that have every feature it needs."""
+    timed observations (a GPU's) that have every feature it needs."""
     from costaware.core.step_models import _Dispatch
 
     rows, secs, fams = [], [], []
     for o in obs:
         row = _Dispatch.row(o.features)
-        if row is None or not o.iteration_time or o.features.get("device_is_cpu") == 1.0:
+        if row is None or not o.iteration_time:
             continue
         rows.append(row)
         secs.append(o.iteration_time)
@@ -85,7 +85,7 @@ def _fit_predict(
     views, soft = FORMS[form]
     x = rows.copy()
     if not views:
-        x[:, 5] = 0.0  # the views' column: no view is paid for
+        x[:, _Dispatch.INPUTS.index("ops:shape")] = 0.0  # no view is paid for
     model = _Dispatch.fit(x[train], secs[train], soft=soft)
     predicted = model._ms(x[test]) / 1e3
     errors: np.ndarray = np.abs(predicted / secs[test] - 1.0)
@@ -172,19 +172,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--inner-folds must be at least 2")
 
     names = args.data or sorted({f for pat in _DEFAULT_DATA for f in glob.glob(str(ROOT / pat))})
-    files = [Path(f) for f in names]
-    raw = accuracy._read(files)
-    wanted = [r for r in accuracy._load(raw) if accuracy._kind(str(r.get("device_name"))) == "gpu"]
-    op_rows = accuracy._load(raw, kind="op")
-    obs, _ = accuracy._observations(wanted, True, args.trace_timeout, op_rows, Path(args.cache))
+    _, obs, _ = accuracy._gpu_observations(
+        [Path(f) for f in names], Path(args.cache), args.trace_timeout
+    )
     rows, secs, fams = step_rows(obs)
     if len(np.unique(fams)) < args.inner_folds + 1:
         p.error(f"{len(np.unique(fams))} families: too few for {args.inner_folds} inner folds")
     errors = {form: held_out(form, rows, secs, fams) for form in FORMS}
     errors["nested"], chosen = nested(rows, secs, fams, args.inner_folds, args.seed)
-    rel = [str(Path(f).resolve().relative_to(ROOT)) if str(f).startswith(str(ROOT)) else f
-           for f in names]  # fmt: skip
-    command = "python benchmarks/step_model.py" + ("" if not args.data else " " + " ".join(rel))
+    command = " ".join(["python benchmarks/step_model.py", *map(accuracy._rel, args.data)])
     print(markdown(errors, fams, chosen, command))
     return 0
 

@@ -64,24 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the figures as JSON here")
     p.add_argument("--rows", help="write every prediction (one JSON object per row) here")
     args = p.parse_args(argv)
-    from costaware.core.model import CostModel
-    from costaware.core.optime import fit_op_models
-    from costaware.measure.collect import observations
 
     files = sorted(
         f
         for f in (ROOT / "data" / "gpu").glob("*.jsonl.gz")
         if acc.ARCHIVE not in f.parts and acc.PROBES not in f.parts
     )
-    raw = acc._read(files)
-    rows = acc._load(raw)
-    op_rows = acc._load(raw, kind="op")
-    feature_model = CostModel(trace_timeout=600.0)
-    op_models, _ = fit_op_models(op_rows)
-    for m in op_models:
-        feature_model.add_op_model(m)
-    obs, skipped = observations(rows, model=feature_model, cache=args.cache)
-    obs = [o for o in obs if acc._kind(o.device) == "gpu"]
+    cache = Path(args.cache) if args.cache else None
+    _, obs, skipped = acc._gpu_observations(files, cache, trace_timeout=600.0)
     settings = {
         "iterations": args.iterations,
         "thread_count": args.threads,
@@ -92,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     seen = acc._evaluate(obs, "gpu", settings)["records"]
     unseen = acc._evaluate_unseen_devices(obs, "gpu", settings)
     out: dict[str, Any] = {
-        "files": [str(f.relative_to(ROOT)) for f in files],
+        "files": [acc._rel(f) for f in files],
         "skipped": len(skipped),
     }
     out["seen"] = _spread(seen)

@@ -140,7 +140,8 @@ class _Dispatch(_StepModel):
     def _ms(self, rows: np.ndarray) -> np.ndarray:
         per = np.asarray([self.fwd_ms, self.bwd_ms, self.opt_ms, self.tensor_ms, self.view_ms])
         amp = rows[:, self._AMP] > 0
-        issue = (rows[:, 1:6] @ per + self.step_ms) * np.where(amp, self.amp_issue, 1.0)
+        # the counts: every input but the kernel time, up to the autocast flag
+        issue = (rows[:, 1 : self._AMP] @ per + self.step_ms) * np.where(amp, self.amp_issue, 1.0)
         kernel = self.gpu * np.maximum(rows[:, 0], 1e-3) * np.where(amp, self.amp_kernel, 1.0)
         top: np.ndarray = np.maximum(kernel, issue)
         if self.softness <= 0.0:
