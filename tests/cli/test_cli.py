@@ -168,6 +168,36 @@ def test_bad_model_reference(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("source", "said", "line"),
+    [
+        ("import math\nraise RuntimeError('config missing')\n", "RuntimeError: config missing", 2),
+        ("def f(:\n    pass\n", "SyntaxError: invalid syntax", 1),
+    ],
+)
+def test_an_error_importing_the_users_module_is_theirs(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    source: str,
+    said: str,
+    line: int,
+) -> None:
+    """An exception the user's module raises when imported is reported as that module's,
+    with its line: by file path and by module name alike."""
+    path = tmp_path / "user_models.py"
+    path.write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for ref in (f"{path}:f", "user_models:f"):
+        rc = main(["predict", ref, "-b", "4", "--input", "32"])
+        err = capsys.readouterr().err
+        assert rc == 2
+        assert err.count("\n") == 1 and "unexpected" not in err
+        assert f"raised {said}" in err
+        assert f"user_models.py:{line}" in err and "not costaware's" in err
+        assert "frozen" not in err
+
+
 def test_debug_shows_the_traceback(factory_file: Path) -> None:
     with pytest.raises(Exception, match="batch_size"):
         main(["--debug", "predict", f"{factory_file}:mlp", "-b", "0", "--input", "32"])

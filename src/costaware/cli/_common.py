@@ -47,12 +47,12 @@ def _load_factory(ref: str) -> Callable[[], Any]:
         module = importlib.util.module_from_spec(mod_spec)
         sys.path.insert(0, str(path.resolve().parent))
         try:
-            mod_spec.loader.exec_module(module)
+            _run_user_module(where, lambda: mod_spec.loader.exec_module(module))  # type: ignore[union-attr]
         finally:
             sys.path.pop(0)
     else:
         try:
-            module = importlib.import_module(where)
+            module = _run_user_module(where, lambda: importlib.import_module(where))
         except ImportError as e:
             raise CliError(f"cannot import module {where!r}: {e}") from e
     obj = module
@@ -65,6 +65,28 @@ def _load_factory(ref: str) -> Callable[[], Any]:
             f"{ref} is not callable; it must be a zero-argument factory returning an nn.Module."
         )
     return obj  # type: ignore[no-any-return]
+
+
+def _run_user_module(where: str, run: Callable[[], Any]) -> Any:
+    """``run()``, the import of the module MODEL names. An error its code raises (other
+    than a failed import, which says what to install) is the user's, raised as
+    :class:`~costaware.errors.UserCodeError` that names the line, not as costaware's."""
+    try:
+        return run()
+    except ImportError:
+        raise
+    except Exception as e:
+        from costaware.core.trace.user_code import _said, _where
+        from costaware.errors import UserCodeError
+
+        at = _where(e)
+        if isinstance(e, SyntaxError) and e.filename:
+            at = f"at {e.filename}:{e.lineno}"
+        raise UserCodeError(
+            f"importing {where} raised {_said(e)} {at}. This is that "
+            "module's own code, not costaware's: it fails the same way when Python imports "
+            "it (--debug shows the traceback)."
+        ) from e
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:

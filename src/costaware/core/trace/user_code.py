@@ -52,6 +52,8 @@ def _is_theirs(path: str) -> bool:
     they chose), not torch's, costaware's or the standard library's."""
     if path.startswith(_ZOO_DIR):
         return True
+    if path.startswith("<frozen "):  # the import machinery (``<frozen importlib...>``)
+        return False
     if path.startswith((_TORCH_DIR, *_OWN_DIRS)):
         return False
     in_packages = "site-packages" in path or "dist-packages" in path
