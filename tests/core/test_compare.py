@@ -3,6 +3,7 @@ catalog's additions and own devices, and the report's "On other GPUs" section.""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -173,6 +174,19 @@ def test_repr_is_a_table_and_to_dict_is_json(result: ca.compare.Comparison) -> N
     assert {o["device"] for o in data["options"]} == set(result.devices)
     assert data["options"][0]["max_batch_size"] == result.options[0].max_batch
     assert "H100-SXM" in data["measured_on"]
+
+
+def test_without_an_epoch_the_table_shows_the_cost_it_is_sorted_by(model: ca.CostModel) -> None:
+    """With no dataset_size the devices are ordered by the cost of a step, and the table
+    shows that cost (per 1,000 steps) in the order it sorts by."""
+    spec = dataclasses.replace(_spec(), dataset_size=None)
+    c = model.compare(spec, devices=["A10G", "H100", "L4"], price_per_hour={"A10G": 1.2})
+    lines = str(c).splitlines()
+    assert "no dataset_size" in lines[0] and lines[1].split()[-2:] == ["$/1k", "steps"]
+    shown = [float(row.split("$")[-1]) for row in lines[3:6]]
+    assert shown == sorted(shown)
+    expected = [1000 * o.cost_per_step for o in c.sorted("cost")]
+    assert shown == pytest.approx(expected, rel=0.05)
 
 
 def test_a_device_without_measurements_says_so_with_a_wider_bound(

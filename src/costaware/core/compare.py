@@ -753,7 +753,8 @@ def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
     head = ["device", "fits", "max batch", "memory need / usable", "iteration (upper)"]
     head += ["epoch (upper)"] if steps else []
     head += [f"{c.currency}/hour", f"{c.currency}/epoch (upper)"] if priced and steps else []
-    head += [f"{c.currency}/hour"] if priced and not steps else []
+    # without an epoch the devices are ordered by the cost of a step: shown per 1,000
+    head += [f"{c.currency}/hour", f"{c.currency}/1k steps"] if priced and not steps else []
     footnotes: dict[str, int] = {}
     rows = []
     for o in options:
@@ -787,6 +788,9 @@ def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
                 if o.cost_per_epoch is not None
                 else "-"
             )
+        elif priced:
+            per_step = o.cost_per_step
+            row.append(_money(1000 * per_step, c.currency) if per_step is not None else "-")
         rows.append(row)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     right = set(range(2, len(head)))
