@@ -55,8 +55,8 @@ class BatchSizeResult:
 
     ``batch_size`` is the largest batch size the budget admits (0 when not even 1 does).
     ``prediction`` is that batch size's prediction (batch 1's when nothing fits), and
-    ``rejected`` the decision on the next size tried above it (None at the search limit
-    or when nothing fits). ``limited_by`` says what stopped the search: ``"memory"`` (or
+    ``rejected`` the decision on the next size tried above it, ``rejected_batch_size``
+    (None at the search limit or when nothing fits). ``limited_by`` says what stopped the search: ``"memory"`` (or
     another budget limit's kind), ``"search limit"``, or ``"nothing fits"``.
     """
 
@@ -68,6 +68,7 @@ class BatchSizeResult:
     device: str
     limit: int
     tried: tuple[int, ...] = field(default=(), repr=False)
+    rejected_batch_size: int | None = None
 
     @property
     def fits(self) -> bool:
@@ -91,7 +92,12 @@ class BatchSizeResult:
             return head + f"; every batch size up to the search limit of {self.limit} fits"
         assert self.rejected is not None
         why = "; ".join(r.message for r in self.rejected.reasons)
-        return head + f"; the next size tried is rejected: {why}"
+        over = self.rejected_batch_size
+        return (
+            head
+            + (f"; batch size {over:,}" if over else "; the next size tried")
+            + (f" is rejected: {why}")
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +109,7 @@ class BatchSizeResult:
             "prediction": self.prediction.to_dict(),
             "decision": self.decision.to_dict(),
             "rejected": None if self.rejected is None else self.rejected.to_dict(),
+            "rejected_batch_size": self.rejected_batch_size,
             "tried": list(self.tried),
         }
 
@@ -154,6 +161,7 @@ def max_batch_size(
             device=dev.name,
             limit=limit,
             tried=tuple(seen),
+            rejected_batch_size=over,
         )
 
     start = max(1, min(spec.batch_size, limit))
