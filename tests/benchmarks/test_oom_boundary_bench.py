@@ -49,3 +49,31 @@ def test_the_batch_size_figure_counts_what_the_search_leaves_out_of_the_range_th
     assert "over the 2 searches" in text
     assert "a mean 5.0% of the range (at most 10.0%)" in text
     assert "| a | 8 GiB | 100 | 104 | 90 |" in text and "| c |" not in text
+
+
+def test_a_fit_that_held_less_than_the_simulated_capacity_is_counted_as_the_simulations() -> None:
+    """A fitting run's reserved peak below the simulated capacity (in proportion to its
+    measured allocated peak) shows the allocator simulation overstated the need."""
+    under = {
+        **_run("fits", 24, 25.5, reserved=23.2),
+        "measured_allocated": 20.7 * GiB,
+        "simulated_allocated": 20.2 * GiB,
+        "simulated_min_capacity": 25.4 * GiB,  # x1.257 the allocated: 26.0 GiB at 20.7
+        "new": 26 * GiB,
+    }
+    fine = {
+        **_run("fits", 24, 23.0, reserved=23.9),
+        "simulated_min_capacity": 23.1 * GiB,
+        "new": 23.5 * GiB,
+    }
+    u = oom_boundary._ran_under(under)
+    assert u is not None and abs(u - 23.2 / (25.4 / 20.2 * 20.7)) < 1e-12
+    assert oom_boundary._ran_under({**fine, "measured_reserved": None}) is None
+    table = "\n".join(oom_boundary._point_error_table([under, fine], ["f"]))
+    assert f"| 1 of 2 (down to {u:.3f}x) |" in table
+    said = oom_boundary._overstated([under, fine])
+    assert (
+        said.startswith("1 of the 2 fitting runs held over 1% less")
+        and "1 of them were rejected" in said
+    )
+    assert oom_boundary._overstated([fine]).startswith("No fitting run held over 1% less")
