@@ -56,8 +56,9 @@ class BatchSizeResult:
     ``batch_size`` is the largest batch size the budget admits (0 when not even 1 does).
     ``prediction`` is that batch size's prediction (batch 1's when nothing fits), and
     ``rejected`` the decision on the next size tried above it, ``rejected_batch_size``
-    (None at the search limit or when nothing fits). ``limited_by`` says what stopped the search: ``"memory"`` (or
-    another budget limit's kind), ``"search limit"``, or ``"nothing fits"``.
+    (both None at the search limit or when nothing fits). ``limited_by`` says what
+    stopped the search: ``"memory"`` (or another budget limit's kind), ``"search
+    limit"``, or ``"nothing fits"``.
     """
 
     batch_size: int
@@ -92,12 +93,8 @@ class BatchSizeResult:
             return head + f"; every batch size up to the search limit of {self.limit} fits"
         assert self.rejected is not None
         why = "; ".join(r.message for r in self.rejected.reasons)
-        over = self.rejected_batch_size
-        return (
-            head
-            + (f"; batch size {over:,}" if over else "; the next size tried")
-            + (f" is rejected: {why}")
-        )
+        over = f"batch size {self.rejected_batch_size:,}" if self.rejected_batch_size else None
+        return head + f"; {over or 'the next size tried'} is rejected: {why}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
