@@ -254,6 +254,12 @@ def _ran_under(r: dict[str, Any]) -> float | None:
     return float(r["measured_reserved"]) / (ratio * float(r["measured_allocated"]))
 
 
+def _overstating(fits: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
+    """The fitting runs of ``fits`` that held over 1% less than their simulated capacity,
+    each with its :func:`_ran_under` ratio."""
+    return [(r, u) for r in fits if (u := _ran_under(r)) is not None and u < _UNDER]
+
+
 def _point_error_table(rows: list[dict[str, Any]], families: Sequence[str]) -> list[str]:
     """Per family, over its fitting runs: the dry run's simulated allocated peak against
     the measured one, the ratio of cap to the capacity's point (held out) on both sides
@@ -273,7 +279,7 @@ def _point_error_table(rows: list[dict[str, Any]], families: Sequence[str]) -> l
         ratios = sorted(r["simulated_allocated"] / r["measured_allocated"] for r in fits)
         fit_r = min(r["cap"] / r["point"] for r in fits)
         oom_r = [r["cap"] / r["point"] for r in mine if r["status"] == "oom"]
-        under = [u for r in fits if (u := _ran_under(r)) is not None and u < _UNDER]
+        under = [u for _, u in _overstating(fits)]
         lines.append(
             f"| {fam} | {ratios[len(ratios) // 2]:.3f} (range {ratios[0]:.3f}-{ratios[-1]:.3f}) | "
             f"{fit_r:.3f} | {max(oom_r) if oom_r else math.nan:.3f} | "
@@ -286,11 +292,11 @@ def _point_error_table(rows: list[dict[str, Any]], families: Sequence[str]) -> l
 def _overstated(rows: list[dict[str, Any]]) -> str:
     """The sentence on the fitting runs that ran in less than the simulated capacity."""
     fits = [r for r in rows if r["status"] == "fits"]
-    under = [r for r in fits if (u := _ran_under(r)) is not None and u < _UNDER]
+    under = [r for r, _ in _overstating(fits)]
     if not under:
         return (
-            "No fitting run held over 1% less reserved memory than the simulated capacity: where the "
-            "point was over the cap, so were the predicted live bytes (the dry run's "
+            "No fitting run held over 1% less reserved memory than the simulated capacity: "
+            "where the point was over the cap, so were the predicted live bytes (the dry run's "
             "allocated peak, moved by the memory line)."
         )
     fams = sorted({str(r["family"]) for r in under})
