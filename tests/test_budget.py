@@ -4,6 +4,7 @@ import math
 from dataclasses import replace
 
 import pytest
+from torch import nn
 
 import costaware as ca
 from costaware.core.model import Prediction
@@ -271,6 +272,38 @@ def test_time_budgets() -> None:
     assert no_epoch.admit and "no dataset_size" in no_epoch.checked["epoch_time"]["note"]
 
 
+def test_the_trial_time_and_cost_are_those_of_the_trials_steps_on_every_gpu() -> None:
+    """The trial is the iteration time times the spec's trial steps (epochs cut at
+    max_steps), and a data-parallel trial pays for each of its GPUs."""
+    spec = ca.TrainingSpec(
+        model=lambda: nn.Linear(8, 2),
+        batch=ca.ImageBatch((8,), classes=2),
+        batch_size=10,
+        dataset_size=4000,
+        epochs=10,
+        max_steps=50,
+        world_size=4,
+    )
+    pred = ca.CostModel().predict(spec, device="H100")
+    assert spec.steps_per_epoch == 100 and spec.trial_steps == 50
+    assert pred.trial_time == pytest.approx(pred.iteration_time * 50)
+    assert pred.trial_time < pred.epoch_time  # max_steps ends it within the first epoch
+    trial = pred.trial_time
+    at = ca.Budget(max_trial_time=trial * 1.01).decide(pred)
+    assert at.admit and at.checked["trial_time"]["predicted"] == pytest.approx(trial)
+    assert not ca.Budget(max_trial_time=trial * 0.99).decide(pred).admit
+    upper = ca.Budget(max_trial_time=trial * 1.01, time_bound="upper").decide(pred)
+    assert upper.checked["trial_time"]["predicted"] == pytest.approx(
+        pred.iteration_time_upper * 50
+    )
+    gpu_hours = trial / 3600 * 4
+    cheap = ca.Budget(price_per_hour=2.0, max_cost=gpu_hours * 2.0 * 1.01).decide(pred)
+    assert cheap.admit and cheap.checked["cost"]["predicted"] == pytest.approx(gpu_hours * 2.0)
+    over = ca.Budget(price_per_hour=2.0, max_cost=gpu_hours * 2.0 * 0.99).decide(pred)
+    assert [r.kind for r in over.reasons] == ["cost"] and "(4 GPUs)" in over.reasons[0].message
+    assert "trial time" in pred.explain() and "max_steps=50" in pred.explain()
+
+
 def test_a_check_that_did_not_run_is_shown_as_not_checked() -> None:
     """Without dataset_size there is no epoch time: the time limits are not checked, and
     the decision says so (never "epoch_time ok")."""
@@ -293,8 +326,13 @@ def test_a_check_that_did_not_run_is_shown_as_not_checked() -> None:
     ).decide(_pred(epoch=None))
     assert "ok" not in str(every).replace("memory ok", "")
     assert list(every.not_checked) == ["epoch_time", "trial_time", "total_time", "cost"]
+    no_length = (
+        "no dataset_size or max_steps in the spec, so the trial's length is unknown; give "
+        "TrainingSpec(dataset_size=...) or max_steps=... to check it"
+    )
     assert str(every) == (
-        f"admit: memory ok; not checked: epoch_time, trial_time, total_time, cost ({why})"
+        f"admit: memory ok; not checked: epoch_time ({why}); "
+        f"not checked: trial_time, total_time, cost ({no_length})"
     )
     # a rejection says what it could not check too
     rejected = ca.Budget(max_memory="1GiB", max_epoch_time="1s").decide(_pred(epoch=None))

@@ -70,6 +70,29 @@ def test_steps_and_state_counts() -> None:
     assert _spec().steps_per_epoch is None
 
 
+def test_a_rank_steps_through_its_share_of_the_data() -> None:
+    """DistributedSampler gives each of world_size ranks ceil(N / world_size) samples."""
+    assert _spec(batch_size=64, dataset_size=1000, world_size=4).steps_per_epoch == 4
+    # 1001 samples over 4 ranks: 251 each, in 4 batches of 64 (the last one partial)
+    assert _spec(batch_size=64, dataset_size=1001, world_size=4).steps_per_epoch == 4
+    assert _spec(batch_size=50, dataset_size=1001, world_size=4).steps_per_epoch == 6
+
+
+def test_the_trial_is_its_epochs_cut_at_max_steps() -> None:
+    assert _spec(batch_size=64, dataset_size=1000, epochs=3).trial_steps == 48
+    # max_steps counts optimizer steps: with accumulation, that many micro-batches each
+    cut = _spec(batch_size=64, dataset_size=1000, epochs=3, max_steps=10, grad_accumulation=2)
+    assert cut.trial_steps == 20
+    assert _spec(batch_size=64, dataset_size=1000, epochs=3, max_steps=100).trial_steps == 48
+    assert _spec(max_steps=7).trial_steps == 7  # no dataset_size: max_steps alone
+    assert _spec().trial_steps is None
+    assert _spec(max_steps=7).summary()["max_steps"] == 7
+    assert "max_steps" not in _spec().summary()
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ca.SpecError, match="max_steps must be a positive integer"):
+            _spec(max_steps=bad)
+
+
 def test_architecture_key_tracks_factory_arguments_not_batch_size() -> None:
     a = _spec(model=functools.partial(tiny_cnn, width=8))
     assert a.architecture_key() == a.with_batch_size(99).architecture_key()

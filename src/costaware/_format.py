@@ -67,10 +67,13 @@ def fmt_pct(x: float | None, signed: bool = False) -> str:
 
 
 def fmt_money(x: float | None, currency: str) -> str:
-    """``$1,234.50``; ``-`` for None."""
+    """``$1,234.50``; under a dime two significant digits, trailing zero kept (``$0.040``,
+    not ``$0.04``; ``$0.0012``, not ``$0.00``); ``-`` for None."""
     if x is None:
         return "-"
-    return f"{currency}{x:,.2f}"
+    if x == 0:
+        return f"{currency}0"
+    return f"{currency}{x:,.2f}" if abs(x) >= 0.095 else f"{currency}{x:#.2g}"
 
 
 def fmt_value(v: Any) -> str:

@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from costaware._format import fmt_apart, fmt_bytes, fmt_seconds
+from costaware._format import fmt_apart, fmt_bytes, fmt_money, fmt_seconds
 from costaware.devices import Device, get_device
 from costaware.errors import CostawareError
 
@@ -170,6 +170,18 @@ def _finite(number: int | float, what: str, example: str, shown: str | None = No
     return x
 
 
+def _trial_time(prediction: Any, *, upper: bool) -> float | None:
+    """The trial's predicted time: the iteration time (or its upper bound) times the
+    trial's steps; from a prediction recorded without them, its epochs of epoch time."""
+    spec = prediction.spec
+    if "trial_steps" in spec:
+        steps = spec["trial_steps"]
+        it = prediction.iteration_time_upper if upper else prediction.iteration_time
+        return None if steps is None else max(it, prediction.iteration_time) * steps
+    epoch = prediction.epoch_time_upper if upper else prediction.epoch_time
+    return None if epoch is None else epoch * spec.get("epochs", 1)
+
+
 def _memory_message(what: str, label: str, peak: float, context: float, limit: float) -> str:
     """``<what> <peak><label> [+ <context> CUDA context = <need>] exceeds the <limit>
     budget``, the figure compared with the limit written so that the two read apart."""
@@ -277,9 +289,11 @@ class Budget:
             + the device's CUDA context``.
         max_epoch_time, max_trial_time, max_total_time: seconds, or a duration such as
             ``"90s"``, ``"250ms"``, ``"10min"``, ``"1.5h"`` or ``"1h30m"``
-            (:func:`parse_duration`); the trial time is the epoch time times the spec's epochs, and the
-            total time adds what the study has already spent.
-        price_per_hour, max_cost: a price per GPU-hour and a cap on the study's cost.
+            (:func:`parse_duration`); the trial time is the iteration time times the
+            spec's :attr:`~costaware.TrainingSpec.trial_steps` (its epochs, cut at its
+            ``max_steps``), and the total time adds what the study has already spent.
+        price_per_hour, max_cost: a price per GPU-hour and a cap on the study's cost (a
+            trial on ``world_size`` GPUs pays for each of them).
         safety_margin: a fraction added to every predicted figure before comparing.
         bound: which memory figure is checked: ``"upper"`` (the calibrated upper bound of
             the memory the step needs, default) or ``"point"`` (the prediction).
@@ -459,7 +473,9 @@ class Budget:
         epoch = prediction.epoch_time_upper if upper_time else prediction.epoch_time
         if epoch is not None:
             epoch *= grow
-        trial = None if epoch is None else epoch * prediction.spec.get("epochs", 1)
+        trial = _trial_time(prediction, upper=upper_time)
+        if trial is not None:
+            trial *= grow
         times = (
             ("epoch_time", self.max_epoch_time, epoch, "epoch time"),
             ("trial_time", self.max_trial_time, trial, "trial time"),
@@ -468,14 +484,19 @@ class Budget:
             "no dataset_size in the spec, so no epoch time was predicted; give "
             "TrainingSpec(dataset_size=...) to check it"
         )
+        no_trial = (
+            "no dataset_size or max_steps in the spec, so the trial's length is unknown; "
+            "give TrainingSpec(dataset_size=...) or max_steps=... to check it"
+        )
         not_checked: dict[str, str] = {}
         for kind, raw, value, words in times:
             if raw is None:
                 continue
             cap = parse_duration(raw)
             if value is None:
-                checked[kind] = {"predicted": None, "limit": cap, "note": no_time}
-                not_checked[kind] = no_time
+                note = no_time if kind == "epoch_time" else no_trial
+                checked[kind] = {"predicted": None, "limit": cap, "note": note}
+                not_checked[kind] = note
                 continue
             checked["limits"].append(kind)
             checked[kind] = {"predicted": value, "limit": cap}
@@ -485,8 +506,8 @@ class Budget:
                 reasons.append(Reason(kind, value, cap, msg))
         if self.max_total_time is not None and trial is None:
             cap = parse_duration(self.max_total_time)
-            checked["total_time"] = {"predicted": None, "limit": cap, "note": no_time}
-            not_checked["total_time"] = no_time
+            checked["total_time"] = {"predicted": None, "limit": cap, "note": no_trial}
+            not_checked["total_time"] = no_trial
         if self.max_total_time is not None and trial is not None:
             cap = parse_duration(self.max_total_time)
             checked["limits"].append("total_time")
@@ -501,10 +522,11 @@ class Budget:
                     )
                 )
         if self.max_cost is not None and trial is None:
-            checked["cost"] = {"predicted": None, "limit": self.max_cost, "note": no_time}
-            not_checked["cost"] = no_time
+            checked["cost"] = {"predicted": None, "limit": self.max_cost, "note": no_trial}
+            not_checked["cost"] = no_trial
         if self.max_cost is not None and self.price_per_hour is not None and trial is not None:
-            cost = trial / 3600 * self.price_per_hour
+            gpus = int(prediction.spec.get("world_size", 1) or 1)
+            cost = trial / 3600 * self.price_per_hour * gpus
             checked["limits"].append("cost")
             checked["cost"] = {"predicted": spent_cost + cost, "limit": self.max_cost}
             if spent_cost + cost > self.max_cost:
@@ -513,7 +535,9 @@ class Budget:
                         "cost",
                         spent_cost + cost,
                         self.max_cost,
-                        f"{spent_cost:.2f} spent + {cost:.2f} for this trial exceeds the {self.max_cost:.2f} cost cap",
+                        f"{fmt_money(spent_cost, '')} spent + {fmt_money(cost, '')} for this trial"
+                        + (f" ({gpus} GPUs)" if gpus > 1 else "")
+                        + f" exceeds the {fmt_money(self.max_cost, '')} cost cap",
                     )
                 )
         if not_checked:

@@ -634,13 +634,19 @@ class TrainingSpec:
             float64) with ``"fp32"`` is in ``"bf16-true"`` (``"fp16-true"``,
             ``"fp64-true"``): fp32 precision trains the parameters as they are.
         loss: ``callable(model, batch) -> scalar tensor``; default :func:`default_loss`.
-        dataset_size: samples per epoch, for the epoch time.
+        dataset_size: samples per epoch, for the epoch time. Under data parallel
+            (``world_size > 1``) it is the whole dataset: each rank steps through its
+            ``1/world_size`` share, as ``DistributedSampler`` splits it.
         cudnn_benchmark: whether ``torch.backends.cudnn.benchmark`` is on (its algorithm
             search takes a workspace sized to the free memory; the prediction is what the
             step needs).
         allocator: ``"default"`` or ``"expandable_segments"`` (``PYTORCH_CUDA_ALLOC_CONF``).
         grad_accumulation: micro-batches per optimizer step.
         epochs: planned epochs, for the trial time and a feature.
+        max_steps: optimizer steps after which training stops, whatever ``epochs`` says
+            (Lightning's ``max_steps``). The trial is then the shorter of ``epochs``
+            epochs and ``max_steps * grad_accumulation`` micro-batches, and has a trial
+            time even without a ``dataset_size``. None (the default): ``epochs`` alone.
         name: a label for reports (default: the model's class name).
         world_size: the processes DDP (``DistributedDataParallel``) trains with, one per
             device; the prediction is one rank's (its batch is ``batch_size``). 1 (the
@@ -686,6 +692,7 @@ class TrainingSpec:
     bucket_cap_mb: float = 25.0
     sharding: str | None = None
     wrap_policy: Any = ()
+    max_steps: int | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.model, nn.Module) or callable(self.model)):
@@ -724,6 +731,8 @@ class TrainingSpec:
         self._check_sharding()
         if self.dataset_size is not None:
             _positive_int("dataset_size", self.dataset_size)
+        if self.max_steps is not None:
+            _positive_int("max_steps", self.max_steps)
         if isinstance(self.optimizer, str):
             if self.optimizer.lower() not in OPTIMIZERS:
                 raise SpecError(
@@ -830,10 +839,24 @@ class TrainingSpec:
 
     @property
     def steps_per_epoch(self) -> int | None:
-        """Micro-batch steps in one epoch (``ceil(dataset_size / batch_size)``)."""
+        """Micro-batch steps in one epoch of one rank: ``ceil(dataset_size / batch_size)``,
+        and under data parallel ``ceil(ceil(dataset_size / world_size) / batch_size)``
+        (``DistributedSampler`` gives each rank ``ceil(dataset_size / world_size)``
+        samples)."""
         if self.dataset_size is None:
             return None
-        return math.ceil(self.dataset_size / self.batch_size)
+        return math.ceil(math.ceil(self.dataset_size / self.world_size) / self.batch_size)
+
+    @property
+    def trial_steps(self) -> int | None:
+        """Micro-batch steps in the whole trial: ``epochs`` epochs, cut at ``max_steps``
+        optimizer steps (``max_steps * grad_accumulation`` micro-batches) when that is set;
+        None when neither a ``dataset_size`` nor ``max_steps`` says how long it is."""
+        steps = self.steps_per_epoch
+        lengths = [steps * self.epochs] if steps is not None else []
+        if self.max_steps is not None:
+            lengths.append(self.max_steps * self.grad_accumulation)
+        return min(lengths) if lengths else None
 
     @property
     def display_name(self) -> str:
@@ -948,6 +971,7 @@ class TrainingSpec:
             "allocator": self.allocator,
             "grad_accumulation": self.grad_accumulation,
             "epochs": self.epochs,
+            **({"max_steps": self.max_steps} if self.max_steps is not None else {}),
             **({"compiled": True} if self.compiled else {}),
             **(
                 {"world_size": self.world_size, "bucket_cap_mb": self.bucket_cap_mb}

@@ -444,9 +444,9 @@ def test_a_real_study_report_has_the_other_gpus_section(tmp_path: Path) -> None:
 
 
 def test_small_costs_keep_two_significant_digits() -> None:
-    from costaware.core.compare import _money
+    from costaware._format import fmt_money
 
-    assert [_money(x, "$") for x in (0.0395, 0.0236, 0.00041, 1.5, 0.0, None)] == [
+    assert [fmt_money(x, "$") for x in (0.0395, 0.0236, 0.00041, 1.5, 0.0, None)] == [
         "$0.040",
         "$0.024",
         "$0.00041",

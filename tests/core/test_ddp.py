@@ -20,7 +20,8 @@ def _mlp() -> nn.Module:
 
 
 def _spec(**kw: Any) -> ca.TrainingSpec:
-    return ca.TrainingSpec(model=_mlp, batch=ca.ImageBatch((256,), classes=10), batch_size=64, **kw)
+    base: dict[str, Any] = {"model": _mlp, "batch": ca.ImageBatch((256,), classes=10)}
+    return ca.TrainingSpec(**(base | {"batch_size": 64} | kw))
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])
@@ -151,3 +152,37 @@ def test_the_trainers_ddp_world_size_and_bucket_cap_become_the_specs(ns_name: st
         ca.CostawareError, match=r"strategy ModelParallelStrategy over 2 processes is not"
     ):
         lightning_parallel(Parallel())
+
+
+@pytest.mark.parametrize(
+    ("samples", "batch", "drop_last"), [(40, 8, False), (41, 8, False), (41, 8, True), (1000, 64, False)]
+)
+def test_a_ranks_epoch_is_its_distributed_samplers(
+    samples: int, batch: int, drop_last: bool
+) -> None:
+    """Under DDP each rank steps through what ``DistributedSampler`` gives it: the spec's
+    epoch and the Lightning reading of a DDP Trainer's agree with the sampler itself."""
+    import warnings
+
+    import lightning.pytorch as L
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from costaware.integrations.lightning import lightning_trial_length
+
+    data = TensorDataset(torch.randn(samples, 4))
+    loader = DataLoader(data, batch_size=batch, drop_last=drop_last)
+    per_rank = [
+        len(DataLoader(data, batch_size=batch, drop_last=drop_last,
+                       sampler=DistributedSampler(data, num_replicas=4, rank=r, shuffle=False)))
+        for r in range(4)
+    ]  # fmt: skip
+    assert len(set(per_rank)) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = L.Trainer(devices=4, strategy="ddp", accelerator="cpu", logger=False)
+    length = lightning_trial_length(trainer, loader, batch, 4)
+    spec = _spec(world_size=4, batch_size=batch, **length)
+    assert spec.steps_per_epoch == per_rank[0]
+    if not drop_last:  # the dataset as the user gave it
+        given = _spec(world_size=4, batch_size=batch, dataset_size=samples)
+        assert given.steps_per_epoch == per_rank[0]

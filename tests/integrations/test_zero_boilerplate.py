@@ -261,3 +261,69 @@ def test_a_fit_judged_before_training_is_learned_from(ns_name: str, tmp_path: Pa
     assert observation.status == "ok" and observation.features == pytest.approx(
         prediction["features"], nan_ok=True
     )
+
+
+def _spec_of(trainer: Any, loader: DataLoader[Any]) -> ca.TrainingSpec:
+    """The spec read off ``trainer.fit`` of a small module on ``loader``."""
+    seen: dict[str, Any] = {}
+
+    class Peek(L.Callback):  # type: ignore[misc]
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            seen["spec"] = spec_from_lightning(trainer, pl_module)
+
+    trainer.callbacks.append(Peek())
+    trainer.fit(_module(L, SMALL, []), loader)
+    return seen["spec"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("trainer_kw", "loader_kw", "epoch_steps", "trial_steps"),
+    [
+        ({"max_epochs": 2}, {}, 5, 10),  # 40 samples in batches of 8
+        ({"max_epochs": 2}, {"drop_last": True}, 5, 10),
+        ({"max_epochs": 2}, {"batch_size": 12, "drop_last": True}, 3, 6),
+        ({"max_epochs": 2, "limit_train_batches": 2}, {}, 2, 4),
+        ({"max_epochs": 2, "limit_train_batches": 0.5}, {}, 2, 4),  # int(5 * 0.5)
+        ({"max_epochs": 3, "max_steps": 4}, {}, 5, 4),
+        ({"max_epochs": 3, "max_steps": 4, "accumulate_grad_batches": 2}, {}, 5, 8),
+        ({"max_epochs": -1, "max_steps": 12}, {}, 5, 12),  # epochs without end
+    ],
+)
+def test_the_trial_is_as_long_as_the_trainer_trains(
+    trainer_kw: dict[str, Any], loader_kw: dict[str, Any], epoch_steps: int, trial_steps: int
+) -> None:
+    """Epoch and trial length as Lightning counts them: the loader's batches (its
+    ``drop_last``), ``limit_train_batches``, ``max_epochs`` and ``max_steps``."""
+    loader = DataLoader(
+        TensorDataset(torch.randn(40, 8), torch.randn(40, 1)), **({"batch_size": 8} | loader_kw)
+    )
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, **trainer_kw,
+    )  # fmt: skip
+    spec = _spec_of(trainer, loader)
+    assert (spec.steps_per_epoch, spec.trial_steps) == (epoch_steps, trial_steps)
+    assert trainer.num_training_batches == epoch_steps  # what Lightning itself counted
+    assert trainer.global_step * spec.grad_accumulation == trial_steps
+
+
+def test_a_callback_without_a_store_records_into_the_study_pruners(tmp_path: Path) -> None:
+    """``CostAwarePruner(store=...)`` and ``CostAwareCallback(trial=trial)``: what each
+    trial cost lands in the pruner's store, where the refit and the report read it."""
+    url = f"sqlite:///{tmp_path / 'costaware.db'}"
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'study.db'}", pruner=CostAwarePruner(store=url)
+    )
+
+    def objective(trial: optuna.Trial) -> float:
+        callback = CostAwareCallback(trial=trial)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ca.CostAwareWarning)  # device='auto' on a CPU
+            _trainer(L, callback).fit(_module(L, SMALL, []), _data())
+        return 0.0
+
+    study.optimize(objective, n_trials=2)
+    store = ca.ObservationStore(url)
+    assert sorted(str(r["trial"]) for r in store.predictions()) == ["0", "1"]
+    assert sorted(str(r["trial"]) for r in store.measurements()) == ["0", "1"]
+    assert {o.status for o in store.observations()} == {"ok"}

@@ -863,3 +863,29 @@ def test_warnings_are_one_line_and_pipes_may_close(
 
     monkeypatch.setattr(cli.devices, "run", closed)
     assert main(["devices"]) == 1 and capsys.readouterr().err == ""
+
+
+def test_a_data_parallel_trial_spends_and_saves_the_time_of_each_gpu(tmp_path: Path) -> None:
+    """A trial on world_size GPUs holds each of them: its device time is its time times
+    its GPUs, spent or saved."""
+    s = ObservationStore(tmp_path / "costaware.db")
+    for trial, status, world in ((0, "admitted", 4), (1, "rejected", 4), (2, "admitted", 1)):
+        s.record_prediction(
+            study="s", trial=trial,
+            spec={"name": "mlp", "batch_size": 32, "epochs": 1} | ({"world_size": world} if world > 1 else {}),
+            features=None,
+            prediction={"peak_memory": MiB, "peak_memory_upper": MiB, "epoch_time": 10.0,
+                        "epoch_time_upper": 12.0, "trial_time": 10.0, "kind": "analytic"},
+            decision={"admit": status == "admitted",
+                      "reasons": [] if status == "admitted" else [{"kind": "trial_time", "message": "slow"}]},
+            device="A10", status=status,
+        )  # fmt: skip
+    for trial in (0, 2):
+        _epoch(s, trial, 0, seconds=11.0)
+    rep = ca.report(s)
+    by = {r.trial: r for r in rep.trials}
+    assert (by["0"].gpus, by["1"].gpus, by["2"].gpus) == (4, 4, 1)
+    assert by["0"].spent == pytest.approx(44.0) and by["2"].spent == pytest.approx(11.0)
+    assert by["1"].predicted_cost == pytest.approx(40.0)
+    summary = rep.to_dict()["summary"]
+    assert summary["saved_s"] == pytest.approx(40.0)

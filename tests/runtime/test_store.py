@@ -256,10 +256,13 @@ def test_observations_learn_the_time_an_epoch_really_took_per_step(
     _measure(store, 1, epoch=0, iteration_time=0.2, epoch_time=1.0)
     _predict(store, 2)  # no steps per epoch predicted: the median step
     _measure(store, 2, epoch=0, iteration_time=0.3, epoch_time=9.0)
-    t0, t1, t2 = store.observations(study="s")
+    _predict(store, 3, prediction=pred)  # an epoch cut short: the steps it measured count
+    _measure(store, 3, epoch=0, iteration_time=0.1, epoch_time=0.6, steps=4)
+    t0, t1, t2, t3 = store.observations(study="s")
     assert t0.iteration_time == pytest.approx(0.13) and t0.meta["step_time"] == pytest.approx(0.1)
     assert t1.iteration_time == pytest.approx(0.2)
     assert t2.iteration_time == pytest.approx(0.3)
+    assert t3.iteration_time == pytest.approx(0.15)
 
 
 def test_observations_leave_out_peaks_partly_held_by_something_else(

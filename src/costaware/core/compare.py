@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from costaware._format import fmt_bytes, fmt_seconds
+from costaware._format import fmt_bytes, fmt_money, fmt_seconds
 from costaware.budget import Budget, Decision
 from costaware.core.batch_size import DEFAULT_LIMIT, BatchSizeResult, NothingFitsError
 from costaware.devices import CATALOG, Device, _normalise, get_device
@@ -115,7 +115,8 @@ class DeviceOption:
     ``fits`` is the budget's decision at the spec's batch size (``reasons`` say why not);
     ``max_batch`` the largest batch size it admits (0: not even 1). Times are seconds, the
     epoch's None without a ``dataset_size``; ``cost_per_epoch`` is in the caller's
-    currency, None without a price for the device or an epoch time. ``measured`` says
+    currency, for all ``gpus`` GPUs the spec trains on (its ``world_size``), None
+    without a price for the device or an epoch time. ``measured`` says
     whether the model has rows of this device (else its time bound is widened).
     """
 
@@ -134,22 +135,23 @@ class DeviceOption:
     measured: bool
     notes: tuple[str, ...] = ()
     price_source: str | None = None
+    gpus: int = 1
     prediction: Prediction | None = field(default=None, repr=False, compare=False)
     decision: Decision | None = field(default=None, repr=False, compare=False)
     batch_search: BatchSizeResult | None = field(default=None, repr=False, compare=False)
 
     @property
     def cost_per_epoch(self) -> float | None:
-        return _cost(self.epoch_time, self.price_per_hour)
+        return _cost(self.epoch_time, self.price_per_hour, self.gpus)
 
     @property
     def cost_per_epoch_upper(self) -> float | None:
-        return _cost(self.epoch_time_upper, self.price_per_hour)
+        return _cost(self.epoch_time_upper, self.price_per_hour, self.gpus)
 
     @property
     def cost_per_step(self) -> float | None:
         """The cost of one iteration (what orders the devices when there is no epoch)."""
-        return _cost(self.iteration_time, self.price_per_hour)
+        return _cost(self.iteration_time, self.price_per_hour, self.gpus)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -166,6 +168,7 @@ class DeviceOption:
             "memory_usable": self.memory_usable,
             "price_per_hour": self.price_per_hour,
             "price_source": self.price_source,
+            "gpus": self.gpus,
             "cost_per_epoch": self.cost_per_epoch,
             "cost_per_epoch_upper": self.cost_per_epoch_upper,
             "measured": self.measured,
@@ -174,8 +177,9 @@ class DeviceOption:
         }
 
 
-def _cost(seconds: float | None, price: float | None) -> float | None:
-    return None if seconds is None or price is None else seconds / 3600.0 * price
+def _cost(seconds: float | None, price: float | None, gpus: int) -> float | None:
+    """What ``seconds`` on ``gpus`` GPUs cost at ``price`` per GPU-hour."""
+    return None if seconds is None or price is None else seconds / 3600.0 * price * gpus
 
 
 @dataclass(frozen=True)
@@ -491,6 +495,7 @@ def _device_option(
         memory_usable=int(dev.memory_bytes),
         price_per_hour=price,
         price_source=price_source,
+        gpus=spec.world_size,
         measured=dev.name in measured_on,
         notes=tuple(pred.notes),
         prediction=pred,
@@ -733,15 +738,6 @@ def _nothing_fits(options: Sequence[DeviceOption]) -> str:
 # --------------------------------------------------------------------------------------
 # rendering
 # --------------------------------------------------------------------------------------
-def _money(x: float | None, currency: str) -> str:
-    if x is None:
-        return "-"
-    if x == 0:
-        return f"{currency}0"
-    # two significant digits below a dime, trailing zero kept: $0.040, not $0.04
-    return f"{currency}{x:,.2f}" if x >= 0.095 else f"{currency}{x:#.2g}"
-
-
 def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
     s = c.spec
     steps = s.get("steps_per_epoch")
@@ -749,6 +745,9 @@ def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
         f"{s.get('name')}: batch {s.get('batch_size')}, {s.get('optimizer')}, "
         f"{s.get('precision')}" + (f", {steps:,} steps per epoch" if steps else ", no dataset_size")
     )
+    world = int(s.get("world_size", 1) or 1)
+    if world > 1:  # one rank's figures; the cost pays for every GPU
+        title += f", per rank of {world} GPUs (costs for all {world})"
     priced = any(o.price_per_hour is not None for o in options)
     head = ["device", "fits", "max batch", "memory need / usable", "iteration (upper)"]
     head += ["epoch (upper)"] if steps else []
@@ -778,19 +777,19 @@ def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
         if priced:
             listed = "~" if o.price_source not in (None, "given") else ""
             row.append(
-                listed + _money(o.price_per_hour, c.currency)
+                listed + fmt_money(o.price_per_hour, c.currency)
                 if o.price_per_hour is not None
                 else "-"
             )
         if priced and steps:
             row.append(
-                f"{_money(o.cost_per_epoch, c.currency)} ({_money(o.cost_per_epoch_upper, c.currency)})"
+                f"{fmt_money(o.cost_per_epoch, c.currency)} ({fmt_money(o.cost_per_epoch_upper, c.currency)})"
                 if o.cost_per_epoch is not None
                 else "-"
             )
         elif priced:
             per_step = o.cost_per_step
-            row.append(_money(1000 * per_step, c.currency) if per_step is not None else "-")
+            row.append(fmt_money(1000 * per_step, c.currency) if per_step is not None else "-")
         rows.append(row)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     right = set(range(2, len(head)))

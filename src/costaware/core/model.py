@@ -795,7 +795,10 @@ class CostModel:
         epoch = it * steps if steps is not None else None
         epoch_hi = max(it_hi, it) * steps if steps is not None else None
         # spec.summary() is a SpecSummary, typed as a plain dict
-        summary = cast(SpecSummary, {**spec.summary(), "steps_per_epoch": steps})
+        trial_steps = spec.trial_steps
+        summary = cast(
+            SpecSummary, {**spec.summary(), "steps_per_epoch": steps, "trial_steps": trial_steps}
+        )
         return Prediction(
             peak_memory=int(peak),
             peak_memory_upper=int(max(peak_hi, peak)),
@@ -803,7 +806,7 @@ class CostModel:
             iteration_time_upper=float(max(it_hi, it)),
             epoch_time=epoch,
             epoch_time_upper=epoch_hi,
-            trial_time=epoch * spec.epochs if epoch is not None else None,
+            trial_time=it * trial_steps if trial_steps is not None else None,
             device=dev.name,
             kind=kind,
             coverage=coverage,

@@ -5,6 +5,7 @@ configuration it is of.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, TypedDict
 
@@ -25,8 +26,9 @@ TraceSource = Literal["cached", "traced", "rescaled (two traces)", "rescaled (on
 
 class SpecSummary(TypedDict, total=False):
     """The configuration a prediction is of: :meth:`TrainingSpec.summary
-    <costaware.TrainingSpec.summary>` and the steps of an epoch. ``compiled`` is there
-    only for a compiled model, ``world_size`` and ``bucket_cap_mb`` only for DDP."""
+    <costaware.TrainingSpec.summary>`, the steps of an epoch and of the whole trial
+    (micro-batches of one rank). ``compiled`` is there only for a compiled model,
+    ``world_size`` and ``bucket_cap_mb`` only for DDP, ``max_steps`` only when set."""
 
     name: str
     batch: str
@@ -43,6 +45,8 @@ class SpecSummary(TypedDict, total=False):
     world_size: int
     bucket_cap_mb: float
     steps_per_epoch: int | None
+    trial_steps: int | None
+    max_steps: int
 
 
 class PredictionBasis(TypedDict, total=False):
@@ -110,7 +114,9 @@ class Prediction:
       :class:`~costaware.Budget` compares with the memory it allows.
 
     Neither includes the CUDA context (the device's ``context_overhead_bytes``).
-    Times are seconds; ``epoch_time`` is None when the spec has no ``dataset_size``.
+    Times are seconds; ``epoch_time`` is None when the spec has no ``dataset_size``, and
+    ``trial_time`` (``trial_steps`` iterations: the spec's epochs, cut at its ``max_steps``)
+    when it has neither a ``dataset_size`` nor a ``max_steps``.
     """
 
     peak_memory: int
@@ -155,6 +161,15 @@ class Prediction:
             lines.append(
                 f"  epoch time: {fmt_seconds(self.epoch_time)} ({self.spec.get('steps_per_epoch')} steps)  "
                 f"upper bound: {fmt_seconds(self.epoch_time_upper)}"
+            )
+        trial_steps = self.spec.get("trial_steps")
+        if self.trial_time is not None and trial_steps != self.spec.get("steps_per_epoch"):
+            ws = self.spec.get("world_size", 1)
+            lines.append(
+                f"  trial time: {fmt_seconds(self.trial_time)} ({trial_steps} steps: "
+                + _trial_length(self.spec)
+                + (f"; each of the {ws} ranks steps through 1/{ws} of the data" if ws > 1 else "")
+                + ")"
             )
         if self.kind == "analytic":
             lines.append(
@@ -222,3 +237,16 @@ class Prediction:
             f"iteration_time={fmt_seconds(self.iteration_time)}{ep}, device={self.device!r}, "
             f"kind={self.kind!r})"
         )
+
+
+def _trial_length(spec: Mapping[str, Any]) -> str:
+    """What sets a trial's length, in words: its epochs, or ``max_steps`` where that cuts
+    them short."""
+    epochs, per_epoch = spec.get("epochs", 1), spec.get("steps_per_epoch")
+    max_steps, accumulation = spec.get("max_steps"), spec.get("grad_accumulation", 1)
+    if max_steps is not None and (
+        per_epoch is None or max_steps * accumulation < epochs * per_epoch
+    ):
+        micro = f" x {accumulation} micro-batches" if accumulation > 1 else ""
+        return f"max_steps={max_steps}{micro}"
+    return f"{epochs} epochs of {per_epoch}"

@@ -144,8 +144,10 @@ enforce=True, trial=trial)``; the study and trial ids of the rows then come from
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import json
+import math
 import os
 import statistics
 import time
@@ -454,9 +456,9 @@ def _first_optimizer(configured: Any) -> Any:
     return None
 
 
-def _example_batch(trainer: Any) -> tuple[Any, int | None]:
-    """One batch of the training data, and the dataset's length when it has one: from the
-    datamodule, the dataloaders given to ``fit`` or the module's ``train_dataloader``."""
+def _example_batch(trainer: Any) -> tuple[Any, Any]:
+    """One batch of the training data, and the loader it came from: the datamodule's, the
+    one given to ``fit`` or the module's ``train_dataloader``."""
     loader: Any = None
     source = getattr(getattr(trainer, "fit_loop", None), "_data_source", None)
     if source is not None and hasattr(source, "dataloader"):
@@ -471,32 +473,79 @@ def _example_batch(trainer: Any) -> tuple[Any, int | None]:
         loader = loader[0]
     if isinstance(loader, Mapping) and loader:
         loader = next(iter(loader.values()))
-    batch = next(iter(loader))
-    dataset = getattr(loader, "dataset", None)
-    size = None
-    with contextlib.suppress(Exception):
-        size = len(dataset) if dataset is not None else None
-    return batch, size
+    return next(iter(loader)), loader
+
+
+def _length(obj: Any) -> int | None:
+    """``len(obj)``, or None for an object without a length (an iterable dataset)."""
+    try:
+        return len(obj)
+    except (TypeError, NotImplementedError):
+        return None
+
+
+def lightning_trial_length(
+    trainer: Any, loader: Any, batch_size: int, world_size: int
+) -> dict[str, Any]:
+    """The spec's ``dataset_size``, ``epochs`` and ``max_steps`` for the length a Trainer
+    trains: the batches of one rank's epoch (``len`` of the loader; under data parallel
+    ``DistributedSampler``'s ``ceil(len(dataset) / world_size)`` samples per rank, batched
+    as the loader batches), cut by ``limit_train_batches`` (an int: that many batches; a
+    float: that fraction) as Lightning cuts it, ``max_epochs`` and ``max_steps``. Where the
+    epoch is not the whole dataset in batches of ``batch_size``, ``dataset_size`` is the
+    samples the cut epoch holds. An unbounded ``max_epochs`` (-1) with ``max_steps`` set
+    gives the epochs that ``max_steps`` reaches."""
+    dataset_size = _length(getattr(loader, "dataset", None))
+    batches = _length(loader)
+    if world_size > 1 and dataset_size is not None:
+        per_rank = math.ceil(dataset_size / world_size)
+        bs = getattr(loader, "batch_size", None) or batch_size
+        batches = per_rank // bs if getattr(loader, "drop_last", False) else -(-per_rank // bs)
+    limit = getattr(trainer, "limit_train_batches", None)
+    natural = batches
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        batches = limit if batches is None else min(batches, limit)
+    elif isinstance(limit, float) and batches is not None:
+        batches = int(batches * limit)
+    if batches is not None and batches > 0 and (
+        batches != natural
+        or dataset_size is None
+        or math.ceil(math.ceil(dataset_size / world_size) / batch_size) != batches
+    ):
+        dataset_size = batches * batch_size * world_size
+    out: dict[str, Any] = {"dataset_size": dataset_size}
+    max_steps = getattr(trainer, "max_steps", -1)
+    max_steps = max_steps if isinstance(max_steps, int) and max_steps > 0 else None
+    epochs = getattr(trainer, "max_epochs", None)
+    accumulation = max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
+    if isinstance(epochs, int) and epochs > 0:
+        out["epochs"] = epochs
+    elif max_steps is not None and batches:  # epochs without end: max_steps ends it
+        out["epochs"] = max(1, math.ceil(max_steps * accumulation / batches))
+    if max_steps is not None:
+        out["max_steps"] = max_steps
+    return out
 
 
 def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
     """The :class:`~costaware.TrainingSpec` of a Lightning fit, from the fit itself: the
     LightningModule (dry-run from a meta copy, ``training_step`` as the loss), one batch
     of its training data, the first optimizer of ``configure_optimizers``, the Trainer's
-    precision, ``accumulate_grad_batches``, ``max_epochs`` and, under DDP, the world size
-    and ``bucket_cap_mb``. Nothing is moved to a device and the module is not modified. A module with manual optimization is refused:
+    precision, ``accumulate_grad_batches``, the trial's length as the Trainer trains it
+    (:func:`lightning_trial_length`: the loader's batches, ``limit_train_batches``,
+    ``max_epochs``, ``max_steps``) and, under data parallel, the world size and
+    ``bucket_cap_mb``. Nothing is moved to a device and the module is not modified. A module with manual optimization is refused:
     its step is not the one costaware dry-runs."""
     if getattr(pl_module, "automatic_optimization", True) is False:
         raise NotImplementedError(
             "this LightningModule uses manual optimization; costaware dry-runs the step "
             "automatic optimization takes, so it cannot judge it (pass spec= instead)"
         )
-    batch, dataset_size = _example_batch(trainer)
+    batch, loader = _example_batch(trainer)
     optimizer = _first_optimizer(pl_module.configure_optimizers())
     precision = lightning_precision(trainer)
     parallel = lightning_parallel(trainer)
-    epochs = getattr(trainer, "max_epochs", None)
-    return TrainingSpec.from_module(
+    spec = TrainingSpec.from_module(
         pl_module,
         batch,
         optimizer=optimizer if optimizer is not None else "adamw",
@@ -504,11 +553,11 @@ def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
         precision=precision,
         prepare=_silence_logging,
         grad_accumulation=max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1)),
-        dataset_size=dataset_size,
-        epochs=int(epochs) if isinstance(epochs, int) and epochs > 0 else 1,
         name=type(pl_module).__name__,
         **parallel,
     )
+    length = lightning_trial_length(trainer, loader, spec.batch_size, spec.world_size)
+    return dataclasses.replace(spec, **length)
 
 
 # --------------------------------------------------------------------------------------
@@ -748,8 +797,8 @@ class _CostAwareCallbackBase:
         state["_exit_stack"] = None
         state.pop("log", None)
         state.pop("log_dict", None)
-        if isinstance(self.store, (str, os.PathLike)):
-            state["_store_obj"] = None
+        if self.store is None or isinstance(self.store, (str, os.PathLike)):
+            state["_store_obj"] = None  # opened from its URL, or the study pruner's
         return state
 
     # -- before training: the decision ---------------------------------------------------
@@ -817,7 +866,9 @@ class _CostAwareCallbackBase:
         """The gate that judges this fit, and whether the trial was judged already: the
         study's costaware pruner's gate (its budget, device and store) where there is one
         and this callback sets no budget or model of its own, else one of this callback's
-        budget (default ``Budget()``) for the device the fit runs on."""
+        budget (default ``Budget()``) for the device the fit runs on. A callback without a
+        store of its own records into the study pruner's store, so that the online refit
+        and the report find what each trial cost."""
         self._torch_device = trainer.strategy.root_device
         self._kind = self._torch_device.type
         self._rank_zero = bool(getattr(trainer, "is_global_zero", True))
@@ -826,9 +877,11 @@ class _CostAwareCallbackBase:
             from costaware.integrations.optuna import ATTR
             from costaware.integrations.optuna import study_gate as _study_gate
 
+            study_gate = _study_gate(trial.study)
+            if self.store is None and study_gate is not None and study_gate.store is not None:
+                self._store_obj = study_gate.store  # what it cost goes where it was predicted
             if ATTR + "admit" in trial.storage.get_trial_user_attrs(trial._trial_id):
                 return None, True
-            study_gate = _study_gate(trial.study)
         if study_gate is not None and self.budget is None and self.model is None:
             return study_gate, False
         dev = self._resolve_device()
@@ -1434,9 +1487,10 @@ _DOC = """Record a run's real cost per epoch and, with ``enforce=True``, stop it
 
     Args:
         store: an :class:`~costaware.runtime.store.ObservationStore`, a URL or path to open one
-            (``"sqlite:///hpo.db"``; opened when fitting starts), or None to keep the records
-            in memory only (``callback.records``, always kept). A store that cannot be
-            opened or written only warns.
+            (``"sqlite:///hpo.db"``; opened when fitting starts), or None: with a ``trial``
+            of a study whose pruner is costaware's and has a store, that store; else the
+            records are kept in memory only (``callback.records``, always kept). A store
+            that cannot be opened or written only warns.
         spec: what is trained; without it, it is read off the fit
             (:func:`spec_from_lightning`) when the fit is judged. Its prediction is
             recorded (unless costaware's Optuna pruner already recorded this trial's).

@@ -663,6 +663,7 @@ def _apply_prediction(row: TrialRow, p: Mapping[str, Any]) -> None:
     row.name = row.name or _str(spec.get("family") or spec.get("name"))
     row.device = row.device or _str(p.get("device"))
     row.epochs_planned = row.epochs_planned or _int(spec.get("epochs"))
+    row.gpus = max(row.gpus, _int(spec.get("world_size")) or 1)
     if not row.params:
         row.params = {
             k: v
@@ -1340,7 +1341,8 @@ def _optuna_gathered(
         if not any(st.measurements for st in grouped.values()) and rows:
             notes.append(
                 f"The observation store has no measurements for study {name!r}: add "
-                "CostAwareCallback(store=store, trial=trial) to the Trainer."
+                "CostAwareCallback(trial=trial) to the Trainer (it records into the "
+                "CostAwarePruner's store, or its own store=)."
             )
     else:
         notes.append(

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from costaware._format import fmt_seconds
+from costaware._format import fmt_money, fmt_seconds
 from costaware.devices import CATALOG, Device, get_device
 
 if TYPE_CHECKING:
@@ -143,18 +143,12 @@ def gpu_costs(rep: Report, devices: Iterable[str | Device] | None = None) -> dic
     }
 
 
-def _money(x: float | None, currency: str) -> str:
-    if x is None:
-        return "-"
-    return f"{currency}{x:,.2f}" if x >= 0.095 or x == 0 else f"{currency}{x:.2g}"
-
-
 def _rows(rep: Report, found: Mapping[str, Any]) -> list[list[str]]:
     out = []
     n = found["trials"]
     for d in found["devices"]:
         name = d["device"] + (" (ran here)" if d["ran_here"] else "")
-        price = _money(d["price_per_hour"], rep.currency)
+        price = fmt_money(d["price_per_hour"], rep.currency)
         if d["price_source"] not in (None, "the report's price"):
             price = "~" + price
         out.append(
@@ -163,7 +157,7 @@ def _rows(rep: Report, found: Mapping[str, Any]) -> list[list[str]]:
                 f"{d['fit']} of {n}",
                 fmt_seconds(d["seconds"]),
                 price,
-                _money(d["cost"], rep.currency),
+                fmt_money(d["cost"], rep.currency),
             ]
         )
     return out

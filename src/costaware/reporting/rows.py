@@ -44,7 +44,9 @@ class TrialRow:
     recorded it (Optuna's duration, Ray's ``time_total_s``); ``train_time`` the sum of
     its measured epoch times (the store's records). ``device`` is the device named with
     the prediction or measurement; ``device_kind`` the kind the trial was measured on
-    (``"cpu"``, ``"cuda"``), when a measurement says it.
+    (``"cpu"``, ``"cuda"``), when a measurement says it. ``gpus`` is the devices the trial
+    trains on at once (its spec's ``world_size`` under data parallel): its device time
+    counts each.
     """
 
     trial: str
@@ -67,6 +69,7 @@ class TrialRow:
     pred_trial_time: float | None = None
     gate_latency: float | None = None
     epochs_planned: int | None = None
+    gpus: int = 1
     measured: bool = False
     actual_memory: float | None = None
     memory_held_before: float | None = None
@@ -90,22 +93,25 @@ class TrialRow:
 
     @property
     def spent(self) -> float | None:
-        """Device seconds the trial used: its wall time, else its measured training time.
+        """Device seconds the trial used: its wall time, else its measured training time,
+        times the devices it held (:attr:`gpus`).
 
         None for a rejected trial (it never held a device) and for one with no record of
         either.
         """
         if self.outcome == "rejected":
             return None
-        return self.wall_time if self.wall_time is not None else self.train_time
+        seconds = self.wall_time if self.wall_time is not None else self.train_time
+        return None if seconds is None else seconds * self.gpus
 
     @property
     def predicted_cost(self) -> float | None:
-        """The predicted device seconds of the whole trial (epoch time × epochs)."""
+        """The predicted device seconds of the whole trial (its trial time, else epoch time
+        × epochs), times the devices it holds (:attr:`gpus`)."""
         if self.pred_trial_time is not None:
-            return self.pred_trial_time
+            return self.pred_trial_time * self.gpus
         if self.pred_epoch_time is not None and self.epochs_planned:
-            return self.pred_epoch_time * self.epochs_planned
+            return self.pred_epoch_time * self.epochs_planned * self.gpus
         return None
 
     @property

@@ -1311,10 +1311,18 @@ def _median(records: list[dict[str, Any]], key: str) -> float | None:
 
 
 def _epoch_step_time(records: list[dict[str, Any]], prediction: Any) -> float | None:
-    """Median whole-epoch time over the predicted steps per epoch (None if unknown)."""
-    epoch = _median(records, "epoch_time")
+    """The median over epochs of an epoch's time over its steps: the steps the epoch
+    measured (``actual["steps"]``), else the predicted steps per epoch (None if unknown)."""
     spec = prediction.get("spec") if isinstance(prediction, dict) else None
-    steps = spec.get("steps_per_epoch") if isinstance(spec, dict) else None
-    if epoch is None or epoch <= 0 or not isinstance(steps, int | float) or steps < 1:
-        return None
-    return float(epoch) / float(steps)
+    predicted = spec.get("steps_per_epoch") if isinstance(spec, dict) else None
+    per_step = []
+    for r in records:
+        epoch, steps = r.get("epoch_time"), r.get("steps") or predicted
+        if (
+            isinstance(epoch, int | float)
+            and epoch > 0
+            and isinstance(steps, int | float)
+            and steps >= 1
+        ):
+            per_step.append(float(epoch) / float(steps))
+    return float(statistics.median(per_step)) if per_step else None
