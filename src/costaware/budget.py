@@ -175,11 +175,10 @@ def _trial_time(prediction: Any, *, upper: bool) -> float | None:
     trial's steps; from a prediction recorded without them, its epochs of epoch time."""
     spec = prediction.spec
     if "trial_steps" in spec:
-        steps = spec["trial_steps"]
-        it = prediction.iteration_time_upper if upper else prediction.iteration_time
-        return None if steps is None else max(it, prediction.iteration_time) * steps
+        trial: float | None = prediction.trial_time_upper if upper else prediction.trial_time
+        return trial
     epoch = prediction.epoch_time_upper if upper else prediction.epoch_time
-    return None if epoch is None else epoch * spec.get("epochs", 1)
+    return None if epoch is None else float(epoch * spec.get("epochs", 1))
 
 
 def _memory_message(what: str, label: str, peak: float, context: float, limit: float) -> str:

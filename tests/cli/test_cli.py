@@ -94,6 +94,21 @@ def test_predict_json(factory_file: Path, capsys: pytest.CaptureFixture[str]) ->
     assert data["spec"]["batch_size"] == 8
 
 
+def test_predict_a_trial_cut_at_max_steps(
+    factory_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["predict", f"{factory_file}:mlp", "-b", "64", "--input", "32", "--classes", "10"]
+    args += ["--device", "H100", "--dataset-size", "6400", "--epochs", "5", "--max-steps", "150"]
+    assert main(args) == 0
+    assert "trial time (150 steps)" in capsys.readouterr().out
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["spec"]["steps_per_epoch"], data["spec"]["trial_steps"]) == (100, 150)
+    assert data["trial_time"] == pytest.approx(data["iteration_time"] * 150)
+    assert main([*args[:-1], "0"]) == 2
+    assert "max_steps must be a positive integer" in capsys.readouterr().err
+
+
 def test_predict_one_rank_of_sharded_training(
     factory_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

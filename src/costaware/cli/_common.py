@@ -129,6 +129,7 @@ def _build_spec(args: argparse.Namespace) -> Any:
         allocator=args.allocator,
         grad_accumulation=args.grad_accumulation,
         epochs=args.epochs,
+        max_steps=args.max_steps,
         name=args.model.rpartition(":")[2],
         world_size=args.world_size,
         sharding=args.sharding,
@@ -188,8 +189,19 @@ def _spec_arguments(p: argparse.ArgumentParser, *, batch_help: str, batch_requir
         help="the module classes FSDP wraps as units, as module:Class (comma-separated); "
         "default none: the whole model is one unit",
     )
-    p.add_argument("--dataset-size", type=int, help="samples per epoch, for the epoch time")
+    p.add_argument(
+        "--dataset-size",
+        type=int,
+        help="samples per epoch, for the epoch time (under --world-size, the whole dataset: "
+        "each rank steps through its share)",
+    )
     p.add_argument("--epochs", type=int, default=1, help="planned epochs (default 1)")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        help="optimizer steps after which training stops (Lightning's max_steps): the trial "
+        "time is that of the shorter of --epochs and these steps",
+    )
     p.add_argument(
         "--grad-accumulation", type=int, default=1, help="micro-batches per optimizer step"
     )

@@ -73,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(
             "epoch time", fmt_seconds(pred.epoch_time), fmt_seconds(pred.epoch_time_upper)
         )
+    steps = pred.spec.get("trial_steps")
+    if pred.trial_time is not None and steps != pred.spec.get("steps_per_epoch"):
+        table.add_row(
+            f"trial time ({steps:,} steps)",
+            fmt_seconds(pred.trial_time),
+            fmt_seconds(pred.trial_time_upper),
+        )
     dev = ca.get_device(pred.device)
     console.print(table)
     fits = pred.min_capacity_upper <= dev.usable_memory_bytes

@@ -144,6 +144,14 @@ class Prediction:
         if not self.min_capacity_upper:
             object.__setattr__(self, "min_capacity_upper", self.peak_memory_upper)
 
+    @property
+    def trial_time_upper(self) -> float | None:
+        """The trial time's upper bound: the iteration time's, times the trial's steps."""
+        steps = self.spec.get("trial_steps")
+        if self.trial_time is None or not steps:
+            return None
+        return max(self.iteration_time_upper, self.iteration_time) * steps
+
     def explain(self) -> str:
         """What the numbers rest on, in words a person can check."""
         b = self.basis
