@@ -152,7 +152,7 @@ def test_the_lightning_finder_sets_the_largest_batch_size_before_training(ns_nam
     trainer.fit(module)
     found = finder.result
     assert found.fits and found.limited_by == "memory" and 2 < found.batch_size < 4096
-    assert module.batch_size == found.batch_size
+    assert module.batch_size == found.batch_size == finder.optimal_batch_size
     assert seen and seen[0] == found.batch_size  # the training ran at the size found
     cpu = ca.get_device("cpu")
     assert found.prediction.min_capacity_upper + cpu.context_overhead_bytes <= 8 * 2**20
@@ -190,6 +190,12 @@ def test_the_lightning_finder_refuses_when_nothing_fits_or_no_attribute() -> Non
 
     with pytest.raises(AttributeError, match="has an attribute 'batch_size'"):
         fit(Net(with_attr=False), CostAwareBatchSizeFinder(device="cpu"))
+    # Lightning's own finder names the attribute batch_arg_name
+    with pytest.raises(AttributeError, match="has an attribute 'bs'"):
+        fit(Net(with_attr=True), CostAwareBatchSizeFinder(device="cpu", batch_arg_name="bs"))
+    with pytest.raises(ValueError, match="name two attributes"):
+        CostAwareBatchSizeFinder(attr_name="size", batch_arg_name="bs")
+    assert CostAwareBatchSizeFinder().optimal_batch_size is None
     with pytest.raises(ca.NothingFitsError, match="not even a batch of 1"):
         fit(
             Net(with_attr=True),

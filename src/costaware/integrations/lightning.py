@@ -1548,10 +1548,12 @@ class _BatchSizeFinderBase:
             ``safety_margin`` leaves room for what the step does not allocate itself.
         device: a catalog name, a ``Device`` or ``"auto"`` (the device the fit runs on).
         model: the cost model (default: the shipped one).
-        attr_name: the attribute that holds the batch size (default ``"batch_size"``).
+        attr_name: the attribute that holds the batch size (default ``"batch_size"``);
+            ``batch_arg_name``, as Lightning's ``BatchSizeFinder`` calls it, is the same.
         limit: the largest batch size searched.
 
-    After ``setup``, ``result`` holds the :class:`~costaware.core.batch_size.BatchSizeResult`.
+    After ``setup``, ``result`` holds the :class:`~costaware.core.batch_size.BatchSizeResult`
+    and ``optimal_batch_size`` the size set, as on Lightning's finder.
     Not even a batch of one fitting raises :class:`~costaware.NothingFitsError`, with the
     memory that batch needs.
     """
@@ -1566,7 +1568,15 @@ class _BatchSizeFinderBase:
         model: CostModel | None = None,
         attr_name: str = "batch_size",
         limit: int = 65_536,
+        batch_arg_name: str | None = None,
     ) -> None:
+        if batch_arg_name is not None:  # Lightning's BatchSizeFinder spells it so
+            if attr_name not in ("batch_size", batch_arg_name):
+                raise ValueError(
+                    f"attr_name={attr_name!r} and batch_arg_name={batch_arg_name!r} name two "
+                    "attributes; give one of them."
+                )
+            attr_name = batch_arg_name
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -1579,6 +1589,11 @@ class _BatchSizeFinderBase:
         self.attr_name = attr_name
         self.limit = limit
         self.result: Any = None
+
+    @property
+    def optimal_batch_size(self) -> int | None:
+        """The batch size set (Lightning's ``BatchSizeFinder`` name), None before ``setup``."""
+        return self.result.batch_size if self.result is not None and self.result.fits else None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit" or self.result is not None:
