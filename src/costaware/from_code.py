@@ -37,6 +37,8 @@ from typing import Any, TypeVar
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
 from costaware.compiled import drop_compiled, eager_module
 from costaware.errors import SpecError
@@ -46,6 +48,20 @@ from costaware.errors import SpecError
 _Spec = TypeVar("_Spec")
 
 __all__ = ["BatchLikeExample", "meta_copy", "optimizer_of", "spec_from_module"]
+
+
+def uninitialized_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A lazy module's uninitialized parameter or buffer like ``t`` (in ``dtype`` when
+    given), on the meta device, for the module's first forward to shape; made outside any
+    fake mode, which cannot make a tensor subclass."""
+    with unset_fake_temporarily():
+        if isinstance(t, UninitializedParameter):
+            return UninitializedParameter(  # type: ignore[call-arg]
+                t.requires_grad,  # type: ignore[arg-type]
+                device="meta",
+                dtype=dtype or t.dtype,
+            )
+        return UninitializedBuffer(device="meta", dtype=dtype or t.dtype)  # type: ignore[call-arg]
 
 
 def meta_copy(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
@@ -73,6 +89,8 @@ def meta_copy(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Modul
             params[name] = None
         elif id(p) in memo:
             params[name] = memo[id(p)]
+        elif isinstance(p, UninitializedParameter):  # a lazy module's, shaped when it runs
+            params[name] = memo[id(p)] = uninitialized_like(p)
         else:
             params[name] = memo[id(p)] = nn.Parameter(
                 torch.empty_like(p, device="meta"), p.requires_grad
@@ -83,6 +101,8 @@ def meta_copy(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Modul
             buffers[name] = None
         elif id(b) in memo:
             buffers[name] = memo[id(b)]
+        elif isinstance(b, UninitializedBuffer):
+            buffers[name] = memo[id(b)] = uninitialized_like(b)
         else:
             buffers[name] = memo[id(b)] = torch.empty_like(b, device="meta")
     clone.__dict__["_parameters"] = params

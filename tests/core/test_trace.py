@@ -801,3 +801,53 @@ def test_fused_dropout_computes_what_its_mask_says() -> None:
     g = torch.randn_like(out)
     (grad,) = torch.autograd.grad(out, [x], g)
     torch.testing.assert_close(grad, g * mask / 0.75)
+
+
+class _Lazy(nn.Module):
+    """A token model whose middle layers are lazy (or not): the same step either way."""
+
+    def __init__(self, lazy: bool) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(100, 32)
+        self.mid = nn.LazyLinear(64) if lazy else nn.Linear(32, 64)
+        self.norm = nn.LazyBatchNorm1d() if lazy else nn.BatchNorm1d(64)
+        self.head = nn.Linear(64, 100)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.mid(self.emb(ids))
+        return self.head(self.norm(h.transpose(1, 2)).transpose(1, 2))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16-true"])
+def test_lazy_modules_are_shaped_by_a_first_forward_as_a_script_shapes_them(
+    precision: str,
+) -> None:
+    """A model with lazy modules traces as its eager twin: the first forward shapes them
+    before the step, which trains them (parameters, gradients, optimizer state)."""
+
+    def spec(lazy: bool) -> ca.TrainingSpec:
+        return ca.TrainingSpec(
+            model=functools.partial(_Lazy, lazy), batch=ca.TokenBatch(16, 100), batch_size=4,
+            precision=precision,
+        )  # fmt: skip
+
+    lazy, eager = ca.dry_run(spec(True)), ca.dry_run(spec(False))
+    assert lazy.param_count == eager.param_count == sum(
+        p.numel() for p in _Lazy(False).parameters()
+    )
+    assert lazy.peak_live == eager.peak_live and lazy.peak_breakdown == eager.peak_breakdown
+    assert lazy.flops_forward == eager.flops_forward
+
+
+def test_a_live_module_with_lazy_layers_is_predicted_and_still_shapes_itself() -> None:
+    """A live module whose lazy layers never ran (a Lightning fit judged in setup): its
+    meta copy is shaped by the dry run, and the module's own first forward still shapes
+    it (the copy must not take the module's initializing hook with it)."""
+    live = _Lazy(True)
+    ids = torch.randint(0, 100, (4, 16))
+    spec = ca.TrainingSpec.from_module(live, ids, loss=lambda m, b: m(b).float().mean())
+    eager = sum(p.numel() for p in _Lazy(False).parameters())
+    assert ca.dry_run(spec).param_count == eager
+    assert live.mid.has_uninitialized_params() and isinstance(live.mid, nn.LazyLinear)
+    assert live(ids).shape == (4, 16, 100)
+    assert type(live.mid) is nn.Linear and sum(p.numel() for p in live.parameters()) == eager

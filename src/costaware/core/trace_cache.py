@@ -9,7 +9,9 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import torch
 from torch import nn
+from torch.nn.parameter import UninitializedParameter
 
 from costaware.core.trace import Trace, build_model
 from costaware.spec import TrainingSpec
@@ -48,12 +50,17 @@ class _TraceCache:
                 self._data.popitem(last=False)
 
 
+def _shape(p: torch.Tensor) -> str:
+    """A parameter's shape; a lazy module's is the batch's to give (in the key already)."""
+    return "lazy" if isinstance(p, UninitializedParameter) else str(tuple(p.shape))
+
+
 def _arch_key(spec: TrainingSpec) -> str:
     key = spec.architecture_key()
     if key is not None:
         return key
     # an instance is described as it is; a factory without a fingerprint is built on meta
     model = spec.model if isinstance(spec.model, nn.Module) else build_model(spec)[0]
-    shapes = ";".join(f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters())
+    shapes = ";".join(f"{n}:{_shape(p)}:{p.dtype}" for n, p in model.named_parameters())
     body = hashlib.sha1((repr(model) + shapes).encode()).hexdigest()
     return spec._key_with("module:" + body)

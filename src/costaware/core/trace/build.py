@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -31,6 +33,7 @@ from costaware.errors import (
     UserCodeError,
     first_line,
 )
+from costaware.from_code import uninitialized_like
 from costaware.spec import TrainingSpec
 
 
@@ -355,9 +358,12 @@ def _too_large(meta_error: BaseException, limit: int, default: bool, attribute: 
     )
 
 
-def _to_fake(model: nn.Module, dtype: torch.dtype | None = None) -> None:
+def _to_fake(model: nn.Module, dtype: torch.dtype | None = None, only_real: bool = False) -> None:
     """Swap parameters and buffers for fake CPU tensors; call inside FakeTensorMode.
-    With ``dtype``, floating-point ones take that type (``model.to(dtype)``)."""
+    With ``dtype``, floating-point ones take that type (``model.to(dtype)``). A lazy
+    module's uninitialized ones stay uninitialized, on the meta device, for its first
+    forward to shape. ``only_real`` leaves the fake ones as they are (a lazy module shaped
+    after the rest became fake)."""
 
     def type_of(t: torch.Tensor) -> torch.dtype:
         return dtype if dtype is not None and t.is_floating_point() else t.dtype
@@ -365,20 +371,35 @@ def _to_fake(model: nn.Module, dtype: torch.dtype | None = None) -> None:
     done: dict[int, Any] = {}
     for mod in model.modules():
         for k, p in list(mod._parameters.items()):
-            if p is None:
+            if p is None or (only_real and isinstance(p, FakeTensor)):
                 continue
             if id(p) not in done:
-                t = torch.empty_strided(p.shape, p.stride(), dtype=type_of(p), device="cpu")
-                done[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
+                if isinstance(p, UninitializedParameter):
+                    done[id(p)] = uninitialized_like(p, dtype)
+                else:
+                    t = torch.empty_strided(p.shape, p.stride(), dtype=type_of(p), device="cpu")
+                    done[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
             mod._parameters[k] = done[id(p)]
         for k, b in list(mod._buffers.items()):
-            if b is None:
+            if b is None or (only_real and isinstance(b, FakeTensor)):
                 continue
             if id(b) not in done:
-                done[id(b)] = torch.empty_strided(
-                    b.shape, b.stride(), dtype=type_of(b), device="cpu"
-                )
+                if isinstance(b, UninitializedBuffer):
+                    done[id(b)] = uninitialized_like(b, dtype)
+                else:
+                    done[id(b)] = torch.empty_strided(
+                        b.shape, b.stride(), dtype=type_of(b), device="cpu"
+                    )
             mod._buffers[k] = done[id(b)]
+
+
+def has_lazy_parameters(model: nn.Module) -> bool:
+    """Whether a lazy module (``nn.LazyLinear``, ``nn.LazyConv2d``, ...) of ``model`` has
+    parameters or buffers its first forward has yet to shape."""
+    return any(
+        isinstance(t, (UninitializedParameter, UninitializedBuffer))
+        for t in (*model.parameters(), *model.buffers())
+    )
 
 
 def _layer_counts(model: nn.Module) -> dict[str, int]:

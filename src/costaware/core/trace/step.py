@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from costaware.core.sharding import ShardedStep
-from costaware.core.trace.build import _to_fake
+from costaware.core.trace.build import _to_fake, has_lazy_parameters
 from costaware.core.trace.ddp import _ddp_buckets
 from costaware.core.trace.fused import _FusedAttention, _FusedMode
 from costaware.core.trace.fused_dropout import _FusedDropout
@@ -186,6 +186,8 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
     with fm:
         _to_fake(model, spec.param_dtype)
         model.train()
+        if has_lazy_parameters(model):
+            _shape_lazy_modules(spec, batch_spec, model)
         # one rank of sharded training (FSDP, ZeRO): its shards, gathers and reduce-scatters
         sharded = (
             ShardedStep(model, spec.sharding, spec.world_size, spec.wrap_policy, rec)
@@ -212,6 +214,52 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
             rec.closed = True
             del buckets, opt_params
     return _RecordedStep(rec, sharded, fused, *sizes)
+
+
+def _shape_lazy_modules(spec: TrainingSpec, batch_spec: Any, model: nn.Module) -> None:
+    """Give lazy modules (``nn.LazyLinear``, ...) their shapes as a training script must
+    before it builds the optimizer: one forward of a batch, without gradients, before the
+    recorder starts. Each lazy module shapes its parameters from its first input on the
+    meta device, outside the fake mode (which cannot give a tensor subclass new data), and
+    they become fake CPU tensors before it runs.
+
+    The module's own initializing hook is left out of hook tables of its own: it removes
+    itself from the tables it was registered in, which a copy of a live module
+    (:func:`~costaware.from_code.meta_copy`) shares with the user's module, whose first
+    forward must still shape it."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.nn.modules.lazy import LazyModuleMixin
+
+    def shape(module: Any, args: Any, kwargs: Any) -> None:
+        with unset_fake_temporarily():
+            module.initialize_parameters(*args, **kwargs)
+        _to_fake(module, spec.param_dtype, only_real=True)
+        if getattr(module, "cls_to_become", None) is not None:
+            module.__class__ = module.cls_to_become  # as torch's own hook leaves it
+
+    handles = []
+    for m in model.modules():
+        if not (isinstance(m, LazyModuleMixin) and m.has_uninitialized_params()):
+            continue
+        own = getattr(m, "_initialize_hook", None)
+        for table in ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs"):
+            hooks = getattr(m, table)
+            m.__dict__[table] = type(hooks)(
+                (k, h) for k, h in hooks.items() if own is None or k != own.id
+            )
+        handles.append(m.register_forward_pre_hook(shape, prepend=True, with_kwargs=True))
+    batch = batch_spec.make(spec.batch_size)
+    if spec.param_dtype is not None:
+        batch = cast_floating(batch, spec.param_dtype)
+    loss_fn = spec.loss or default_loss
+    try:
+        with torch.no_grad(), contextlib.ExitStack() as stack:
+            if spec.autocast_dtype is not None:
+                stack.enter_context(torch.autocast("cpu", dtype=spec.autocast_dtype))
+            loss_fn(model, batch)
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _hold_model(
