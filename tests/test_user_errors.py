@@ -463,6 +463,23 @@ def test_an_internal_error_of_costaware_fails_open(monkeypatch: pytest.MonkeyPat
     assert "costaware's bug, not the model's" in verdict.info["error"]
 
 
+def test_a_torch_error_in_costaware_s_preparation_is_costaware_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error raised inside torch, called by costaware's own preparation of the step
+    (no model, loss, optimizer or user code running), is costaware's failure, named at
+    costaware's line, and fails open: not a user's bug that "a real step hits too"."""
+    from costaware.core.trace import step
+
+    # torch's Python code raises when costaware hands it the model
+    monkeypatch.setattr(step, "_to_fake", torch.nn.utils.vector_to_parameters)
+    gate = Gate(BUDGET, device="T4", model=ca.CostModel())
+    with pytest.warns(ca.CostAwareWarning, match="could not judge trial 4"):
+        verdict = gate.judge(_spec(functools.partial(MLP, 8)), study=None, trial=4)
+    assert verdict.admit
+    assert re.search(r"inside costaware at step\.py:\d+: TypeError", verdict.info["error"])
+
+
 # --------------------------------------------------------------------------------------
 # nothing floods stderr, and the user's logging stays theirs
 # --------------------------------------------------------------------------------------

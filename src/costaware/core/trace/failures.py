@@ -24,6 +24,7 @@ from costaware.core.trace.user_code import (
     _is_theirs,
     _raised_by_costaware,
     _said,
+    _user_frames,
     _where,
 )
 from costaware.errors import (
@@ -168,10 +169,13 @@ def _op_of(exc: BaseException) -> str:
 
 
 def _own_line(exc: BaseException) -> str:
+    """The innermost line of costaware's own code that ``exc`` passed through (it may
+    have arisen in torch, called from there)."""
     frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if f.filename.startswith(_OWN_DIRS) and not _is_theirs(f.filename)]
     if not frames:
         return "an unknown place"
-    last = frames[-1]
+    last = (own or frames)[-1]
     return f"{os.path.basename(last.filename)}:{last.lineno}"
 
 
@@ -265,10 +269,10 @@ def _layer_hint(spec: TrainingSpec, label: str, layer: nn.Module, arg: Any) -> s
     return None
 
 
-def _user_bug(exc: Exception, spec: TrainingSpec, model: nn.Module | None) -> UserCodeError:
-    """The user's bug in the training step (forward, loss, backward), said so: where it
-    arose, in which layer, with what input, and what to change."""
-    where = _where(exc)
+def _stage(exc: BaseException, spec: TrainingSpec) -> tuple[str, str] | None:
+    """Which part of the step raised ``exc``, and what to fix there: the optimizer step,
+    the backward, the model's forward, the loss or costaware's default loss; None when
+    none of them was running."""
     frames = [f for f, _ in traceback.walk_tb(exc.__traceback__)]
     files = [f.f_code.co_filename for f in frames]
     names = [f.f_code.co_name for f in frames]
@@ -293,7 +297,15 @@ def _user_bug(exc: Exception, spec: TrainingSpec, model: nn.Module | None) -> Us
             "training does"
         )
     else:
-        what, fix = "The training step", "fix the model or the loss"
+        return None
+    return what, fix
+
+
+def _user_bug(exc: Exception, spec: TrainingSpec, model: nn.Module | None) -> UserCodeError:
+    """The user's bug in the training step (forward, loss, backward), said so: where it
+    arose, in which layer, with what input, and what to change."""
+    where = _where(exc)
+    what, fix = _stage(exc, spec) or ("The training step", "fix the model or the loss")
     found = _failing_layer(exc, model)
     in_layer, hint = "", None
     if found is not None:
@@ -351,4 +363,8 @@ def _classify(exc: Exception, spec: TrainingSpec, model: nn.Module | None) -> Ex
         return _untraceable(exc, why)
     if isinstance(exc, MemoryError):
         return TraceError(f"the dry run ran out of this machine's memory: {first_line(exc)}")
+    if _stage(exc, spec) is None and not _user_frames(exc):
+        # neither the model, the loss, the optimizer nor any code of the user's ran: the
+        # dry run's own preparation failed, in torch or in costaware
+        return _untraceable(exc, "internal")
     return _user_bug(exc, spec, model)
