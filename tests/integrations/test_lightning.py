@@ -545,6 +545,7 @@ def test_missing_namespace_class_raises_import_error(monkeypatch: pytest.MonkeyP
         "lightning_parallel",
         "lightning_precision",
         "lightning_step_loss",
+        "lightning_trial_length",
         "spec_from_lightning",
         "CostAwareBatchSizeFinder",
         "CostAwareCallback",

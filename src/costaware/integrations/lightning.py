@@ -1660,6 +1660,7 @@ __all__ = [
     "lightning_parallel",
     "lightning_precision",
     "lightning_step_loss",
+    "lightning_trial_length",
     "spec_from_lightning",
 ]
 if _LightningCallback is not None:
