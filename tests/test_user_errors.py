@@ -591,3 +591,25 @@ def test_lightning_callback_raises_the_users_bug_before_the_first_batch(namespac
     with pytest.warns(ca.CostAwareWarning, match="could not predict"):
         fit(_spec(Nonzero))  # costaware's own failure: training goes on
     assert steps == [0, 1]
+
+
+def test_a_functional_torchmetrics_call_that_cannot_run_says_what_can() -> None:
+    """A functional metric on values (a confusion matrix counts with bincount) cannot run
+    on fake tensors; the error says that a metric module's update is skipped instead."""
+    import torchmetrics.functional as tmf
+
+    def loss(model: nn.Module, batch: Any) -> torch.Tensor:
+        x, y = batch
+        out = model(x)
+        tmf.classification.multiclass_confusion_matrix(out, y, num_classes=10)
+        return nn.functional.cross_entropy(out, y)
+
+    spec = ca.TrainingSpec(
+        model=functools.partial(nn.Linear, 8, 10), batch=ca.ImageBatch((8,), classes=10),
+        batch_size=4, loss=loss,
+    )  # fmt: skip
+    with pytest.raises(ca.UntraceableModelError, match=r"aten\.bincount") as info:
+        ca.dry_run(spec)
+    assert "It is a torchmetrics computation: the dry run skips a metric module's update" in str(
+        info.value
+    )

@@ -327,3 +327,39 @@ def test_a_callback_without_a_store_records_into_the_study_pruners(tmp_path: Pat
     assert sorted(str(r["trial"]) for r in store.predictions()) == ["0", "1"]
     assert sorted(str(r["trial"]) for r in store.measurements()) == ["0", "1"]
     assert {o.status for o in store.observations()} == {"ok"}
+
+
+def test_torchmetrics_in_the_training_step_are_skipped_by_the_dry_run_not_by_the_fit() -> None:
+    """A metric updated in ``training_step`` (as most Lightning modules do) computes on
+    values a dry run lacks; its copy does nothing there, the fit is predicted, and the
+    module's own metric still counts every real batch."""
+    import torchmetrics
+
+    class Net(L.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(8, 3)
+            self.acc = torchmetrics.classification.MulticlassAccuracy(num_classes=3)
+            self.both = torchmetrics.MetricCollection(
+                [torchmetrics.classification.MulticlassPrecision(num_classes=3)]
+            )
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            logits = self.net(x)
+            self.log("acc", self.acc(logits, y))
+            self.both.update(logits, y)
+            return torch.nn.functional.cross_entropy(logits, y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    module = Net()
+    callback = CostAwareCallback(budget=ca.Budget(max_memory="4GiB"), device="cpu")
+    data = DataLoader(TensorDataset(torch.randn(32, 8), torch.randint(0, 3, (32,))), batch_size=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ca.CostAwareWarning)  # no prediction failed
+        _trainer(L, callback).fit(module, data)
+    assert callback.prediction is not None and callback.decision.admit
+    assert any("MulticlassAccuracy" in n and "MetricCollection" in n for n in callback.prediction.notes)
+    assert module.acc.update_count == 4 and module.both.compute()  # the real ones ran

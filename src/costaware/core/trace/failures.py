@@ -118,6 +118,21 @@ def _limit_of_the_dry_run(exc: BaseException) -> str | None:
 
 def _untraceable(exc: BaseException, why: str) -> TraceError:
     """The dry run's own failure, said so: the trial is admitted (fail open)."""
+    error = _untraceable_error(exc, why)
+    if why != "internal" and any(
+        f"{os.sep}torchmetrics{os.sep}" in f.filename
+        for f in traceback.extract_tb(exc.__traceback__)
+    ):
+        error.args = (
+            f"{error.args[0]} It is a torchmetrics computation: the dry run skips a metric "
+            "module's update (self.acc = MulticlassAccuracy(...), then self.acc(preds, y)), "
+            "not a functional metric.",
+        )
+    return error
+
+
+def _untraceable_error(exc: BaseException, why: str) -> TraceError:
+    """The error :func:`_untraceable` raises, before any hint."""
     where = _where(exc)
     ours = "This is a limit of costaware's dry run, not a bug in the model"
     if why == "value":

@@ -138,6 +138,8 @@ class _RecordedStep:
     #: elements
     param_tensors: int
     stepped_numel: int
+    #: the torchmetrics metrics whose updates the step skipped (:func:`_skip_metrics`)
+    skipped_metrics: tuple[str, ...] = ()
 
 
 def _fused_modes(attention: str) -> list[_FusedMode]:
@@ -186,6 +188,7 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
     with fm:
         _to_fake(model, spec.param_dtype)
         model.train()
+        metrics = _skip_metrics(model)
         if has_lazy_parameters(model):
             _shape_lazy_modules(spec, batch_spec, model)
         # one rank of sharded training (FSDP, ZeRO): its shards, gathers and reduce-scatters
@@ -213,7 +216,33 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
             rec.mark("end")
             rec.closed = True
             del buckets, opt_params
-    return _RecordedStep(rec, sharded, fused, *sizes)
+    return _RecordedStep(rec, sharded, fused, *sizes, skipped_metrics=metrics)
+
+
+def _is_torchmetrics(module: nn.Module, name: str) -> bool:
+    return any(
+        c.__name__ == name and c.__module__.startswith("torchmetrics")
+        for c in type(module).__mro__
+    )
+
+
+def _skip_metrics(model: nn.Module) -> tuple[str, ...]:
+    """Make the torchmetrics metrics of ``model`` (a copy: the user's module is never
+    the one traced) do nothing when called or updated in the step, and return their class
+    names. A metric's update computes on values (``bincount``, ``unique``), which a dry
+    run's tensors lack, and it keeps a few counters apart from the training's memory; a
+    metric returns None in the dry run, which the step can only log (the Lightning
+    module's ``log`` does nothing there)."""
+
+    def skip(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    skipped = []
+    for m in model.modules():
+        if _is_torchmetrics(m, "Metric") or _is_torchmetrics(m, "MetricCollection"):
+            m.__dict__["forward"] = m.__dict__["update"] = skip
+            skipped.append(type(m).__name__)
+    return tuple(dict.fromkeys(skipped))
 
 
 def _shape_lazy_modules(spec: TrainingSpec, batch_spec: Any, model: nn.Module) -> None:
@@ -425,6 +454,12 @@ def _notes(how: str, step: _RecordedStep) -> list[str]:
             f"FLOPs not counted for ops whose formula failed: {dict(step.rec.unsupported)}"
         )
     notes += [note for mode in step.fused if (note := mode.trace_note())]
+    if step.skipped_metrics:
+        notes.append(
+            f"torchmetrics metrics not updated in the dry run "
+            f"({', '.join(step.skipped_metrics)}): their kernels and counters are not in "
+            "the figures"
+        )
     return notes
 
 
