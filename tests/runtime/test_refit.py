@@ -340,3 +340,24 @@ def test_malformed_rows_do_not_stop_the_refit(tmp_path: Path) -> None:
     assert refit.last_error is None and refit.history[-1]["rows"] == 4
     assert refit.model().is_fitted
     assert refit.pending() == 0 and refit.maybe_refit() is False
+
+
+def test_a_model_refitted_on_a_store_that_is_gone_is_not_picked_up(tmp_path: Path) -> None:
+    """The refitted models live beside a SQLite file. Deleting the file to start over
+    leaves them there; a study on the new file at the same path must not use a model
+    learned from records that are gone, while workers of one store share refits."""
+    path = tmp_path / "obs.db"
+    store = ObservationStore(path)
+    assert store.store_id == ObservationStore(path).store_id  # kept in the file
+    refit = OnlineRefit(store, base=ca.CostModel(), every=1, background=False, study="s")
+    for i, (w, bs) in enumerate([(4, 8), (8, 16), (12, 32)]):
+        _record(store, refit.model(), i, _spec(w, bs))
+    refit.refit_now()
+    assert OnlineRefit(store, base=ca.CostModel(), study="s").model().is_fitted  # shared
+    store.close()
+    path.unlink()
+    fresh = ObservationStore(path)
+    assert fresh.store_id != store.store_id
+    assert (tmp_path / "obs.db.costaware-models" / "LATEST").exists()  # left behind
+    later = OnlineRefit(fresh, base=ca.CostModel(), study="s")
+    assert not later.model().is_fitted  # the stale model is not used

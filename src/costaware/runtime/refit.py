@@ -92,6 +92,7 @@ class OnlineRefit:
         self._lock = threading.Lock()
         self._model = self.base
         self._loaded_version: str | None = None
+        self._id: str | None = None
         self._fitted_on = 0
         self._thread: threading.Thread | None = None
         self.history: list[dict[str, Any]] = []
@@ -123,10 +124,33 @@ class OnlineRefit:
         except Exception as e:  # a half-written or foreign directory: keep the current model
             log.warning("costaware: could not load refitted model %s: %s", version, e)
             return
+        learned_from = model.training_.get("store_id")
+        if learned_from != self._store_id():
+            # refitted on another store's records (the file deleted and made again, or a
+            # directory shared by mistake): what it learned is not in this store
+            log.info(
+                "costaware: not using refitted model %s: it was learned from store %s, "
+                "not this one (%s)",
+                version,
+                learned_from,
+                self._store_id(),
+            )
+            self._loaded_version = version  # looked at once, not on every call
+            return
         with self._lock:
             self._adopt(model)
             self._loaded_version = version
             self._fitted_on = max(self._fitted_on, int(model.training_.get("rows", 0)))
+
+    def _store_id(self) -> str | None:
+        """The store's id (:attr:`ObservationStore.store_id`), or None for a store
+        without one, or that cannot say it now."""
+        if self._id is None and hasattr(self.store, "store_id"):
+            try:
+                self._id = str(self.store.store_id)
+            except Exception as e:  # a server that is down: asked again next time
+                log.debug("costaware: the store's id is not readable now: %s", e)
+        return self._id
 
     def _adopt(self, model: CostModel) -> None:
         """Use ``model`` from now on (under the lock), keeping the traces already made:
@@ -208,6 +232,8 @@ class OnlineRefit:
         observations = self.store.observations(study=self.study)
         template = self.base
         model = CostModel(**template.get_params()).fit(observations, base=self.base)
+        if (store_id := self._store_id()) is not None:
+            model.training_["store_id"] = store_id
         seconds = time.perf_counter() - t0
         version = None
         if self.directory is not None:

@@ -43,6 +43,7 @@ import sqlite3
 import statistics
 import threading
 import time
+import uuid
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping
@@ -104,6 +105,7 @@ RETRY_MAX_S: Final = 120.0
 _MAX_NAME = 255
 _LOCK_KEY: Final = 0x636F_7374_6177_6172 % (2**63)  # pg advisory lock id ("costawar")
 _SCHEMA_KEY: Final = "schema_version"
+_ID_KEY: Final = "store_id"
 _WRITE: Final = "costaware_write"  # execution option: this transaction writes
 
 
@@ -290,6 +292,38 @@ class ObservationStore:
         if self._url.get_backend_name() != "sqlite" or _sqlite_in_memory(self._url):
             return None
         return pathlib.Path(str(self._url.database))
+
+    @property
+    def store_id(self) -> str:
+        """A random id the store is given the first time it is asked for, kept in
+        ``costaware_meta``: what tells this store's records from another's at the same
+        URL (a SQLite file deleted and made again). Models refitted on the store carry
+        it, so that a model learned from records that are gone is not picked up."""
+        found = self.__dict__.get("_store_id")
+        if found is None:
+            found = self.__dict__["_store_id"] = self._read_or_make_id()
+        return str(found)
+
+    def _read_or_make_id(self) -> str:
+        self._check_fork()
+        self._check_ready()
+        query = sa.select(meta_table.c.value).where(meta_table.c.key == _ID_KEY)
+        try:
+            for _ in range(2):  # a second try reads the id another process wrote first
+                try:
+                    with self._locked(), self._writer.begin() as conn:
+                        value = conn.execute(query).scalar_one_or_none()
+                        if value is None:
+                            value = uuid.uuid4().hex
+                            conn.execute(meta_table.insert().values(key=_ID_KEY, value=value))
+                        return str(value)
+                except exc.IntegrityError:
+                    continue
+            raise StoreError(f"the observation store at {self.url} has no readable store id.")
+        except exc.DBAPIError as e:
+            raise StoreError(
+                f"cannot write to the observation store at {self.url}: {_reason(e, self._url)}"
+            ) from None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
