@@ -363,3 +363,20 @@ def test_torchmetrics_in_the_training_step_are_skipped_by_the_dry_run_not_by_the
     assert callback.prediction is not None and callback.decision.admit
     assert any("MulticlassAccuracy" in n and "MetricCollection" in n for n in callback.prediction.notes)
     assert module.acc.update_count == 4 and module.both.compute()  # the real ones ran
+
+
+def test_enforce_takes_the_study_pruners_budget(tmp_path: Path) -> None:
+    """``CostAwareCallback(trial=trial, enforce=True)`` enforces the budget the study's
+    pruner holds; without a budget or such a study, enforce=True is refused."""
+    budget = ca.Budget(max_epoch_time="10min")
+    study = optuna.create_study(pruner=CostAwarePruner(budget=budget))
+    trial = study.ask()
+    callback = CostAwareCallback(trial=trial, enforce=True)
+    assert callback.budget is None  # the study's gate still judges before training
+    said = callback._over_budget({"epoch_time": 3600.0, "peak_memory": None})
+    assert said is not None and "10.0 min" in said
+    assert callback._over_budget({"epoch_time": 60.0, "peak_memory": None}) is None
+    with pytest.raises(ValueError, match="enforce=True needs a budget"):
+        CostAwareCallback(enforce=True)
+    with pytest.raises(ValueError, match="enforce=True needs a budget"):
+        CostAwareCallback(enforce=True, trial=optuna.create_study().ask())  # another pruner

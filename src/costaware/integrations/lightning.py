@@ -444,6 +444,17 @@ def _silence_logging(module: Any) -> None:
     module.__dict__["log_dict"] = _no_log
 
 
+def _study_budget(trial: Any) -> Budget | None:
+    """The budget of the costaware pruner of ``trial``'s Optuna study, or None (no Optuna
+    trial, or another pruner)."""
+    if not _is_optuna_trial(trial):
+        return None
+    from costaware.integrations.optuna import study_gate
+
+    gate = study_gate(trial.study)
+    return gate.budget if gate is not None else None
+
+
 def _first_optimizer(configured: Any) -> Any:
     """The first optimizer of what ``configure_optimizers`` returned (an optimizer, a list
     or tuple of them, a dict with "optimizer", or ``([optimizers], [schedulers])``)."""
@@ -600,8 +611,11 @@ class _CostAwareCallbackBase:
             raise TypeError(f"model must be a costaware.CostModel, but got {type(model).__name__}.")
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
-        if enforce and budget is None:
-            raise ValueError("enforce=True needs a budget, but got budget=None.")
+        if enforce and budget is None and _study_budget(trial) is None:
+            raise ValueError(
+                "enforce=True needs a budget: give budget=, or trial= of a study whose "
+                "pruner is costaware's (its budget is enforced), but got budget=None."
+            )
         if not (
             store is None
             or isinstance(store, (str, os.PathLike))
@@ -1355,10 +1369,11 @@ class _CostAwareCallbackBase:
 
     # -- enforcement ----------------------------------------------------------------------
     def _over_budget(self, actual: Mapping[str, Any]) -> str | None:
-        if self.budget is None:
+        budget = self.budget if self.budget is not None else _study_budget(self.trial)
+        if budget is None:
             return None
         try:
-            reasons = self.budget.check_measured(
+            reasons = budget.check_measured(
                 device=self._dev,
                 peak_memory=actual.get("peak_memory"),
                 epoch_time=actual.get("epoch_time"),
@@ -1503,7 +1518,8 @@ _DOC = """Record a run's real cost per epoch and, with ``enforce=True``, stop it
             ``max_memory`` (with the device's CUDA context added on a GPU) when
             ``enforce=True``.
         enforce: act on a budget: reject a fit predicted over it before its first batch
-            (``on_reject``), and stop the run after an epoch measured over it.
+            (``on_reject``), and stop the run after an epoch measured over it. Without a
+            ``budget``, the budget of the ``trial``'s study's ``CostAwarePruner``.
         device: the device predicted for: a catalog name, a :class:`~costaware.Device`, or
             ``"auto"`` (the Trainer's GPU, or the CPU). Measurements are recorded as the
             device the fit runs on; a difference is warned about.
