@@ -594,22 +594,54 @@ def test_lightning_callback_raises_the_users_bug_before_the_first_batch(namespac
 
 
 def test_a_functional_torchmetrics_call_that_cannot_run_says_what_can() -> None:
-    """A functional metric on values (a confusion matrix counts with bincount) cannot run
-    on fake tensors; the error says that a metric module's update is skipped instead."""
+    """A functional metric on values (an AUROC sorts and cuts at the distinct scores)
+    cannot run on fake tensors; the error says that a metric module's update is skipped
+    instead."""
     import torchmetrics.functional as tmf
 
     def loss(model: nn.Module, batch: Any) -> torch.Tensor:
         x, y = batch
         out = model(x)
-        tmf.classification.multiclass_confusion_matrix(out, y, num_classes=10)
+        tmf.classification.binary_auroc(out[:, 0].sigmoid(), (y > 4).long())
         return nn.functional.cross_entropy(out, y)
 
     spec = ca.TrainingSpec(
         model=functools.partial(nn.Linear, 8, 10), batch=ca.ImageBatch((8,), classes=10),
         batch_size=4, loss=loss,
     )  # fmt: skip
-    with pytest.raises(ca.UntraceableModelError, match=r"aten\.bincount") as info:
+    with pytest.raises(ca.UntraceableModelError, match="fake tensors") as info:
         ca.dry_run(spec)
     assert "It is a torchmetrics computation: the dry run skips a metric module's update" in str(
         info.value
     )
+
+
+def test_a_count_of_classes_with_minlength_takes_that_many_bins() -> None:
+    """``bincount(labels, minlength=C)`` (class weights, a confusion matrix) has C bins
+    for labels below C, as a dry run's labels are; without a minlength its size is the
+    values', and the dry run says it cannot know it."""
+    import torchmetrics.functional as tmf
+
+    def weighted(model: nn.Module, batch: Any) -> torch.Tensor:
+        x, y = batch
+        out = model(x)
+        counts = torch.bincount(y, minlength=10)
+        assert counts.shape == (10,) and counts.dtype == torch.int64
+        weights = torch.bincount(y, torch.ones(y.shape, dtype=torch.float32), 10)
+        assert weights.shape == (10,) and weights.dtype == torch.float32
+        tmf.classification.multiclass_confusion_matrix(out, y, num_classes=10)
+        return nn.functional.cross_entropy(out, y, weight=1.0 / counts.clamp(min=1).float())
+
+    def unbounded(model: nn.Module, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return model(x).sum() + torch.bincount(y).sum()
+
+    def spec(loss: Callable[[nn.Module, Any], torch.Tensor]) -> ca.TrainingSpec:
+        return ca.TrainingSpec(
+            model=functools.partial(nn.Linear, 8, 10), batch=ca.ImageBatch((8,), classes=10),
+            batch_size=4, loss=loss,
+        )  # fmt: skip
+
+    assert ca.dry_run(spec(weighted)).peak_live > 0
+    with pytest.raises(ca.UntraceableModelError, match=r"aten\.bincount .*minlength=n"):
+        ca.dry_run(spec(unbounded))

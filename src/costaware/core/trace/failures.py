@@ -143,11 +143,17 @@ def _untraceable_error(exc: BaseException, why: str) -> TraceError:
             "tensors (torch.where rather than an `if`)."
         )
     if why == "dynamic":
+        op = _op_of(exc)
+        fixed = (
+            "torch.bincount(x, minlength=n)"
+            if op == "aten.bincount"
+            else "torch.where(mask, x, 0), masked_fill"
+        )
         return UntraceableModelError(
-            f"The model cannot run on fake tensors: the operator {_op_of(exc)} {where} "
+            f"The model cannot run on fake tensors: the operator {op} {where} "
             "returns a tensor whose size depends on the values (nonzero, a boolean mask such as "
             f"x[x > 0], unique), and a dry run's tensors have no values. {ours}; to make it "
-            "predictable, use a fixed-size form (torch.where(mask, x, 0), masked_fill)."
+            f"predictable, use a fixed-size form ({fixed})."
         )
     if why == "unsupported":
         return UntraceableModelError(

@@ -55,6 +55,24 @@ _NOISE = frozenset(
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
 
 
+def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``func(*args, **kwargs)``, but ``bincount`` with a ``minlength``, whose size depends
+    on the values, takes ``minlength`` bins, as it does for values below it: how a count
+    of classes (a class-weighted loss, a confusion matrix) is written."""
+    if func is torch.ops.aten.bincount.default:
+        x = args[0]
+        weights = args[1] if len(args) > 1 else kwargs.get("weights")
+        minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
+        if isinstance(minlength, int) and minlength > 0:
+            dtype = (
+                torch.int64
+                if weights is None
+                else (torch.float32 if weights.dtype == torch.float32 else torch.float64)
+            )
+            return torch.zeros(minlength, dtype=dtype, device=x.device)
+    return func(*args, **kwargs)
+
+
 def _fresh_outputs(func: Any, out: Any) -> Any:
     """Give each output of ``func`` its own storage where its schema promises one.
 
@@ -205,7 +223,7 @@ class _Recorder(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        out = _fresh_outputs(func, func(*args, **kwargs))
+        out = _fresh_outputs(func, _run(func, args, kwargs))
         if self.paused:
             return out
         name = func._overloadpacket.__name__
