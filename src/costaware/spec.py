@@ -600,6 +600,14 @@ def _fingerprint(obj: Any, depth: int = 0) -> str | None:
     return None
 
 
+def rank_batches(samples: int, world_size: int, batch_size: int, drop_last: bool = False) -> int:
+    """The batches one rank steps through in an epoch of ``samples``: ``DistributedSampler``
+    gives each of ``world_size`` ranks ``ceil(samples / world_size)`` of them, in batches of
+    ``batch_size``, the last one partial unless ``drop_last``."""
+    per_rank = -(-samples // world_size)
+    return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
+
+
 @dataclass
 class TrainingSpec:
     """One training configuration, as it will run: the input to every prediction.
@@ -841,11 +849,10 @@ class TrainingSpec:
     def steps_per_epoch(self) -> int | None:
         """Micro-batch steps in one epoch of one rank: ``ceil(dataset_size / batch_size)``,
         and under data parallel ``ceil(ceil(dataset_size / world_size) / batch_size)``
-        (``DistributedSampler`` gives each rank ``ceil(dataset_size / world_size)``
-        samples)."""
+        (:func:`rank_batches`)."""
         if self.dataset_size is None:
             return None
-        return math.ceil(math.ceil(self.dataset_size / self.world_size) / self.batch_size)
+        return rank_batches(self.dataset_size, self.world_size, self.batch_size)
 
     @property
     def trial_steps(self) -> int | None:

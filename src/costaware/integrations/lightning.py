@@ -178,7 +178,7 @@ from costaware.measure.profile import (
     malloc_trim,
 )
 from costaware.runtime.gate import Gate
-from costaware.spec import TrainingSpec, parse_sharding, parse_wrap_policy
+from costaware.spec import TrainingSpec, parse_sharding, parse_wrap_policy, rank_batches
 
 if TYPE_CHECKING:
     from costaware.runtime.store import ObservationStore
@@ -509,9 +509,8 @@ def lightning_trial_length(
     dataset_size = _length(getattr(loader, "dataset", None))
     batches = _length(loader)
     if world_size > 1 and dataset_size is not None:
-        per_rank = math.ceil(dataset_size / world_size)
         bs = getattr(loader, "batch_size", None) or batch_size
-        batches = per_rank // bs if getattr(loader, "drop_last", False) else -(-per_rank // bs)
+        batches = rank_batches(dataset_size, world_size, bs, getattr(loader, "drop_last", False))
     limit = getattr(trainer, "limit_train_batches", None)
     natural = batches
     if isinstance(limit, int) and not isinstance(limit, bool):
@@ -521,7 +520,7 @@ def lightning_trial_length(
     if batches is not None and batches > 0 and (
         batches != natural
         or dataset_size is None
-        or math.ceil(math.ceil(dataset_size / world_size) / batch_size) != batches
+        or rank_batches(dataset_size, world_size, batch_size) != batches
     ):
         dataset_size = batches * batch_size * world_size
     out: dict[str, Any] = {"dataset_size": dataset_size}

@@ -322,11 +322,14 @@ def _stage(exc: BaseException, spec: TrainingSpec) -> tuple[str, str] | None:
     return what, fix
 
 
-def _user_bug(exc: Exception, spec: TrainingSpec, model: nn.Module | None) -> UserCodeError:
+def _user_bug(
+    exc: Exception, spec: TrainingSpec, model: nn.Module | None, stage: tuple[str, str] | None
+) -> UserCodeError:
     """The user's bug in the training step (forward, loss, backward), said so: where it
-    arose, in which layer, with what input, and what to change."""
+    arose (``stage``, from :func:`_stage`), in which layer, with what input, and what to
+    change."""
     where = _where(exc)
-    what, fix = _stage(exc, spec) or ("The training step", "fix the model or the loss")
+    what, fix = stage or ("The training step", "fix the model or the loss")
     found = _failing_layer(exc, model)
     in_layer, hint = "", None
     if found is not None:
@@ -384,8 +387,9 @@ def _classify(exc: Exception, spec: TrainingSpec, model: nn.Module | None) -> Ex
         return _untraceable(exc, why)
     if isinstance(exc, MemoryError):
         return TraceError(f"the dry run ran out of this machine's memory: {first_line(exc)}")
-    if _stage(exc, spec) is None and not _user_frames(exc):
+    stage = _stage(exc, spec)
+    if stage is None and not _user_frames(exc):
         # neither the model, the loss, the optimizer nor any code of the user's ran: the
         # dry run's own preparation failed, in torch or in costaware
         return _untraceable(exc, "internal")
-    return _user_bug(exc, spec, model)
+    return _user_bug(exc, spec, model, stage)

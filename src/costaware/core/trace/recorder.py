@@ -55,11 +55,14 @@ _NOISE = frozenset(
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
 
 
+_BINCOUNT = torch.ops.aten.bincount.default
+
+
 def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``func(*args, **kwargs)``, but ``bincount`` with a ``minlength``, whose size depends
     on the values, takes ``minlength`` bins, as it does for values below it: how a count
     of classes (a class-weighted loss, a confusion matrix) is written."""
-    if func is torch.ops.aten.bincount.default:
+    if func is _BINCOUNT:  # looked up once: this runs for every op of the step
         x = args[0]
         weights = args[1] if len(args) > 1 else kwargs.get("weights")
         minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
