@@ -429,6 +429,68 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_listed(args: argparse.Namespace) -> int:
+    """Run each (configuration, cap, batch size) of the JSON list ``args.runs`` once under
+    its cap, appending a ``listed`` row (the probe's fields) to ``args.out``: the sizes a
+    search found (``CostModel.max_batch_size``), checked on the GPU. Resumes; stops
+    cleanly at ``--max-minutes``. Returns the exit code."""
+    import json
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("costaware oomprobe: error: no CUDA GPU here; use --device cpu.", file=sys.stderr)
+        return 2
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
+    with open(args.runs) as f:
+        wanted = json.load(f)
+    done = set()
+    if os.path.exists(args.out):
+        done = {
+            (str(r["config_id"]), int(r["cap_bytes"]), int(r["batch_size"]))
+            for r in read_rows(args.out)
+            if r.get("kind") == "listed"
+        }
+    allocator = _allocator_mode()
+    append_row(args.out, _context_row(device, allocator))
+    deadline = time.monotonic() + 60 * args.max_minutes if args.max_minutes else None
+    models: dict[str, torch.nn.Module] = {}
+    n = 0
+    for item in wanted:
+        cfg = Config.from_dict(item["config"])
+        cap, batch = int(item["cap_bytes"]), int(item["batch_size"])
+        if (cfg.id, cap, batch) in done:
+            continue
+        if deadline is not None and time.monotonic() > deadline - 10:
+            print(f"[oomprobe] out of time after {n} listed runs", flush=True)
+            return 0
+        prober = _Prober(cfg, device, args.steps, models.pop(cfg.id, None))
+        row = prober.run(batch, cap, args.timeout)
+        row.update(
+            {
+                "kind": "listed",
+                "schema": SCHEMA_VERSION,
+                "config": cfg.to_dict(),
+                "config_id": cfg.id,
+                "family": cfg.family,
+                "cap_bytes": cap,
+                "gpu_total": prober.total,
+                "allocator": allocator,
+                "device": str(device),
+                "why": item.get("why", ""),
+                "finished_at": _now(),
+            }
+        )
+        append_row(args.out, row)
+        n += 1
+        if not args.quiet:
+            print(_run_line(cfg, cap, row), flush=True)
+        models[cfg.id] = prober.release()
+        del prober
+    print(f"[oomprobe] done: {n} listed runs", flush=True)
+    return 0
+
+
 def _allocator_mode() -> str:
     """The CUDA allocator mode this process runs with, from ``PYTORCH_CUDA_ALLOC_CONF``:
     ``"expandable_segments"`` or ``"default"`` (fixed when CUDA starts)."""
@@ -613,7 +675,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--max-minutes", type=float, default=None, help="stop cleanly after this")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    return run(p.parse_args(argv))
+    p.add_argument(
+        "--runs",
+        help="instead of searching, run each {config, cap_bytes, batch_size} of this JSON "
+        "list once under its cap (rows of kind 'listed')",
+    )
+    args = p.parse_args(argv)
+    return run_listed(args) if args.runs else run(args)
 
 
 if __name__ == "__main__":  # pragma: no cover
