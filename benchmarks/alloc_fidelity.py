@@ -98,6 +98,7 @@ def analyse(row: dict[str, Any], traced_events: Any, basis: dict[str, Any]) -> d
         "dry_reserved": int(basis["simulated_reserved"]),
         "dry_capacity": int(basis["simulated_min_capacity"]),
         "unknown_frees": info["unknown_frees"],
+        "caught_ooms": info["caught_ooms"],
         "oom_request": info["oom_request"],
         "missing": missing_allocations(events, traced_events, frames_of),
     }
@@ -130,9 +131,25 @@ def report(results: list[dict[str, Any]]) -> list[str]:
     if capped:
         real_ok = sum(1 for r in capped if r["real_right"])
         dry_ok = sum(1 for r in capped if r["dry_right"])
+        caught = [r for r in capped if r.get("caught_ooms")]
+        real_off = [r["real_capacity"] / r["cap"] for r in capped if not r["real_right"]]
         lines += [
             f"Of {len(capped)} capped runs, the allocator model on the real events puts "
-            f"{real_ok} on the right side of the cap, the dry run {dry_ok}.",
+            f"{real_ok} on the right side of the cap, the dry run {dry_ok}."
+            + (
+                f" The model's misses on the real events lie between x{min(real_off):.3f} "
+                f"and x{max(real_off):.3f} of the cap (capacity / cap)."
+                if real_off
+                else ""
+            )
+            + (
+                f" In {len(caught)} runs cuDNN asked for a workspace the cap refused and "
+                "went on with an algorithm that needs less (the allocator gave back its "
+                "cached memory first); the replay leaves the refused request out and keeps "
+                "the release."
+                if caught
+                else ""
+            ),
             "",
             "| family | cap | batch | ran | capacity: real events / cap | capacity: dry run / cap "
             "| allocated: dry run / measured | largest real allocation the dry run lacks |",

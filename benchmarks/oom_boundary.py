@@ -27,6 +27,10 @@ fraction does not cover the CUDA context), so no context is added here.
 Usage:
     python benchmarks/oom_boundary.py [PROBES.jsonl.gz ...] [--json OUT.json] [--update-docs]
 
+Without files it reads ``data/oom/*-oom-*.jsonl.gz`` (the probes) and
+``data/oom/*-found-*.jsonl.gz`` (the sizes ``CostModel.max_batch_size`` found, each run
+once under its cap: ``python -m costaware.measure.oomprobe --runs``).
+
 The corpus rows' features come from the accuracy benchmark's cache in the temp folder
 (``benchmarks/accuracy.py`` fills it; without it, each corpus row is dry-run once, about
 20 minutes on 2 cores). With ``--update-docs`` the table replaces the marked section of
@@ -311,10 +315,45 @@ def _overstated(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def _batch_size_searches(probes: list[dict[str, Any]], shipped: Any) -> list[dict[str, Any]]:
+def _measured_runs(paths: Sequence[Path]) -> dict[tuple[str, int], dict[int, str]]:
+    """Every run measured under a cap with the default allocator, by (configuration, cap):
+    batch size -> "fits" or "oom". The probes' bisection runs, and the ``listed`` runs
+    (``oomprobe --runs``: the sizes ``CostModel.max_batch_size`` found, each run once)."""
+    from costaware.measure.collect import read_rows
+
+    runs: dict[tuple[str, int], dict[int, str]] = {}
+    for path in paths:
+        for r in read_rows(path):
+            if r.get("kind") not in ("probe", "listed") or r.get("status") not in ("fits", "oom"):
+                continue
+            if r.get("allocator", "default") != "default":
+                continue
+            key = (str(r["config_id"]), int(r["cap_bytes"]))
+            runs.setdefault(key, {})[int(r["batch_size"])] = str(r["status"])
+    return runs
+
+
+def _outcome(size: int, measured: dict[int, str]) -> str:
+    """What the runs say of batch size ``size``: ``"fits"`` or ``"oom"`` where it was run;
+    ``"below a fit"`` under a size that ran (and over none that did not); ``"above an
+    OOM"`` over a size that ran out of memory; else ``"not measured"``."""
+    if size in measured:
+        return measured[size]
+    if any(s == "oom" and b < size for b, s in measured.items()):
+        return "above an OOM"
+    if any(s == "fits" and b > size for b, s in measured.items()):
+        return "below a fit"
+    return "not measured"
+
+
+def _batch_size_searches(
+    probes: list[dict[str, Any]], shipped: Any, runs: dict[tuple[str, int], dict[int, str]]
+) -> list[dict[str, Any]]:
     """For each (configuration, cap) the probes bisected, the largest batch size that ran
     and the smallest that ran out of memory, against what ``CostModel.max_batch_size``
-    (the shipped model) finds for a budget of the cap (plus the context the budget adds)."""
+    (the shipped model) finds for a budget of the cap (plus the context the budget adds),
+    with no headroom (``found_edge``) and with its default one (``found``), and what the
+    measured runs say of each (:func:`_outcome`)."""
     import costaware as ca
     from costaware.measure.corpus import Config
     from costaware.measure.oomprobe import boundaries
@@ -332,45 +371,78 @@ def _batch_size_searches(probes: list[dict[str, Any]], shipped: Any) -> list[dic
         ).items()
     }
     out = []
-    for (_, cap), b in sorted(bounds.items(), key=lambda kv: (kv[1]["family"], kv[0][1])):
+    for (cid, cap), b in sorted(bounds.items(), key=lambda kv: (kv[1]["family"], kv[0][1])):
         device = ca.get_device(b["gpu"] or "H200")
         budget = ca.Budget(max_memory=cap + device.context_overhead_bytes)
         spec = Config.from_dict(b["config"]).to_spec()
-        found = shipped.max_batch_size(spec, device, budget)
+        edge = shipped.max_batch_size(spec, device, budget, headroom=0).batch_size
+        found = shipped.max_batch_size(spec, device, budget).batch_size
+        measured = runs.get((cid, cap), {})
         out.append(
-            {**{k: v for k, v in b.items() if k != "config"}, "cap": cap, "found": found.batch_size}
+            {
+                **{k: v for k, v in b.items() if k != "config"},
+                "cap": cap,
+                "found_edge": edge,
+                "edge_outcome": _outcome(edge, measured),
+                "found": found,
+                "outcome": _outcome(found, measured),
+            }
         )
     return out
 
 
 def _batch_size_table(searches: list[dict[str, Any]]) -> list[str]:
+    from collections import Counter
+
+    from costaware.core.batch_size import DEFAULT_HEADROOM
+
     complete = [s for s in searches if s["oom"] is not None and s["fit"] > 0]
-    safe = [s for s in complete if s["found"] <= s["fit"]]
-    between = [s for s in complete if s["fit"] < s["found"] < s["oom"]]
-    over = [s for s in complete if s["found"] >= s["oom"]]
-    shares = sorted(s["found"] / s["fit"] for s in safe)
-    median = shares[len(shares) // 2] if shares else math.nan
+    edge = Counter(s["edge_outcome"] for s in searches)
+    kept = Counter(s["outcome"] for s in searches)
+    ran_out = [s for s in searches if s["edge_outcome"] in ("oom", "above an OOM")]
     # of the sizes 1..largest that ran, the share the search leaves out (0 where it found
-    # a size above the largest that ran: not measured, so not counted as a loss)
+    # a size above the largest that ran: not counted as a loss)
     lost = [max(0, s["fit"] - s["found"]) / s["fit"] for s in complete]
     mean_lost = sum(lost) / len(lost) if lost else math.nan
+
+    def counts(c: Counter[str]) -> str:
+        order = ("fits", "below a fit", "not measured", "oom", "above an OOM")
+        return ", ".join(f"{c[k]} {k}" for k in order if c[k])
+
     lines = [
-        "`CostModel.max_batch_size` (the shipped model, a budget of each cap) against the "
-        f"boundary the probes bisected, over the {len(complete)} searches that found both a "
-        f"size that ran and one that ran out of memory: {len(safe)} found a size at or below "
-        f"the largest that ran (a median {median:.0%} of it), {len(between)} a size between the "
-        f"largest that ran and the smallest that did not (not measured), and {len(over)} a size "
-        "that ran out of memory. Of the batch sizes that ran (1 to the largest), the ones "
-        f"above the size found are a mean {_pct(mean_lost)} of the range (at most "
+        f"`CostModel.max_batch_size` (the shipped model, a budget of each cap) on the "
+        f"{len(searches)} (configuration, cap) pairs the probes bisected. **Without "
+        f"headroom** (the size where the predicted need meets the cap), each size found was "
+        f"run once under its cap (`python -m costaware.measure.oomprobe --runs "
+        f"data/oom/h200-found-runs.json`, `data/oom/h200-found-seed0.jsonl.gz`): "
+        f"{counts(edge)}"
+        + (
+            " ("
+            + "; ".join(
+                f"{s['family']} at {s['cap'] / GiB:.0f} GiB, batch {s['found_edge']}"
+                for s in ran_out
+            )
+            + ")"
+            if ran_out
+            else ""
+        )
+        + f". **With the default headroom** ({DEFAULT_HEADROOM:.0%} of the limit kept free, "
+        "set from the allocator simulation's largest miss on the recorded boundary runs, "
+        f"not from these): {counts(kept)}; where not run, what the measured runs of the "
+        "same configuration and cap say (below a size that ran, above one that did not). "
+        "Of the batch sizes that ran (1 to the largest), the ones above the size found "
+        f"are a mean {_pct(mean_lost)} of the range (at most "
         f"{_pct(max(lost) if lost else math.nan)}): what a study drawing batch sizes "
         "uniformly would lose at the edge.",
         "",
-        "| family | cap | largest that ran | smallest OOM | found |",
-        "|---|---|---|---|---|",
+        "| family | cap | largest that ran | smallest OOM | found, no headroom | found |",
+        "|---|---|---|---|---|---|",
     ]
-    for s in complete:
+    for s in searches:
+        oom = s["oom"] if s["oom"] is not None else "none"
         lines.append(
-            f"| {s['family']} | {s['cap'] / GiB:.0f} GiB | {s['fit']} | {s['oom']} | {s['found']} |"
+            f"| {s['family']} | {s['cap'] / GiB:.0f} GiB | {s['fit']} | {oom} | "
+            f"{s['found_edge']} ({s['edge_outcome']}) | {s['found']} ({s['outcome']}) |"
         )
     return [*lines, ""]
 
@@ -386,7 +458,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from costaware.core.model import CostModel
     from costaware.measure.corpus import Config
 
-    paths = [Path(f) for f in args.probes] or sorted((ROOT / "data" / "oom").glob("*.jsonl.gz"))
+    oom = ROOT / "data" / "oom"
+    # the probes, and the runs of the sizes max_batch_size found (the allocator's event
+    # records there are benchmarks/alloc_fidelity.py's)
+    paths = [Path(f) for f in args.probes] or sorted(
+        [*oom.glob("*-oom-*.jsonl.gz"), *oom.glob("*-found-*.jsonl.gz")]
+    )
     probes = _probes(paths)
     if not probes:
         print("no probe rows: run `bash data/gpu_window.sh oom` on a GPU first", file=sys.stderr)
@@ -437,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if (i + 1) % 50 == 0:
             print(f"  {i + 1} probes ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
-    searches = _batch_size_searches(probes, shipped)
+    searches = _batch_size_searches(probes, shipped, _measured_runs(paths))
     default = [x for x in results if x["allocator"] == "default"]
     expandable = [x for x in results if x["allocator"] != "default"]
     caps = sorted({x["cap_gib"] for x in default})

@@ -40,15 +40,31 @@ def test_the_floor_is_the_margin_that_admits_no_oom_and_the_fits_it_must_reject(
 
 
 def test_the_batch_size_figure_counts_what_the_search_leaves_out_of_the_range_that_ran() -> None:
+    def search(family: str, fit: int, oom: int | None, edge: int, found: int) -> dict[str, object]:
+        runs = {fit: "fits", **({oom: "oom"} if oom else {}), edge: "fits"}
+        return {
+            "family": family, "cap": 8 * GiB, "fit": fit, "oom": oom,
+            "found_edge": edge, "edge_outcome": oom_boundary._outcome(edge, runs),
+            "found": found, "outcome": oom_boundary._outcome(found, runs),
+        }  # fmt: skip
+
     searches = [
-        {"family": "a", "cap": 8 * GiB, "fit": 100, "oom": 104, "found": 90},  # 10% left out
-        {"family": "b", "cap": 8 * GiB, "fit": 50, "oom": 52, "found": 51},  # above: not a loss
-        {"family": "c", "cap": 8 * GiB, "fit": 20, "oom": None, "found": 20},  # no boundary
+        search("a", 100, 104, 101, 90),  # 10% left out
+        search("b", 50, 52, 51, 51),  # above the largest that ran: not a loss
+        search("c", 20, None, 20, 20),  # no boundary
     ]
     text = "\n".join(oom_boundary._batch_size_table(searches))
-    assert "over the 2 searches" in text
     assert "a mean 5.0% of the range (at most 10.0%)" in text
-    assert "| a | 8 GiB | 100 | 104 | 90 |" in text and "| c |" not in text
+    assert "| a | 8 GiB | 100 | 104 | 101 (fits) | 90 (below a fit) |" in text
+    assert "| c | 8 GiB | 20 | none | 20 (fits) | 20 (fits) |" in text
+
+
+def test_what_the_measured_runs_say_of_a_size() -> None:
+    runs = {10: "fits", 14: "oom", 12: "fits"}
+    assert oom_boundary._outcome(12, runs) == "fits" and oom_boundary._outcome(14, runs) == "oom"
+    assert oom_boundary._outcome(11, runs) == "below a fit"
+    assert oom_boundary._outcome(15, runs) == "above an OOM"
+    assert oom_boundary._outcome(13, runs) == "not measured"
 
 
 def test_a_fit_that_held_less_than_the_simulated_capacity_is_counted_as_the_simulations() -> None:

@@ -15,6 +15,7 @@ import pytest
 import costaware.core.allocator as allocator
 from costaware.core.allocator import (
     ALLOC_MODES,
+    RELEASE_CACHED,
     AllocatorResult,
     allocation_size,
     min_capacity,
@@ -638,6 +639,31 @@ def test_a_step_that_cannot_fit_even_after_the_release() -> None:
     assert not capped.fits and capped.num_alloc_retries == 1
     assert simulate(events, capacity=70 * MiB).fits
     assert min_capacity(events) == 70 * MiB
+
+
+@pytest.mark.parametrize("mode", ["default", "expandable_segments"])
+def test_a_release_gives_back_the_cached_memory_and_not_the_live(mode: str) -> None:
+    # A (30 MiB) is freed and stays cached; B (40 MiB) is live. After the release, C
+    # (30 MiB) needs new memory again, so the reserved peak stays 70 MiB, not 100.
+    events: Events = [(1, 30 * MiB), (1, -1), (2, 40 * MiB), (0, RELEASE_CACHED), (3, 30 * MiB)]
+    released = simulate(events, mode)
+    assert released.peak_allocated == 70 * MiB
+    kept = simulate([e for e in events if e[1] != RELEASE_CACHED], mode)
+    assert released.peak_reserved == kept.peak_reserved  # C reuses A's cached memory
+    # without C: the release lowers what is held, not the peak, and frees nothing live
+    assert simulate(events[:4], mode).peak_reserved == simulate(events[:3], mode).peak_reserved
+    # a release costs nothing where nothing is cached
+    assert simulate([(0, RELEASE_CACHED), *events], mode) == simulate(events, mode)
+    if mode == "default":  # A's segment went back, B's stays
+        assert simulate(events[:4]).num_segments == 1 and simulate(events[:3]).num_segments == 2
+
+
+def test_a_release_before_a_larger_request_lets_it_fit_under_a_capacity() -> None:
+    # A 30 MiB cached segment and a 40 MiB request under a 45 MiB capacity: with the
+    # release first, no retry is needed; the peak is the same 40 MiB either way
+    events: Events = [(1, 30 * MiB), (1, -1), (0, RELEASE_CACHED), (2, 40 * MiB)]
+    capped = simulate(events, capacity=45 * MiB)
+    assert capped.fits and capped.num_alloc_retries == 0 and capped.peak_reserved == 40 * MiB
 
 
 def test_a_split_segment_is_not_released_but_expandable_segments_fit() -> None:

@@ -15,6 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 import costaware as ca
 from costaware import zoo
+from costaware.core.batch_size import DEFAULT_HEADROOM
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,7 @@ def _cnn(batch_size: int = 16) -> ca.TrainingSpec:
 
 def test_the_size_found_fits_and_the_next_does_not(model: ca.CostModel) -> None:
     budget = ca.Budget(max_memory="3GiB")
-    found = model.max_batch_size(_cnn(), "H100", budget)
+    found = model.max_batch_size(_cnn(), "H100", budget, headroom=0)
     assert found.fits and found.limited_by == "memory"
     h100 = ca.get_device("H100")
     need = found.prediction.min_capacity_upper + h100.context_overhead_bytes
@@ -52,6 +53,30 @@ def test_the_size_found_fits_and_the_next_does_not(model: ca.CostModel) -> None:
     assert str(found).startswith(f"largest batch size on the H100-SXM: {found.batch_size} ")
     assert f"; batch size {found.batch_size + 1:,} is rejected: predicted memory" in str(found)
     assert json.loads(json.dumps(found.to_dict(), default=str))["batch_size"] == found.batch_size
+
+
+def test_the_search_keeps_its_headroom_free_below_the_limit(model: ca.CostModel) -> None:
+    budget = ca.Budget(max_memory="3GiB")
+    context = ca.get_device("H100").context_overhead_bytes
+    edge = model.max_batch_size(_cnn(), "H100", budget, headroom=0)
+    kept = model.max_batch_size(_cnn(), "H100", budget)  # the default headroom
+    wide = model.max_batch_size(_cnn(), "H100", budget, headroom=0.2)
+    assert wide.batch_size < kept.batch_size <= edge.batch_size
+    for found, room in ((kept, DEFAULT_HEADROOM), (wide, 0.2)):
+        assert found.prediction.min_capacity_upper * (1 + room) + context <= 3 * 2**30
+        assert found.decision.checked["headroom"] == room
+    # the size above the one found is rejected for the headroom, and says so
+    assert wide.rejected is not None and not wide.rejected.admit
+    assert "leaves less than the 20% headroom kept below the 3.00 GiB limit" in str(wide)
+    # the study's own decision (no headroom) admits it: the headroom is the search's alone
+    above = model.predict(_cnn(wide.rejected_batch_size), "H100")
+    assert budget.decide(above, device="H100").admit
+
+
+@pytest.mark.parametrize("headroom", [-0.1, 1.0, "2%", True])
+def test_a_bad_headroom_is_refused(model: ca.CostModel, headroom: object) -> None:
+    with pytest.raises(ValueError, match="headroom must be a share of the memory limit"):
+        model.max_batch_size(_cnn(), "H100", headroom=headroom)  # type: ignore[arg-type]
 
 
 def test_without_a_budget_the_device_is_the_limit(model: ca.CostModel) -> None:
@@ -95,6 +120,11 @@ def test_the_cli_prints_the_size_and_exits_1_when_nothing_fits() -> None:
     assert ok.returncode == 0, ok.stderr
     result = json.loads(ok.stdout)
     assert result["fits"] and result["limited_by"] == "memory" and result["batch_size"] >= 1
+    assert result["decision"]["checked"]["headroom"] == DEFAULT_HEADROOM
+    bad = subprocess.run(
+        [*base, *args, "--headroom", "5"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert bad.returncode == 2 and "--headroom must be a share of the memory limit" in bad.stderr
     none = subprocess.run(
         [*base, *args, "--max-memory", "1GiB"],
         cwd=ROOT,
@@ -155,7 +185,10 @@ def test_the_lightning_finder_sets_the_largest_batch_size_before_training(ns_nam
     assert module.batch_size == found.batch_size == finder.optimal_batch_size
     assert seen and seen[0] == found.batch_size  # the training ran at the size found
     cpu = ca.get_device("cpu")
-    assert found.prediction.min_capacity_upper + cpu.context_overhead_bytes <= 8 * 2**20
+    # the default headroom is kept free
+    need = found.prediction.min_capacity_upper * (1 + DEFAULT_HEADROOM)
+    assert need + cpu.context_overhead_bytes <= 8 * 2**20
+    assert found.decision.checked["headroom"] == DEFAULT_HEADROOM
 
 
 def test_the_lightning_finder_refuses_when_nothing_fits_or_no_attribute() -> None:
@@ -196,6 +229,8 @@ def test_the_lightning_finder_refuses_when_nothing_fits_or_no_attribute() -> Non
     with pytest.raises(ValueError, match="name two attributes"):
         CostAwareBatchSizeFinder(attr_name="size", batch_arg_name="bs")
     assert CostAwareBatchSizeFinder().optimal_batch_size is None
+    with pytest.raises(ValueError, match="headroom must be a share of the memory limit"):
+        CostAwareBatchSizeFinder(headroom=1.5)
     with pytest.raises(ca.NothingFitsError, match="not even a batch of 1"):
         fit(
             Net(with_attr=True),

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import costaware as ca
-from costaware.core.allocator import min_capacity, simulate
+from costaware.core.allocator import RELEASE_CACHED, min_capacity, simulate
 from costaware.measure.alloctrace import (
     ACTIONS,
     boundary_runs,
@@ -89,6 +89,37 @@ def test_real_events_start_from_the_live_blocks_and_end_at_the_request_that_fail
     assert info["unknown_frees"] == 1 and info["oom_request"] == 30 * MiB
     assert info["frame_at"] == {2: 0, 6: 0}
     assert simulate(events).peak_allocated > 0  # the simulation takes them as they are
+
+
+def test_a_refused_request_the_run_went_on_from_is_no_allocation() -> None:
+    """cuDNN catches the error of a workspace that does not fit and takes an algorithm
+    that needs less: the run goes on, and only a refusal nothing follows ends it."""
+    history = {
+        "initial": [],
+        "events": [
+            [ALLOC, 100, 3 * MiB, -1],
+            [OOM, 0, 900 * MiB, 0],  # a workspace refused, caught
+            [ALLOC, 200, 2 * MiB, -1],  # the run went on
+            [FREE, 200, 2 * MiB, -1],
+            [OOM, 0, 40 * MiB, -1],  # the request that failed the run
+            [FREE, 100, 3 * MiB, -1],
+        ],
+        "frames": ["torch/nn/modules/conv.py:548 _conv_forward"],
+    }
+    events, info = real_events(history)
+    # the release the allocator made before it refused the workspace stays
+    assert events == [
+        (100, 3 * MiB),
+        (0, RELEASE_CACHED),
+        (200, 2 * MiB),
+        (200, -1),
+        (-1, 40 * MiB),
+    ]
+    assert info["caught_ooms"] == 1 and info["oom_request"] == 40 * MiB
+    fitted = {**history, "events": history["events"][:4]}  # a run that fitted after the refusal
+    events, info = real_events(fitted)
+    assert events == [(100, 3 * MiB), (0, RELEASE_CACHED), (200, 2 * MiB), (200, -1)]
+    assert info["caught_ooms"] == 1 and info["oom_request"] is None
 
 
 def test_boundary_runs_are_both_sides_of_each_bisected_boundary_smallest_cap_first() -> None:

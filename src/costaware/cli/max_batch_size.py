@@ -39,6 +39,13 @@ def add_parser(sub: argparse._SubParsersAction[_Parser]) -> _Parser:
     p.add_argument(
         "--limit", type=int, default=65_536, help="the largest batch size searched (default 65536)"
     )
+    p.add_argument(
+        "--headroom",
+        type=float,
+        default=None,
+        help="the share of the memory limit kept free above the predicted need, such as "
+        "0.05 (default 0.02: the allocator simulation's largest miss at a cap)",
+    )
     p.add_argument("--model-dir", help="a saved CostModel directory (default: the shipped model)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
@@ -47,10 +54,15 @@ def add_parser(sub: argparse._SubParsersAction[_Parser]) -> _Parser:
 
 def run(args: argparse.Namespace) -> int:
     import costaware as ca
-    from costaware.core.batch_size import max_batch_size
+    from costaware.core.batch_size import DEFAULT_HEADROOM, max_batch_size
 
     if args.limit < 1:
         raise CliError(f"--limit must be at least 1, but got {args.limit}.")
+    if args.headroom is not None and not 0 <= args.headroom < 1:
+        raise CliError(
+            f"--headroom must be a share of the memory limit in [0, 1), such as 0.05, but got "
+            f"{args.headroom}."
+        )
     spec = _build_spec(args)
     model = ca.CostModel.load(args.model_dir) if args.model_dir else ca.CostModel.default()
     budget = ca.Budget(max_memory=args.max_memory) if args.max_memory else None
@@ -61,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
         def progress(batch_size: int, decision: Any) -> None:
             status.update(f"batch size {batch_size}: {'fits' if decision.admit else 'rejected'}")
 
-        found = max_batch_size(model, spec, args.device, budget, limit=args.limit, on_try=progress)
+        room = DEFAULT_HEADROOM if args.headroom is None else args.headroom
+        found = max_batch_size(
+            model, spec, args.device, budget, limit=args.limit, headroom=room, on_try=progress
+        )
     if args.json:
         print(json.dumps(found.to_dict(), indent=2, default=str))
     else:

@@ -30,9 +30,12 @@ What is modelled, following the C++ source:
   were as large as the whole unmapped address space, so it is chosen only when no other free
   block fits. When nothing fits, ``try_allocate_expandable_block`` maps just enough whole pages
   at the end of the segment, merging them with a free block already at the end.
+* Under a capacity (``simulate(..., capacity=)``), a segment that would pass it first gives
+  back every cached segment that is one free block (``release_cached_blocks``) and is
+  tried once more; an event :data:`RELEASE_CACHED` does the same release where a program
+  (``torch.cuda.empty_cache()``) or a refused request it went on from caused one.
 
-Not modelled: several streams and cross-stream ``record_stream`` events, ``empty_cache`` and
-the release of cached blocks on an out-of-memory retry, ``max_split_size_mb``,
+Not modelled: several streams and cross-stream ``record_stream`` events, ``max_split_size_mb``,
 ``roundup_power2_divisions``, ``garbage_collection_threshold``, CUDA graph pools, and the
 limit of an expandable segment's address space (1.125 x the GPU's memory, far more than a
 replay that fits ever maps). Memory the CUDA context, cuBLAS workspaces and NCCL take outside
@@ -69,6 +72,7 @@ __all__ = [
     "K_ROUND_LARGE",
     "K_SMALL_BUFFER",
     "K_SMALL_SIZE",
+    "RELEASE_CACHED",
     "AllocatorResult",
     "allocation_size",
     "min_capacity",
@@ -92,6 +96,11 @@ K_MIN_LARGE_ALLOC = 10_485_760
 """``kMinLargeAlloc``: rounded requests from this size get a segment of their own size."""
 K_ROUND_LARGE = 2_097_152
 """``kRoundLarge``: large segments are rounded up to a multiple of this."""
+RELEASE_CACHED = -2
+"""An event ``(key, RELEASE_CACHED)`` (its key is ignored) gives the cached, unused memory
+back to the driver, as ``torch.cuda.empty_cache()`` does and as the allocator does before
+it refuses a request that passes its limit (``release_cached_blocks``): a refused request
+that the program went on from, such as a cuDNN workspace, leaves that release behind."""
 
 # A free block is kept in its pool's sorted list as the single int ``size << _SHIFT | addr``,
 # so that the list sorts by (size, address) like the C++ ``BlockComparatorSize`` and one
@@ -201,8 +210,9 @@ def simulate(
             array of shape ``(n, 2)``. ``nbytes > 0`` allocates ``nbytes`` for storage
             ``key``; a negative ``nbytes`` (by convention ``-1``) frees storage ``key``.
             ``nbytes == 0`` is a zero-byte allocation: like PyTorch, it takes no memory, and
-            its later free is ignored. A key must be unique while allocated and may be reused
-            once freed.
+            its later free is ignored. ``nbytes ==`` :data:`RELEASE_CACHED` gives back the
+            cached, unused memory (its key is ignored). A key must be unique while allocated
+            and may be reused once freed.
         mode: ``"default"`` or ``"expandable_segments"`` (see :data:`ALLOC_MODES`).
         capacity: the bytes the allocator may reserve (a card's free memory, or the limit
             ``torch.cuda.set_per_process_memory_fraction`` sets), or None for no limit.
@@ -364,6 +374,10 @@ def _simulate_default(rows: Iterable[Sequence[int]], capacity: int | None) -> Al
             if requested > peak_requested:
                 peak_requested = requested
         elif nbytes < 0:
+            if nbytes == RELEASE_CACHED:
+                reserved -= _release_free_segments(segments, free_start, free_end)
+                num_segments = len(segments)
+                continue
             try:
                 rec = live[key]
             except KeyError:
@@ -562,6 +576,12 @@ def _simulate_expandable(rows: Iterable[Sequence[int]], capacity: int | None) ->
                 peak_requested = requested
         elif nbytes < 0:  # the same free-and-merge path as _simulate_default, inlined: both
             # loops are the hot path of a warm prediction
+            if nbytes == RELEASE_CACHED:
+                for pool in (0, 1):
+                    reserved -= _unmap_free_tail(
+                        pool, mapped_end, base, page, free_lists, free_start, free_end
+                    )
+                continue
             try:
                 rec = live[key]
             except KeyError:

@@ -47,7 +47,13 @@ from typing import TYPE_CHECKING, Any
 
 from costaware._format import fmt_bytes, fmt_money, fmt_seconds
 from costaware.budget import Budget, Decision
-from costaware.core.batch_size import DEFAULT_LIMIT, BatchSizeResult, NothingFitsError
+from costaware.core.batch_size import (
+    DEFAULT_HEADROOM,
+    DEFAULT_LIMIT,
+    BatchSizeResult,
+    NothingFitsError,
+    with_headroom,
+)
 from costaware.devices import CATALOG, Device, _normalise, get_device
 from costaware.errors import CostawareError
 
@@ -533,9 +539,10 @@ def _comparison(
 
 
 class _BatchSearch:
-    """The largest batch size ``judge`` admits on ``dev`` (:meth:`run`), as
-    :func:`~costaware.core.batch_size.max_batch_size` finds it (a size admitted, the next one
-    above it rejected, or the search limit), in fewer predictions.
+    """The largest batch size ``judge`` admits on ``dev`` (:meth:`run`) with the default
+    headroom kept free, as :func:`~costaware.core.batch_size.max_batch_size` finds it (a
+    size admitted, the next one above it rejected, or the search limit), in fewer
+    predictions.
 
     Where :func:`~costaware.core.batch_size.max_batch_size` doubles and bisects, this aims at
     the batch size where the memory need meets the device's memory, on a line through the
@@ -567,7 +574,8 @@ class _BatchSearch:
         self.pred0, self.decision0, self.needs = pred0, decision0, needs
         self.seen: dict[int, tuple[Prediction, Decision]] = {}
         self.start = max(1, min(spec.batch_size, limit))
-        self.target = float(dev.usable_memory_bytes)
+        # the need at which the search's headroom is used up
+        self.target = float(dev.usable_memory_bytes) / (1 + DEFAULT_HEADROOM)
 
     def run(self) -> BatchSizeResult:
         """The search: climb from the sizes admitted; where none was, descend below the
@@ -590,7 +598,7 @@ class _BatchSearch:
             else:
                 pred = self.model.predict(self.spec.with_batch_size(b), self.dev)
                 decision = self.judge.decide(pred, device=self.dev)
-            self.seen[b] = (pred, decision)
+            self.seen[b] = (pred, with_headroom(decision, DEFAULT_HEADROOM))
             self.needs.append((self.dev.name, b, float(pred.min_capacity_upper)))
         return self.seen[b][1].admit
 

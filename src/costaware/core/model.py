@@ -825,14 +825,17 @@ class CostModel:
         budget: Any = None,
         *,
         limit: int = 65_536,
+        headroom: float | None = None,
     ) -> Any:
         """The largest batch size of ``spec`` that ``budget`` (default ``Budget()``: the
-        device's memory alone) admits on ``device``: a
+        device's memory alone) admits on ``device``, with ``headroom`` of the memory limit
+        kept free (default :data:`~costaware.core.batch_size.DEFAULT_HEADROOM`): a
         :class:`~costaware.core.batch_size.BatchSizeResult`. No step runs; see
         :func:`costaware.core.batch_size.max_batch_size`."""
-        from costaware.core.batch_size import max_batch_size
+        from costaware.core.batch_size import DEFAULT_HEADROOM, max_batch_size
 
-        return max_batch_size(self, spec, device, budget, limit=limit)
+        room = DEFAULT_HEADROOM if headroom is None else headroom
+        return max_batch_size(self, spec, device, budget, limit=limit, headroom=room)
 
     def compare(
         self,

@@ -1566,6 +1566,8 @@ class _BatchSizeFinderBase:
         attr_name: the attribute that holds the batch size (default ``"batch_size"``);
             ``batch_arg_name``, as Lightning's ``BatchSizeFinder`` calls it, is the same.
         limit: the largest batch size searched.
+        headroom: the share of the memory limit kept free above the predicted need of the
+            size set (default :data:`~costaware.core.batch_size.DEFAULT_HEADROOM`, 2%).
 
     After ``setup``, ``result`` holds the :class:`~costaware.core.batch_size.BatchSizeResult`
     and ``optimal_batch_size`` the size set, as on Lightning's finder.
@@ -1584,6 +1586,7 @@ class _BatchSizeFinderBase:
         attr_name: str = "batch_size",
         limit: int = 65_536,
         batch_arg_name: str | None = None,
+        headroom: float | None = None,
     ) -> None:
         if batch_arg_name is not None:  # Lightning's BatchSizeFinder spells it so
             if attr_name not in ("batch_size", batch_arg_name):
@@ -1596,6 +1599,10 @@ class _BatchSizeFinderBase:
             raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be a whole number of at least 1, but got {limit=}.")
+        if headroom is not None:
+            from costaware.core.batch_size import check_headroom
+
+            check_headroom(headroom)
         if not isinstance(attr_name, str) or not attr_name:
             raise ValueError(f"attr_name must name an attribute, but got {attr_name=}.")
         self.budget = budget
@@ -1603,6 +1610,7 @@ class _BatchSizeFinderBase:
         self.model = model
         self.attr_name = attr_name
         self.limit = limit
+        self.headroom = headroom
         self.result: Any = None
 
     @property
@@ -1620,7 +1628,7 @@ class _BatchSizeFinderBase:
                 f"has an attribute {self.attr_name!r} (nor one in hparams). Keep the batch size "
                 f"there and read it in train_dataloader(), or pass attr_name=."
             )
-        from costaware.core.batch_size import NothingFitsError, max_batch_size
+        from costaware.core.batch_size import DEFAULT_HEADROOM, NothingFitsError, max_batch_size
 
         spec = spec_from_lightning(trainer, pl_module)
         device = self.device
@@ -1632,7 +1640,8 @@ class _BatchSizeFinderBase:
                 else cpu_device()
             )
         model = self.model if self.model is not None else CostModel.default()
-        found = max_batch_size(model, spec, device, self.budget, limit=self.limit)
+        room = DEFAULT_HEADROOM if self.headroom is None else self.headroom
+        found = max_batch_size(model, spec, device, self.budget, limit=self.limit, headroom=room)
         self.result = found
         if not found.fits:
             raise NothingFitsError(str(found))

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from costaware.core.allocator import RELEASE_CACHED
 from costaware.measure.collect import _now, append_row, read_rows
 from costaware.measure.corpus import Config
 from costaware.measure.oomprobe import GiB, _Prober, boundaries
@@ -151,10 +152,15 @@ def real_events(history: dict[str, Any]) -> tuple[list[tuple[int, int]], dict[st
     parameters, allocated by the model's move to the device); then every allocation and
     completed free in order. A run that ran out of memory ends with the request that
     failed (key -1), so its replay asks for what the real allocator could not give;
-    what the error's unwinding freed after it is left out. ``info``: ``unknown_frees``
-    (frees of blocks allocated before the recording that the snapshot did not list),
-    ``oom_request`` (bytes, or None), ``frame_at`` (an allocation's position in the events
-    -> its index in ``history["frames"]``, where recorded)."""
+    what the error's unwinding freed after it is left out. A refused request that the
+    run went on from (an allocation follows it: cuDNN catches the error of a workspace
+    that does not fit and takes an algorithm that needs less) is no allocation, but the
+    release of cached memory the allocator made before refusing it is kept (an event
+    :data:`~costaware.core.allocator.RELEASE_CACHED`). ``info``: ``unknown_frees`` (frees
+    of blocks allocated before the recording that the snapshot did not list),
+    ``oom_request`` (bytes, or None), ``caught_ooms`` (refused requests the run went on
+    from), ``frame_at`` (an allocation's position in the events -> its index in
+    ``history["frames"]``, where recorded)."""
     events: list[tuple[int, int]] = []
     live: set[int] = set()
     for addr, size in sorted((int(a), int(s)) for a, s in history.get("initial", [])):
@@ -164,7 +170,16 @@ def real_events(history: dict[str, Any]) -> tuple[list[tuple[int, int]], dict[st
     oom_request: int | None = None
     alloc, free, oom = (ACTIONS.index(a) for a in ("alloc", "free_completed", "oom"))
     frame_at: dict[int, int] = {}
-    for code, addr, size, frame in history.get("events", []):
+    rows = history.get("events", [])
+    # the request that failed the run: the last refused one, where nothing was allocated after it
+    last_alloc = max((i for i, r in enumerate(rows) if r[0] == alloc), default=-1)
+    caught = 0
+    for i, (code, addr, size, frame) in enumerate(rows):
+        if code == oom and i < last_alloc:
+            # the allocator gave back its cached memory before it refused the request
+            caught += 1
+            events.append((0, RELEASE_CACHED))
+            continue
         if code == alloc:
             if addr in live:  # a block allocated twice: its free was not recorded
                 events.append((addr, -1))
@@ -184,7 +199,12 @@ def real_events(history: dict[str, Any]) -> tuple[list[tuple[int, int]], dict[st
                 frame_at[len(events)] = frame
             events.append((-1, size))
             break
-    info = {"unknown_frees": unknown, "oom_request": oom_request, "frame_at": frame_at}
+    info = {
+        "unknown_frees": unknown,
+        "oom_request": oom_request,
+        "caught_ooms": caught,
+        "frame_at": frame_at,
+    }
     return events, info
 
 
