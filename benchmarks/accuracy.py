@@ -755,6 +755,23 @@ def _cap_label(name: str, cap: float) -> str:
     return f"{name} ({cap / MiB:,.0f} MiB)" if cap < GiB else name
 
 
+def _other_sections(doc: Path, md: str) -> str:
+    """The sections other benchmarks generated into ``doc`` (each between its
+    ``<!-- name:start -->`` and ``<!-- name:end -->`` markers), in their order, that ``md``
+    does not hold: rewriting the page keeps them."""
+    import re
+
+    if not doc.is_file():
+        return ""
+    old = doc.read_text()
+    kept = [
+        m.group(0)
+        for m in re.finditer(r"<!-- ([\w-]+):start -->.*?<!-- \1:end -->", old, flags=re.S)
+        if m.group(0).split("\n", 1)[0] not in md
+    ]
+    return "".join(f"\n{block}\n" for block in kept)
+
+
 def _markdown(results: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = [
         "# Accuracy: leave-family-out cross-validation",
@@ -1178,7 +1195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             f.write(json.dumps({"kind": kind, "unseen_device": how, **r}) + "\n")
         print(f"wrote {args.rows}", file=sys.stderr)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(md)
+    Path(args.out).write_text(md + _other_sections(Path(args.out), md))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

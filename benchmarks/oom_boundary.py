@@ -411,7 +411,10 @@ def _batch_size_table(searches: list[dict[str, Any]]) -> list[str]:
 
     lines = [
         f"`CostModel.max_batch_size` (the shipped model, a budget of each cap) on the "
-        f"{len(searches)} (configuration, cap) pairs the probes bisected. **Without "
+        f"{len(searches)} (configuration, cap) pairs the probes bisected. Its search ends "
+        "where the predicted need meets the limit, the one place a study's own decision "
+        "rarely lands, and where the capacity bound (calibrated on uncapped runs) does not "
+        "cover the allocator simulation's own error under a cap (next section). **Without "
         f"headroom** (the size where the predicted need meets the cap), each size found was "
         f"run once under its cap (`python -m costaware.measure.oomprobe --runs "
         f"data/oom/h200-found-runs.json`, `data/oom/h200-found-seed0.jsonl.gz`): "
@@ -420,15 +423,18 @@ def _batch_size_table(searches: list[dict[str, Any]]) -> list[str]:
             " ("
             + "; ".join(
                 f"{s['family']} at {s['cap'] / GiB:.0f} GiB, batch {s['found_edge']}"
+                + (f", where {s['fit']} had fitted" if s["fit"] > s["found_edge"] else "")
                 for s in ran_out
             )
-            + ")"
+            + "; near a cap, whether a step fits is not monotone in the batch size to the "
+            "sample)"
             if ran_out
             else ""
         )
-        + f". **With the default headroom** ({DEFAULT_HEADROOM:.0%} of the limit kept free, "
-        "set from the allocator simulation's largest miss on the recorded boundary runs, "
-        f"not from these): {counts(kept)}; where not run, what the measured runs of the "
+        + f". **With the default headroom** ({DEFAULT_HEADROOM:.0%} of the limit kept free: "
+        "`headroom=`, `--headroom`, `CostAwareBatchSizeFinder(headroom=)`; set from the "
+        "allocator simulation's largest miss on the recorded boundary runs, not from these "
+        f"runs): {counts(kept)}; where not run, what the measured runs of the "
         "same configuration and cap say (below a size that ran, above one that did not). "
         "Of the batch sizes that ran (1 to the largest), the ones above the size found "
         f"are a mean {_pct(mean_lost)} of the range (at most "
@@ -577,7 +583,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _overstated(default),
         "Which allocations the simulation places differently, these runs cannot say; the "
         "allocator's own events at each boundary can (`bash data/gpu_window.sh "
-        "alloctrace`, then `python benchmarks/alloc_fidelity.py`).",
+        "alloctrace`, then `python benchmarks/alloc_fidelity.py`: the next section).",
         "",
     ]
     lines += _batch_size_table(searches)

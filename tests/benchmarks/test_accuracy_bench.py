@@ -223,3 +223,14 @@ def test_held_out_predictions_are_also_summarised_by_corpus() -> None:
     text = "\n".join(accuracy._corpus_lines({"corpora": out}))
     assert "| `cpu` corpus | 2 |" in text and "| `gpu` corpus | 1 |" in text
     assert accuracy._corpus_lines({"corpora": {"gpu": out["gpu"]}}) == []
+
+
+def test_rewriting_the_page_keeps_the_sections_other_benchmarks_generated(tmp_path: Path) -> None:
+    doc = tmp_path / "accuracy.md"
+    doc.write_text(
+        "# old page\n\n<!-- a:start -->\nA's table\n<!-- a:end -->\n\nprose\n\n"
+        "<!-- b:start -->\nB's\n<!-- b:end -->\n"
+    )
+    kept = accuracy._other_sections(doc, "# new page\n<!-- b:start -->\nB, anew\n<!-- b:end -->\n")
+    assert kept == "\n<!-- a:start -->\nA's table\n<!-- a:end -->\n"  # b is the page's own now
+    assert accuracy._other_sections(tmp_path / "none.md", "x") == ""

@@ -8,6 +8,7 @@ import dataclasses
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import alloc_fidelity  # noqa: E402
 
 MiB = 1 << 20
+GiB = 1 << 30
 ALLOC, FREE, SEG_ALLOC, SEG_FREE, OOM = range(len(ACTIONS))
 
 
@@ -202,6 +204,37 @@ def test_the_fidelity_check_replays_real_events_through_the_simulation_as_it_shi
     assert any(
         "the allocator model on the real events puts 1 on the right side" in x for x in lines
     )
+
+
+def test_the_fidelity_summary_counts_each_side_and_each_family() -> None:
+    def run(family: str, cap: int | None, status: str, real: float, dry: float) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "family": family, "cap": None if cap is None else cap * GiB, "status": status,
+            "real_capacity": int(real * GiB), "dry_capacity": int(dry * GiB),
+            "real_reserved": int(real * GiB), "measured_reserved": int(real * GiB),
+            "caught_ooms": 3 if family == "unet" else 0,
+        }  # fmt: skip
+        if cap is not None:
+            out["real_right"] = (real <= cap) == (status == "fits")
+            out["dry_right"] = (dry <= cap) == (status == "fits")
+        return out
+
+    results = [
+        run("bert", 8, "fits", 7.8, 7.5),  # the dry run low by 3.8%: right side still
+        run("bert", 8, "oom", 8.2, 7.9),  # the dry run puts an OOM under the cap: wrong
+        run("unet", 8, "fits", 8.2, 8.3),  # the real events say it cannot fit: both wrong
+        run("unet", 8, "oom", 7.9, 8.1),  # an OOM the real events put under the cap
+        run("bert", None, "fits", 9.0, 8.7),
+    ]
+    text = "\n".join(alloc_fidelity.summary(results, ["data/oom/x.jsonl.gz"]))
+    assert text.startswith(alloc_fidelity.START) and text.endswith(alloc_fidelity.END)
+    assert "to within 0.3% in 1 of 1 runs" in text
+    assert "puts 2 of the 4 runs on the side of the cap they ran on" in text
+    assert "misses lie between x0.987 and x1.025 of the cap" in text
+    assert "at 1.3% over the capacity replayed (unet, 8 GiB)" in text
+    assert "The dry run's capacity puts 2 of the 4 on the right side, 1 of its 2 misses" in text
+    assert "Low by family (median): bert x0.962" in text
+    assert "In 2 runs (unet) cuDNN asked for a convolution workspace" in text
 
 
 def test_recording_needs_a_gpu_and_says_so(
