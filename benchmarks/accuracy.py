@@ -1118,6 +1118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=600.0,
         help="seconds allowed for one dry run; rows over it are skipped and listed (default 600)",
     )
+    p.add_argument(
+        "--repeats-only",
+        action="store_true",
+        help="print only how far repeat measurements of one configuration lie apart, by "
+        "device kind (no features, no fits: seconds)",
+    )
     args = p.parse_args(argv)
     files = [Path(f) for f in args.data] or sorted(
         f
@@ -1128,6 +1134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("no data files: run `costaware collect` first (see data/README.md)", file=sys.stderr)
         return 2
     raw = _read(files)
+    if args.repeats_only:
+        for kind, rep in sorted(_repeats(raw).items()):
+            print(f"{kind.upper()}: " + "\n".join(_repeat_lines(rep)).strip())
+        return 0
     rows = _load(raw)
     op_rows = _load(raw, kind="op")
     print(f"{len(rows)} rows from {len(files)} file(s); computing features", file=sys.stderr)

@@ -234,3 +234,21 @@ def test_rewriting_the_page_keeps_the_sections_other_benchmarks_generated(tmp_pa
     kept = accuracy._other_sections(doc, "# new page\n<!-- b:start -->\nB, anew\n<!-- b:end -->\n")
     assert kept == "\n<!-- a:start -->\nA's table\n<!-- a:end -->\n"  # b is the page's own now
     assert accuracy._other_sections(tmp_path / "none.md", "x") == ""
+
+
+def test_repeats_only_prints_how_far_two_windows_lie_apart_without_fitting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def row(when: str, seconds: float) -> dict[str, Any]:
+        m = {"iteration_time": seconds, "max_reserved": 2**30}
+        return {"id": "mlp-1", "device_name": "H200", "status": "ok", "family": "mlp",
+                "finished_at": when, "measurement": m}  # fmt: skip
+
+    first, later = tmp_path / "h200-shard0.jsonl.gz", tmp_path / "h200-repeat-shard0.jsonl.gz"
+    append_row(first, row("2026-11-26T05:00:00+00:00", 1.0))
+    append_row(later, row("2026-11-28T01:00:00+00:00", 1.25))
+    assert accuracy.main([str(later), str(first), "--repeats-only"]) == 0
+    out = capsys.readouterr().out
+    # |1.0 / 1.25 - 1| = 20%: the first measurement against the last, in measured order
+    assert out.startswith("GPU: **Repeat measurements.** 1 configurations")
+    assert "step time median 20.0%" in out and "peak memory median 0.0%" in out
