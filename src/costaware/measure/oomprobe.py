@@ -466,21 +466,8 @@ def run_listed(args: argparse.Namespace) -> int:
             return 0
         prober = _Prober(cfg, device, args.steps, models.pop(cfg.id, None))
         row = prober.run(batch, cap, args.timeout)
-        row.update(
-            {
-                "kind": "listed",
-                "schema": SCHEMA_VERSION,
-                "config": cfg.to_dict(),
-                "config_id": cfg.id,
-                "family": cfg.family,
-                "cap_bytes": cap,
-                "gpu_total": prober.total,
-                "allocator": allocator,
-                "device": str(device),
-                "why": item.get("why", ""),
-                "finished_at": _now(),
-            }
-        )
+        row.update(_run_fields("listed", prober, cap, allocator))
+        row["why"] = item.get("why", "")
         append_row(args.out, row)
         n += 1
         if not args.quiet:
@@ -585,21 +572,7 @@ def _search(
         deadline=deadline,
         points=points,
     ):
-        row.update(
-            {
-                "kind": "probe",
-                "schema": SCHEMA_VERSION,
-                "config": cfg.to_dict(),
-                "config_id": cfg.id,
-                "family": cfg.family,
-                "cap_bytes": cap,
-                "gpu_total": prober.total,
-                "param_bytes": prober.param_bytes,
-                "allocator": allocator,
-                "device": str(device),
-                "finished_at": _now(),
-            }
-        )
+        row.update(_run_fields("probe", prober, cap, allocator))
         append_row(args.out, row)
         runs += 1
         last = row
@@ -621,6 +594,25 @@ def _search(
     models[cfg.id] = prober.release()
     del prober
     return runs, searched
+
+
+def _run_fields(kind: str, prober: _Prober, cap: int, allocator: str) -> dict[str, Any]:
+    """What a run's row says besides the run itself: its kind, the configuration, the cap,
+    the device and the allocator mode."""
+    cfg = prober.cfg
+    return {
+        "kind": kind,
+        "schema": SCHEMA_VERSION,
+        "config": cfg.to_dict(),
+        "config_id": cfg.id,
+        "family": cfg.family,
+        "cap_bytes": cap,
+        "gpu_total": prober.total,
+        "param_bytes": prober.param_bytes,
+        "allocator": allocator,
+        "device": str(prober.device),
+        "finished_at": _now(),
+    }
 
 
 def _run_line(cfg: Config, cap: int, row: Mapping[str, Any]) -> str:
