@@ -54,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction[_Parser]) -> _Parser:
 
 def run(args: argparse.Namespace) -> int:
     import costaware as ca
-    from costaware.core.batch_size import DEFAULT_HEADROOM, max_batch_size
+    from costaware.core.batch_size import max_batch_size
 
     if args.limit < 1:
         raise CliError(f"--limit must be at least 1, but got {args.limit}.")
@@ -73,9 +73,9 @@ def run(args: argparse.Namespace) -> int:
         def progress(batch_size: int, decision: Any) -> None:
             status.update(f"batch size {batch_size}: {'fits' if decision.admit else 'rejected'}")
 
-        room = DEFAULT_HEADROOM if args.headroom is None else args.headroom
         found = max_batch_size(
-            model, spec, args.device, budget, limit=args.limit, headroom=room, on_try=progress
+            model, spec, args.device, budget, limit=args.limit, headroom=args.headroom,
+            on_try=progress,
         )
     if args.json:
         print(json.dumps(found.to_dict(), indent=2, default=str))

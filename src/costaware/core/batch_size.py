@@ -133,7 +133,7 @@ def max_batch_size(
     budget: Budget | None = None,
     *,
     limit: int = DEFAULT_LIMIT,
-    headroom: float = DEFAULT_HEADROOM,
+    headroom: float | None = None,
     on_try: Callable[[int, Decision], None] | None = None,
 ) -> BatchSizeResult:
     """The largest batch size of ``spec`` that ``budget`` admits on ``device``.
@@ -142,7 +142,7 @@ def max_batch_size(
     with time limits counts them too (a larger batch rarely makes an epoch slower, but a
     trial time limit can bind). The search assumes that a batch size the budget rejects
     is followed by no larger one it admits; the returned size was itself admitted.
-    ``headroom`` (default :data:`DEFAULT_HEADROOM`) is the share of the memory limit kept
+    ``headroom`` (None: :data:`DEFAULT_HEADROOM`) is the share of the memory limit kept
     free above the predicted need of the size returned: the search ends where the need
     meets the limit, the one place a trial's own decision rarely lands. ``on_try(batch_size,
     decision)`` is called for each size tried (progress).
@@ -152,6 +152,7 @@ def max_batch_size(
     """
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a whole number of at least 1, but got {limit=}.")
+    headroom = DEFAULT_HEADROOM if headroom is None else headroom
     check_headroom(headroom)
     dev = get_device(device)
     judge = budget if budget is not None else Budget()

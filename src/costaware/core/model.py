@@ -832,10 +832,9 @@ class CostModel:
         kept free (default :data:`~costaware.core.batch_size.DEFAULT_HEADROOM`): a
         :class:`~costaware.core.batch_size.BatchSizeResult`. No step runs; see
         :func:`costaware.core.batch_size.max_batch_size`."""
-        from costaware.core.batch_size import DEFAULT_HEADROOM, max_batch_size
+        from costaware.core.batch_size import max_batch_size
 
-        room = DEFAULT_HEADROOM if headroom is None else headroom
-        return max_batch_size(self, spec, device, budget, limit=limit, headroom=room)
+        return max_batch_size(self, spec, device, budget, limit=limit, headroom=headroom)
 
     def compare(
         self,

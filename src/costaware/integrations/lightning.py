@@ -1628,7 +1628,7 @@ class _BatchSizeFinderBase:
                 f"has an attribute {self.attr_name!r} (nor one in hparams). Keep the batch size "
                 f"there and read it in train_dataloader(), or pass attr_name=."
             )
-        from costaware.core.batch_size import DEFAULT_HEADROOM, NothingFitsError, max_batch_size
+        from costaware.core.batch_size import NothingFitsError, max_batch_size
 
         spec = spec_from_lightning(trainer, pl_module)
         device = self.device
@@ -1640,8 +1640,9 @@ class _BatchSizeFinderBase:
                 else cpu_device()
             )
         model = self.model if self.model is not None else CostModel.default()
-        room = DEFAULT_HEADROOM if self.headroom is None else self.headroom
-        found = max_batch_size(model, spec, device, self.budget, limit=self.limit, headroom=room)
+        found = max_batch_size(
+            model, spec, device, self.budget, limit=self.limit, headroom=self.headroom
+        )
         self.result = found
         if not found.fits:
             raise NothingFitsError(str(found))
