@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import resource
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import networkx as nx
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import costaware as ca
 from costaware.core.trace import CATEGORIES, rescale
@@ -557,11 +559,13 @@ def test_fused_attention_drops_the_score_matrix() -> None:
     fused = ca.dry_run(spec, attention="fused")
     assert native.op_counts["_safe_softmax"] > 0
     assert fused.op_counts["_safe_softmax"] == 0
-    assert fused.op_counts["_scaled_dot_product_flash_attention_for_cpu"] == 2
+    # fp32: the GPU's memory-efficient kernel (flash takes half precision only)
+    assert fused.op_counts["_scaled_dot_product_efficient_attention"] == 2
+    assert fused.op_counts["_scaled_dot_product_efficient_attention_backward"] == 2
     scores = 8 * 4 * 256 * 256 * 4  # one layer's fp32 scores
     assert fused.peak_live < native.peak_live - 2 * scores
-    assert any("fused flash kernel" in n for n in fused.notes)
-    assert not any("fused flash kernel" in n for n in native.notes)
+    assert any("2 as memory-efficient attention" in n for n in fused.notes)
+    assert not any("attention traced as the fused kernels" in n for n in native.notes)
     with pytest.raises(ValueError, match="attention"):
         ca.dry_run(spec, attention="flash")
 
@@ -578,7 +582,78 @@ def test_fused_attention_covers_multihead_attention() -> None:
     fused = ca.dry_run(spec, attention="fused")
     assert native.op_counts["_safe_softmax"] > 0
     assert fused.op_counts["_safe_softmax"] == 0
+    assert fused.op_counts["_scaled_dot_product_efficient_attention"] == 1
     assert fused.peak_live < native.peak_live
+
+
+def _sdpa_layouts(dtype: torch.dtype, mask: bool) -> tuple[Counter[str], tuple[int, ...]]:
+    """The kernels the fused mode routes one SDPA call to, and its output's strides, for
+    a query laid out as nn.MultiheadAttention lays it out: (length, batch, heads, dim)."""
+    from costaware.core.trace.fused import _FusedAttention
+
+    n, h, t, d = 2, 4, 16, 8
+    with FakeTensorMode(), _FusedAttention() as mode:
+        base = torch.randn(t, n, h * d, dtype=dtype, requires_grad=True)
+        q = base.view(t, n * h, d).transpose(0, 1).view(n, h, t, d)
+        attn_mask = torch.ones(t, t, dtype=torch.bool).tril() if mask else None
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask)
+    return mode.kernels, tuple(out.stride())
+
+
+@pytest.mark.parametrize(
+    ("dtype", "mask", "kernel"),
+    [
+        (torch.float32, False, "efficient"),
+        (torch.float32, True, "efficient"),
+        (torch.bfloat16, True, "efficient"),
+        (torch.bfloat16, False, "flash"),
+        (torch.float16, False, "flash"),
+    ],
+)
+def test_fused_attention_takes_the_kernel_a_gpu_picks_and_its_output_layout(
+    dtype: torch.dtype, mask: bool, kernel: str
+) -> None:
+    """Flash (half precision, no mask) lays its output out like the query; the
+    memory-efficient kernel (fp32, or any mask) as (batch, length, heads, dim), whatever
+    the query's layout: CUDA's own kernels do the same."""
+    kernels, strides = _sdpa_layouts(dtype, mask)
+    assert kernels == Counter({kernel: 1})
+    n, h, t, d = 2, 4, 16, 8
+    like_query = (h * d, d, n * h * d, 1)  # the (length, batch, heads, dim) query's
+    assert strides == (like_query if kernel == "flash" else (t * h * d, d, h * d, 1))
+
+
+def test_multihead_attention_copies_the_efficient_kernels_output_as_a_gpu_does() -> None:
+    """nn.MultiheadAttention's ``.contiguous()`` after SDPA copies the memory-efficient
+    kernel's (batch, length, heads, dim) output into (length, batch, heads, dim): one
+    activation per layer, kept for the out-projection's backward. Measured on an H200 at
+    fp32 (data/oom/h200-alloctrace-seed0), the copy a flash-layout trace lacked put BERT's
+    allocated peak 4% under. Flash (bf16 here) lays its output out like the query and
+    needs no copy."""
+    from costaware import zoo
+
+    depth = 3
+
+    def forward_clones(precision: str) -> tuple[int, ca.Trace]:
+        spec = ca.TrainingSpec(
+            model=lambda: zoo.bert(vocab=64, seq_len=64, dim=64, depth=depth, heads=4, dropout=0.0),
+            batch=ca.TokenBatch(seq_len=64, vocab=64),
+            batch_size=4,
+            precision=precision,
+        )
+        traced = ca.dry_run(spec, attention="fused")
+        clones = sum(
+            1
+            for _, node in traced.graph.nodes(data=True)
+            if node["op"] == "clone" and node["phase"] == "forward"
+        )
+        return clones, traced
+
+    fp32, efficient = forward_clones("fp32")
+    bf16, flash = forward_clones("bf16")
+    assert efficient.op_counts["_scaled_dot_product_efficient_attention"] == depth
+    assert flash.op_counts["_scaled_dot_product_flash_attention_for_cpu"] == depth
+    assert fp32 - bf16 == depth
 
 
 def test_predictions_trace_attention_by_device_kind() -> None:
@@ -586,8 +661,8 @@ def test_predictions_trace_attention_by_device_kind() -> None:
     spec = _attention_spec(dropout=0.1)
     gpu = model.predict(spec, device="H100")
     cpu = model.predict(spec, device="CPU")
-    assert "fused flash kernel" in gpu.explain()
-    assert "fused flash kernel" not in cpu.explain()
+    assert "attention traced as the fused kernels" in gpu.explain()
+    assert "attention traced as the fused kernels" not in cpu.explain()
     assert gpu.basis["live_peak"] < cpu.basis["live_peak"]
     # each kind keeps its own cached trace
     assert model.predict(spec, device="H100").basis["trace_source"] == "cached"
@@ -832,8 +907,8 @@ def test_lazy_modules_are_shaped_by_a_first_forward_as_a_script_shapes_them(
         )  # fmt: skip
 
     lazy, eager = ca.dry_run(spec(True)), ca.dry_run(spec(False))
-    assert lazy.param_count == eager.param_count == sum(
-        p.numel() for p in _Lazy(False).parameters()
+    assert (
+        lazy.param_count == eager.param_count == sum(p.numel() for p in _Lazy(False).parameters())
     )
     assert lazy.peak_live == eager.peak_live and lazy.peak_breakdown == eager.peak_breakdown
     assert lazy.flops_forward == eager.flops_forward
