@@ -926,3 +926,47 @@ def test_a_live_module_with_lazy_layers_is_predicted_and_still_shapes_itself() -
     assert live.mid.has_uninitialized_params() and isinstance(live.mid, nn.LazyLinear)
     assert live(ids).shape == (4, 16, 100)
     assert type(live.mid) is nn.Linear and sum(p.numel() for p in live.parameters()) == eager
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "expected"),
+    [
+        # the bias gradients the H200 recorded (data/oom/h200-alloctrace-seed0): BERT-large's
+        # 4096- and 1024-wide linears over 5 x 512 fp32 rows, its 30,522-word decoder, and
+        # ViT's 2048- and 1024-wide ones over 41 x 197 fp16 rows
+        ((2560, 4096), torch.float32, 80 * 2**20),
+        ((2560, 1024), torch.float32, 20 * 2**20),
+        ((2560, 30522), torch.float32, 23_440_896),
+        ((8077, 2048), torch.float16, 127 * 2**20),
+        ((8077, 1024), torch.float16, 63.5 * 2**20),
+        # a sum along the fast dimension, or one short enough for one block: no buffer
+        ((2560, 4096), torch.float32, None),
+        ((64, 4096), torch.float32, None),
+    ],
+)
+def test_a_split_reductions_staging_buffer_is_the_one_cuda_allocates(
+    shape: tuple[int, int], dtype: torch.dtype, expected: float | None
+) -> None:
+    """Worked by hand from ATen's launch geometry, for an H100 or H200 (132 SMs): for the
+    4096-wide bias, blocks of 32 x 4 threads, outputs 4 to a vector, so 32 blocks across
+    the outputs; each warp's thread sums 2560 / 4 = 640 rows, so 40 blocks down them
+    (fewer than the 66 that would fill the GPU); one fp32 partial sum per output, block,
+    lane and vector element: 4 B x 4096 x 40 x 32 x 4 = 80 MiB, the size recorded."""
+    from costaware.core.trace.transients import _reduction_transient
+
+    t = torch.empty(shape, dtype=dtype, device="meta")
+    dims = [1] if expected is None and shape[0] == 2560 else [0]
+    got = _reduction_transient((t, dims, True))
+    assert got == (0 if expected is None else int(expected))
+
+
+def test_a_gpu_trace_holds_the_bias_gradients_reduction_buffer_and_a_cpu_trace_does_not() -> None:
+    spec = ca.TrainingSpec(
+        model=lambda: nn.Sequential(nn.Linear(64, 4096), nn.ReLU(), nn.Linear(4096, 8)),
+        batch=ca.ImageBatch((64,), classes=8),
+        batch_size=2560,
+    )
+    gpu = ca.dry_run(spec, attention="fused")
+    cpu = ca.dry_run(spec)
+    assert 80 * 2**20 in set(gpu.transients[:, 1].tolist())
+    assert 80 * 2**20 not in cpu.transients[:, 1].tolist()
