@@ -970,3 +970,39 @@ def test_a_gpu_trace_holds_the_bias_gradients_reduction_buffer_and_a_cpu_trace_d
     cpu = ca.dry_run(spec)
     assert 80 * 2**20 in set(gpu.transients[:, 1].tolist())
     assert 80 * 2**20 not in cpu.transients[:, 1].tolist()
+
+
+class _BiasedAttention(nn.Module):
+    """Self-attention with a learned (1, heads, L, L) position bias as its mask."""
+
+    def __init__(self, dim: int, heads: int, length: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.bias = nn.Parameter(torch.zeros(1, heads, length, length))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, c = x.shape
+        q, k, v = self.qkv(x).view(n, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.bias)
+        return y.transpose(1, 2).reshape(n, t, c).mean(1)
+
+
+def test_a_learned_attention_bias_gets_the_dense_gradient_the_gpu_kernel_writes() -> None:
+    """CUDA's memory-efficient kernel takes the bias expanded to (batch, heads, L, L) and
+    writes its gradient dense at that shape, the last dimension padded to 16 (49 -> 64),
+    before autograd sums it back to the parameter's (1, heads, L, L); the bias itself is
+    padded to a multiple of 8 first (49 -> 56), a copy of its own shape."""
+    n, heads, length = 8, 4, 49
+    spec = ca.TrainingSpec(
+        model=lambda: _BiasedAttention(64, heads, length),
+        batch=ca.ImageBatch((length, 64), classes=64),
+        batch_size=n,
+        loss=lambda m, b: m(b[0]).pow(2).mean(),
+    )
+    traced = ca.dry_run(spec, attention="fused")
+    assert traced.op_counts["_scaled_dot_product_efficient_attention_backward"] == 1
+    sizes = set(traced.events[:, 1].tolist())
+    assert n * heads * length * 64 * 4 in sizes  # the dense, padded gradient
+    assert heads * length * 56 * 4 in sizes  # the bias padded to 8
+    assert not any("ran natively" in note for note in traced.notes)

@@ -143,17 +143,14 @@ class _FusedAttention(_FusedMode):
             why = "differing head dims"
         elif attn_mask is not None and is_causal:
             why = "mask with is_causal"
-        elif attn_mask is not None and attn_mask.dtype == torch.bool:
-            attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(
-                attn_mask.logical_not(), float("-inf")
-            )
         if why is None:
             efficient = q.dtype == torch.float32 or attn_mask is not None
             try:
                 if efficient:
                     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+                    bias = None if attn_mask is None else _efficient_bias(attn_mask, q, k)
                     out = torch.ops.aten._scaled_dot_product_efficient_attention(
-                        q, k, v, attn_mask, grad, 0.0, is_causal, scale=scale
+                        q, k, v, bias, grad, 0.0, is_causal, scale=scale
                     )[0]
                 else:
                     out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -165,6 +162,21 @@ class _FusedAttention(_FusedMode):
                 why = f"{type(e).__name__}: {str(e)[:80]}"
         self.fallbacks[why] += 1
         return None
+
+
+def _efficient_bias(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``mask`` as CUDA's SDPA hands it to the memory-efficient kernel: a bool mask made
+    additive (one tensor of the mask's shape), padded along its last dimension to a
+    multiple of 8 elements where a stride is not one (a copy), then expanded to (batch,
+    heads, length, key length) as a view. A mask that needs its gradient (a learned
+    position bias) then gets it from the kernel's backward dense at that full shape, its
+    last dimension padded to 16, and summed back to its own: as on the GPU."""
+    if mask.dtype == torch.bool:
+        mask = torch.full_like(mask, float("-inf"), dtype=q.dtype).masked_fill_(mask, 0.0)
+    if mask.stride(-1) != 1 or any(s % 8 for s in mask.stride()[:-1]):
+        n = mask.shape[-1]
+        mask = torch.nn.functional.pad(mask, (0, 8 - n % 8))[..., :n]
+    return mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
 
 
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
