@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+import torch
+
 from costaware.measure.collect import read_rows
 from costaware.measure.oomprobe import boundary_configs, main
 
@@ -34,3 +37,16 @@ def test_listed_runs_run_once_each_under_their_cap_and_resume(tmp_path: Path) ->
     assert all(r["config_id"] == cfg.id and r["batch_size"] == 2 for r in listed)
     assert main(args) == 0  # a rerun resumes: nothing listed twice
     assert len([r for r in read_rows(out) if r.get("kind") == "listed"]) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_a_cuda_device_without_a_gpu_is_refused_in_either_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs.json"
+    runs.write_text("[]")
+    out = str(tmp_path / "out.jsonl.gz")
+    for extra in (["--runs", str(runs)], ["--families", "mlp"]):
+        assert main([*extra, "--out", out, "--device", "cuda", "--quiet"]) == 2
+        assert "no CUDA GPU here; use --device cpu" in capsys.readouterr().err
+    assert not Path(out).exists()

@@ -386,16 +386,25 @@ def _parse_caps(text: str) -> list[int]:
     return caps
 
 
+def _probe_device(name: str) -> torch.device | None:
+    """The device to probe on, with an index for a CUDA one (the memory fraction wants
+    one); None, with the error printed, where a CUDA device is asked for and none is here."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("costaware oomprobe: error: no CUDA GPU here; use --device cpu.", file=sys.stderr)
+        return None
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
+    return device
+
+
 def run(args: argparse.Namespace) -> int:
     """Search each configuration's boundary under each cap, caps outermost, appending
     every run to ``args.out``; stops cleanly at ``--max-minutes``. Returns the exit code
     (2: no CUDA GPU for a CUDA device)."""
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("costaware oomprobe: error: no CUDA GPU here; use --device cpu.", file=sys.stderr)
+    device = _probe_device(args.device)
+    if device is None:
         return 2
-    if device.type == "cuda" and device.index is None:  # the memory fraction wants an index
-        device = torch.device("cuda", 0)
     caps = _parse_caps(args.caps)
     allocator = _allocator_mode()
     configs = _chosen_configs(args, allocator)
@@ -436,12 +445,9 @@ def run_listed(args: argparse.Namespace) -> int:
     cleanly at ``--max-minutes``. Returns the exit code."""
     import json
 
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("costaware oomprobe: error: no CUDA GPU here; use --device cpu.", file=sys.stderr)
+    device = _probe_device(args.device)
+    if device is None:
         return 2
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", 0)
     with open(args.runs) as f:
         wanted = json.load(f)
     done = set()
