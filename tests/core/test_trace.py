@@ -4,7 +4,6 @@ import dataclasses
 import functools
 import resource
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 
 import networkx as nx
@@ -12,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 import costaware as ca
 from costaware.core.trace import CATEGORIES, rescale
@@ -559,13 +557,11 @@ def test_fused_attention_drops_the_score_matrix() -> None:
     fused = ca.dry_run(spec, attention="fused")
     assert native.op_counts["_safe_softmax"] > 0
     assert fused.op_counts["_safe_softmax"] == 0
-    # fp32: the GPU's memory-efficient kernel (flash takes half precision only)
-    assert fused.op_counts["_scaled_dot_product_efficient_attention"] == 2
-    assert fused.op_counts["_scaled_dot_product_efficient_attention_backward"] == 2
+    assert fused.op_counts["_scaled_dot_product_flash_attention_for_cpu"] == 2
     scores = 8 * 4 * 256 * 256 * 4  # one layer's fp32 scores
     assert fused.peak_live < native.peak_live - 2 * scores
-    assert any("2 as memory-efficient attention" in n for n in fused.notes)
-    assert not any("attention traced as the fused kernels" in n for n in native.notes)
+    assert any("fused flash kernel" in n for n in fused.notes)
+    assert not any("fused flash kernel" in n for n in native.notes)
     with pytest.raises(ValueError, match="attention"):
         ca.dry_run(spec, attention="flash")
 
@@ -582,78 +578,7 @@ def test_fused_attention_covers_multihead_attention() -> None:
     fused = ca.dry_run(spec, attention="fused")
     assert native.op_counts["_safe_softmax"] > 0
     assert fused.op_counts["_safe_softmax"] == 0
-    assert fused.op_counts["_scaled_dot_product_efficient_attention"] == 1
     assert fused.peak_live < native.peak_live
-
-
-def _sdpa_layouts(dtype: torch.dtype, mask: bool) -> tuple[Counter[str], tuple[int, ...]]:
-    """The kernels the fused mode routes one SDPA call to, and its output's strides, for
-    a query laid out as nn.MultiheadAttention lays it out: (length, batch, heads, dim)."""
-    from costaware.core.trace.fused import _FusedAttention
-
-    n, h, t, d = 2, 4, 16, 8
-    with FakeTensorMode(), _FusedAttention() as mode:
-        base = torch.randn(t, n, h * d, dtype=dtype, requires_grad=True)
-        q = base.view(t, n * h, d).transpose(0, 1).view(n, h, t, d)
-        attn_mask = torch.ones(t, t, dtype=torch.bool).tril() if mask else None
-        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask)
-    return mode.kernels, tuple(out.stride())
-
-
-@pytest.mark.parametrize(
-    ("dtype", "mask", "kernel"),
-    [
-        (torch.float32, False, "efficient"),
-        (torch.float32, True, "efficient"),
-        (torch.bfloat16, True, "efficient"),
-        (torch.bfloat16, False, "flash"),
-        (torch.float16, False, "flash"),
-    ],
-)
-def test_fused_attention_takes_the_kernel_a_gpu_picks_and_its_output_layout(
-    dtype: torch.dtype, mask: bool, kernel: str
-) -> None:
-    """Flash (half precision, no mask) lays its output out like the query; the
-    memory-efficient kernel (fp32, or any mask) as (batch, length, heads, dim), whatever
-    the query's layout: CUDA's own kernels do the same."""
-    kernels, strides = _sdpa_layouts(dtype, mask)
-    assert kernels == Counter({kernel: 1})
-    n, h, t, d = 2, 4, 16, 8
-    like_query = (h * d, d, n * h * d, 1)  # the (length, batch, heads, dim) query's
-    assert strides == (like_query if kernel == "flash" else (t * h * d, d, h * d, 1))
-
-
-def test_multihead_attention_copies_the_efficient_kernels_output_as_a_gpu_does() -> None:
-    """nn.MultiheadAttention's ``.contiguous()`` after SDPA copies the memory-efficient
-    kernel's (batch, length, heads, dim) output into (length, batch, heads, dim): one
-    activation per layer, kept for the out-projection's backward. Measured on an H200 at
-    fp32 (data/oom/h200-alloctrace-seed0), the copy a flash-layout trace lacked put BERT's
-    allocated peak 4% under. Flash (bf16 here) lays its output out like the query and
-    needs no copy."""
-    from costaware import zoo
-
-    depth = 3
-
-    def forward_clones(precision: str) -> tuple[int, ca.Trace]:
-        spec = ca.TrainingSpec(
-            model=lambda: zoo.bert(vocab=64, seq_len=64, dim=64, depth=depth, heads=4, dropout=0.0),
-            batch=ca.TokenBatch(seq_len=64, vocab=64),
-            batch_size=4,
-            precision=precision,
-        )
-        traced = ca.dry_run(spec, attention="fused")
-        clones = sum(
-            1
-            for _, node in traced.graph.nodes(data=True)
-            if node["op"] == "clone" and node["phase"] == "forward"
-        )
-        return clones, traced
-
-    fp32, efficient = forward_clones("fp32")
-    bf16, flash = forward_clones("bf16")
-    assert efficient.op_counts["_scaled_dot_product_efficient_attention"] == depth
-    assert flash.op_counts["_scaled_dot_product_flash_attention_for_cpu"] == depth
-    assert fp32 - bf16 == depth
 
 
 def test_predictions_trace_attention_by_device_kind() -> None:
@@ -661,8 +586,8 @@ def test_predictions_trace_attention_by_device_kind() -> None:
     spec = _attention_spec(dropout=0.1)
     gpu = model.predict(spec, device="H100")
     cpu = model.predict(spec, device="CPU")
-    assert "attention traced as the fused kernels" in gpu.explain()
-    assert "attention traced as the fused kernels" not in cpu.explain()
+    assert "fused flash kernel" in gpu.explain()
+    assert "fused flash kernel" not in cpu.explain()
     assert gpu.basis["live_peak"] < cpu.basis["live_peak"]
     # each kind keeps its own cached trace
     assert model.predict(spec, device="H100").basis["trace_source"] == "cached"
@@ -907,8 +832,8 @@ def test_lazy_modules_are_shaped_by_a_first_forward_as_a_script_shapes_them(
         )  # fmt: skip
 
     lazy, eager = ca.dry_run(spec(True)), ca.dry_run(spec(False))
-    assert (
-        lazy.param_count == eager.param_count == sum(p.numel() for p in _Lazy(False).parameters())
+    assert lazy.param_count == eager.param_count == sum(
+        p.numel() for p in _Lazy(False).parameters()
     )
     assert lazy.peak_live == eager.peak_live and lazy.peak_breakdown == eager.peak_breakdown
     assert lazy.flops_forward == eager.flops_forward
@@ -926,83 +851,3 @@ def test_a_live_module_with_lazy_layers_is_predicted_and_still_shapes_itself() -
     assert live.mid.has_uninitialized_params() and isinstance(live.mid, nn.LazyLinear)
     assert live(ids).shape == (4, 16, 100)
     assert type(live.mid) is nn.Linear and sum(p.numel() for p in live.parameters()) == eager
-
-
-@pytest.mark.parametrize(
-    ("shape", "dtype", "expected"),
-    [
-        # the bias gradients the H200 recorded (data/oom/h200-alloctrace-seed0): BERT-large's
-        # 4096- and 1024-wide linears over 5 x 512 fp32 rows, its 30,522-word decoder, and
-        # ViT's 2048- and 1024-wide ones over 41 x 197 fp16 rows
-        ((2560, 4096), torch.float32, 80 * 2**20),
-        ((2560, 1024), torch.float32, 20 * 2**20),
-        ((2560, 30522), torch.float32, 23_440_896),
-        ((8077, 2048), torch.float16, 127 * 2**20),
-        ((8077, 1024), torch.float16, 63.5 * 2**20),
-        # a sum along the fast dimension, or one short enough for one block: no buffer
-        ((2560, 4096), torch.float32, None),
-        ((64, 4096), torch.float32, None),
-    ],
-)
-def test_a_split_reductions_staging_buffer_is_the_one_cuda_allocates(
-    shape: tuple[int, int], dtype: torch.dtype, expected: float | None
-) -> None:
-    """Worked by hand from ATen's launch geometry, for an H100 or H200 (132 SMs): for the
-    4096-wide bias, blocks of 32 x 4 threads, outputs 4 to a vector, so 32 blocks across
-    the outputs; each warp's thread sums 2560 / 4 = 640 rows, so 40 blocks down them
-    (fewer than the 66 that would fill the GPU); one fp32 partial sum per output, block,
-    lane and vector element: 4 B x 4096 x 40 x 32 x 4 = 80 MiB, the size recorded."""
-    from costaware.core.trace.transients import _reduction_transient
-
-    t = torch.empty(shape, dtype=dtype, device="meta")
-    dims = [1] if expected is None and shape[0] == 2560 else [0]
-    got = _reduction_transient((t, dims, True))
-    assert got == (0 if expected is None else int(expected))
-
-
-def test_a_gpu_trace_holds_the_bias_gradients_reduction_buffer_and_a_cpu_trace_does_not() -> None:
-    spec = ca.TrainingSpec(
-        model=lambda: nn.Sequential(nn.Linear(64, 4096), nn.ReLU(), nn.Linear(4096, 8)),
-        batch=ca.ImageBatch((64,), classes=8),
-        batch_size=2560,
-    )
-    gpu = ca.dry_run(spec, attention="fused")
-    cpu = ca.dry_run(spec)
-    assert 80 * 2**20 in set(gpu.transients[:, 1].tolist())
-    assert 80 * 2**20 not in cpu.transients[:, 1].tolist()
-
-
-class _BiasedAttention(nn.Module):
-    """Self-attention with a learned (1, heads, L, L) position bias as its mask."""
-
-    def __init__(self, dim: int, heads: int, length: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.bias = nn.Parameter(torch.zeros(1, heads, length, length))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, t, c = x.shape
-        q, k, v = self.qkv(x).view(n, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.bias)
-        return y.transpose(1, 2).reshape(n, t, c).mean(1)
-
-
-def test_a_learned_attention_bias_gets_the_dense_gradient_the_gpu_kernel_writes() -> None:
-    """CUDA's memory-efficient kernel takes the bias expanded to (batch, heads, L, L) and
-    writes its gradient dense at that shape, the last dimension padded to 16 (49 -> 64),
-    before autograd sums it back to the parameter's (1, heads, L, L); the bias itself is
-    padded to a multiple of 8 first (49 -> 56), a copy of its own shape."""
-    n, heads, length = 8, 4, 49
-    spec = ca.TrainingSpec(
-        model=lambda: _BiasedAttention(64, heads, length),
-        batch=ca.ImageBatch((length, 64), classes=64),
-        batch_size=n,
-        loss=lambda m, b: m(b[0]).pow(2).mean(),
-    )
-    traced = ca.dry_run(spec, attention="fused")
-    assert traced.op_counts["_scaled_dot_product_efficient_attention_backward"] == 1
-    sizes = set(traced.events[:, 1].tolist())
-    assert n * heads * length * 64 * 4 in sizes  # the dense, padded gradient
-    assert heads * length * 56 * 4 in sizes  # the bias padded to 8
-    assert not any("ran natively" in note for note in traced.notes)

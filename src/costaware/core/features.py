@@ -44,10 +44,10 @@ __all__ = [
     "trace_features",
 ]
 
-#: Bump when feature names or meanings change; saved models record it. 24 counts FLOPs by
-#: the project's formulas (:data:`costaware.core.flops.PROJECT_FORMULAS` on), 23 by torch's
+#: Bump when feature names or meanings change; saved models record it. 22 counts FLOPs by
+#: the project's formulas (:data:`costaware.core.flops.PROJECT_FORMULAS` on), 21 by torch's
 #: (off, as the shipped model is fitted). ``docs/features.md`` lists what each version changed.
-FEATURE_VERSION = "24" if PROJECT_FORMULAS else "23"
+FEATURE_VERSION = "22" if PROJECT_FORMULAS else "21"
 
 #: aten op name -> group. The vocabulary is fixed and versioned with FEATURE_VERSION.
 OP_GROUPS: dict[str, str] = {}

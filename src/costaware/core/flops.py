@@ -77,8 +77,8 @@ def register_flop_formula(op: Any, formula: Callable[..., int]) -> None:
 
 #: Whether :func:`count_flops` counts with the project's formulas (:func:`register_named_formula`)
 #: where they replace torch's. Off, the counts are torch's with the CPU attention kernel
-#: added (feature version 23, which the shipped model is fitted on); on, they are the
-#: formulas below (feature version 24, :data:`costaware.core.features.FEATURE_VERSION`). The
+#: added (feature version 21, which the shipped model is fitted on); on, they are the
+#: formulas below (feature version 22, :data:`costaware.core.features.FEATURE_VERSION`). The
 #: features change with it, so it is turned on together with a refit of the model.
 PROJECT_FORMULAS = False
 

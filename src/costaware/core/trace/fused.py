@@ -1,6 +1,5 @@
 """The fused kernels a CUDA GPU runs, traced as such (the "fused" mode): the base of the
-modes that route calls to them, and scaled dot-product attention as the flash or
-memory-efficient kernel a GPU would pick.
+modes that route calls to them, and scaled dot-product attention as one flash kernel.
 
 RMSNorm, dropout and the recurrent layers have modules of their own
 (:mod:`~costaware.core.trace.fused_rms_norm`,
@@ -9,9 +8,9 @@ RMSNorm, dropout and the recurrent layers have modules of their own
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from collections.abc import Sequence
-from types import FunctionType
 from typing import Any
 
 import torch
@@ -43,50 +42,23 @@ class _FusedMode(TorchFunctionMode):
 
 
 class _FusedAttention(_FusedMode):
-    """Routes ``F.scaled_dot_product_attention`` to the fused kernel a CUDA GPU runs it as.
+    """Routes ``F.scaled_dot_product_attention`` to the fused flash kernel.
 
     On a CUDA GPU SDPA runs as flash or memory-efficient attention even with dropout: the
     B*H*L*L score matrix is never materialised and the dropout mask is regenerated from
     the RNG state in the backward. This CPU build takes the math path whenever
     ``dropout_p > 0`` (its flash kernel refuses dropout), which would put the scores, the
-    softmax and the mask into the trace. Memory-wise a fused kernel with dropout is the
-    fused kernel without it, so dropout is left out of the routed call.
-
-    Which fused kernel matters to memory through the layout of what it returns. PyTorch
-    picks flash for half precision without a mask, and memory-efficient attention for
-    fp32 or with a mask (flash takes neither). Flash lays its output out like the query,
-    as this CPU's flash kernel does, so the call becomes
-    ``_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, ...)``. Memory-efficient
-    attention always returns a fresh (batch, length, heads, dim) tensor, and its
-    gradients are laid out the same way, so the call becomes
-    ``_scaled_dot_product_efficient_attention`` (its meta kernel: the dry run runs on fake
-    tensors). The difference is a real copy: ``nn.MultiheadAttention`` lays its query out
-    as (length, batch, heads, dim), and the ``.contiguous()`` after the attention copies
-    the efficient kernel's output (one activation per layer kept for the backward) and
-    not flash's. The efficient kernel's backward workspace (about one query gradient,
-    freed within the op) is not traced.
-
-    ``nn.MultiheadAttention`` calls SDPA from inside ``F.multi_head_attention_forward``,
-    where a torch-function mode is off; torch's own function body is run with its SDPA
-    name bound to the routing instead. Inputs the fused ops do not take (GQA, differing
-    head dims, a mask together with ``is_causal``) run natively, and are counted in
-    ``fallbacks``.
+    softmax and the mask into the trace. Memory-wise the fused kernel with dropout is
+    the fused kernel without it, so the call becomes
+    ``_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, ...)``. Inputs the fused
+    op does not take (GQA, differing head dims, a mask together with ``is_causal``) run
+    natively, and are counted in ``fallbacks``.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
-        #: routed calls by kernel: "flash", "efficient"
-        self.kernels: Counter[str] = Counter()
-        self._mha: Any = None
-
     def trace_note(self) -> str | None:
-        kinds = ", ".join(
-            f"{n} as {'memory-efficient attention' if k == 'efficient' else 'flash'}"
-            for k, n in sorted(self.kernels.items())
-        )
         return self.note(
-            f"attention traced as the fused kernels a CUDA GPU runs ({self.fused} SDPA "
-            f"calls per step: {kinds}; no score matrix or dropout mask)",
+            f"attention traced as a fused flash kernel, as a CUDA GPU runs it "
+            f"({self.fused} SDPA calls per step; no score matrix or dropout mask)",
             "ran natively",
         )
 
@@ -95,31 +67,21 @@ class _FusedAttention(_FusedMode):
     ) -> Any:
         kwargs = kwargs or {}
         if func is torch.nn.functional.scaled_dot_product_attention:
-            return self._route(*args, **kwargs)
-        if func is torch.nn.functional.multi_head_attention_forward:
-            return self._multi_head_attention()(*args, **kwargs)
+            out = self._fused(*args, **kwargs)
+            if out is not None:
+                self.fused += 1
+                return out
+        elif func is torch.nn.functional.multi_head_attention_forward:
+            # its inner SDPA call never reaches this mode (a mode is off inside its own
+            # handler), but without dropout this build's SDPA takes the flash path itself
+            bound = _MHA_SIGNATURE.bind(*args, **kwargs)
+            if bound.arguments.get("dropout_p", 0.0) > 0 and not bound.arguments.get(
+                "need_weights", True
+            ):
+                bound.arguments["dropout_p"] = 0.0
+                self.fused += 1
+            return func(*bound.args, **bound.kwargs)
         return func(*args, **kwargs)
-
-    def _route(self, *args: Any, **kwargs: Any) -> Any:
-        """SDPA as the GPU's fused kernel, or natively where none takes the inputs."""
-        out = self._fused(*args, **kwargs)
-        if out is None:
-            return torch.nn.functional.scaled_dot_product_attention(*args, **kwargs)
-        self.fused += 1
-        return out
-
-    def _multi_head_attention(self) -> Any:
-        """``F.multi_head_attention_forward``'s own body with its SDPA routed (built once
-        per mode: a copy of the function over a copy of its module's globals, so nothing
-        shared is patched)."""
-        if self._mha is None:
-            f = torch.nn.functional.multi_head_attention_forward
-            scope = dict(f.__globals__)
-            scope["scaled_dot_product_attention"] = self._route
-            mha = FunctionType(f.__code__, scope, f.__name__, f.__defaults__, f.__closure__)
-            mha.__kwdefaults__ = f.__kwdefaults__
-            self._mha = mha
-        return self._mha
 
     def _fused(
         self,
@@ -143,40 +105,21 @@ class _FusedAttention(_FusedMode):
             why = "differing head dims"
         elif attn_mask is not None and is_causal:
             why = "mask with is_causal"
+        elif attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(
+                attn_mask.logical_not(), float("-inf")
+            )
         if why is None:
-            efficient = q.dtype == torch.float32 or attn_mask is not None
             try:
-                if efficient:
-                    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-                    bias = None if attn_mask is None else _efficient_bias(attn_mask, q, k)
-                    out = torch.ops.aten._scaled_dot_product_efficient_attention(
-                        q, k, v, bias, grad, 0.0, is_causal, scale=scale
-                    )[0]
-                else:
-                    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                        q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale
-                    )[0]
-                self.kernels["efficient" if efficient else "flash"] += 1
+                out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale
+                )[0]
                 return out  # type: ignore[no-any-return]
-            except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
+            except (RuntimeError, TypeError, ValueError) as e:
                 why = f"{type(e).__name__}: {str(e)[:80]}"
         self.fallbacks[why] += 1
         return None
 
 
-def _efficient_bias(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """``mask`` as CUDA's SDPA hands it to the memory-efficient kernel: a bool mask made
-    additive (one tensor of the mask's shape), padded along its last dimension to a
-    multiple of 8 elements where a stride is not one (a copy), then expanded to (batch,
-    heads, length, key length) as a view. A mask that needs its gradient (a learned
-    position bias) then gets it from the kernel's backward dense at that full shape, its
-    last dimension padded to 16, and summed back to its own: as on the GPU."""
-    if mask.dtype == torch.bool:
-        mask = torch.full_like(mask, float("-inf"), dtype=q.dtype).masked_fill_(mask, 0.0)
-    if mask.stride(-1) != 1 or any(s % 8 for s in mask.stride()[:-1]):
-        n = mask.shape[-1]
-        mask = torch.nn.functional.pad(mask, (0, 8 - n % 8))[..., :n]
-    return mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-
-
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_MHA_SIGNATURE = inspect.signature(torch.nn.functional.multi_head_attention_forward)

@@ -25,7 +25,6 @@ from costaware.core.trace.transients import (
     _cpu_rnn_transient,
     _cudnn_rnn_transient,
     _onednn_lstm_workspace,
-    _reduction_transient,
 )
 from costaware.errors import SpecError
 
@@ -217,8 +216,6 @@ class _Recorder(TorchDispatchMode):
             return _cpu_rnn_transient(args, name.endswith("backward")), 0
         if not self.cpu and name == "rnn_backward" and self.phase == "backward":
             return _cudnn_rnn_transient(args)
-        if not self.cpu and name in ("sum", "mean") and self.phase != "setup":
-            return _reduction_transient(args), 0
         return 0, 0
 
     def __torch_dispatch__(

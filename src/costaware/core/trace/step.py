@@ -221,7 +221,8 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
 
 def _is_torchmetrics(module: nn.Module, name: str) -> bool:
     return any(
-        c.__name__ == name and c.__module__.startswith("torchmetrics") for c in type(module).__mro__
+        c.__name__ == name and c.__module__.startswith("torchmetrics")
+        for c in type(module).__mro__
     )
 
 

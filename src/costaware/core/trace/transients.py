@@ -1,7 +1,6 @@
 """The blocks a kernel allocates and frees again inside one op, which a fake tensor
 never shows (:attr:`~costaware.core.trace.Trace.transients`): cuDNN's
-convolution-backward and recurrent-backward work spaces and the staging buffer of
-ATen's split reductions in a trace for a CUDA GPU;
+convolution-backward and recurrent-backward work spaces in a trace for a CUDA GPU;
 PyTorch's own convolution columns, oneDNN's blocked convolution copies and its LSTM
 work space in a trace for a CPU.
 
@@ -47,97 +46,6 @@ def _conv_transient(args: tuple[Any, ...]) -> int:
     return _round(inp.numel() * inp.element_size()) + _round(
         grad_out.numel() * grad_out.element_size()
     )
-
-
-#: the GPU whose launch geometry sizes CUDA's reduction buffers (:func:`_reduction_transient`):
-#: an H100 or H200, 132 streaming multiprocessors of 2048 threads. A trace does not know
-#: its device; a GPU with fewer multiprocessors or threads takes at most as much.
-_REDUCE_SMS = 132
-_REDUCE_THREADS_PER_SM = 2048
-
-
-def _last_pow2(n: int) -> int:
-    return max(1, 1 << (max(n, 1).bit_length() - 1))
-
-
-def _reduction_transient(args: tuple[Any, ...]) -> int:
-    """Bytes of the staging buffer CUDA's reduction kernel allocates for ``aten.sum.dim_IntList``
-    or ``aten.mean.dim`` (``args``: the input, the dims), 0 where it takes none.
-
-    ATen's reduction (``Reduce.cuh``) splits a long reduction across thread blocks when
-    each thread would sum at least 256 values and the outputs alone leave the GPU
-    underfilled; the blocks then meet in a buffer from the caching allocator, freed
-    when the op ends. A linear layer's bias gradient is such a sum: over the rows of its
-    output gradient, the slow dimension, where the buffer holds a partial sum per output,
-    per block, per lane and per vector element. Measured on an H200
-    (``data/oom/h200-alloctrace-seed0``), it is the step's largest transient in
-    transformers: 80 MiB for a 4096-wide bias over 2,560 fp32 rows, 127 MiB for a
-    2048-wide one over 8,077 fp16 rows, and the peak of the ViT step there. This follows
-    ``setReduceConfig``'s launch geometry for a GPU of :data:`_REDUCE_SMS` multiprocessors
-    (the input's dimensions ordered and merged as TensorIterator orders them; inputs
-    past 32-bit indexing, which ATen splits, are taken whole)."""
-    inp = args[0] if args else None
-    if not isinstance(inp, torch.Tensor) or inp.dim() == 0 or inp.numel() == 0:
-        return 0
-    dims = args[1] if len(args) > 1 else None
-    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
-        return 0  # a full reduction: one output, a buffer of a few bytes
-    reduced = {int(d) % inp.dim() for d in ([dims] if isinstance(dims, int) else dims)}
-    shape, strides = list(inp.shape), list(inp.stride())
-    acc = 8 if inp.dtype in (torch.float64, torch.complex64) or not inp.is_floating_point() else 4
-
-    def merged(group: list[int]) -> list[list[int]]:
-        out: list[list[int]] = []
-        for d in sorted(group, key=lambda d: strides[d]):
-            if out and out[-1][0] * out[-1][1] == strides[d]:
-                out[-1][0] *= shape[d]
-            else:
-                out.append([shape[d], strides[d]])
-        return out
-
-    kept = [d for d in range(inp.dim()) if shape[d] != 1]
-    red = merged([d for d in kept if d in reduced])
-    outs = merged([d for d in kept if d not in reduced])
-    if not red or not outs:
-        return 0
-    num_outputs, inputs = math.prod(n for n, _ in outs), math.prod(n for n, _ in red)
-    on_fastest = red[0][1] < outs[0][1]
-    dim0, dim1 = (inputs, num_outputs) if on_fastest else (num_outputs, inputs)
-    fastest = red[0][1] if on_fastest else outs[0][1]
-    out_vec = 1
-    if fastest == 1:
-        if on_fastest and dim0 > 128 and len(red) == 1:
-            dim0 //= 4  # loads vectorized along the input
-        elif not on_fastest:  # along the outputs: as wide as every other stride allows
-            out_vec = 4
-            for n in [outs[0][0]] + [st for _, st in red] + [st for _, st in outs[1:]]:
-                while n % out_vec:
-                    out_vec //= 2
-            dim0 //= out_vec
-    most = 512 // out_vec
-    d0 = _last_pow2(dim0) if dim0 < most else most
-    d1 = _last_pow2(dim1) if dim1 < most else most
-    width = min(d0, 32)
-    height = min(d1, most // width)
-    width = min(d0, most // height)
-    step_in, step_out = (width, 1) if on_fastest else (1, width)
-    split_warps = -(-inputs // step_in) >= min(height * 16, 256)
-    if split_warps:
-        step_in *= height
-    else:
-        step_out *= height
-    per_thread = -(-inputs // step_in)
-    target = _REDUCE_SMS * (_REDUCE_THREADS_PER_SM // (width * height))
-    grid = -(-(num_outputs // out_vec) // step_out)
-    if not split_warps or per_thread < 256 or grid > target:
-        return 0
-    ctas = max(min(-(-target // grid), -(-per_thread // 16)), -(-per_thread // 256))
-    if ctas <= 1:
-        return 0
-    size = acc * num_outputs * ctas
-    if not on_fastest:  # no reduction across a warp's lanes: a partial sum per lane
-        size *= width * out_vec
-    return _round(size)
 
 
 #: bytes per term of :func:`_cudnn_rnn_terms` in cuDNN's recurrent-backward block, fitted
