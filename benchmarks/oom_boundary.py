@@ -239,6 +239,30 @@ def _floor(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _closest_call(rows: list[dict[str, Any]]) -> str:
+    """How near the rule came to admitting a run that ran out of memory: per rule (held
+    out, shipped), the OOM run whose upper bound lay closest above its cap (or under it:
+    admitted). The rule's safety on these runs rests on that margin."""
+    parts = []
+    for key, name in (("new", "held out by family"), ("shipped_new", "the shipped model")):
+        ooms = sorted((r[key] / r["cap"], r) for r in rows if r["status"] == "oom")
+        if not ooms:
+            continue
+        ratio, r = ooms[0]
+        where = f"{r['family']} at {r['cap_gib']} GiB, batch {r['batch_size']}"
+        parts.append(
+            f"{name}, {where}: its bound {'over' if ratio > 1 else 'under'} the cap by "
+            f"{abs(ratio - 1):.2%}"
+        )
+    return (
+        "**How near the rule came to admitting a run that ran out of memory** (the OOM run "
+        "whose capacity bound lay closest to its cap): " + "; ".join(parts) + ". A change "
+        "that moves the bound's margin over the point by that much at the card's scale (the "
+        "memory line's slope, or the capacity quantile) decides whether such a run is "
+        "admitted."
+    )
+
+
 #: a fitting run's reserved peak this far below the capacity simulated for it counts as
 #: having run in less: more than 1%, twice the tolerance the capacity is bisected to
 _UNDER = 0.99
@@ -579,6 +603,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "boundary (a fit below 1: the point was over the cap; an OOM above 1: under it):",
         "",
         *_point_error_table(default, families),
+        "",
+        _closest_call(default),
         "",
         _overstated(default),
         "Which allocations the simulation places differently, these runs cannot say; the "

@@ -93,3 +93,17 @@ def test_a_fit_that_held_less_than_the_simulated_capacity_is_counted_as_the_simu
         and "1 of them were rejected" in said
     )
     assert oom_boundary._overstated([fine]).startswith("No fitting run held over 1% less")
+
+
+def test_the_closest_call_is_the_oom_run_whose_bound_lay_nearest_its_cap() -> None:
+    rows = [
+        {**_run("oom", 8, 7.9), "cap_gib": 8, "batch_size": 51, "new": 8.04 * GiB},
+        {**_run("oom", 12, 11.0), "cap_gib": 12, "batch_size": 9, "new": 13 * GiB},
+        {**_run("fits", 8, 7.0), "cap_gib": 8, "batch_size": 40, "new": 7.1 * GiB},
+    ]
+    for r, shipped in zip(rows, (7.96, 12.5, 7.0)):
+        r["shipped_new"] = shipped * GiB
+    text = oom_boundary._closest_call(rows)
+    # held out: 8.04 over 8 GiB (0.50%); shipped: 7.96 under 8 GiB, so admitted (0.50%)
+    assert "held out by family, f at 8 GiB, batch 51: its bound over the cap by 0.50%" in text
+    assert "the shipped model, f at 8 GiB, batch 51: its bound under the cap by 0.50%" in text
