@@ -245,10 +245,10 @@ def _closest_call(rows: list[dict[str, Any]]) -> str:
     admitted). The rule's safety on these runs rests on that margin."""
     parts = []
     for key, name in (("new", "held out by family"), ("shipped_new", "the shipped model")):
-        ooms = sorted((r[key] / r["cap"], r) for r in rows if r["status"] == "oom")
+        ooms = [(r[key] / r["cap"], r) for r in rows if r["status"] == "oom"]
         if not ooms:
             continue
-        ratio, r = ooms[0]
+        ratio, r = min(ooms, key=lambda pair: pair[0])
         where = f"{r['family']} at {r['cap_gib']} GiB, batch {r['batch_size']}"
         parts.append(
             f"{name}, {where}: its bound {'over' if ratio > 1 else 'under'} the cap by "
