@@ -430,11 +430,12 @@ _UNMAPPED_SPACE = 1 << 50  # stands in for the (huge) unmapped rest of an expand
 class _RefAllocator:
     """Slow, literal model of DeviceCachingAllocator for one stream (see the C++ names)."""
 
-    def __init__(self, expandable: bool) -> None:
+    def __init__(self, expandable: bool, descending: bool = False) -> None:
         self.expandable = expandable
+        self.descending = descending  # default mode: each new segment below the earlier ones
         self.pools: dict[bool, list[_Block]] = {True: [], False: []}  # free mapped blocks
         self.unmapped: dict[bool, _Block] = {}
-        self.next_addr = 1 << 30
+        self.next_addr = 1 << 62 if descending else 1 << 30
         self.allocated = self.reserved = self.requested = 0
         self.peak_allocated = self.peak_reserved = self.peak_requested = 0
         self.live: dict[int, tuple[_Block, int, bool] | None] = {}
@@ -497,8 +498,12 @@ class _RefAllocator:
     def alloc_block(self, small: bool, size: int) -> _Block:
         if not self.expandable:
             seg = allocation_size(size)
-            block = _Block(self.next_addr, seg)
-            self.next_addr += seg + (1 << 30)
+            if self.descending:
+                self.next_addr -= seg + (1 << 30)
+                block = _Block(self.next_addr, seg)
+            else:
+                block = _Block(self.next_addr, seg)
+                self.next_addr += seg + (1 << 30)
             self.reserved += seg
             self.num_segments += 1
             self.peak_reserved = max(self.peak_reserved, self.reserved)
@@ -593,6 +598,32 @@ def test_random_sequence_matches_literal_model(mode: str, seed: int) -> None:
     events = _random_events(np.random.default_rng(seed), 1200)
     expected = _RefAllocator(expandable=mode == EXP).run(events)
     assert simulate(events, mode) == expected
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_segments_placed_below_the_earlier_ones_match_the_literal_model(seed: int) -> None:
+    events = _random_events(np.random.default_rng(seed), 1200)
+    expected = _RefAllocator(expandable=False, descending=True).run(events)
+    assert simulate(events, segment_order="descending") == expected
+    with pytest.raises(ValueError, match=r"valid orders are \['ascending', 'descending'\]"):
+        simulate(events, segment_order="random")
+
+
+def test_where_a_new_segment_goes_decides_which_tied_block_is_taken() -> None:
+    # a (40 MiB) is freed into its segment S1 and c takes S1's lower half; b's 20 MiB
+    # segment S2 is then free too, so d (20 MiB) ties between S1's upper half and S2 and
+    # takes the lower address. Above the earlier ones, S2 is higher: d splits S1 and e
+    # (40 MiB) needs a segment of its own. Below, d takes S2, c's free merges S1 whole and
+    # e reuses it.
+    events: Events = [
+        (1, 40 * MiB), (2, 20 * MiB), (1, -1), (3, 20 * MiB), (2, -1), (4, 20 * MiB),
+        (3, -1), (5, 40 * MiB),
+    ]  # fmt: skip
+    assert simulate(events).peak_reserved == 100 * MiB
+    assert simulate(events, segment_order="descending").peak_reserved == 60 * MiB
+    # under a cap, above: releasing S2 (whole, free) leaves S1 (d live) and e's new 40 MiB
+    assert min_capacity(events, tolerance=1e-6) == 80 * MiB
+    assert min_capacity(events, tolerance=1e-6, segment_order="descending") == 60 * MiB
 
 
 @pytest.mark.parametrize("mode", ALLOC_MODES)
@@ -723,11 +754,15 @@ def _counting_replays(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     real = allocator.simulate
 
     def counted(
-        events: object, mode: str = "default", capacity: int | None = None
+        events: object,
+        mode: str = "default",
+        capacity: int | None = None,
+        *,
+        segment_order: str = "ascending",
     ) -> AllocatorResult:
         if capacity is None:
             made.append(mode)
-        return real(events, mode, capacity)  # type: ignore[arg-type]
+        return real(events, mode, capacity, segment_order=segment_order)  # type: ignore[arg-type]
 
     monkeypatch.setattr(allocator, "simulate", counted)
     monkeypatch.setattr(allocator, "_replays", type(allocator._replays)())

@@ -213,10 +213,15 @@ def test_the_fidelity_summary_counts_each_side_and_each_family() -> None:
             "real_capacity": int(real * GiB), "dry_capacity": int(dry * GiB),
             "real_reserved": int(real * GiB), "measured_reserved": int(real * GiB),
             "caught_ooms": 3 if family == "unet" else 0,
+            # placed below, the uncapped replay is 1% off, and the dry run 2% higher
+            "real_reserved_descending": int(real * 1.01 * GiB),
+            "dry_reserved": int(dry * GiB), "dry_reserved_descending": int(dry * 1.02 * GiB),
         }  # fmt: skip
         if cap is not None:
             out["real_right"] = (real <= cap) == (status == "fits")
             out["dry_right"] = (dry <= cap) == (status == "fits")
+            out["real_replay_right"] = out["real_right"]
+            out["real_replay_right_descending"] = True
         return out
 
     results = [
@@ -235,6 +240,17 @@ def test_the_fidelity_summary_counts_each_side_and_each_family() -> None:
     assert "The dry run's capacity puts 2 of the 4 on the right side, 1 of its 2 misses" in text
     assert "Low by family (median): bert x0.962" in text
     assert "In 2 runs (unet) cuDNN asked for a convolution workspace" in text
+    # no margin over the real events admits neither OOM yet keeps the unet fit at 8.2 GiB
+    assert "admits none of the 2 runs that ran out of memory" in text
+    assert "is x1.013, and it rejects 1 of the 2 that fitted" in text
+    assert "puts 2 of the 4 runs on the right side replayed under their own cap" in text
+    # the real events' need: fits 7.8/8 and 8.2/8, OOMs 8.2/8 and 7.9/8
+    assert "needed a median x1.000 of their cap and those that ran out of memory x1.006" in text
+    assert "| x1.000 | 1 / 2 | 1 / 2 | 1 / 2 | 1 / 2 |" in text
+    assert "to within 0.3% in 0 of the 1 uncapped runs (exactly in 0), against 1 with" in text
+    assert "they put 4 of the 4 runs on the right side, against 2" in text
+    # the uncapped bert run: dry 8.7 against 9.0 measured, 8.874 placed below
+    assert "same uncapped runs moves in 1 (x1.020-x1.020), closer to the measured one in 1" in text
 
 
 def test_recording_needs_a_gpu_and_says_so(
@@ -293,3 +309,31 @@ def test_the_fidelity_benchmark_says_what_to_run_without_recorded_runs(
     append_row(empty, {"kind": "context"})
     assert alloc_fidelity.main([str(empty)]) == 2
     assert "gpu_window.sh alloctrace" in capsys.readouterr().err
+
+
+def test_the_margin_table_scores_each_point_against_the_cap() -> None:
+    def run(status: str, cap: float, real: float, dry: float) -> dict[str, Any]:
+        return {
+            "family": "x", "cap": int(cap * GiB), "status": status,
+            "real_capacity": int(real * GiB), "dry_capacity": int(dry * GiB),
+        }  # fmt: skip
+
+    results = [
+        run("fits", 10, 9.95, 9.7),  # within 0.5% of its cap by the real events
+        run("fits", 10, 9.7, 9.9),
+        run("oom", 10, 10.05, 9.85),  # the dry run 1.5% under the cap: admitted up to x1.015
+        run("oom", 10, 9.96, 10.1),  # the real events under the cap: admitted up to x1.004
+    ]
+    table = {(t["point"], t["margin"]): t for t in alloc_fidelity.margin_table(results)}
+    assert table[("real", 0.0)] == {
+        "point": "real", "margin": 0.0, "fits": 2, "fits_rejected": 0, "ooms": 2,
+        "ooms_admitted": 1,
+    }  # fmt: skip
+    assert table[("real", 0.005)]["ooms_admitted"] == 0
+    assert table[("real", 0.01)]["fits_rejected"] == 1  # 9.95 x 1.01 > 10
+    assert table[("dry", 0.01)]["ooms_admitted"] == 1
+    assert (table[("dry", 0.02)]["ooms_admitted"], table[("dry", 0.02)]["fits_rejected"]) == (0, 1)
+    # the smallest margin that admits no OOM, to the next 0.1% above it
+    assert alloc_fidelity.safe_margin(results, "real") == (0.005, 0, 2)
+    assert alloc_fidelity.safe_margin(results, "dry") == (0.016, 1, 2)
+    assert alloc_fidelity.safe_margin(results[:2], "dry") is None
