@@ -90,12 +90,12 @@ ALLOC_MODES: tuple[str, ...] = ("default", "expandable_segments")
 SEGMENT_ORDERS: tuple[str, ...] = ("ascending", "descending")
 """Where a replay in default mode places each new segment's addresses: above every earlier
 segment, or below. Only ties matter: the allocator takes the lowest-addressed of equally
-sized free blocks. On an H200 (CUDA 13, torch 2.11) the driver placed most new segments
-below the earlier ones, and the allocator's recorded events replayed with
-``"descending"`` gave the measured reserved peak exactly in 55 of 56 uncapped runs, 52
-within 0.3% with ``"ascending"`` (``benchmarks/alloc_fidelity.py``). A dry run's events
-are not the GPU's, so the shipped predictions keep ``"ascending"``, the order their memory
-line was fitted with."""
+sized free blocks, and which one that is depends on the addresses the CUDA driver gave
+their segments. The driver mostly places a new segment below the earlier ones, and the
+allocator's own recorded events replay closer to the measured reserved peak with
+``"descending"`` (``benchmarks/alloc_fidelity.py``; ``docs/accuracy.md``, "Where the
+capacity decision misses"). A dry run's events are not the GPU's, so predictions keep
+``"ascending"``, the order their memory line was fitted with."""
 
 K_MIN_BLOCK_SIZE = 512
 """``kMinBlockSize``: every request is rounded to a multiple of this."""
