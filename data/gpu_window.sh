@@ -26,7 +26,10 @@
 #                                                  for the runs on either side of every boundary the
 #                                                  committed oom probes bisected, into data/oom/
 #                                                  (costaware.measure.alloctrace; benchmarks/alloc_fidelity.py
-#                                                  says whether the allocator model or the dry run misses)
+#                                                  says whether the allocator model or the dry run misses);
+#                                                  with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True set,
+#                                                  the expandable-segment probes' boundaries, into a file of
+#                                                  their own
 #   bash data/gpu_window.sh repeat SEED SHARD [N] [MINUTES]   measure the first N (default 40) configurations
 #                                                  of a committed shard again, into a file named after
 #                                                  today's date: how far two windows (or two machines) differ;
@@ -56,6 +59,11 @@
 # then on an H200 corpus 0 1-4 and ops-held, on an H100 corpus 1 0-4 (a shard takes 4-5 minutes, so one command measures about two; shards
 # already complete are skipped in seconds). Plan a 15-minute window as one command of
 # about 9 minutes (the start takes 1-2 minutes of it); a 30-minute one starts with check.
+# For issue 40, on any GPU with 12 GiB free: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+# bash data/gpu_window.sh alloctrace 3 records the 18 runs at the expandable probes'
+# boundaries (six families at 12 GiB; the default step took about 2.5 s a run): with one
+# segment per pool no driver address decides a tie, and benchmarks/alloc_fidelity.py then
+# says whether the allocator model is exact enough under a cap for a narrower margin there.
 #
 # The HPO benchmark (issue 45) needs packages the machine lacks: here, bash data/hpo_wheels.sh
 # packs them into .whl/hpo-1 and .whl/hpo-2; there, one call carries .whl/hpo-1 and runs
@@ -319,9 +327,14 @@ print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__
         summary "$out/$name"
         ;;
     alloctrace)
-        probes=(data/oom/*-oom-seed0.jsonl.gz)
-        [[ -f "${probes[0]}" ]] || die "no committed oom probes in data/oom/: run the oom step first"
-        name="$tag-alloctrace-seed0.jsonl.gz"
+        # the probes of this process's allocator mode (fixed when CUDA starts), into a file of its own
+        conf="$(echo "${PYTORCH_CUDA_ALLOC_CONF:-}" | tr -d ' ' | tr '[:upper:]' '[:lower:]')"
+        if [[ "$conf" == *expandable_segments:true* ]]; then
+            probes=(data/oom/*-oom-expandable-seed0.jsonl.gz) name="$tag-alloctrace-expandable-seed0.jsonl.gz"
+        else
+            probes=(data/oom/*-oom-seed0.jsonl.gz) name="$tag-alloctrace-seed0.jsonl.gz"
+        fi
+        [[ -f "${probes[0]}" ]] || die "no committed oom probes of this allocator mode in data/oom/: run the oom step first"
         resume "$name" data/oom
         "$PY" -m costaware.measure.alloctrace --device "$device" --probes "${probes[@]}" \
             --max-minutes "$minutes" --out "$out/$name" \

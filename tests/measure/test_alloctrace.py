@@ -277,6 +277,32 @@ def test_recording_needs_a_gpu_and_says_so(
     assert not (tmp_path / "out.jsonl.gz").exists()
 
 
+def test_recording_refuses_probes_of_the_other_allocator_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probes = tmp_path / "probes.jsonl.gz"
+    cfg = dataclasses.replace(full_corpus("cpu", 0)[0], allocator="expandable_segments")
+    for size, status in ((2, "fits"), (4, "oom")):
+        append_row(
+            probes,
+            {
+                "kind": "probe", "status": status, "config_id": cfg.id,
+                "config": cfg.to_dict(), "cap_bytes": GiB, "batch_size": size,
+            },
+        )  # fmt: skip
+    args = ["--probes", str(probes), "--out", str(tmp_path / "out.jsonl.gz"), "--device", "cpu"]
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "this process's CUDA allocator is 'default'" in err
+    assert "measured with 'expandable_segments'" in err
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in err
+    # in a process set up for them, the probes are taken (and the GPU is what is missing)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert main(args) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
 def test_the_gpu_window_step_checks_its_minutes_and_reports_a_missing_gpu(tmp_path: Path) -> None:
     script = ROOT / "data" / "gpu_window.sh"
     env = {
@@ -300,6 +326,11 @@ def test_the_gpu_window_step_checks_its_minutes_and_reports_a_missing_gpu(tmp_pa
     assert bad.returncode == 2 and "MINUTES must be a number" in bad.stderr
     r = window("1")
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr
+    # with expandable segments the step takes the expandable probes (the default ones
+    # would be refused as the other allocator mode)
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    r = window("1")
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr, r.stderr
 
 
 def test_the_fidelity_benchmark_says_what_to_run_without_recorded_runs(
@@ -337,3 +368,45 @@ def test_the_margin_table_scores_each_point_against_the_cap() -> None:
     assert alloc_fidelity.safe_margin(results, "real") == (0.005, 0, 2)
     assert alloc_fidelity.safe_margin(results, "dry") == (0.016, 1, 2)
     assert alloc_fidelity.safe_margin(results[:2], "dry") is None
+
+
+def test_runs_with_expandable_segments_replay_in_their_mode_and_have_a_paragraph() -> None:
+    # A (30 MiB) freed, then B (40 MiB): the default allocator keeps A's segment and adds
+    # one of 40 MiB; an expandable segment maps its free 40 MiB of pages again for B
+    events = [(1, 30 * MiB), (1, -1), (2, 40 * MiB), (2, -1)]
+    cfg = dataclasses.replace(
+        next(c for c in full_corpus("cpu", 0) if c.family == "mlp"),
+        allocator="expandable_segments",
+    )
+    row = {**_recorded(events, 64 * MiB, "fits"), "config": cfg.to_dict()}
+    basis = {"simulated_allocated": 1, "simulated_reserved": 1, "simulated_min_capacity": 1}
+    out = alloc_fidelity.analyse(row, [(1, MiB), (1, -1)], basis)
+    assert out["allocator"] == "expandable_segments"
+    assert out["real_reserved"] == simulate(events, "expandable_segments").peak_reserved
+    assert out["real_reserved"] < simulate(events).peak_reserved == 70 * MiB
+
+    def run(cap: int | None, status: str, real: float, dry: float) -> dict[str, Any]:
+        r: dict[str, Any] = {
+            "family": "vit", "allocator": "expandable_segments", "status": status,
+            "cap": None if cap is None else cap * GiB, "real_capacity": int(real * GiB),
+            "dry_capacity": int(dry * GiB), "real_reserved": int(real * GiB),
+            "measured_reserved": int(real * GiB), "caught_ooms": 0,
+        }  # fmt: skip
+        if cap is not None:
+            r["real_right"] = r["real_replay_right"] = (real <= cap) == (status == "fits")
+            r["dry_right"] = (dry <= cap) == (status == "fits")
+        return r
+
+    default = {**run(8, "fits", 7.9, 7.8), "allocator": "default"}
+    only_default = "\n".join(alloc_fidelity.summary([default], ["x"]))
+    text = "\n".join(
+        alloc_fidelity.summary(
+            [default, run(8, "fits", 7.9, 7.8), run(8, "oom", 8.1, 7.95), run(None, "fits", 8, 8)],
+            ["x"],
+        )
+    )
+    # the default runs alone make the section; the expandable ones are set apart
+    assert "No recorded boundary runs." in only_default
+    assert "**With expandable segments** (3 runs" in text
+    assert "to within 0.3% in 1 of 1 runs; under their cap they put 2 of the 2" in text
+    assert "x1.007 over the dry run's (0)" in text

@@ -45,7 +45,7 @@ import torch
 from costaware.core.allocator import RELEASE_CACHED
 from costaware.measure.collect import _now, append_row, read_rows
 from costaware.measure.corpus import Config
-from costaware.measure.oomprobe import GiB, _Prober, boundaries
+from costaware.measure.oomprobe import GiB, _allocator_mode, _Prober, boundaries
 from costaware.measure.profile import _failure
 
 __all__ = [
@@ -271,6 +271,21 @@ def _todo(runs: list[BoundaryRun], done: set[tuple[str, int, int, bool]]) -> Ite
 
 
 def run(args: argparse.Namespace) -> int:
+    probe_rows = [r for path in args.probes for r in read_rows(path)]
+    runs = boundary_runs(probe_rows)
+    # the allocator's mode is fixed when CUDA starts: a probe of the other mode cannot run here
+    mode = _allocator_mode()
+    other = sorted({r.config.allocator for r in runs if r.config.allocator != mode})
+    if other:
+        print(
+            f"costaware alloctrace: error: this process's CUDA allocator is {mode!r} "
+            f"(PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r}), "
+            f"but the probes were measured with {', '.join(map(repr, other))}: record each "
+            "allocator's probes in a process started with its setting "
+            "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for expandable segments).",
+            file=sys.stderr,
+        )
+        return 2
     device = torch.device(args.device)
     if device.type != "cuda" or not torch.cuda.is_available():
         print(
@@ -281,8 +296,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if device.index is None:
         device = torch.device("cuda", 0)
-    probe_rows = [r for path in args.probes for r in read_rows(path)]
-    runs = boundary_runs(probe_rows)
     if args.families:
         wanted = {f.strip() for f in args.families.split(",")}
         runs = [r for r in runs if r.config.family in wanted]
