@@ -17,7 +17,8 @@ What is modelled, following the C++ source:
   ``(stream, size, address)``). Which of two equally sized free blocks is lower depends on
   where the CUDA driver put their segments, which a replay cannot know: new segments are
   placed above the earlier ones by default, or below them (``segment_order=
-  "descending"``, what the driver mostly does on a GPU; see :data:`SEGMENT_ORDERS`).
+  "descending"``, what the driver mostly did where the allocator's own events were
+  recorded; see :data:`SEGMENT_ORDERS`).
 * ``alloc_block`` (default mode): when no free block fits, one new segment of
   ``get_allocation_size(size)`` bytes is ``cudaMalloc``'d: 2 MiB for the small pool, 20 MiB for
   rounded requests under 10 MiB, otherwise the request rounded up to a multiple of 2 MiB.
@@ -91,11 +92,12 @@ SEGMENT_ORDERS: tuple[str, ...] = ("ascending", "descending")
 """Where a replay in default mode places each new segment's addresses: above every earlier
 segment, or below. Only ties matter: the allocator takes the lowest-addressed of equally
 sized free blocks, and which one that is depends on the addresses the CUDA driver gave
-their segments. The driver mostly places a new segment below the earlier ones, and the
-allocator's own recorded events replay closer to the measured reserved peak with
-``"descending"`` (``benchmarks/alloc_fidelity.py``; ``docs/accuracy.md``, "Where the
-capacity decision misses"). A dry run's events are not the GPU's, so predictions keep
-``"ascending"``, the order their memory line was fitted with."""
+their segments. Where the allocator's own events were recorded (an H200), the driver
+mostly placed a new segment below the earlier ones, and those events replay closer to the
+measured reserved peak with ``"descending"`` (``benchmarks/alloc_fidelity.py``;
+``docs/accuracy.md``, "Where the capacity decision misses"). A dry run's events are not
+the GPU's, so predictions keep ``"ascending"``, the order their memory line was fitted
+with."""
 
 K_MIN_BLOCK_SIZE = 512
 """``kMinBlockSize``: every request is rounded to a multiple of this."""
