@@ -132,10 +132,10 @@ def test_each_step_is_replayed_once_for_every_gpu_with_the_same_figures(
     made: list[int] = []
     real = allocator.simulate
 
-    def counted(events, mode="default", capacity=None):  # type: ignore[no-untyped-def]
+    def counted(events, mode="default", capacity=None, **kw):  # type: ignore[no-untyped-def]
         if capacity is None:
             made.append(len(events))
-        return real(events, mode, capacity)
+        return real(events, mode, capacity, **kw)
 
     devices = ["A10G", "T4", "H100", "L4"]
     model.compare(_spec(), devices=devices)  # the dry runs, cached from here on
