@@ -190,6 +190,22 @@ def _score(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
     }
 
 
+def _coverage_table(rows: list[dict[str, Any]], levels: Sequence[float]) -> list[str]:
+    """What the capacity bound at each coverage level (``new@<level>``) admits and rejects,
+    and what the point itself does (``Budget(bound="point")``)."""
+    lines = ["| coverage | admitted OOM | fits rejected |", "|---|---|---|"]
+    for label, key in [
+        *((f"{level:.1%}", f"new@{level}") for level in levels),
+        ('the point (`Budget(bound="point")`)', "point"),
+    ]:
+        sc = _score(rows, key)
+        lines.append(
+            f"| {label} | {sc['admitted_oom']} / {sc['oom']} | "
+            f"{sc['rejected_fit']} / {sc['fits']} ({_pct(sc['rejected_share'])}) |"
+        )
+    return lines
+
+
 def _pct(x: float) -> str:
     return "n/a" if x != x else f"{100 * x:.1f}%"
 
@@ -578,16 +594,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "before these probes were measured: an OOM costs a trial, a rejection one "
         "configuration of many):",
         "",
-        "| coverage | admitted OOM | fits rejected |",
-        "|---|---|---|",
+        *_coverage_table(default, levels),
+        "",
     ]
-    for level in levels:
-        sc = _score(default, f"new@{level}")
-        lines.append(
-            f"| {level:.1%} | {sc['admitted_oom']} / {sc['oom']} | "
-            f"{sc['rejected_fit']} / {sc['fits']} ({_pct(sc['rejected_share'])}) |"
-        )
-    lines.append("")
     floor = _floor(default)
     lines += [
         "**What limits the rule: the point at the boundary, not the bound's calibration.** "

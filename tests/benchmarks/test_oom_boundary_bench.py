@@ -39,6 +39,20 @@ def test_the_floor_is_the_margin_that_admits_no_oom_and_the_fits_it_must_reject(
     assert floor["within_1pct"] == 2  # 8.0 and 7.96 of 8 GiB
 
 
+def test_the_coverage_table_ends_with_what_the_point_alone_decides() -> None:
+    rows = [
+        {**_run("oom", 8, 7.9), "new@0.99": 8.1 * GiB},  # the point admits it, the bound not
+        {**_run("fits", 8, 7.8), "new@0.99": 8.05 * GiB},  # the bound rejects a fit
+        {**_run("fits", 8, 7.0), "new@0.99": 7.2 * GiB},
+    ]
+    assert oom_boundary._coverage_table(rows, [0.99]) == [
+        "| coverage | admitted OOM | fits rejected |",
+        "|---|---|---|",
+        "| 99.0% | 0 / 1 | 1 / 2 (50.0%) |",
+        '| the point (`Budget(bound="point")`) | 1 / 1 | 0 / 2 (0.0%) |',
+    ]
+
+
 def test_the_batch_size_figure_counts_what_the_search_leaves_out_of_the_range_that_ran() -> None:
     def search(family: str, fit: int, oom: int | None, edge: int, found: int) -> dict[str, object]:
         runs = {fit: "fits", **({oom: "oom"} if oom else {}), edge: "fits"}
