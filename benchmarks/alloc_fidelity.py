@@ -97,6 +97,9 @@ def analyse(row: dict[str, Any], traced_events: Any, basis: dict[str, Any]) -> d
         "family": row["family"],
         "config_id": row["config_id"],
         "allocator": mode,
+        # "fits" / "oom": a side of a probed boundary; "listed": a run recorded for itself
+        "probed": row.get("probed"),
+        "config": row.get("config", {}),
         "batch_size": int(row["batch_size"]),
         "cap": cap,
         "status": row["status"],
@@ -275,12 +278,14 @@ def summary(results: list[dict[str, Any]], sources: Sequence[str]) -> list[str]:
     expandable segments."""
     import statistics
 
+    listed = [r for r in results if r.get("probed") == "listed"]
+    results = [r for r in results if r.get("probed") != "listed"]
     expandable = [r for r in results if r.get("allocator") == "expandable_segments"]
     results = [r for r in results if r.get("allocator") != "expandable_segments"]
     capped = [r for r in results if r["cap"] is not None and r.get("real_right") is not None]
     free = [r for r in results if r["cap"] is None and r["status"] == "fits"]
     if not capped or not free:
-        extra = _expandable_lines(expandable)
+        extra = _expandable_lines(expandable) + _listed_lines(listed)
         if not extra:
             return [START, "No recorded boundary runs.", END]
         return [START, f"## {TITLE}", "", *extra, "", END]
@@ -352,6 +357,7 @@ def summary(results: list[dict[str, Any]], sources: Sequence[str]) -> list[str]:
     lines += _order_lines(free, capped)
     lines += _margin_lines(results, capped)
     lines += _expandable_lines(expandable)
+    lines += _listed_lines(listed)
     if caught:
         fams = sorted({r["family"] for r in caught})
         lines.append(
@@ -434,6 +440,40 @@ def _expandable_lines(results: Sequence[dict[str, Any]]) -> list[str]:
             f"x{1 + dry[0]:.3f} over the dry run's ({dry[1]})"
         )
     return [text + "."]
+
+
+def _listed_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+    """The summary's paragraph on the recurrent runs recorded for themselves
+    (``alloctrace --rnn-layers``): the dry run's allocated peak against the measured one,
+    by cell and number of layers, and the largest real allocation the dry run lacks."""
+    import statistics
+
+    runs = [r for r in results if r.get("measured_allocated")]
+    if not runs:
+        return []
+    groups: dict[tuple[str, int], list[float]] = {}
+    for r in runs:
+        kw = r.get("config", {}).get("kwargs", {})
+        key = (str(kw.get("kind", "?")), int(kw.get("layers", 0)))
+        groups.setdefault(key, []).append(r["dry_allocated"] / r["measured_allocated"])
+    by_group = ", ".join(
+        f"{kind} x{layers} {statistics.median(v):.3f}"
+        for (kind, layers), v in sorted(groups.items())
+    )
+    missing = [m for r in runs for m in r.get("missing", [])[:1]]
+    largest = max(missing, key=lambda m: m["bytes"], default=None)
+    text = (
+        f"- **Recurrent layers as cuDNN runs them** ({len(runs)} uncapped runs of LSTM and GRU "
+        "language models, 1-4 layers, `python -m costaware.measure.alloctrace --rnn-layers`). "
+        f"The dry run's allocated peak against the measured one, median by cell and layers: "
+        f"{by_group}."
+    )
+    if largest is not None:
+        text += (
+            f" The largest real allocation the dry run has none of the size of: "
+            f"{largest['bytes'] / MiB:.0f} MiB ({largest['frame'] or 'no frame'})."
+        )
+    return [text]
 
 
 def _margin_lines(results: Sequence[dict[str, Any]], capped: Sequence[dict[str, Any]]) -> list[str]:

@@ -30,6 +30,10 @@
 #                                                  with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True set,
 #                                                  the expandable-segment probes' boundaries, into a file of
 #                                                  their own
+#   bash data/gpu_window.sh rnn-layers [MINUTES]   the allocator's events of 32 uncapped LSTM and GRU language
+#                                                  models of 1-4 layers (default 3 minutes), into data/oom/:
+#                                                  what cuDNN allocates for a multi-layer call, which
+#                                                  benchmarks/alloc_fidelity.py sets against the dry run
 #   bash data/gpu_window.sh repeat SEED SHARD [N] [MINUTES]   measure the first N (default 40) configurations
 #                                                  of a committed shard again, into a file named after
 #                                                  today's date: how far two windows (or two machines) differ;
@@ -64,6 +68,8 @@
 # boundaries (six families at 12 GiB; the default step took about 2.5 s a run): with one
 # segment per pool no driver address decides a tie, and benchmarks/alloc_fidelity.py then
 # says whether the allocator model is exact enough under a cap for a narrower margin there.
+# Then rnn-layers (32 small runs, about 2 minutes): cuDNN's reserve and work spaces for
+# multi-layer LSTM and GRU calls, which the rnn family's capacity turns on.
 #
 # The HPO benchmark (issue 45) needs packages the machine lacks: here, bash data/hpo_wheels.sh
 # packs them into .whl/hpo-1 and .whl/hpo-2; there, one call carries .whl/hpo-1 and runs
@@ -89,7 +95,7 @@ die() {
 step="${1:-}"
 case "$step" in
     -h | --help) usage; exit 0 ;;
-    check | ops-held | corpus | broad | small | repeat | oom | alloctrace | hpo-site | hpo) shift ;;
+    check | ops-held | corpus | broad | small | repeat | oom | alloctrace | rnn-layers | hpo-site | hpo) shift ;;
     "") die "no step given" ;;
     *) die "unknown step '$step'" ;;
 esac
@@ -128,6 +134,10 @@ case "$step" in
         ;;
     alloctrace)
         minutes="${1:-8}"
+        is_number "$minutes" || die "MINUTES must be a number, not '$minutes'"
+        ;;
+    rnn-layers)
+        minutes="${1:-3}"
         is_number "$minutes" || die "MINUTES must be a number, not '$minutes'"
         ;;
     repeat)
@@ -339,6 +349,13 @@ print('gpu_window: optuna', optuna.__version__, 'catboost', catboost.__version__
         "$PY" -m costaware.measure.alloctrace --device "$device" --probes "${probes[@]}" \
             --max-minutes "$minutes" --out "$out/$name" \
             ${COSTAWARE_FAMILIES:+--families "$COSTAWARE_FAMILIES"}
+        summary "$out/$name"
+        ;;
+    rnn-layers)
+        name="$tag-alloctrace-rnn-layers.jsonl.gz"
+        resume "$name" data/oom
+        "$PY" -m costaware.measure.alloctrace --device "$device" --rnn-layers \
+            --max-minutes "$minutes" --out "$out/$name"
         summary "$out/$name"
         ;;
     repeat)

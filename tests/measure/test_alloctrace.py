@@ -16,10 +16,12 @@ import costaware as ca
 from costaware.core.allocator import RELEASE_CACHED, min_capacity, simulate
 from costaware.measure.alloctrace import (
     ACTIONS,
+    RNN_LAYOUTS,
     boundary_runs,
     history_events,
     main,
     real_events,
+    rnn_layer_runs,
 )
 from costaware.measure.collect import append_row
 from costaware.measure.corpus import full_corpus
@@ -331,6 +333,12 @@ def test_the_gpu_window_step_checks_its_minutes_and_reports_a_missing_gpu(tmp_pa
     env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     r = window("1")
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr, r.stderr
+    del env["PYTORCH_CUDA_ALLOC_CONF"]
+    r = subprocess.run(
+        ["bash", str(script), "rnn-layers", "1"], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr, r.stderr
 
 
 def test_the_fidelity_benchmark_says_what_to_run_without_recorded_runs(
@@ -410,3 +418,47 @@ def test_runs_with_expandable_segments_replay_in_their_mode_and_have_a_paragraph
     assert "**With expandable segments** (3 runs" in text
     assert "to within 0.3% in 1 of 1 runs; under their cap they put 2 of the 2" in text
     assert "x1.007 over the dry run's (0)" in text
+
+
+def test_the_rnn_layer_runs_cover_each_cell_depth_width_and_precision_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = rnn_layer_runs()
+    assert len(runs) == len(RNN_LAYOUTS) == 32
+    assert len({r.config.id for r in runs}) == 32 and len({r.key for r in runs}) == 32
+    assert all(not r.capped and r.probed == "listed" and r.config.family == "rnn" for r in runs)
+    layouts = {
+        (r.config.kwargs["kind"], r.config.kwargs["layers"], r.config.kwargs["hidden"],
+         r.config.precision)
+        for r in runs
+    }  # fmt: skip
+    assert layouts == set(RNN_LAYOUTS)
+    # a spec of the deepest: the zoo model it names has that many recurrent layers
+    deep = next(r for r in runs if r.config.kwargs["layers"] == 4)
+    spec = deep.config.to_spec()
+    assert spec.batch_size == 32 and spec.optimizer == "sgd"
+    out = str(tmp_path / "out.jsonl.gz")
+    assert main(["--rnn-layers", "--out", out, "--device", "cpu"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one source of runs, not both
+        main(["--rnn-layers", "--probes", out, "--out", out])
+
+
+def test_the_listed_recurrent_runs_have_their_own_paragraph() -> None:
+    def run(kind: str, layers: int, dry: float, measured: float, missing: int) -> dict[str, Any]:
+        return {
+            "family": "rnn", "probed": "listed", "allocator": "default", "cap": None,
+            "status": "fits", "config": {"kwargs": {"kind": kind, "layers": layers}},
+            "dry_allocated": int(dry * GiB), "measured_allocated": int(measured * GiB),
+            "real_capacity": int(measured * GiB), "dry_capacity": int(dry * GiB),
+            "real_reserved": int(measured * GiB), "measured_reserved": int(measured * GiB),
+            "missing": [{"bytes": missing * MiB, "count": 1, "frame": "torch/nn/modules/rnn.py:1 forward"}],
+        }  # fmt: skip
+
+    listed = [run("gru", 3, 0.9, 1.0, 311), run("gru", 3, 0.8, 1.0, 12), run("lstm", 1, 1.0, 1.0, 5)]
+    text = "\n".join(alloc_fidelity.summary(listed, ["x"]))
+    assert "**Recurrent layers as cuDNN runs them** (3 uncapped runs" in text
+    assert "gru x3 0.850, lstm x1 1.000" in text
+    assert "311 MiB (torch/nn/modules/rnn.py:1 forward)" in text
+    # not boundary runs: the section has no boundary figures
+    assert "puts" not in text

@@ -8,7 +8,9 @@ module records what tells them apart: the allocator's own event stream
 (``torch.cuda.memory._record_memory_history``) for the runs on either side of each
 boundary the probes bisected. ``benchmarks/alloc_fidelity.py`` then replays the *real*
 events through the simulation (is the allocator model right?) and sets the real events
-against the dry run's (is the trace right, and which allocations does it lack?).
+against the dry run's (is the trace right, and which allocations does it lack?). With
+``--rnn-layers`` it records uncapped recurrent models of 1-4 layers instead
+(:func:`rnn_layer_runs`).
 
 For each (configuration, cap) of the probe files, three runs, each a row:
 
@@ -34,6 +36,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import json
 import os
 import sys
 import time
@@ -77,7 +81,8 @@ class BoundaryRun:
     cap: int
     batch_size: int
     capped: bool
-    #: what the probe saw at this batch size and cap: "fits" or "oom"
+    #: what the probe saw at this batch size and cap: "fits" or "oom" ("listed": a run
+    #: chosen for itself, no probe)
     probed: str
 
     @property
@@ -105,6 +110,44 @@ def boundary_runs(probe_rows: Iterable[dict[str, Any]]) -> list[BoundaryRun]:
             BoundaryRun(cfg, cap, b["oom"], True, "oom"),
             BoundaryRun(cfg, cap, b["fit"], False, "fits"),
         ]
+    return runs
+
+
+#: the recurrent layouts :func:`rnn_layer_runs` records: cell, layers, hidden width, precision
+RNN_LAYOUTS = tuple(
+    (kind, layers, hidden, precision)
+    for kind in ("lstm", "gru")
+    for layers in (1, 2, 3, 4)
+    for hidden in (256, 1024)
+    for precision in ("fp32", "bf16")
+)
+
+
+def rnn_layer_runs(seq_len: int = 128, batch_size: int = 32) -> list[BoundaryRun]:
+    """Uncapped runs of recurrent language models over :data:`RNN_LAYOUTS`: what cuDNN
+    allocates for a multi-layer LSTM or GRU call (one reserve for all layers, its work
+    spaces), which the dry run traces layer by layer. A small vocabulary keeps the logits
+    from hiding the recurrent layers' blocks; SGD without momentum adds no optimizer state."""
+    runs = []
+    for kind, layers, hidden, precision in RNN_LAYOUTS:
+        record = {
+            "family": "rnn",
+            "factory": "rnn",
+            "kwargs": {"kind": kind, "vocab": 1000, "embed": 256, "hidden": hidden,
+                       "layers": layers, "dropout": 0.0},
+            "batch_kind": "tokens",
+            "batch_shape": [seq_len],
+            "classes": 1000,
+            "batch_size": batch_size,
+            "optimizer": "sgd",
+            "optimizer_kwargs": {"lr": 0.01},
+            "precision": precision,
+            "allocator": "default",
+            "cudnn_benchmark": False,
+        }  # fmt: skip
+        digest = hashlib.sha1(json.dumps(record, sort_keys=True).encode()).hexdigest()[:12]
+        cfg = Config.from_dict({**record, "id": f"rnn-{digest}", "corpus": "rnn-layers"})
+        runs.append(BoundaryRun(cfg, 0, batch_size, False, "listed"))
     return runs
 
 
@@ -271,8 +314,11 @@ def _todo(runs: list[BoundaryRun], done: set[tuple[str, int, int, bool]]) -> Ite
 
 
 def run(args: argparse.Namespace) -> int:
-    probe_rows = [r for path in args.probes for r in read_rows(path)]
-    runs = boundary_runs(probe_rows)
+    if args.rnn_layers:
+        runs = rnn_layer_runs()
+    else:
+        probe_rows = [r for path in args.probes or () for r in read_rows(path)]
+        runs = boundary_runs(probe_rows)
     # the allocator's mode is fixed when CUDA starts: a probe of the other mode cannot run here
     mode = _allocator_mode()
     other = sorted({r.config.allocator for r in runs if r.config.allocator != mode})
@@ -364,8 +410,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "(resumes); benchmarks/alloc_fidelity.py reads it."
         ),
     )
-    p.add_argument(
-        "--probes", nargs="+", required=True, help="oomprobe files whose boundaries to record"
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--probes", nargs="+", help="oomprobe files whose boundaries to record")
+    which.add_argument(
+        "--rnn-layers",
+        action="store_true",
+        help="record uncapped LSTM and GRU language models of 1-4 layers instead (what cuDNN "
+        "allocates for a multi-layer call)",
     )
     p.add_argument("--out", required=True, help="output .jsonl.gz file (appended to; resumes)")
     p.add_argument("--device", default="cuda", help="the CUDA device (default cuda)")
