@@ -297,7 +297,7 @@ def test_recording_refuses_probes_of_the_other_allocator_mode(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "this process's CUDA allocator is 'default'" in err
-    assert "measured with 'expandable_segments'" in err
+    assert "the runs are for 'expandable_segments'" in err
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in err
     # in a process set up for them, the probes are taken (and the GPU is what is missing)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

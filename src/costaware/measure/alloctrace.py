@@ -54,11 +54,13 @@ from costaware.measure.profile import _failure
 
 __all__ = [
     "ACTIONS",
+    "RNN_LAYOUTS",
     "SCHEMA_VERSION",
     "boundary_runs",
     "history_events",
     "main",
     "real_events",
+    "rnn_layer_runs",
 ]
 
 #: Version of the row layout (see data/README.md).
@@ -326,8 +328,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"costaware alloctrace: error: this process's CUDA allocator is {mode!r} "
             f"(PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r}), "
-            f"but the probes were measured with {', '.join(map(repr, other))}: record each "
-            "allocator's probes in a process started with its setting "
+            f"but the runs are for {', '.join(map(repr, other))}: record each allocator's "
+            "runs in a process started with its setting "
             "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for expandable segments).",
             file=sys.stderr,
         )
