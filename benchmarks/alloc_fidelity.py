@@ -385,16 +385,10 @@ def _order_lines(free: Sequence[dict[str, Any]], capped: Sequence[dict[str, Any]
     above = sum(off(r, "real_reserved") <= 0.003 for r in free)
     right_below = sum(bool(r.get("real_replay_right_descending")) for r in capped)
     right_above = sum(bool(r.get("real_replay_right")) for r in capped)
-    moved = [
-        r["dry_reserved_descending"] / r["dry_reserved"]
-        for r in free
-        if r.get("dry_reserved_descending") not in (None, r["dry_reserved"])
-    ]
-    closer = sum(
-        off(r, "dry_reserved_descending") < off(r, "dry_reserved")
-        for r in free
-        if r.get("dry_reserved_descending") not in (None, r["dry_reserved"])
-    )
+    # the runs whose dry-run reserved peak the order moves
+    changed = [r for r in free if r.get("dry_reserved_descending") not in (None, r["dry_reserved"])]
+    moved = [r["dry_reserved_descending"] / r["dry_reserved"] for r in changed]
+    closer = sum(off(r, "dry_reserved_descending") < off(r, "dry_reserved") for r in changed)
     return [
         "- **Where the driver puts a new segment.** The allocator takes the lowest-addressed "
         "of equally sized free blocks, so which one it takes depends on the addresses the "
