@@ -32,11 +32,12 @@ import argparse
 import bisect
 import dataclasses
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import oom_boundary
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 1024**3
@@ -175,20 +176,16 @@ def margin_table(
 
 
 def safe_margin(results: Sequence[dict[str, Any]], point: str) -> tuple[float, int, int] | None:
-    """The smallest margin over ``point``'s capacity ("real" or "dry") that admits none of
-    the capped runs that ran out of memory, chosen on these runs themselves (so an
-    optimistic one), with the fits it rejects and the fits there are; None without both
+    """:func:`oom_boundary.safe_margin` over ``point``'s capacity ("real" or "dry") on the
+    capped runs: the margin, the fits it rejects and the fits there are; None without both
     kinds of run."""
     key = f"{point}_capacity"
     capped = [r for r in results if r["cap"] is not None]
-    ooms = [r for r in capped if r["status"] == "oom"]
-    fits = [r for r in capped if r["status"] == "fits"]
+    ooms = [r["cap"] / r[key] for r in capped if r["status"] == "oom"]
+    fits = [r["cap"] / r[key] for r in capped if r["status"] == "fits"]
     if not ooms or not fits:
         return None
-    # an OOM is rejected once capacity x (1 + m) passes its cap
-    m = max(0.0, max(r["cap"] / r[key] for r in ooms) - 1)
-    m = math.floor(m * 1000 + 1) / 1000  # the next 0.1% step above it
-    return m, sum(r[key] * (1 + m) > r["cap"] for r in fits), len(fits)
+    return (*oom_boundary.safe_margin(ooms, fits), len(fits))
 
 
 def _ratio(a: Any, b: Any) -> str:

@@ -232,18 +232,28 @@ def _table(results: list[dict[str, Any]], group: str, groups: Sequence[Any]) -> 
     return lines
 
 
+def safe_margin(oom_ratios: Sequence[float], fit_ratios: Sequence[float]) -> tuple[float, int]:
+    """The smallest margin, in steps of 0.1%, at which a decision ``point x (1 + margin)
+    <= cap`` admits none of the runs that ran out of memory, and the fitting runs it
+    rejects; each ratio is a run's cap over its point. Chosen on these runs themselves,
+    so an optimistic bound, not a rule (``alloc_fidelity.py`` scores its capacity points
+    with it too)."""
+    m = max(0.0, max(oom_ratios, default=1.0) - 1)
+    m = math.floor(m * 1000 + 1) / 1000  # the next 0.1% step above it
+    return m, sum(1 for x in fit_ratios if x < 1 + m)
+
+
 def _floor(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The fewest fitting runs *any* single margin over the capacity's point can reject
-    while it admits no run that ran out of memory: the margin is the largest ratio of cap
-    to point among the runs that ran out of memory, chosen on these runs themselves (so
-    an optimistic bound, not a rule), and the fitting runs whose ratio is not above it are
-    the ones it must reject. What is left is the point's own error at the boundary."""
-    ooms = [r["cap"] / r["point"] for r in rows if r["status"] == "oom"]
+    """The fewest fitting runs a single margin over the capacity's point (in 0.1% steps)
+    can reject while it admits no run that ran out of memory (:func:`safe_margin`); what
+    is left is the point's own error at the boundary."""
     fits = [r["cap"] / r["point"] for r in rows if r["status"] == "fits"]
-    margin = max(ooms) if ooms else 1.0
+    margin, rejected = safe_margin(
+        [r["cap"] / r["point"] for r in rows if r["status"] == "oom"], fits
+    )
     return {
-        "margin": margin,
-        "rejected": sum(1 for x in fits if x <= margin),
+        "margin": 1 + margin,
+        "rejected": rejected,
         "fits": len(fits),
         "within_1pct": sum(
             1

@@ -34,7 +34,7 @@ def test_the_floor_is_the_margin_that_admits_no_oom_and_the_fits_it_must_reject(
         _run("fits", 8, 8.2, reserved=7.96),  # point over the cap, yet it ran: rejected
     ]
     floor = oom_boundary._floor(rows)
-    assert abs(floor["margin"] - 8 / 7.9) < 1e-12
+    assert floor["margin"] == 1.013  # the next 0.1% step over 8 / 7.9 = 1.0127
     assert floor["rejected"] == 2 and floor["fits"] == 3
     assert floor["within_1pct"] == 2  # 8.0 and 7.96 of 8 GiB
 
