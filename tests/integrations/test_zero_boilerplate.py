@@ -383,3 +383,69 @@ def test_enforce_takes_the_study_pruners_budget(tmp_path: Path) -> None:
         CostAwareCallback(enforce=True)
     with pytest.raises(ValueError, match="enforce=True needs a budget"):
         CostAwareCallback(enforce=True, trial=optuna.create_study().ask())  # another pruner
+
+
+def _built_later(ns: Any, hook: str, width: int, calls: list[int]) -> Any:
+    """A module whose layers do not exist until Lightning calls its ``hook``."""
+
+    class Late(ns.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net: torch.nn.Module | None = None
+
+        def _build(self) -> None:
+            if self.net is None:
+                self.net = torch.nn.Sequential(
+                    torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)
+                )
+
+        def setup(self, stage: str) -> None:
+            if hook == "setup":
+                self._build()
+
+        def configure_model(self) -> None:
+            if hook == "configure_model":
+                self._build()
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            if not isinstance(x, FakeTensor):
+                calls.append(batch_idx)
+            assert self.net is not None
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    return Late()
+
+
+@pytest.mark.parametrize("hook", ["setup", "configure_model"])
+@pytest.mark.parametrize("ns_name", sorted(NAMESPACES))
+def test_a_module_that_builds_its_layers_in_a_hook_is_judged_once_they_exist(
+    ns_name: str, hook: str, tmp_path: Path
+) -> None:
+    """Lightning calls the module's ``setup`` and ``configure_model`` after the callbacks'
+    ``setup``: the fit is judged after them, still before its first batch."""
+    ns, Callback = NAMESPACES[ns_name]
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'study.db'}",
+        pruner=CostAwarePruner(budget=ca.Budget(max_memory="64MiB")),
+        sampler=optuna.samplers.BruteForceSampler(),
+    )
+    calls: dict[int, list[int]] = {}
+
+    def objective(trial: optuna.Trial) -> float:
+        width = trial.suggest_categorical("width", [SMALL, HUGE])
+        calls[width] = []
+        _trainer(ns, Callback(trial=trial)).fit(_built_later(ns, hook, width, calls[width]), _data())
+        return 1.0
+
+    study.optimize(objective, n_trials=2)
+    by_width = {t.params["width"]: t for t in study.trials}
+    assert by_width[SMALL].state == optuna.trial.TrialState.COMPLETE
+    assert by_width[SMALL].user_attrs["costaware:admit"] is True
+    assert "costaware:error" not in by_width[SMALL].user_attrs  # judged, not admitted unjudged
+    assert by_width[HUGE].state == optuna.trial.TrialState.PRUNED
+    assert "exceeds the 64.0 MiB budget" in by_width[HUGE].user_attrs["costaware:reasons"][0]
+    assert calls[SMALL] and calls[HUGE] == []

@@ -238,6 +238,24 @@ def _is_trial_pruned(exc: BaseException) -> bool:
     return any(c.__name__ == "TrialPruned" for c in type(exc).__mro__)
 
 
+#: the module hooks Lightning calls after the callbacks' ``setup``, in which a module may
+#: build its layers (``configure_sharded_model`` is the older name of ``configure_model``)
+_BUILD_HOOKS = ("setup", "configure_model", "configure_sharded_model")
+
+
+def _builds_later(pl_module: Any) -> bool:
+    """Whether ``pl_module`` overrides a hook that runs after the callbacks' ``setup``
+    and may build its layers (:data:`_BUILD_HOOKS`), in either Lightning namespace."""
+    for base in type(pl_module).__mro__:
+        if base.__name__ == "LightningModule" and base.__module__.endswith("core.module"):
+            return any(
+                getattr(type(pl_module), hook, None) is not getattr(base, hook, None)
+                for hook in _BUILD_HOOKS
+                if hasattr(base, hook)
+            )
+    return False
+
+
 def _is_optuna_trial(obj: Any) -> bool:
     return obj is not None and all(hasattr(obj, a) for a in ("number", "set_user_attr", "params"))
 
@@ -728,7 +746,10 @@ class _CostAwareCallbackBase:
             )
             # before the strategy moves the model to the device: a rejected trial never
             # allocates anything there
-            self._judge_before_training(trainer, pl_module)
+            if _builds_later(pl_module):
+                self._judge_when_built(trainer, pl_module)
+            else:
+                self._judge_before_training(trainer, pl_module)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._safely("starting", self._start_fit, trainer, pl_module)
@@ -874,6 +895,22 @@ class _CostAwareCallbackBase:
             exc = TrialRejected(reasons)
         self._raised = exc  # on_exception must not record it as a crash
         raise exc
+
+    def _judge_when_built(self, trainer: Any, pl_module: Any) -> None:
+        """Judge once the module's own ``setup`` and ``configure_model`` have run, which
+        Lightning calls after the callbacks' ``setup`` and where a module may build its
+        layers: just before the strategy moves the model to the device and builds its
+        optimizers (no callback hook runs in between, so the strategy's ``setup`` is
+        wrapped for this one call)."""
+        strategy = trainer.strategy
+        original = strategy.setup
+
+        def judge_then_setup(*args: Any, **kwargs: Any) -> Any:
+            vars(strategy).pop("setup", None)  # one call only: the class's method again
+            self._judge_before_training(trainer, pl_module)
+            return original(*args, **kwargs)
+
+        strategy.setup = judge_then_setup
 
     def _gate_for(self, trainer: Any, trial: Any) -> tuple[Gate | None, bool]:
         """The gate that judges this fit, and whether the trial was judged already: the
