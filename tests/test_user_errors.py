@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import pickle
 import re
 import threading
 import time
@@ -645,3 +646,65 @@ def test_a_count_of_classes_with_minlength_takes_that_many_bins() -> None:
     assert ca.dry_run(spec(weighted)).peak_live > 0
     with pytest.raises(ca.UntraceableModelError, match=r"aten\.bincount .*minlength=n"):
         ca.dry_run(spec(unbounded))
+
+
+class _NeedsTwo(Exception):
+    def __init__(self, code: int, where: str) -> None:
+        super().__init__(f"{code} at {where}")
+
+
+def _factory_raising(error: Exception) -> Callable[[], nn.Module]:
+    def factory() -> nn.Module:
+        raise error
+
+    return factory
+
+
+@pytest.mark.parametrize(
+    "error", [KeyError("width"), ValueError("bad width"), _NeedsTwo(3, "here"), OSError(2, "gone")]
+)
+def test_the_users_error_is_caught_as_its_own_type(error: Exception) -> None:
+    """``except ValueError`` (Optuna's ``catch=``) catches the user's ValueError although
+    costaware raised it as a UserCodeError that says where and what to change."""
+    spec = ca.TrainingSpec(
+        model=_factory_raising(error), batch=ca.ImageBatch((3, 8, 8), classes=2), batch_size=2
+    )
+    with pytest.raises(ca.UserCodeError) as raised:
+        ca.CostModel.default().predict(spec, device="cpu")
+    got = raised.value
+    assert isinstance(got, type(error)) and got.__cause__ is error
+    assert type(got).__name__ == "UserCodeError"
+    assert str(got).startswith("the model factory") and "raised" in str(got)  # not a repr
+    again = pickle.loads(pickle.dumps(got))  # Ray ships errors between processes
+    assert isinstance(again, ca.UserCodeError) and isinstance(again, type(error))
+    assert str(again) == str(got)
+
+
+def test_optunas_catch_lets_a_study_go_on_past_a_users_error_of_that_type() -> None:
+    """A hyperparameter that makes the user's model fail (a kernel larger than the image)
+    fails that trial with the user's RuntimeError, which ``catch=`` names, and the study
+    goes on, as without costaware."""
+
+    def spec_fn(params: dict[str, Any]) -> ca.TrainingSpec:
+        return ca.TrainingSpec(
+            model=lambda: nn.Sequential(
+                nn.Conv2d(3, 4, params["k"]), nn.Flatten(), nn.LazyLinear(2)
+            ),
+            batch=ca.ImageBatch((3, 8, 8), classes=2),
+            batch_size=2,
+        )
+
+    study = optuna.create_study(
+        pruner=CostAwarePruner(spec_fn=spec_fn, device="cpu"),
+        sampler=optuna.samplers.GridSampler({"k": [3, 11]}),
+    )
+
+    def objective(trial: optuna.Trial) -> float:
+        trial.suggest_categorical("k", [3, 11])
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+        return 1.0
+
+    study.optimize(objective, n_trials=2, catch=(RuntimeError,))
+    states = {t.params["k"]: t.state for t in study.trials}
+    assert states == {3: TrialState.COMPLETE, 11: TrialState.FAIL}

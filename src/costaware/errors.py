@@ -18,6 +18,8 @@ Python code that expects those keeps working.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CostAwareWarning",
     "CostawareError",
@@ -31,6 +33,7 @@ __all__ = [
     "UserCodeError",
     "first_line",
     "is_user_error",
+    "user_code_error",
 ]
 
 
@@ -107,3 +110,68 @@ def first_line(exc: BaseException, limit: int = 500) -> str:
     text = str(exc).strip()
     line = text.splitlines()[0] if text else ""
     return (f"{type(exc).__name__}: {line}" if line else type(exc).__name__)[:limit]
+
+
+def user_code_error(
+    message: str, cause: BaseException, kind: type[UserCodeError] = UserCodeError
+) -> UserCodeError:
+    """``kind(message)`` with the user's own exception ``cause`` as its ``__cause__``, and
+    an instance of ``cause``'s type as well wherever that type can be a base: an objective
+    that catches the user's error (``except ValueError``, Optuna's ``catch=(ValueError,)``,
+    a hyperparameter that makes some trials fail) catches it as it would the error itself.
+    Its name, message and ``__cause__`` are ``kind``'s as ever."""
+    cls = _of_users_type(kind, type(cause))
+    try:
+        error = cls(message)
+    except Exception:  # a type whose constructor needs more than a message
+        error = kind(message)
+    error.__cause__ = cause
+    return error
+
+
+#: the classes :func:`_of_users_type` made, by (kind, the user's type): one class per pair
+_OF_USERS_TYPE: dict[tuple[type[Any], type[Any]], type[Any]] = {}
+
+
+def _of_users_type(kind: type[UserCodeError], user: type[BaseException]) -> type[UserCodeError]:
+    """``kind`` subclassed with ``user`` as a second base, named as ``kind``; ``kind``
+    itself where ``user`` is not an ordinary ``Exception`` or cannot be a base."""
+    made = _OF_USERS_TYPE.get((kind, user))
+    if made is None:
+        made = _OF_USERS_TYPE.setdefault((kind, user), _subclass(kind, user))
+    return made
+
+
+def _subclass(kind: type[UserCodeError], user: type[BaseException]) -> type[UserCodeError]:
+    if (
+        not issubclass(user, Exception)
+        or issubclass(kind, user)
+        or issubclass(user, CostawareError)
+    ):
+        return kind
+
+    def __init__(self: Exception, *args: Any) -> None:  # the user's type may need more arguments
+        Exception.__init__(self, *args)
+
+    def __str__(self: Exception) -> str:  # not KeyError's repr of the message
+        return Exception.__str__(self)
+
+    def __reduce__(self: Exception) -> Any:  # picklable: Ray ships errors
+        return _rebuilt, (kind, user, self.args)
+
+    namespace = {
+        "__module__": kind.__module__,
+        "__qualname__": kind.__qualname__,
+        "__doc__": kind.__doc__,
+        "__init__": __init__,
+        "__str__": __str__,
+        "__reduce__": __reduce__,
+    }
+    try:
+        return type(kind.__name__, (kind, user), namespace)
+    except TypeError:  # a layout or metaclass that cannot be combined
+        return kind
+
+
+def _rebuilt(kind: type[UserCodeError], user: type[BaseException], args: tuple[Any, ...]) -> Any:
+    return _of_users_type(kind, user)(*args)

@@ -422,6 +422,26 @@ def check_positions(model: nn.Module, batch: Any) -> None:
     )
 
 
+def _takes_a_batch_size(fn: Callable[..., Any]) -> None:
+    """Refuse a batch callable that cannot be called with one argument, the batch size
+    (a callable whose signature Python cannot read is taken as it is)."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(1)
+    except TypeError:
+        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        raise SpecError(
+            f"batch={name} is called with the batch size, as batch(batch_size), to make one "
+            f"batch, but its signature is {name}{sig}. Give it one parameter for the batch "
+            f"size: batch=lambda batch_size: ..."
+        ) from None
+
+
 @dataclass(frozen=True)
 class _CallableBatch:
     fn: Callable[[int], Any]
@@ -715,6 +735,8 @@ class TrainingSpec:
                 "batch must be an ImageBatch, SegmentationBatch, TokenBatch or a "
                 f"callable(batch_size) -> batch, but got {type(self.batch).__name__}."
             )
+        if callable(self.batch) and not isinstance(self.batch, (ImageBatch, TokenBatch)):
+            _takes_a_batch_size(self.batch)
         _positive_int("batch_size", self.batch_size)
         _positive_int("grad_accumulation", self.grad_accumulation)
         _positive_int("epochs", self.epochs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import re
 import shutil
 import warnings
 from collections import OrderedDict
@@ -18,6 +19,7 @@ from optuna.trial import TrialState
 
 import costaware as ca
 from costaware import zoo
+from costaware.devices import UnknownDeviceError
 from costaware.integrations.optuna import (
     CostAwareHyperbandPruner,
     CostAwarePruner,
@@ -197,6 +199,34 @@ def test_bad_arguments() -> None:
         CostAwarePruner(spec_fn=spec_fn, budget={"max_memory": "1GiB"})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="optuna pruner"):
         CostAwarePruner(spec_fn=spec_fn, budget=BUDGET, wrapped="median")  # type: ignore[arg-type]
+
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"device": "H1000"}, UnknownDeviceError, "unknown device 'H1000'"),
+        ({"device": "gpu"}, UnknownDeviceError, "unknown device 'gpu'"),
+        ({"device": 5}, TypeError, "device must be a device name"),
+        ({"model": "default"}, TypeError, "model must be a costaware.CostModel"),
+        ({"store": 123}, TypeError, "store must be an ObservationStore"),
+        ({"fail_open": "no"}, TypeError, "fail_open must be True"),
+        ({"refit_every": 0}, ValueError, "refit_every must be a whole number"),
+        ({"refit_every": "5"}, ValueError, "refit_every must be a whole number"),
+    ],
+)
+def test_a_mistaken_option_is_refused_when_the_pruner_is_built(
+    kwargs: dict[str, Any], error: type[Exception], words: str
+) -> None:
+    """Found when the study is set up, not admitted unjudged trial after trial."""
+    for make in (CostAwarePruner, CostAwareHyperbandPruner):
+        with pytest.raises(error, match=re.escape(words)):
+            make(**kwargs)
+
+
+def test_a_pruner_class_where_an_instance_belongs_says_so() -> None:
+    with pytest.raises(TypeError, match=r"write MedianPruner\(\)"):
+        CostAwarePruner(optuna.pruners.MedianPruner)  # type: ignore[arg-type]
 
 
 class _BrokenStore:

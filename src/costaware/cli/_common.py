@@ -77,15 +77,16 @@ def _run_user_module(where: str, run: Callable[[], Any]) -> Any:
         raise
     except Exception as e:
         from costaware.core.trace.user_code import _said, _where
-        from costaware.errors import UserCodeError
+        from costaware.errors import user_code_error
 
         at = _where(e)
         if isinstance(e, SyntaxError) and e.filename:
             at = f"at {e.filename}:{e.lineno}"
-        raise UserCodeError(
+        raise user_code_error(
             f"importing {where} raised {_said(e)} {at}. This is that "
             "module's own code, not costaware's: it fails the same way when Python imports "
-            "it (--debug shows the traceback)."
+            "it (--debug shows the traceback).",
+            e,
         ) from e
 
 

@@ -177,7 +177,7 @@ from costaware.measure.profile import (
     device_key,
     malloc_trim,
 )
-from costaware.runtime.gate import Gate
+from costaware.runtime.gate import Gate, check_options, spec_build_error
 from costaware.spec import TrainingSpec, parse_sharding, parse_wrap_policy, rank_batches
 
 if TYPE_CHECKING:
@@ -444,10 +444,14 @@ def lightning_step_loss(model: Any, batch: Any) -> torch.Tensor:
     if isinstance(out, Mapping):
         out = out.get("loss")
     if not isinstance(out, torch.Tensor):
-        raise TypeError(
-            "training_step returned no loss tensor (a tensor or a dict with 'loss'): "
-            f"got {type(out).__name__}. costaware dry-runs the step automatic "
-            "optimization takes."
+        from costaware.errors import UntraceableModelError
+
+        raise UntraceableModelError(
+            "training_step returned no loss tensor (a tensor or a dict with 'loss') for the "
+            f"dry run's batch (batch_idx 0), but {type(out).__name__}: Lightning skips such a "
+            "batch, and costaware, which dry-runs the step automatic optimization takes, has "
+            "no step to predict. A limit of the dry run, not a bug in the module: pass "
+            "CostAwareCallback(spec=...) to describe the step."
         )
     return out
 
@@ -624,8 +628,6 @@ class _CostAwareCallbackBase:
             raise TypeError(
                 f"spec must be a costaware.TrainingSpec, but got {type(spec).__name__}."
             )
-        if model is not None and not isinstance(model, CostModel):
-            raise TypeError(f"model must be a costaware.CostModel, but got {type(model).__name__}.")
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
         if enforce and budget is None and _study_budget(trial) is None:
@@ -633,21 +635,8 @@ class _CostAwareCallbackBase:
                 "enforce=True needs a budget: give budget=, or trial= of a study whose "
                 "pruner is costaware's (its budget is enforced), but got budget=None."
             )
-        if not (
-            store is None
-            or isinstance(store, (str, os.PathLike))
-            or (hasattr(store, "record_measurement") and hasattr(store, "record_prediction"))
-        ):
-            raise TypeError(
-                "store must be an ObservationStore, a URL/path such as 'sqlite:///hpo.db', or "
-                f"None (records kept in memory only), but got {type(store).__name__}."
-            )
-        if not isinstance(device, (str, Device)):
-            raise TypeError(
-                f"device must be a device name, a costaware Device or 'auto', but got {device!r}."
-            )
-        if isinstance(device, str) and device.strip().lower() != "auto":
-            get_device(device)  # fail fast on an unknown name (UnknownDeviceError lists them)
+        # the store, kept as given here (a URL is opened when the fit starts)
+        check_options(model=model, device=device, store=store, fail_open=fail_open)
         self.store = store
         self.spec = spec
         self.model = model
@@ -860,7 +849,12 @@ class _CostAwareCallbackBase:
             try:
                 spec = spec_from_lightning(trainer, pl_module)
             except Exception as e:  # judged below: the user's bug fails, ours admits
-                error = e
+                error = spec_build_error(
+                    e,
+                    what="reading the fit's spec off the LightningModule",
+                    contract="costaware calls the module's hooks, such as configure_optimizers "
+                    "and the training dataloader, before the first batch, as Lightning does",
+                )
         verdict = gate.judge(spec, study=self.study_name, trial=self.trial_id, error=error)
         self.decision = verdict
         self.prediction = verdict.prediction
@@ -1603,8 +1597,9 @@ class _BatchSizeFinderBase:
         attr_name: the attribute that holds the batch size (default ``"batch_size"``);
             ``batch_arg_name``, as Lightning's ``BatchSizeFinder`` calls it, is the same.
         limit: the largest batch size searched.
-        headroom: the share of the memory limit kept free above the predicted need of the
-            size set (default :data:`~costaware.core.batch_size.DEFAULT_HEADROOM`, 2%).
+        headroom: the share by which the predicted memory need of the size set (its CUDA
+            context apart) is grown before it is set against the limit (default
+            :data:`~costaware.core.batch_size.DEFAULT_HEADROOM`, 2%).
 
     After ``setup``, ``result`` holds the :class:`~costaware.core.batch_size.BatchSizeResult`
     and ``optimal_batch_size`` the size set, as on Lightning's finder.

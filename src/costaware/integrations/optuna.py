@@ -22,7 +22,9 @@ The user's bug fails fast, costaware's own failure fails open. An error in the u
 in the factory, forward or loss) is raised out of ``should_prune()`` or :func:`admit` as a
 :class:`~costaware.UserCodeError` (or :class:`~costaware.SpecError`) that says where and
 what to change: the trial FAILs with it, and ``study.optimize`` stops on that first trial
-unless its ``catch`` names the error. A prediction that fails for costaware's own reasons
+unless its ``catch`` names the error. It is an instance of the user's own exception's type
+too (a ``RuntimeError`` for a shape mismatch, say), so ``catch=(RuntimeError,)`` goes on
+past it as it would without costaware. A prediction that fails for costaware's own reasons
 (the model cannot run on fake tensors, the dry run's time limit) never crashes the study:
 by default the trial is admitted, a warning is issued and the reason is recorded
 (``fail_open=False`` rejects instead).
@@ -236,6 +238,11 @@ def pruned(trial: optuna.Trial | FrozenTrial) -> optuna.TrialPruned:
     return optuna.TrialPruned("; ".join(reasons) or "rejected by costaware")
 
 
+def _pruner_class(obj: Any) -> bool:
+    """Whether ``obj`` is a pruner's class where an instance belongs."""
+    return isinstance(obj, type) and issubclass(obj, BasePruner)
+
+
 class CostAwarePruner(BasePruner, _PrunerGate):
     """Prunes trials predicted to break a :class:`~costaware.Budget`, before they start.
 
@@ -267,7 +274,9 @@ class CostAwarePruner(BasePruner, _PrunerGate):
     @keyword_options(
         ("spec_fn", "budget", "device", "wrapped"),
         positional=1,
-        is_old_first=lambda first: first is not None and not isinstance(first, BasePruner),
+        is_old_first=lambda first: (
+            first is not None and not isinstance(first, BasePruner) and not _pruner_class(first)
+        ),
     )
     def __init__(
         self,
@@ -282,6 +291,12 @@ class CostAwarePruner(BasePruner, _PrunerGate):
         fail_open: bool = True,
     ) -> None:
         _check_spec_fn(spec_fn)
+        if _pruner_class(wrapped):
+            name = getattr(wrapped, "__name__", "")
+            raise TypeError(
+                f"wrapped must be a pruner, not its class: write {name}() (with its options), "
+                f"but got the class {name}."
+            )
         if wrapped is not None and not isinstance(wrapped, BasePruner):
             raise TypeError(f"wrapped must be an optuna pruner, but got {type(wrapped).__name__}.")
         if isinstance(wrapped, HyperbandPruner):

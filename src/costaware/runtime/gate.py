@@ -32,6 +32,7 @@ from costaware.errors import (
     UserCodeError,
     first_line,
     is_user_error,
+    user_code_error,
 )
 from costaware.spec import TrainingSpec
 
@@ -40,6 +41,7 @@ __all__ = [
     "CONSTRAINT_TIME",
     "Gate",
     "Verdict",
+    "check_options",
     "open_store",
     "spec_build_error",
 ]
@@ -66,6 +68,55 @@ def _measured_context(store: Any, device: str) -> int | None:
     return values[len(values) // 2] if values else None
 
 
+def check_options(
+    *,
+    model: Any = None,
+    device: Any = "auto",
+    store: Any = None,
+    refit_every: Any = None,
+    fail_open: Any = True,
+) -> None:
+    """Refuse, at construction, the options every integration takes (the pruners, Ray's
+    searcher, the Lightning callback) when they are of the wrong kind or name no device:
+    a mistake there would otherwise surface only when a trial is judged, where it fails
+    open and every trial is admitted unjudged."""
+    if model is not None and not isinstance(model, CostModel):
+        raise TypeError(
+            f"model must be a costaware.CostModel (e.g. CostModel.default() or "
+            f"CostModel.load(path)), or None for the shipped one, but got {model!r}."
+        )
+    if not isinstance(device, (str, Device)):
+        raise TypeError(
+            f"device must be a device name such as 'H100', a costaware Device or 'auto' "
+            f"(the GPU this process sees), but got {device!r}."
+        )
+    if isinstance(device, str) and device.strip().lower() != "auto":
+        get_device(device)  # an unknown name raises UnknownDeviceError, with the close ones
+    if not (
+        store is None
+        or isinstance(store, (str, bytes))
+        or hasattr(store, "__fspath__")
+        or hasattr(store, "record_prediction")
+        or hasattr(store, "record_measurement")
+    ):
+        raise TypeError(
+            "store must be an ObservationStore, a URL or path such as 'sqlite:///hpo.db', or "
+            f"None, but got {type(store).__name__}."
+        )
+    if refit_every is not None and (
+        isinstance(refit_every, bool) or not isinstance(refit_every, int) or refit_every < 1
+    ):
+        raise ValueError(
+            "refit_every must be a whole number of measured trials >= 1 between refits, or "
+            f"None to never refit, but got {refit_every!r}."
+        )
+    if not isinstance(fail_open, bool):
+        raise TypeError(
+            "fail_open must be True (admit a trial whose prediction fails, with a warning) or "
+            f"False (reject it), but got {fail_open!r}."
+        )
+
+
 def open_store(store: Any, *, retry: bool = False) -> Any:
     """``store`` as given, or the ``ObservationStore`` that a URL or path names (SQLAlchemy
     is imported only then): how the Gate, Ray's integration and ``calibrate`` take one.
@@ -90,13 +141,16 @@ def spec_build_error(
     params: Any = None,
     missing: str = "suggest every parameter it reads before trial.should_prune() (or "
     "admit()) is called",
+    contract: str = "costaware calls it before the trial runs, and it must return a "
+    "costaware.TrainingSpec",
 ) -> Exception:
     """The error to judge for ``error``, raised while the user's code built a spec
     (``spec_fn``, a Lightning module's spec): costaware's own errors as they are, anything
     else as a :class:`~costaware.errors.UserCodeError` that names the line and what to
     change, with ``error`` as its ``__cause__``. ``params``: what the spec was built from
     (a trial's parameters, a Tune config); a ``KeyError`` for a key not among them is
-    explained, with ``missing`` as the fix."""
+    explained, with ``missing`` as the fix. ``contract``: what costaware expects of the code
+    it called, said after the fix."""
     if isinstance(error, CostawareError):
         return error
     from costaware.core.trace import _failing_line, _raised_by_costaware
@@ -112,13 +166,11 @@ def spec_build_error(
                 f" It reads {key!r}, which is not among the parameters it was given "
                 f"({', '.join(sorted(map(str, params))) or 'none'}): {missing}."
             )
-    error_ = UserCodeError(
+    return user_code_error(
         f"{what} raised {said} at {_failing_line(error)}.{hint} This is the user's code, not "
-        "costaware's: fix it (costaware calls it before the trial runs, and it must return a "
-        "costaware.TrainingSpec)."
+        f"costaware's: fix it ({contract}).",
+        error,
     )
-    error_.__cause__ = error
-    return error_
 
 
 @dataclass
@@ -158,6 +210,9 @@ class Gate:
             budget = Budget()  # the device's memory is the one limit
         if not isinstance(budget, Budget):
             raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
+        check_options(
+            model=model, device=device, store=store, refit_every=refit_every, fail_open=fail_open
+        )
         self.budget = budget
         self.device = device
         self.fail_open = fail_open

@@ -30,8 +30,8 @@ from costaware.errors import (
     CostawareError,
     SpecError,
     UntraceableModelError,
-    UserCodeError,
     first_line,
+    user_code_error,
 )
 from costaware.from_code import uninitialized_like
 from costaware.spec import TrainingSpec
@@ -134,11 +134,12 @@ def _factory_error(error: Exception, spec: TrainingSpec) -> Exception:
             "factory. To predict it, return the model on the CPU and move it to the GPU in the "
             "training code."
         )
-    return UserCodeError(
+    return user_code_error(
         f"the model factory {name} raised {_said(error)} {_where(error)}. This "
         "is the factory's own code: it fails the same way when built for real on the CPU, so "
         "a real trial would fail too. Fix the factory (TrainingSpec(model=...) calls it with "
-        "no arguments and it must return an nn.Module)."
+        "no arguments and it must return an nn.Module).",
+        error,
     )
 
 

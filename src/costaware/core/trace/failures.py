@@ -33,6 +33,7 @@ from costaware.errors import (
     UntraceableModelError,
     UserCodeError,
     first_line,
+    user_code_error,
 )
 from costaware.spec import ImageBatch, TokenBatch, TrainingSpec
 
@@ -291,14 +292,22 @@ def _layer_hint(spec: TrainingSpec, label: str, layer: nn.Module, arg: Any) -> s
 
 
 def _stage(exc: BaseException, spec: TrainingSpec) -> tuple[str, str] | None:
-    """Which part of the step raised ``exc``, and what to fix there: the optimizer step,
-    the backward, the model's forward, the loss or costaware's default loss; None when
-    none of them was running."""
+    """Which part of the step raised ``exc``, and what to fix there: the batch function,
+    the optimizer step, the backward, the model's forward, the loss or costaware's default
+    loss; None when none of them was running."""
     frames = [f for f, _ in traceback.walk_tb(exc.__traceback__)]
     files = [f.f_code.co_filename for f in frames]
     names = [f.f_code.co_name for f in frames]
     loss_code = getattr(spec.loss, "__code__", None)
-    if any(p.startswith(_TORCH_DIR + "optim") for p in files) or "_optimizer_step" in names:
+    batch_fn = getattr(spec.batch_spec, "fn", None)  # a batch callable's (_CallableBatch)
+    batch_code = getattr(batch_fn, "__code__", None)
+    if batch_code is not None and any(f.f_code is batch_code for f in frames):
+        what, fix = (
+            "The batch function",
+            "fix it (TrainingSpec(batch=...) calls it with the batch size, and it must return "
+            "one batch as the training loop gets it)",
+        )
+    elif any(p.startswith(_TORCH_DIR + "optim") for p in files) or "_optimizer_step" in names:
         what, fix = "The optimizer step", "fix the optimizer or its arguments"
     elif any(
         p.startswith(_TORCH_DIR) and n in ("backward", "_engine_run_backward")
@@ -357,13 +366,15 @@ def _user_bug(
                 "this batch"
                 + (f": {hint}." if hint else " (its input size, channels or image size).")
             )
-        return UserCodeError(
+        return user_code_error(
             f"{what} fails on a shape mismatch {where}{in_layer}: {_said(exc)}. The batch is "
-            f"{batch}. A real training step fails the same way. {change}"
+            f"{batch}. A real training step fails the same way. {change}",
+            exc,
         )
-    return UserCodeError(
+    return user_code_error(
         f"{what} raised {_said(exc)} {where}{in_layer}. A real training step runs the same "
-        f"code and fails the same way: {fix} (the batch is {batch})."
+        f"code and fails the same way: {fix} (the batch is {batch}).",
+        exc,
     )
 
 
