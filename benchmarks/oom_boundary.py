@@ -481,7 +481,7 @@ def _batch_size_table(searches: list[dict[str, Any]]) -> list[str]:
             if ran_out
             else ""
         )
-        + f". **With the default headroom** ({DEFAULT_HEADROOM:.0%} of the limit kept free: "
+        + f". **With the default headroom** (the step's need grown by {DEFAULT_HEADROOM:.0%}: "
         "`headroom=`, `--headroom`, `CostAwareBatchSizeFinder(headroom=)`; set from the "
         "allocator simulation's largest miss on the recorded boundary runs, not from these "
         f"runs): {counts(kept)}; where not run, what the measured runs of the "

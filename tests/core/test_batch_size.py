@@ -67,7 +67,8 @@ def test_the_search_keeps_its_headroom_free_below_the_limit(model: ca.CostModel)
         assert found.decision.checked["headroom"] == room
     # the size above the one found is rejected for the headroom, and says so
     assert wide.rejected is not None and not wide.rejected.admit
-    assert "leaves less than the 20% headroom kept below the 3.00 GiB limit" in str(wide)
+    assert "its step grown by the 20% headroom to" in str(wide)
+    assert "passes the 3.00 GiB limit" in str(wide)
     # the study's own decision (no headroom) admits it: the headroom is the search's alone
     above = model.predict(_cnn(wide.rejected_batch_size), "H100")
     assert budget.decide(above, device="H100").admit
@@ -75,7 +76,7 @@ def test_the_search_keeps_its_headroom_free_below_the_limit(model: ca.CostModel)
 
 @pytest.mark.parametrize("headroom", [-0.1, 1.0, "2%", True])
 def test_a_bad_headroom_is_refused(model: ca.CostModel, headroom: object) -> None:
-    with pytest.raises(ValueError, match="headroom must be a share of the memory limit"):
+    with pytest.raises(ValueError, match="headroom must be a share of the memory need"):
         model.max_batch_size(_cnn(), "H100", headroom=headroom)  # type: ignore[arg-type]
 
 
@@ -124,7 +125,7 @@ def test_the_cli_prints_the_size_and_exits_1_when_nothing_fits() -> None:
     bad = subprocess.run(
         [*base, *args, "--headroom", "5"], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
-    assert bad.returncode == 2 and "--headroom must be a share of the memory limit" in bad.stderr
+    assert bad.returncode == 2 and "--headroom must be a share of the memory need" in bad.stderr
     none = subprocess.run(
         [*base, *args, "--max-memory", "1GiB"],
         cwd=ROOT,
@@ -229,7 +230,7 @@ def test_the_lightning_finder_refuses_when_nothing_fits_or_no_attribute() -> Non
     with pytest.raises(ValueError, match="name two attributes"):
         CostAwareBatchSizeFinder(attr_name="size", batch_arg_name="bs")
     assert CostAwareBatchSizeFinder().optimal_batch_size is None
-    with pytest.raises(ValueError, match="headroom must be a share of the memory limit"):
+    with pytest.raises(ValueError, match="headroom must be a share of the memory need"):
         CostAwareBatchSizeFinder(headroom=1.5)
     with pytest.raises(ca.NothingFitsError, match="not even a batch of 1"):
         fit(

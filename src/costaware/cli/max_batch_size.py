@@ -43,8 +43,9 @@ def add_parser(sub: argparse._SubParsersAction[_Parser]) -> _Parser:
         "--headroom",
         type=float,
         default=None,
-        help="the share of the memory limit kept free above the predicted need, such as "
-        "0.05 (default 0.02: the allocator simulation's largest miss at a cap)",
+        help="the share by which the step's predicted memory need (the CUDA context apart) "
+        "is grown before it is set against the limit, such as 0.05 (default 0.02: the "
+        "allocator simulation's largest miss at a cap)",
     )
     p.add_argument("--model-dir", help="a saved CostModel directory (default: the shipped model)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--limit must be at least 1, but got {args.limit}.")
     if args.headroom is not None and not 0 <= args.headroom < 1:
         raise CliError(
-            f"--headroom must be a share of the memory limit in [0, 1), such as 0.05, but got "
+            f"--headroom must be a share of the memory need in [0, 1), such as 0.05, but got "
             f"{args.headroom}."
         )
     spec = _build_spec(args)

@@ -21,7 +21,8 @@ def add_parser(sub: argparse._SubParsersAction[_Parser]) -> _Parser:
         help="predict peak memory and time of one configuration",
         description=(
             "Dry-run one training step of MODEL and print its predicted peak memory (the caching "
-            "allocator's reserved peak, which decides OOM), iteration and epoch time, with upper bounds. "
+            "allocator's reserved peak, what a run reports), the smallest memory the step runs in "
+            "(what decides an OOM), iteration and epoch time, with upper bounds. "
             "Example: costaware predict examples/models.py:resnet18 --batch-size 64 --input 3x224x224 "
             "--optimizer adamw --device H100"
         ),
@@ -85,10 +86,17 @@ def run(args: argparse.Namespace) -> int:
     fits = pred.min_capacity_upper <= dev.usable_memory_bytes
     verdict = "[green]fits[/green]" if fits else "[red]does not fit[/red]"
     where = f"{verdict} in {pred.device}'s {fmt_bytes(dev.usable_memory_bytes)} usable memory"
+    # soft_wrap: a line piped to a file or a pager is not cut at 80 columns
     if dev.kind == "cpu":  # no CUDA context to set aside
-        console.print(f"{where}.")
+        console.print(f"{where}.", soft_wrap=True)
     else:
-        console.print(f"{where} (of {fmt_bytes(dev.memory_bytes)}; the rest is CUDA context).")
-    if args.explain:
-        console.print(pred.explain(), markup=False, highlight=False)
+        console.print(
+            f"{where} (of {fmt_bytes(dev.memory_bytes)}; the rest is CUDA context).",
+            soft_wrap=True,
+        )
+    if args.explain:  # the notes are part of it
+        console.print(pred.explain(), markup=False, highlight=False, soft_wrap=True)
+    else:
+        for note in pred.notes:  # what the figures rest on: an unseen GPU, bf16 on a T4, ...
+            console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     return 0

@@ -51,7 +51,8 @@ __all__ = [
 
 #: the largest batch size searched unless the caller says otherwise
 DEFAULT_LIMIT = 65_536
-#: the share of the memory limit the search keeps free above the step's predicted need.
+#: the share by which the search grows the step's predicted memory need (its CUDA context
+#: apart) before setting it against the limit.
 #: The largest admitted size sits at the limit by construction, where the capacity bound
 #: (calibrated on uncapped runs) does not cover the allocator simulation's own error
 #: under a cap: replayed from the allocator's recorded events at 56 bisected boundaries,
@@ -99,9 +100,16 @@ class BatchSizeResult:
                 f"nothing fits on the {self.device}, not even a batch of 1: {why}. The step "
                 f"needs {fmt_bytes(p.min_capacity_upper)} (upper bound) at batch size 1."
             )
+        mem = self.decision.checked.get("memory") or {}
+        with_context = (
+            f"{fmt_bytes(mem['predicted'])} with the CUDA context against the "
+            f"{fmt_bytes(mem['limit'])} limit; the step alone "
+            if mem.get("predicted") is not None and mem.get("limit") is not None
+            else ""
+        )
         head = (
-            f"largest batch size on the {self.device}: {self.batch_size} "
-            f"(needs {fmt_bytes(p.min_capacity_upper)} at its upper bound, "
+            f"largest batch size on the {self.device}: {self.batch_size} (needs "
+            f"{with_context}{fmt_bytes(p.min_capacity_upper)} at its upper bound, "
             f"{fmt_bytes(p.min_capacity)} predicted)"
         )
         if self.limited_by == "search limit":
@@ -142,9 +150,10 @@ def max_batch_size(
     with time limits counts them too (a larger batch rarely makes an epoch slower, but a
     trial time limit can bind). The search assumes that a batch size the budget rejects
     is followed by no larger one it admits; the returned size was itself admitted.
-    ``headroom`` (None: :data:`DEFAULT_HEADROOM`) is the share of the memory limit kept
-    free above the predicted need of the size returned: the search ends where the need
-    meets the limit, the one place a trial's own decision rarely lands. ``on_try(batch_size,
+    ``headroom`` (None: :data:`DEFAULT_HEADROOM`) is the share by which the predicted need
+    of the step (its CUDA context apart) is grown before it is set against the limit: the
+    search ends where the need meets the limit, the one place a trial's own decision
+    rarely lands. ``on_try(batch_size,
     decision)`` is called for each size tried (progress).
 
     Raises:
@@ -211,7 +220,7 @@ def check_headroom(headroom: Any) -> None:
     """Raise ValueError unless ``headroom`` is a share of a memory limit, in [0, 1)."""
     if isinstance(headroom, bool) or not isinstance(headroom, int | float) or not 0 <= headroom < 1:
         raise ValueError(
-            f"headroom must be a share of the memory limit in [0, 1), such as 0.02, but got "
+            f"headroom must be a share of the memory need in [0, 1), such as 0.02, but got "
             f"{headroom=}."
         )
 
@@ -230,8 +239,8 @@ def with_headroom(decision: Decision, headroom: float) -> Decision:
         return Decision(True, decision.reasons, checked)
     message = (
         f"predicted memory need {fmt_bytes(mem['predicted'])} (upper bound, CUDA context "
-        f"included) leaves less than the {headroom:.0%} headroom kept below the "
-        f"{fmt_bytes(limit)} limit"
+        f"included), its step grown by the {headroom:.0%} headroom to {fmt_bytes(need)}, "
+        f"passes the {fmt_bytes(limit)} limit"
     )
     if mem.get("limit_from") == "device":
         message += f" (all of the {decision.checked.get('device')}'s memory)"

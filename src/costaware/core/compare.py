@@ -54,7 +54,7 @@ from costaware.core.batch_size import (
     NothingFitsError,
     with_headroom,
 )
-from costaware.devices import CATALOG, Device, _normalise, get_device
+from costaware.devices import CATALOG, Device, _normalise, device_kind, get_device
 from costaware.errors import CostawareError
 
 if TYPE_CHECKING:
@@ -413,7 +413,11 @@ def compare(
     sort = sort if sort is not None else ("cost" if prices else "time")
     _sort_key(sort)  # an unknown key fails before the predictions
     judge = budget if budget is not None else Budget()
-    seen = tuple(model.training_.get("devices", [])) if model.is_fitted else ()
+    seen = (
+        tuple(d for kind in ("cuda", "cpu") for d in model.trained_on(kind)[1])
+        if model.is_fitted
+        else ()
+    )
     options: list[DeviceOption] = []
     needs: list[tuple[str, int, float]] = []  # (device, batch size, memory need) so far
     for dev in chosen.values():
@@ -539,8 +543,8 @@ def _comparison(
 
 
 class _BatchSearch:
-    """The largest batch size ``judge`` admits on ``dev`` (:meth:`run`) with the default
-    headroom kept free, as :func:`~costaware.core.batch_size.max_batch_size` finds it (a
+    """The largest batch size ``judge`` admits on ``dev`` (:meth:`run`) with the step's
+    need grown by the default headroom, as :func:`~costaware.core.batch_size.max_batch_size` finds it (a
     size admitted, the next one above it rejected, or the search limit), in fewer
     predictions.
 
@@ -816,7 +820,9 @@ def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
     if any(o.max_batch_limited_by == "search limit" for o in options):
         out.append("+: every batch size up to the search limit fits")
     if any(not o.measured for o in options):
-        where = ", ".join(c.measured_on) or "none (an analytic estimate)"
+        kinds = {device_kind(o.device) for o in options}
+        shown = [d for d in c.measured_on if device_kind(d) in kinds]
+        where = ", ".join(shown) or "none (an analytic estimate)"
         out.append(
             f"*: no measurements of this device in the model (measured on: {where}); its "
             "time is predicted from the others' and its upper bound is wider"

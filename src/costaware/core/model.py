@@ -770,8 +770,7 @@ class CostModel:
             kind: PredictionKind = "learned"
             coverage: float | None = self.achieved_coverage(dev.kind)
             basis["features_used"] = len(self.feature_names_)
-            basis["trained_rows"] = self.training_.get("rows")
-            seen: list[str] = list(self.training_.get("devices", []))
+            basis["trained_rows"], seen = self.trained_on(dev.kind)
             if dev.name not in seen:
                 it_hi = it * (max(it_hi, it) / it) ** UNSEEN_DEVICE_WIDENING
                 basis["time_bound_widened"] = UNSEEN_DEVICE_WIDENING
@@ -828,8 +827,8 @@ class CostModel:
         headroom: float | None = None,
     ) -> Any:
         """The largest batch size of ``spec`` that ``budget`` (default ``Budget()``: the
-        device's memory alone) admits on ``device``, with ``headroom`` of the memory limit
-        kept free (default :data:`~costaware.core.batch_size.DEFAULT_HEADROOM`): a
+        device's memory alone) admits on ``device``, with the step's memory need grown by
+        ``headroom`` (default :data:`~costaware.core.batch_size.DEFAULT_HEADROOM`): a
         :class:`~costaware.core.batch_size.BatchSizeResult`. No step runs; see
         :func:`costaware.core.batch_size.max_batch_size`."""
         from costaware.core.batch_size import max_batch_size
@@ -900,6 +899,17 @@ class CostModel:
         kind = get_device(device).kind
         seen = self.training_.get("devices", [])
         return kind in {device_kind(d) for d in seen}
+
+    def trained_on(self, kind: str) -> tuple[int | None, list[str]]:
+        """The measurements the learned part for device ``kind`` ("cuda", "cpu") was fitted
+        on, and the devices they came from: a fit on several kinds is one model per kind,
+        and a GPU's prediction rests on the GPU rows alone."""
+        own = (self.training_.get("by_kind") or {}).get(kind)
+        if own:
+            return own.get("rows"), list(own.get("devices", []))
+        devices = [d for d in self.training_.get("devices", []) if device_kind(d) == kind]
+        rows = self.training_.get("rows") if devices == self.training_.get("devices") else None
+        return rows, devices
 
     def achieved_coverage(self, kind: str | None = None) -> float | None:
         """The coverage the memory bound guarantees (the time bound's if memory has none).
