@@ -708,3 +708,24 @@ def test_optunas_catch_lets_a_study_go_on_past_a_users_error_of_that_type() -> N
     study.optimize(objective, n_trials=2, catch=(RuntimeError,))
     states = {t.params["k"]: t.state for t in study.trials}
     assert states == {3: TrialState.COMPLETE, 11: TrialState.FAIL}
+
+
+def test_a_batch_function_is_blamed_for_its_own_error_and_must_take_the_batch_size() -> None:
+    class ShardMissing(Exception):
+        pass
+
+    def missing_shard(batch_size: int) -> Any:
+        raise ShardMissing("dataset shard /data/x missing")
+
+    def takes_nothing() -> Any:
+        return torch.randn(4, 10)
+
+    def mlp() -> nn.Module:
+        return nn.Sequential(nn.Linear(10, 8), nn.ReLU(), nn.Linear(8, 2))
+
+    spec = ca.TrainingSpec(model=mlp, batch=missing_shard, batch_size=4)
+    with pytest.raises(ca.UserCodeError, match="The batch function raised ShardMissing") as got:
+        ca.CostModel.default().predict(spec, device="cpu")
+    assert isinstance(got.value, ShardMissing) and "loss" not in str(got.value).split(":")[0]
+    with pytest.raises(ca.SpecError, match=r"batch=.*takes_nothing is called with the batch size"):
+        ca.TrainingSpec(model=mlp, batch=takes_nothing, batch_size=4)

@@ -449,3 +449,29 @@ def test_a_module_that_builds_its_layers_in_a_hook_is_judged_once_they_exist(
     assert by_width[HUGE].state == optuna.trial.TrialState.PRUNED
     assert "exceeds the 64.0 MiB budget" in by_width[HUGE].user_attrs["costaware:reasons"][0]
     assert calls[SMALL] and calls[HUGE] == []
+
+
+def test_a_training_step_that_skips_the_first_batch_is_admitted_as_a_limit_of_the_dry_run() -> None:
+    """Lightning skips a batch whose ``training_step`` returns None; the dry run has no
+    step to predict then, which is costaware's limit (fail open), not the module's bug."""
+
+    class Skips(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | None:
+            if batch_idx == 0:
+                return None
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    study = optuna.create_study(pruner=CostAwarePruner(device="cpu"))
+    trial = study.ask()
+    with pytest.warns(ca.CostAwareWarning, match="A limit of the dry run, not a bug in the module"):
+        _trainer(L, CostAwareCallback(trial=trial)).fit(Skips(), _data())
+    attrs = study.trials[0].user_attrs
+    assert attrs["costaware:admit"] is True and "UntraceableModelError" in attrs["costaware:error"]

@@ -451,7 +451,7 @@ def lightning_step_loss(model: Any, batch: Any) -> torch.Tensor:
             f"dry run's batch (batch_idx 0), but {type(out).__name__}: Lightning skips such a "
             "batch, and costaware, which dry-runs the step automatic optimization takes, has "
             "no step to predict. A limit of the dry run, not a bug in the module: pass "
-            "CostAwareCallback(spec=...) to describe the step."
+            "CostAwareCallback(spec=...) to describe the step"
         )
     return out
 
