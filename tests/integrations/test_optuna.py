@@ -201,7 +201,6 @@ def test_bad_arguments() -> None:
         CostAwarePruner(spec_fn=spec_fn, budget=BUDGET, wrapped="median")  # type: ignore[arg-type]
 
 
-
 @pytest.mark.parametrize(
     ("kwargs", "error", "words"),
     [
@@ -222,6 +221,14 @@ def test_a_mistaken_option_is_refused_when_the_pruner_is_built(
     for make in (CostAwarePruner, CostAwareHyperbandPruner):
         with pytest.raises(error, match=re.escape(words)):
             make(**kwargs)
+
+
+def test_a_misspelt_option_names_the_public_class_and_the_option_meant() -> None:
+    with pytest.raises(
+        TypeError,
+        match=r"CostAwarePruner\(\) got an unexpected keyword argument 'fail_opne': did you mean fail_open=\?",
+    ):
+        CostAwarePruner(fail_opne=False)  # type: ignore[call-arg]
 
 
 def test_a_pruner_class_where_an_instance_belongs_says_so() -> None:

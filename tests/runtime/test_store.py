@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import pathlib
 import pickle
+import re
 import socket
 import threading
 import time
@@ -946,3 +947,16 @@ def test_a_drivers_message_masks_the_password_not_every_word_like_it() -> None:
     assert message.startswith("costaware: connection")  # the word itself is left alone
     short = sa.engine.make_url("postgresql+psycopg://u:p@h/x")
     assert _reason(RuntimeError("connection timeout expired"), short) == "connection timeout expired"
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("sqllite:///x.db", "no database is called 'sqllite'; did you mean sqlite?"),
+        ("postgress://u@h/db", "no database is called 'postgress'; did you mean postgresql?"),
+        ("postgresql+nosuchdriver://u@h/db", "its database driver is not installed"),
+    ],
+)
+def test_a_misspelt_database_in_the_url_says_which_was_meant(url: str, words: str) -> None:
+    with pytest.raises(StoreError, match=re.escape(words)):
+        ObservationStore(url)

@@ -38,7 +38,12 @@ def keyword_options(
     """
 
     def wrap(init: F) -> F:
-        params = list(inspect.signature(init).parameters)[1 : 1 + positional]
+        signature = inspect.signature(init)
+        params = list(signature.parameters)[1 : 1 + positional]
+        takes = [n for n in list(signature.parameters)[1:] if not n.startswith("_")]
+        any_keyword = any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
+        )
 
         @functools.wraps(init)
         def init_with_old_positions(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -74,8 +79,22 @@ def keyword_options(
                 )
                 kwargs.update(zip(given, extra))
                 args = args[:keep]
+            if not any_keyword:
+                _known_keywords(type(self).__name__, kwargs, takes)
             init(self, *args, **kwargs)
 
         return init_with_old_positions  # type: ignore[return-value]
 
     return wrap
+
+
+def _known_keywords(cls: str, kwargs: dict[str, Any], takes: Sequence[str]) -> None:
+    """Refuse a keyword ``takes`` lacks in the public class's name (not the private base
+    class whose ``__init__`` it is), with the closest keyword it takes."""
+    import difflib
+
+    for name in kwargs:
+        if name not in takes:
+            close = difflib.get_close_matches(name, takes, n=1)
+            hint = f"did you mean {close[0]}=?" if close else f"it takes {', '.join(takes)}."
+            raise TypeError(f"{cls}() got an unexpected keyword argument {name!r}: {hint}")

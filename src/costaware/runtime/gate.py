@@ -350,8 +350,9 @@ class Gate:
         if error is not None or pred is None or decision is None:
             admit = self.fail_open
             reason = "prediction failed: " + (first_line(error) if error else "unknown")
+            what = "this fit" if trial is None else f"trial {trial}"
             warnings.warn(
-                f"costaware could not judge trial {trial}: {reason}; "
+                f"costaware could not judge {what}: {reason}; "
                 f"{'admitting' if admit else 'rejecting'} it (fail_open={self.fail_open}).",
                 CostAwareWarning,
                 stacklevel=4,

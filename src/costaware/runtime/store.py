@@ -686,9 +686,33 @@ class ObservationStore:
             return int(conn.execute(query).scalar_one())
 
     # -- internals ------------------------------------------------------------------------
+    def _no_driver(self, error: Exception) -> StoreError:
+        """The error for a database whose driver is not installed."""
+        postgres = self._url.get_backend_name() == "postgresql"
+        hint = " (pip install 'costaware[postgres]')" if postgres else ""
+        return StoreError(
+            f"cannot open the observation store at {self.url}: its database driver is not "
+            f"installed{hint}: {_reason(error, self._url)}"
+        )
+
     def _create_engine(self) -> Engine:
         url = self._url
         backend = url.get_backend_name()
+        try:
+            url.get_dialect()
+        except exc.NoSuchModuleError as e:
+            import difflib
+
+            known = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
+            if backend not in known:  # else a driver that is not installed, said below
+                close = difflib.get_close_matches(backend, known, n=1)
+                meant = f"; did you mean {close[0]}?" if close else ""
+                raise StoreError(
+                    f"cannot open the observation store at {self.url}: no database is called "
+                    f"{backend!r}{meant} (a URL such as sqlite:///hpo.db or "
+                    "postgresql://user:password@host/db)"
+                ) from None
+            raise self._no_driver(e) from None
         kwargs: dict[str, Any] = {"echo": self._echo, "json_serializer": _dumps}
         if backend == "sqlite":
             if _sqlite_in_memory(url):
@@ -708,11 +732,7 @@ class ObservationStore:
         try:
             engine = sa.create_engine(url, **kwargs)
         except (ImportError, exc.NoSuchModuleError) as e:
-            hint = " (pip install 'costaware[postgres]')" if backend == "postgresql" else ""
-            raise StoreError(
-                f"cannot open the observation store at {self.url}: its database driver is "
-                f"not installed{hint}: {_reason(e, url)}"
-            ) from None
+            raise self._no_driver(e) from None
         except exc.ArgumentError as e:
             raise StoreError(
                 f"cannot open the observation store at {self.url}: {_reason(e, url)}"
