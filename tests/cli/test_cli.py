@@ -70,6 +70,7 @@ def test_predict_prints_a_table(factory_file: Path, capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert err.startswith("costaware: error: the batch's labels (classes=1000)")
     assert "cross-entropy over 10 classes" in err and len(err.strip().splitlines()) == 1
+    assert "Make the batch fit the model: --classes 10" in err  # the flag, not ImageBatch(...)
 
 
 def test_predict_json(factory_file: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -241,6 +241,11 @@ def test_a_spec_that_fits_nowhere_says_what_it_needs(model: ca.CostModel) -> Non
     msg = str(info.value)
     assert "fits on none of the devices compared (T4, L4), not even at batch size 1" in msg
     assert "the largest, the L4, allows" in msg and "devices with more memory" in msg
+    # where the budget, not the GPU, is the smaller limit, a larger GPU is no answer
+    with pytest.raises(NothingFitsError) as info:
+        model.compare(spec, devices=["H100"], budget=ca.Budget(max_memory="1GiB"))
+    msg = str(info.value)
+    assert "Raise the budget's max_memory" in msg and "devices with more memory" not in msg
 
 
 # -- the catalog and one's own devices ----------------------------------------------------

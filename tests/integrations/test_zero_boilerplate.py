@@ -475,3 +475,42 @@ def test_a_training_step_that_skips_the_first_batch_is_admitted_as_a_limit_of_th
         _trainer(L, CostAwareCallback(trial=trial)).fit(Skips(), _data())
     attrs = study.trials[0].user_attrs
     assert attrs["costaware:admit"] is True and "UntraceableModelError" in attrs["costaware:error"]
+
+
+def test_a_training_step_that_logs_loss_item_and_guards_on_nan_is_judged() -> None:
+    """``self.log("loss", loss.item())`` and ``if torch.isnan(loss)`` read a value the dry
+    run's tensors lack; in the step's own code they are read as 0 (False) and noted, and
+    the fit is judged. A value read in the model's forward still fails open."""
+
+    class Reads(L.LightningModule):
+        def __init__(self, in_forward: bool) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+            self.in_forward = in_forward
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.in_forward and x.abs().max().item() > 100:  # a value deciding the step
+                x = x / 100
+            return self.net(x)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self(x), y)
+            self.log("loss_value", loss.item())
+            if torch.isnan(loss):
+                raise FloatingPointError("the loss is NaN")
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    callback = CostAwareCallback(budget=ca.Budget(max_memory="4GiB"), device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ca.CostAwareWarning)  # judged: no prediction failed
+        _trainer(L, callback).fit(Reads(in_forward=False), _data())
+    assert callback.decision.admit and callback.prediction is not None
+    note = next(n for n in callback.prediction.notes if "read a tensor's value" in n)
+    assert note.count("test_zero_boilerplate.py:") == 2  # the .item() and the `if`
+    unjudged = CostAwareCallback(budget=ca.Budget(max_memory="4GiB"), device="cpu")
+    with pytest.warns(ca.CostAwareWarning, match="reads a tensor's value"):
+        _trainer(L, unjudged).fit(Reads(in_forward=True), _data())

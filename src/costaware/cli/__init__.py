@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         if args.debug:
             raise
-        print(_error_line(e), file=sys.stderr)
+        print(_in_flags(_error_line(e), args.command), file=sys.stderr)
         return 2
     finally:
         warnings.showwarning = shown
@@ -131,6 +131,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _first(text: str) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return lines[0] if lines else ""
+
+
+#: how the library's messages spell a fix, and the command line's flag for it: a user of
+#: the CLI is told the flag to change (per command where the flag is one command's own)
+_FLAGS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (r"ImageBatch\(\.\.\., classes=(\d+)\)", r"--classes \1", ()),
+    (r"TokenBatch\(seq_len=(\d+), \.\.\.\)", r"--seq-len \1", ()),
+    (r"\bprice_per_hour\b", "--price-per-hour", ("report",)),
+    (r"\bmax_cost\b", "--max-cost", ("report",)),
+)
+
+
+def _in_flags(line: str, command: str | None) -> str:
+    """``line`` with the library's spellings of a fix (:data:`_FLAGS`) in ``command``'s
+    flags."""
+    import re
+
+    for pattern, flag, commands in _FLAGS:
+        if not commands or command in commands:
+            line = re.sub(pattern, flag, line)
+    return line
 
 
 def _error_line(e: BaseException) -> str:

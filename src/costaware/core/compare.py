@@ -731,8 +731,18 @@ def _nothing_fits(options: Sequence[DeviceOption]) -> str:
     search = big.batch_search
     need = search.prediction if search is not None else big.prediction
     why = ""
+    budget_binds = False
     if search is not None and search.decision.reasons:
         why = f": {search.decision.reasons[0].message}"
+        mem = search.decision.checked.get("memory") or {}
+        budget_binds = mem.get("limit_from") == "budget"
+    fix = (
+        "Raise the budget's max_memory (--max-memory), or shrink the model or its "
+        "activations (bf16, gradient checkpointing): a GPU with more memory would not help"
+        if budget_binds  # the budget, not the GPU, is the smaller limit
+        else "Shrink the model or its activations (bf16, gradient checkpointing), or compare "
+        "devices with more memory"
+    )
     at1 = (
         f" it needs {fmt_bytes(need.min_capacity_upper)} (upper bound) at batch size 1"
         if need is not None
@@ -742,8 +752,7 @@ def _nothing_fits(options: Sequence[DeviceOption]) -> str:
     return (
         f"the step fits on none of the devices compared ({names}), not even at batch "
         f"size 1;{at1}, and the largest, the {big.device}, allows "
-        f"{fmt_bytes(big.memory_usable)}{why}. Shrink the model or its activations "
-        "(bf16, gradient checkpointing), or compare devices with more memory."
+        f"{fmt_bytes(big.memory_usable)}{why}. {fix}."
     )
 
 

@@ -1041,6 +1041,7 @@ def run(args: argparse.Namespace) -> int:
                 f"configurations, estimated {_fmt_s(est)} "
                 f"({'on an H100' if args.corpus == 'gpu' else 'on one CPU core'}, rough)",
                 flush=True,
+                file=sys.stderr if args.list else sys.stdout,  # --list's stdout is JSON lines
             )
     if args.limit is not None:
         configs = configs[: args.limit]

@@ -342,7 +342,7 @@ def _run_device(device: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise RuntimeError(f"device {device!r} needs a visible CUDA GPU; use 'cpu' here.")
+            raise ValueError(f"device {device!r} needs a visible CUDA GPU; use 'cpu' here.")
         return name
     if name == "cpu":
         return "cpu"

@@ -56,6 +56,8 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.flo
 
 
 _BINCOUNT = torch.ops.aten.bincount.default
+#: a tensor's value read into Python (``.item()``, ``float(t)``, ``bool(t)``)
+_SCALAR = torch.ops.aten._local_scalar_dense.default
 
 
 def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -111,6 +113,11 @@ class _Recorder(TorchDispatchMode):
         #: the step is traced as a CPU runs it (the buffers of its convolutions and LSTM
         #: layers, not cuDNN's)
         self.cpu = cpu
+        #: the code objects of the step's own code (the loss function, a LightningModule's
+        #: training_step) whose reads of a tensor's value are answered (:meth:`_read_by_step`)
+        self.step_code: frozenset[Any] = frozenset()
+        #: "file:line" of each value the step's own code read, answered 0 (False)
+        self.value_reads: list[str] = []
         self.phase = "setup"
         self.step = 0
         self.record_graph = False
@@ -218,6 +225,28 @@ class _Recorder(TorchDispatchMode):
             return _cudnn_rnn_transient(args)
         return 0, 0
 
+    def _read_by_step(self) -> str | None:
+        """Where the step's own code (:attr:`step_code`) read a tensor's value, as
+        "file:line", when the innermost frame that is not torch's or costaware's is that
+        code; else None. A logged ``loss.item()`` or an ``if torch.isnan(loss)`` guard in
+        the loss or ``training_step`` reads a value the dry run's tensors do not have but
+        moves no memory: the read is answered 0 (False) and noted. A read deeper down (the
+        model's forward) still fails, as a limit of the dry run: a value there can decide
+        what the step allocates."""
+        import sys
+
+        from costaware.core.trace.user_code import _OWN_DIRS, _TORCH_DIR
+
+        frame = sys._getframe(1)
+        while frame is not None:
+            path = frame.f_code.co_filename
+            if not path.startswith((_TORCH_DIR, *_OWN_DIRS)):
+                if frame.f_code in self.step_code:
+                    return f"{path}:{frame.f_lineno}"
+                return None
+            frame = frame.f_back  # type: ignore[assignment]
+        return None
+
     def __torch_dispatch__(
         self,
         func: Any,
@@ -226,6 +255,9 @@ class _Recorder(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if func is _SCALAR and self.step_code and (where := self._read_by_step()) is not None:
+            self.value_reads.append(where)
+            return False if args[0].dtype is torch.bool else 0
         out = _fresh_outputs(func, _run(func, args, kwargs))
         if self.paused:
             return out

@@ -207,6 +207,7 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
                 raise SpecError(
                     f"optimizer {spec.optimizer_name!r} rejected its arguments {opt_kwargs}: {e}"
                 ) from e
+            rec.step_code = _step_code(spec, model)
             rec.step = 1
             rec.record_graph = True
             rec.mark("step")
@@ -217,6 +218,16 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
             rec.closed = True
             del buckets, opt_params
     return _RecordedStep(rec, sharded, fused, *sizes, skipped_metrics=metrics)
+
+
+def _step_code(spec: TrainingSpec, model: nn.Module) -> frozenset[Any]:
+    """The code of the step's own function, whose reads of a tensor's value the recorder
+    answers: the spec's loss and, for a LightningModule, its ``training_step``."""
+    codes = {getattr(spec.loss, "__code__", None)}
+    step = getattr(type(model), "training_step", None)
+    codes.add(getattr(step, "__code__", None))
+    codes.discard(None)
+    return frozenset(codes)
 
 
 def _is_torchmetrics(module: nn.Module, name: str) -> bool:
@@ -454,6 +465,13 @@ def _notes(how: str, step: _RecordedStep) -> list[str]:
             f"FLOPs not counted for ops whose formula failed: {dict(step.rec.unsupported)}"
         )
     notes += [note for mode in step.fused if (note := mode.trace_note())]
+    if step.rec.value_reads:
+        reads = sorted(set(step.rec.value_reads))
+        notes.append(
+            f"the step's own code read a tensor's value ({', '.join(reads)}: a logged "
+            "loss.item() or an `if` on the loss), which a dry run's tensors do not have: "
+            "read as 0 (False); the figures hold unless the step branches on it"
+        )
     if step.skipped_metrics:
         notes.append(
             f"torchmetrics metrics not updated in the dry run "
