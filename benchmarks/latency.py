@@ -79,7 +79,7 @@ def main() -> None:
             t0 = time.perf_counter()
             model.predict(s, device="H100")
             cold.append(time.perf_counter() - t0)
-            for i, bs in enumerate((s.batch_size * 2, s.batch_size + 8, max(1, s.batch_size // 2))):
+            for i, bs in enumerate((s.batch_size * 2, s.batch_size + 3, max(1, s.batch_size // 2))):
                 t0 = time.perf_counter()
                 model.predict(s.with_batch_size(bs + r), device="H100")
                 (second if i == 0 else warm_bs).append(time.perf_counter() - t0)

@@ -130,7 +130,7 @@ SMALL_SAMPLE = 30
 #: the 95% quantile of the iteration time's absolute log error with the device and the
 #: family unseen to the one with the family alone unseen, over the GPU rows, rounded up to
 #: 0.05 (``benchmarks/unseen_device_bound.py``; figures in docs/compare.md)
-UNSEEN_DEVICE_WIDENING = 1.65
+UNSEEN_DEVICE_WIDENING = 1.55
 
 #: the features that say which configuration a step is (:func:`repeat_key`): what the
 #: model, batch, optimizer, precision and device are, from the dry run's structure and the
