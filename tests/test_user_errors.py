@@ -729,3 +729,18 @@ def test_a_batch_function_is_blamed_for_its_own_error_and_must_take_the_batch_si
     assert isinstance(got.value, ShardMissing) and "loss" not in str(got.value).split(":")[0]
     with pytest.raises(ca.SpecError, match=r"batch=.*takes_nothing is called with the batch size"):
         ca.TrainingSpec(model=mlp, batch=takes_nothing, batch_size=4)
+
+
+def test_a_dict_batch_the_default_loss_cannot_feed_says_how_it_called_the_model() -> None:
+    """The default loss calls ``model(**batch)`` with a dict; a training loop that calls
+    ``model(batch["x"])`` does not fail, so the message says to pass the loss, and shows
+    the example batch's shapes rather than an internal name."""
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+    batch = {"x": torch.randn(32, 16), "labels": torch.randint(0, 4, (32,))}
+    spec = ca.TrainingSpec.from_module(model, batch)
+    with pytest.raises(ca.UserCodeError) as got:
+        ca.CostModel.default().predict(spec, device="cpu")
+    said = str(got.value)
+    assert "costaware's default loss called the model (model(**batch) for a dict" in said
+    assert "TrainingSpec(loss=callable(model, batch))" in said
+    assert "{'x': (32, 16), 'labels': (32,)}" in said and "BatchLikeExample" not in said

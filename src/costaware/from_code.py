@@ -198,6 +198,22 @@ class BatchLikeExample:
     def __call__(self, batch_size: int) -> Any:
         return self._make(self._template, batch_size)
 
+    def shapes(self, batch_size: int) -> str:
+        """The batch's structure at ``batch_size``, for messages: ``{'x': (32, 16),
+        'labels': (32,)}``."""
+
+        def shape(node: Any) -> Any:
+            kind = node[0]
+            if kind == "leaf":
+                return (batch_size, *node[1].shape)
+            if kind == "const":
+                return tuple(node[1].shape) if isinstance(node[1], torch.Tensor) else node[1]
+            if kind == "map":
+                return {k: shape(v) for k, v in node[2].items()}
+            return [shape(v) for v in node[2]]
+
+        return repr(shape(self._template))
+
     def signature(self) -> str:
         """A description of the batch's structure (the trace cache's key)."""
         text = repr(_signature(self._template))

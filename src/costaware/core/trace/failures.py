@@ -238,6 +238,9 @@ def _batch_words(spec: TrainingSpec) -> str:
         return f"{b!r} at batch_size={bs}: inputs of shape {(bs, *b.shape)}"
     if isinstance(b, TokenBatch):
         return f"{b!r} at batch_size={bs}: input_ids of shape {(bs, b.seq_len)}"
+    shapes = getattr(b, "shapes", None)  # a batch like an example (TrainingSpec.from_module)
+    if callable(shapes):
+        return f"one like the example, at batch_size={bs}: {shapes(bs)}"
     return f"batch={_factory_name(b)}({bs})"
 
 
@@ -373,11 +376,28 @@ def _user_bug(
             f"{batch}. A real training step fails the same way. {change}",
             exc,
         )
+    same = "A real training step runs the same code and fails the same way"
+    if spec.loss is None and isinstance(exc, TypeError) and _custom_batch(spec):
+        # costaware's default loss chose how to call the model with a batch it did not
+        # make: the training step may call it otherwise
+        same = (
+            "costaware's default loss called the model (model(**batch) for a dict, "
+            "model(batch) for a tensor); if the training step calls it otherwise, pass "
+            "TrainingSpec(loss=callable(model, batch)) that calls it as the training does. "
+            "Otherwise"
+        )
     return user_code_error(
-        f"{what} raised {_said(exc)} {where}{in_layer}. A real training step runs the same "
-        f"code and fails the same way: {fix} (the batch is {batch}).",
+        f"{what} raised {_said(exc)} {where}{in_layer}. {same}: {fix} (the batch is "
+        f"{batch}).",
         exc,
     )
+
+
+def _custom_batch(spec: TrainingSpec) -> bool:
+    """Whether the spec's batch is the user's own (a callable's), not one costaware made."""
+    from costaware.spec import ImageBatch, TokenBatch
+
+    return not isinstance(spec.batch, (ImageBatch, TokenBatch))
 
 
 def _short_repr(module: nn.Module) -> str:
