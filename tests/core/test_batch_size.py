@@ -192,6 +192,50 @@ def test_the_lightning_finder_sets_the_largest_batch_size_before_training(ns_nam
     assert found.decision.checked["headroom"] == DEFAULT_HEADROOM
 
 
+def test_the_finder_and_the_callback_wait_for_a_module_built_in_configure_model() -> None:
+    """A module whose layers exist only after ``configure_model``: the finder sets the
+    batch size once they do, and the callback after it judges the size set."""
+    import lightning.pytorch as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from costaware.integrations.lightning import CostAwareBatchSizeFinder, CostAwareCallback
+
+    class Late(L.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.batch_size = 2
+            self.net: torch.nn.Module | None = None
+
+        def configure_model(self) -> None:
+            if self.net is None:
+                self.net = torch.nn.Sequential(
+                    torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1)
+                )
+
+        def train_dataloader(self) -> DataLoader[Any]:
+            data = TensorDataset(torch.randn(4096, 64), torch.randn(4096, 1))
+            return DataLoader(data, batch_size=self.batch_size)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            assert self.net is not None
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    finder = CostAwareBatchSizeFinder(budget=ca.Budget(max_memory="8MiB"), device="cpu")
+    judge = CostAwareCallback(budget=ca.Budget(max_memory="8MiB"), device="cpu")
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=1, callbacks=[finder, judge], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    module = Late()
+    trainer.fit(module)
+    assert finder.result.fits and module.batch_size == finder.result.batch_size > 2
+    assert judge.decision.admit and judge.prediction.spec["batch_size"] == module.batch_size
+
+
 def test_the_lightning_finder_refuses_when_nothing_fits_or_no_attribute() -> None:
     import lightning.pytorch as L
 

@@ -243,6 +243,33 @@ def _is_trial_pruned(exc: BaseException) -> bool:
 _BUILD_HOOKS = ("setup", "configure_model", "configure_sharded_model")
 
 
+def _once_built(trainer: Any, pl_module: Any, act: Callable[[], None]) -> None:
+    """Run ``act`` (a decision, a batch size set) now, from a callback's ``setup``; or, for
+    a module that builds its layers in its own ``setup`` or ``configure_model``
+    (:func:`_builds_later`), which Lightning calls after the callbacks' ``setup``, once
+    those have run: just before the strategy's ``setup`` moves the model to the device
+    and builds its optimizers. No callback hook runs in between, so the strategy's
+    ``setup`` is wrapped for that one call, and the callbacks' acts run in their order."""
+    if not _builds_later(pl_module):
+        act()
+        return
+    strategy = trainer.strategy
+    queued: list[Callable[[], None]] | None = vars(strategy).get("_costaware_once_built")
+    if queued is None:
+        queued = strategy._costaware_once_built = []
+        original = strategy.setup
+
+        def act_then_setup(*args: Any, **kwargs: Any) -> Any:
+            vars(strategy).pop("setup", None)  # one call only: the class's method again
+            acts = vars(strategy).pop("_costaware_once_built", [])
+            for queued_act in acts:
+                queued_act()
+            return original(*args, **kwargs)
+
+        strategy.setup = act_then_setup
+    queued.append(act)
+
+
 def _builds_later(pl_module: Any) -> bool:
     """Whether ``pl_module`` overrides a hook that runs after the callbacks' ``setup``
     and may build its layers (:data:`_BUILD_HOOKS`), in either Lightning namespace."""
@@ -735,10 +762,7 @@ class _CostAwareCallbackBase:
             )
             # before the strategy moves the model to the device: a rejected trial never
             # allocates anything there
-            if _builds_later(pl_module):
-                self._judge_when_built(trainer, pl_module)
-            else:
-                self._judge_before_training(trainer, pl_module)
+            _once_built(trainer, pl_module, lambda: self._judge_before_training(trainer, pl_module))
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._safely("starting", self._start_fit, trainer, pl_module)
@@ -889,22 +913,6 @@ class _CostAwareCallbackBase:
             exc = TrialRejected(reasons)
         self._raised = exc  # on_exception must not record it as a crash
         raise exc
-
-    def _judge_when_built(self, trainer: Any, pl_module: Any) -> None:
-        """Judge once the module's own ``setup`` and ``configure_model`` have run, which
-        Lightning calls after the callbacks' ``setup`` and where a module may build its
-        layers: just before the strategy moves the model to the device and builds its
-        optimizers (no callback hook runs in between, so the strategy's ``setup`` is
-        wrapped for this one call)."""
-        strategy = trainer.strategy
-        original = strategy.setup
-
-        def judge_then_setup(*args: Any, **kwargs: Any) -> Any:
-            vars(strategy).pop("setup", None)  # one call only: the class's method again
-            self._judge_before_training(trainer, pl_module)
-            return original(*args, **kwargs)
-
-        strategy.setup = judge_then_setup
 
     def _gate_for(self, trainer: Any, trial: Any) -> tuple[Gate | None, bool]:
         """The gate that judges this fit, and whether the trial was judged already: the
@@ -1653,6 +1661,9 @@ class _BatchSizeFinderBase:
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit" or self.result is not None:
             return
+        _once_built(trainer, pl_module, lambda: self._set_batch_size(trainer, pl_module))
+
+    def _set_batch_size(self, trainer: Any, pl_module: Any) -> None:
         parsing = importlib.import_module(f"{self._namespace}.utilities.parsing")
         if not parsing.lightning_hasattr(pl_module, self.attr_name):
             raise AttributeError(
