@@ -158,6 +158,30 @@ def test_a_refit_before_any_measured_trial_waits_quietly(
     assert [h["rows"] for h in refit.history] == [4] and refit.model().is_fitted
 
 
+def test_trials_judged_at_once_from_several_threads_start_one_refit(tmp_path: Path) -> None:
+    """Optuna's ``n_jobs``: every thread asks for the refit that is due; one runs."""
+    import threading
+
+    store = ObservationStore(tmp_path / "obs.db")
+    refit = OnlineRefit(store, base=ca.CostModel(), every=2, study="s")
+    for i, (w, bs) in enumerate([(4, 8), (8, 16), (12, 32)]):
+        _record(store, refit.model(), i, _spec(w, bs))
+    go = threading.Barrier(4)
+    started: list[bool] = []
+
+    def ask() -> None:
+        go.wait()
+        started.append(refit.maybe_refit())
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    refit.wait(60)
+    assert started.count(True) == 1 and len(refit.history) == 1
+
+
 def test_first_refits_come_early(tmp_path: Path) -> None:
     """After 2, 4 and 8 measured trials, then every ``every``: the schedule a study sees."""
     store = ObservationStore(tmp_path / "obs.db")

@@ -95,6 +95,9 @@ class OnlineRefit:
         self._id: str | None = None
         self._fitted_on = 0
         self._thread: threading.Thread | None = None
+        #: held while a refit is decided on and started (and, not in the background, run):
+        #: trials judged at once from several threads (Optuna's n_jobs) start one refit
+        self._starting = threading.Lock()
         self.history: list[dict[str, Any]] = []
         self.last_error: str | None = None
         #: refits that failed in a row (0 after a success); each one doubles the wait
@@ -171,6 +174,14 @@ class OnlineRefit:
     def maybe_refit(self) -> bool:
         """Start a refit if enough new trials were measured (:meth:`due_after`), and, after
         failed refits, enough more since the last failure; True if one started."""
+        if not self._starting.acquire(blocking=False):
+            return False  # another thread is starting (or running) one
+        try:
+            return self._maybe_start()
+        finally:
+            self._starting.release()
+
+    def _maybe_start(self) -> bool:
         if self._thread is not None and self._thread.is_alive():
             return False
         try:
