@@ -137,11 +137,46 @@ def test_the_cli_prints_the_size_and_exits_1_when_nothing_fits() -> None:
     assert "nothing fits on the H100-SXM" in none.stdout
 
 
+def _finder_net(ns: Any, seen: list[int], late: bool = False) -> Any:
+    """A module whose ``batch_size`` its loader reads; ``seen`` gets the batch sizes it
+    really trained on; with ``late``, its layers exist only after ``configure_model``."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def layers() -> torch.nn.Module:
+        return torch.nn.Sequential(
+            torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1)
+        )
+
+    class Net(ns.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.batch_size = 2
+            self.net: torch.nn.Module | None = None if late else layers()
+
+        def configure_model(self) -> None:
+            if self.net is None:
+                self.net = layers()
+
+        def train_dataloader(self) -> DataLoader[Any]:
+            data = TensorDataset(torch.randn(4096, 64), torch.randn(4096, 1))
+            return DataLoader(data, batch_size=self.batch_size)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            if not isinstance(x, FakeTensor):
+                seen.append(x.shape[0])
+            assert self.net is not None
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Net()
+
+
 @pytest.mark.parametrize("ns_name", ["lightning.pytorch", "pytorch_lightning"])
 def test_the_lightning_finder_sets_the_largest_batch_size_before_training(ns_name: str) -> None:
     import importlib
-
-    from torch.utils.data import DataLoader, TensorDataset
 
     from costaware.integrations import lightning as cal
 
@@ -153,40 +188,19 @@ def test_the_lightning_finder_sets_the_largest_batch_size_before_training(ns_nam
     )
     seen: list[int] = []
 
-    class Net(ns.LightningModule):  # type: ignore[misc,name-defined]
-        def __init__(self) -> None:
-            super().__init__()
-            self.batch_size = 2
-            self.net = torch.nn.Sequential(
-                torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1)
-            )
-
-        def train_dataloader(self) -> DataLoader[Any]:
-            data = TensorDataset(torch.randn(4096, 64), torch.randn(4096, 1))
-            return DataLoader(data, batch_size=self.batch_size)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            if not isinstance(x, FakeTensor):
-                seen.append(x.shape[0])
-            return torch.nn.functional.mse_loss(self.net(x), y)
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
     finder = Finder(budget=ca.Budget(max_memory="8MiB"), device="cpu", limit=4096)
     trainer = ns.Trainer(
         accelerator="cpu", max_steps=2, callbacks=[finder], logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
-    module = Net()
+    module = _finder_net(ns, seen)
     trainer.fit(module)
     found = finder.result
     assert found.fits and found.limited_by == "memory" and 2 < found.batch_size < 4096
     assert module.batch_size == found.batch_size == finder.optimal_batch_size
     assert seen and seen[0] == found.batch_size  # the training ran at the size found
     cpu = ca.get_device("cpu")
-    # the default headroom is kept free
+    # the step's need is grown by the default headroom
     need = found.prediction.min_capacity_upper * (1 + DEFAULT_HEADROOM)
     assert need + cpu.context_overhead_bytes <= 8 * 2**20
     assert found.decision.checked["headroom"] == DEFAULT_HEADROOM
@@ -196,33 +210,8 @@ def test_the_finder_and_the_callback_wait_for_a_module_built_in_configure_model(
     """A module whose layers exist only after ``configure_model``: the finder sets the
     batch size once they do, and the callback after it judges the size set."""
     import lightning.pytorch as L
-    from torch.utils.data import DataLoader, TensorDataset
 
     from costaware.integrations.lightning import CostAwareBatchSizeFinder, CostAwareCallback
-
-    class Late(L.LightningModule):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.batch_size = 2
-            self.net: torch.nn.Module | None = None
-
-        def configure_model(self) -> None:
-            if self.net is None:
-                self.net = torch.nn.Sequential(
-                    torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1)
-                )
-
-        def train_dataloader(self) -> DataLoader[Any]:
-            data = TensorDataset(torch.randn(4096, 64), torch.randn(4096, 1))
-            return DataLoader(data, batch_size=self.batch_size)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            assert self.net is not None
-            return torch.nn.functional.mse_loss(self.net(x), y)
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
 
     finder = CostAwareBatchSizeFinder(budget=ca.Budget(max_memory="8MiB"), device="cpu")
     judge = CostAwareCallback(budget=ca.Budget(max_memory="8MiB"), device="cpu")
@@ -230,7 +219,7 @@ def test_the_finder_and_the_callback_wait_for_a_module_built_in_configure_model(
         accelerator="cpu", max_steps=1, callbacks=[finder, judge], logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
-    module = Late()
+    module = _finder_net(L, [], late=True)
     trainer.fit(module)
     assert finder.result.fits and module.batch_size == finder.result.batch_size > 2
     assert judge.decision.admit and judge.prediction.spec["batch_size"] == module.batch_size

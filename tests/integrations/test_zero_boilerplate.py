@@ -63,10 +63,12 @@ def _trainer(ns: Any, callback: Any) -> Any:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("ns_name", sorted(NAMESPACES))
-def test_a_zero_argument_pruner_and_the_callback_prune_before_the_first_batch(
-    ns_name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def _two_widths(
+    tmp_path: Path, ns_name: str, build: Any
+) -> tuple[optuna.Study, Any, dict[int, list[int]]]:
+    """A study on SQLite with a 64 MiB budget, over a small and a huge width, and its
+    objective: a fit of ``build(width, calls)`` with the namespace's callback; ``calls``
+    holds the batches each width really trained on."""
     ns, Callback = NAMESPACES[ns_name]
     study = optuna.create_study(
         storage=f"sqlite:///{tmp_path / 'study.db'}",
@@ -78,9 +80,18 @@ def test_a_zero_argument_pruner_and_the_callback_prune_before_the_first_batch(
     def objective(trial: optuna.Trial) -> float:
         width = trial.suggest_categorical("width", [SMALL, HUGE])
         calls[width] = []
-        _trainer(ns, Callback(trial=trial)).fit(_module(ns, width, calls[width]), _data())
+        _trainer(ns, Callback(trial=trial)).fit(build(width, calls[width]), _data())
         return 1.0
 
+    return study, objective, calls
+
+
+@pytest.mark.parametrize("ns_name", sorted(NAMESPACES))
+def test_a_zero_argument_pruner_and_the_callback_prune_before_the_first_batch(
+    ns_name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ns, _ = NAMESPACES[ns_name]
+    study, objective, calls = _two_widths(tmp_path, ns_name, lambda w, c: _module(ns, w, c))
     with caplog.at_level(logging.INFO, logger="optuna"):
         study.optimize(objective, n_trials=2)
     by_width = {t.params["width"]: t for t in study.trials}
@@ -364,7 +375,9 @@ def test_torchmetrics_in_the_training_step_are_skipped_by_the_dry_run_not_by_the
         warnings.simplefilter("error", ca.CostAwareWarning)  # no prediction failed
         _trainer(L, callback).fit(module, data)
     assert callback.prediction is not None and callback.decision.admit
-    assert any("MulticlassAccuracy" in n and "MetricCollection" in n for n in callback.prediction.notes)
+    assert any(
+        "MulticlassAccuracy" in n and "MetricCollection" in n for n in callback.prediction.notes
+    )
     assert module.acc.update_count == 4 and module.both.compute()  # the real ones ran
 
 
@@ -427,20 +440,10 @@ def test_a_module_that_builds_its_layers_in_a_hook_is_judged_once_they_exist(
 ) -> None:
     """Lightning calls the module's ``setup`` and ``configure_model`` after the callbacks'
     ``setup``: the fit is judged after them, still before its first batch."""
-    ns, Callback = NAMESPACES[ns_name]
-    study = optuna.create_study(
-        storage=f"sqlite:///{tmp_path / 'study.db'}",
-        pruner=CostAwarePruner(budget=ca.Budget(max_memory="64MiB")),
-        sampler=optuna.samplers.BruteForceSampler(),
+    ns, _ = NAMESPACES[ns_name]
+    study, objective, calls = _two_widths(
+        tmp_path, ns_name, lambda w, c: _built_later(ns, hook, w, c)
     )
-    calls: dict[int, list[int]] = {}
-
-    def objective(trial: optuna.Trial) -> float:
-        width = trial.suggest_categorical("width", [SMALL, HUGE])
-        calls[width] = []
-        _trainer(ns, Callback(trial=trial)).fit(_built_later(ns, hook, width, calls[width]), _data())
-        return 1.0
-
     study.optimize(objective, n_trials=2)
     by_width = {t.params["width"]: t for t in study.trials}
     assert by_width[SMALL].state == optuna.trial.TrialState.COMPLETE
