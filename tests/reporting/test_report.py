@@ -757,7 +757,7 @@ def test_cli_report_json_to_stdout(
         (["--ray-dir", "/nonexistent"], "no such directory"),
         (["--store", "{db}", "--html", "/nonexistent/r.html"], "does not exist"),
         (["--store", "{db}", "--mode", "best"], "invalid choice: 'best'"),
-        (["--store", "{db}", "--max-cost", "5"], "max_cost needs price_per_hour"),
+        (["--store", "{db}", "--max-cost", "5"], "--max-cost needs --price-per-hour"),
     ],
 )
 def test_cli_report_errors_are_one_line(
