@@ -517,3 +517,23 @@ def test_a_training_step_that_logs_loss_item_and_guards_on_nan_is_judged() -> No
     unjudged = CostAwareCallback(budget=ca.Budget(max_memory="4GiB"), device="cpu")
     with pytest.warns(ca.CostAwareWarning, match="reads a tensor's value"):
         _trainer(L, unjudged).fit(Reads(in_forward=True), _data())
+
+
+def test_an_error_raised_in_training_step_itself_is_the_training_steps() -> None:
+    class Broken(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            raise KeyError("metrics")
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    callback = CostAwareCallback(budget=ca.Budget(max_memory="4GiB"), device="cpu")
+    with pytest.raises(
+        ca.UserCodeError, match="The LightningModule's training_step raised KeyError"
+    ) as got:
+        _trainer(L, callback).fit(Broken(), _data())
+    assert isinstance(got.value, KeyError)  # the user's own type, as the fit would raise it

@@ -320,7 +320,11 @@ def _stage(exc: BaseException, spec: TrainingSpec) -> tuple[str, str] | None:
     ):
         what, fix = "The backward pass", "fix the model's custom backward"
     elif any(isinstance(f.f_locals.get("self"), nn.Module) for f in frames):
-        what, fix = "The model's forward", "fix the model"
+        theirs = [f for f in frames if _is_theirs(f.f_code.co_filename)]
+        if theirs and theirs[-1].f_code.co_name == "training_step":  # raised right there
+            what, fix = "The LightningModule's training_step", "fix the training_step"
+        else:
+            what, fix = "The model's forward", "fix the model"
     elif loss_code is not None and any(f.f_code is loss_code for f in frames):
         what, fix = "The loss", "fix the loss"
     elif spec.loss is None and any(
