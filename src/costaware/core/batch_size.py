@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from costaware._format import fmt_bytes
+from costaware._format import fmt_apart, fmt_bytes
 from costaware.budget import Budget, Decision, Reason
 from costaware.devices import Device, get_device
 from costaware.errors import CostawareError
@@ -104,7 +104,7 @@ class BatchSizeResult:
         with_context = (
             f"{fmt_bytes(mem['predicted'])} with the CUDA context against the "
             f"{fmt_bytes(mem['limit'])} limit; the step alone "
-            if mem.get("predicted") is not None and mem.get("limit") is not None
+            if mem.get("context") and mem.get("predicted") is not None and mem.get("limit")
             else ""
         )
         head = (
@@ -237,10 +237,11 @@ def with_headroom(decision: Decision, headroom: float) -> Decision:
     checked = {**decision.checked, "headroom": headroom}
     if need <= limit:
         return Decision(True, decision.reasons, checked)
+    with_context = ", CUDA context included" if context else ""
+    grown, lim = fmt_apart(need, limit, seconds=False)
     message = (
-        f"predicted memory need {fmt_bytes(mem['predicted'])} (upper bound, CUDA context "
-        f"included), its step grown by the {headroom:.0%} headroom to {fmt_bytes(need)}, "
-        f"passes the {fmt_bytes(limit)} limit"
+        f"predicted memory need {fmt_bytes(mem['predicted'])} (upper bound{with_context}), "
+        f"its step grown by the {headroom:.0%} headroom to {grown}, passes the {lim} limit"
     )
     if mem.get("limit_from") == "device":
         message += f" (all of the {decision.checked.get('device')}'s memory)"
