@@ -25,6 +25,15 @@ def test_batch_size_must_be_positive_int(bad: object) -> None:
         _spec(batch_size=bad)
 
 
+def test_a_batch_size_past_any_device_is_refused_not_overflowed() -> None:
+    """Past 2**31 - 1 samples a step's byte counts would leave an int64: refused."""
+    from costaware.spec import MAX_BATCH_SIZE
+
+    assert _spec(batch_size=MAX_BATCH_SIZE).batch_size == MAX_BATCH_SIZE
+    with pytest.raises(ca.SpecError, match="give a smaller batch size"):
+        _spec(batch_size=10**12)
+
+
 def test_unknown_optimizer_lists_known_ones() -> None:
     with pytest.raises(ca.SpecError, match=r"unknown optimizer 'lamb'.*adamw"):
         _spec(optimizer="lamb")

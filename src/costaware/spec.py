@@ -199,6 +199,11 @@ def cast_floating(batch: Any, dtype: torch.dtype) -> Any:
     return batch
 
 
+#: the largest batch size a spec takes: 2**31 - 1 samples, past any device's memory for
+#: any model, and a bound under which a sample's bytes times the batch stay an int64
+MAX_BATCH_SIZE = 2**31 - 1
+
+
 def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SpecError(f"{name} must be a positive integer, but got {name}={value!r}.")
@@ -738,6 +743,12 @@ class TrainingSpec:
         if callable(self.batch) and not isinstance(self.batch, (ImageBatch, TokenBatch)):
             _takes_a_batch_size(self.batch)
         _positive_int("batch_size", self.batch_size)
+        if self.batch_size > MAX_BATCH_SIZE:
+            raise SpecError(
+                f"batch_size={self.batch_size:,} is more samples than costaware predicts for "
+                f"(up to {MAX_BATCH_SIZE:,}, already past any device's memory for any model): "
+                "give a smaller batch size."
+            )
         _positive_int("grad_accumulation", self.grad_accumulation)
         _positive_int("epochs", self.epochs)
         if (

@@ -34,6 +34,7 @@ from costaware._format import fmt_apart, fmt_bytes
 from costaware.budget import Budget, Decision, Reason
 from costaware.devices import Device, get_device
 from costaware.errors import CostawareError
+from costaware.spec import MAX_BATCH_SIZE
 
 if TYPE_CHECKING:
     from costaware.core.model import CostModel, Prediction
@@ -45,6 +46,7 @@ __all__ = [
     "BatchSizeResult",
     "NothingFitsError",
     "check_headroom",
+    "check_limit",
     "max_batch_size",
     "with_headroom",
 ]
@@ -159,8 +161,7 @@ def max_batch_size(
     Raises:
         ValueError: ``limit`` is below 1, or ``headroom`` is not in [0, 1).
     """
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be a whole number of at least 1, but got {limit=}.")
+    check_limit(limit)
     headroom = DEFAULT_HEADROOM if headroom is None else headroom
     check_headroom(headroom)
     dev = get_device(device)
@@ -214,6 +215,14 @@ def max_batch_size(
             hi = mid
     reasons = seen[hi][1].reasons
     return result(lo, hi, reasons[0].kind if reasons else "rejected")
+
+
+def check_limit(limit: Any) -> None:
+    """Raise ValueError unless ``limit`` is a batch size a search can reach."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BATCH_SIZE:
+        raise ValueError(
+            f"limit must be a whole number from 1 to {MAX_BATCH_SIZE:,}, but got {limit=}."
+        )
 
 
 def check_headroom(headroom: Any) -> None:

@@ -1637,11 +1637,10 @@ class _BatchSizeFinderBase:
             attr_name = batch_arg_name
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be a whole number of at least 1, but got {limit=}.")
-        if headroom is not None:
-            from costaware.core.batch_size import check_headroom
+        from costaware.core.batch_size import check_headroom, check_limit
 
+        check_limit(limit)
+        if headroom is not None:
             check_headroom(headroom)
         if not isinstance(attr_name, str) or not attr_name:
             raise ValueError(f"attr_name must name an attribute, but got {attr_name=}.")
