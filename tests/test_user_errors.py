@@ -543,7 +543,7 @@ def test_ray_searcher_raises_the_users_bug_and_admits_on_ours() -> None:
 
     with pytest.raises(ca.UserCodeError) as info:
         make(spec_fn_key_error).suggest("t0")
-    assert "add it to the param_space, or read it with a default" in str(info.value)
+    assert "the searcher suggests the searched parameters alone" in str(info.value)
     with pytest.raises(ca.UserCodeError, match="shape mismatch"):
         make(USER_BUGS["shape mismatch"][0]).suggest("t0")
     with pytest.warns(ca.CostAwareWarning, match="UntraceableModelError"):
@@ -744,3 +744,21 @@ def test_a_dict_batch_the_default_loss_cannot_feed_says_how_it_called_the_model(
     assert "costaware's default loss called the model (model(**batch) for a dict" in said
     assert "TrainingSpec(loss=callable(model, batch))" in said
     assert "{'x': (32, 16), 'labels': (32,)}" in said and "BatchLikeExample" not in said
+
+
+def test_a_spec_fn_reading_a_missing_parameter_is_told_where_to_find_it() -> None:
+    """A nested search space holds the key one level down; a flat one lacks it."""
+    from costaware.runtime.gate import spec_build_error
+
+    def spec_fn(cfg: dict[str, Any]) -> Any:
+        return cfg["width"]
+
+    for params, words in (
+        ({"model": {"width": 64}, "lr": 0.1}, "read it as cfg['model']['width']"),
+        ({"lr": 0.1}, "not among the parameters it was given (lr): search it"),
+    ):
+        try:
+            spec_fn(params)
+        except KeyError as e:
+            said = str(spec_build_error(e, what="spec_fn", params=params, missing="search it"))
+        assert words in said, said

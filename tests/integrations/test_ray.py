@@ -222,6 +222,17 @@ def test_resources_packs_by_predicted_memory() -> None:
     assert fn({"width": 8192, "bs": 2**20})["gpu"] == 1.0
     with pytest.warns(CostAwareWarning, match="whole GPU"):
         assert fn({"width": 64})["gpu"] == 1.0
+    # trials that train on a CPU ask for no share of a GPU the cluster may lack (they
+    # would stay pending), and an unknown device name fails when the function is made
+    assert resources(spec_fn, device="cpu", model=MODEL)(cfg) == {"cpu": 1}
+    import torch
+
+    if not torch.cuda.is_available():
+        auto = resources(spec_fn, model=MODEL)
+        with pytest.warns(CostAwareWarning, match="found no GPU where it runs"):
+            assert auto(cfg) == {"cpu": 1}
+    with pytest.raises(ca.UnknownDeviceError, match="H1000"):
+        resources(spec_fn, device="H1000")
 
 
 def test_argument_errors_say_what_was_expected() -> None:

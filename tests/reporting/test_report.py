@@ -889,3 +889,11 @@ def test_a_data_parallel_trial_spends_and_saves_the_time_of_each_gpu(tmp_path: P
     assert by["1"].predicted_cost == pytest.approx(40.0)
     summary = rep.to_dict()["summary"]
     assert summary["saved_s"] == pytest.approx(40.0)
+
+
+def test_a_trial_is_named_by_its_number_only_where_that_is_its_id() -> None:
+    """An Optuna trial's id is its number (``#3``); a Ray Tune trial's id may be all
+    digits (``70907145``) and is not its number (its experiment tag's ``1``)."""
+    assert TrialRow(trial="3", number=3, outcome="completed").label == "#3"
+    assert TrialRow(trial="70907145", number=1, outcome="completed").label == "70907145"
+    assert TrialRow(trial="a1b2c3d4", number=2, outcome="completed").label == "a1b2c3d4"

@@ -89,7 +89,7 @@ from costaware.devices import Device, get_device
 from costaware.errors import CostAwareWarning, SpecError, first_line
 from costaware.integrations._keywords import keyword_options
 from costaware.measure.profile import CpuMemoryMeter, clear_cuda_cache
-from costaware.runtime.gate import Gate, open_store, spec_build_error
+from costaware.runtime.gate import Gate, check_options, open_store, spec_build_error
 from costaware.spec import TrainingSpec
 
 __all__ = [
@@ -298,7 +298,9 @@ class CostAwareSearcher(Searcher):
             except Exception as e:  # the user's bug is raised by judge, ours admits
                 error = spec_build_error(
                     e, what="spec_fn", params=config,
-                    missing="add it to the param_space, or read it with a default (cfg.get)",
+                    missing="the searcher suggests the searched parameters alone (Tune adds "
+                    "param_space's constants to the trial later): search it, or close over a "
+                    "constant in spec_fn, or read it with a default (cfg.get)",
                 )  # fmt: skip
             verdict = self._gate.judge(
                 spec,
@@ -602,6 +604,7 @@ class _Resources:
         self.granularity = granularity
         self.model = model
         self.cpu = cpu
+        self._warned_auto = False
 
     def fraction(self, config: Mapping[str, Any]) -> float:
         """The GPU fraction for ``config``: 1.0 (a whole GPU) when the prediction fails."""
@@ -626,7 +629,26 @@ class _Resources:
             return 1.0
 
     def __call__(self, config: dict[str, Any]) -> dict[str, float]:
+        if self._on_cpu():  # no GPU to pack: asking for a share of one would wait forever
+            return {"cpu": self.cpu}
         return {"cpu": self.cpu, "gpu": self.fraction(config)}
+
+    def _on_cpu(self) -> bool:
+        """Whether the trials train on a CPU: ``device`` names one, or is "auto" on a
+        driver that sees no GPU (said once: "auto" is resolved here, not on the workers)."""
+        if isinstance(self.device, str) and self.device.strip().lower() == "auto":
+            found = get_device("auto")
+            if found.kind == "cpu" and not self._warned_auto:
+                self._warned_auto = True
+                warnings.warn(
+                    "resources(device='auto') found no GPU where it runs (the Tune driver), "
+                    "so the trials ask for no GPU; if the workers have one, name it "
+                    "(device='A10') to pack trials onto it by their predicted memory.",
+                    CostAwareWarning,
+                    stacklevel=3,
+                )
+            return found.kind == "cpu"
+        return get_device(self.device).kind == "cpu"
 
 
 def resources(
@@ -646,6 +668,10 @@ def resources(
     ``granularity`` and capped at 1.0. A prediction that fails asks for a whole GPU (fail
     safe) with a :class:`CostAwareWarning`.
 
+    On a CPU (``device="cpu"``, or ``"auto"`` where the driver that calls this sees no
+    GPU, with a warning) the trials ask for ``{"cpu": cpu}`` alone: a share of a GPU the
+    cluster lacks would leave them pending.
+
     Ray only accounts for fractions; to also enforce them, call
     :func:`limit_memory` with ``tune.get_context().get_trial_resources()``'s GPU share at
     the start of the trainable.
@@ -657,6 +683,7 @@ def resources(
     _check_spec_fn(spec_fn)
     if budget is not None:
         _check_budget(budget)
+    check_options(model=model, device=device)  # an unknown device name fails here, not per trial
     if isinstance(granularity, bool) or not isinstance(granularity, (int, float)):
         raise TypeError(f"granularity must be a number, but got {granularity!r}.")
     if not 0 < granularity <= 1:

@@ -116,8 +116,14 @@ class TrialRow:
 
     @property
     def label(self) -> str:
-        """How the trial is named on the page: ``#12`` or the trial id."""
-        return f"#{self.number}" if self.number is not None and self.trial.isdigit() else self.trial
+        """How the trial is named on the page: ``#12`` where the trial is known by its
+        number (an Optuna trial), else its id (a Ray Tune trial's, which may be all digits
+        and is not its number)."""
+        return (
+            f"#{self.number}"
+            if self.number is not None and self.trial == str(self.number)
+            else self.trial
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

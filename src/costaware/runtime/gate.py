@@ -161,7 +161,15 @@ def spec_build_error(
     hint = ""
     if isinstance(error, KeyError) and isinstance(params, Mapping) and error.args:
         key = error.args[0]
-        if key not in params:
+        nested = [
+            str(k) for k, v in params.items() if isinstance(v, Mapping) and key in v
+        ]  # a nested search space: {"model": {"width": ...}}
+        if key not in params and nested:
+            hint = (
+                f" It reads {key!r}, which the parameters it was given hold nested, under "
+                f"{nested[0]!r}: read it as cfg[{nested[0]!r}][{key!r}]."
+            )
+        elif key not in params:
             hint = (
                 f" It reads {key!r}, which is not among the parameters it was given "
                 f"({', '.join(sorted(map(str, params))) or 'none'}): {missing}."

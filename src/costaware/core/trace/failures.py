@@ -141,9 +141,8 @@ def _untraceable_error(exc: BaseException, why: str) -> TraceError:
             f"The model cannot run on fake tensors: it reads a tensor's value {where} "
             "(.item(), .tolist(), float(t), or a Python `if` on a tensor), and a dry run's "
             f"tensors have no values. {ours}; to make it predictable, keep the computation in "
-            "tensors (torch.where rather than an `if`). Only the loss function and a "
-            "LightningModule's training_step may read a value (a logged loss.item()): it is "
-            "read as 0 there."
+            "tensors (torch.where rather than an `if`): only the loss and training_step may "
+            "read a value."
         )
     if why == "dynamic":
         op = _op_of(exc)
