@@ -244,6 +244,12 @@ def test_argument_errors_say_what_was_expected() -> None:
         CostAwareScheduler(budget="24GiB")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="granularity must be in"):
         resources(spec_fn, device="A10", granularity=0)
+    with pytest.raises(TypeError, match="study must name the study"):
+        CostAwareSearcher(OptunaSearch(), spec_fn=spec_fn, budget=BUDGET, study=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="enforce must be True"):
+        CostAwareScheduler(budget=BUDGET, enforce="no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="device must be a device name"):
+        CostAwareScheduler(budget=BUDGET, device=123)  # type: ignore[arg-type]
 
 
 def test_limit_memory_without_cuda_and_epoch_meter() -> None:

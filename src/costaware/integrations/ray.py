@@ -120,6 +120,14 @@ def _open_store(store: Any) -> Any:
     return store
 
 
+def _check_study(study: Any) -> None:
+    if not isinstance(study, str) or not study:
+        raise TypeError(
+            f"study must name the study the rows are recorded under (a string such as "
+            f"{DEFAULT_STUDY!r}), but got {study!r}."
+        )
+
+
 def _check_budget(budget: Any) -> Budget:
     if not isinstance(budget, Budget):
         raise TypeError(f"budget must be a costaware.Budget, but got {type(budget).__name__}.")
@@ -231,6 +239,7 @@ class CostAwareSearcher(Searcher):
                 "max_consecutive_rejections must be a positive integer or None, but got "
                 f"{max_consecutive_rejections=}."
             )
+        _check_study(study)
         self.searcher = searcher
         self.spec_fn = spec_fn
         self.budget = budget
@@ -460,6 +469,14 @@ class CostAwareScheduler(TrialScheduler):
             )
         if budget is not None:
             _check_budget(budget)
+        if device is not None:
+            check_options(device=device)  # the searcher's message for a wrong device
+        _check_study(study)
+        if not isinstance(enforce, bool):
+            raise TypeError(
+                "enforce must be True (stop a trial whose measured cost breaks the budget) or "
+                f"False (record it only), but got {enforce!r}."
+            )
         super().__init__()  # type: ignore[no-untyped-call]
         self.scheduler = scheduler
         self.budget = budget
