@@ -624,6 +624,23 @@ def test_report_object_from_rows() -> None:
     assert "2 trials, 1 rejected" in repr(rep)
 
 
+
+def test_trials_admitted_unjudged_are_said_so_with_why_and_one_direction_note() -> None:
+    why = "prediction failed: UntraceableModelError: The model cannot run on fake tensors"
+    rows = [
+        TrialRow(trial=str(i), number=i, outcome="completed", prediction_error=why, value=1.0)
+        for i in range(3)
+    ]
+    rep = Report(rows, title="t", source="rows")
+    said = [n for n in rep.notes if "could not be predicted" in n]
+    assert len(said) == 1 and "3 admitted trial(s)" in said[0]
+    assert "UntraceableModelError (3)" in said[0]
+    assert sum("--mode" in n for n in rep.notes) == 1
+    # a source that already says how to pass the direction is not said twice
+    ray = Report(rows, title="t", source="rows", notes=["Ray Tune ...: pass --mode max."])
+    assert sum("--mode" in n for n in ray.notes) == 1
+
+
 # --------------------------------------------------------------------------------------
 # bad sources
 # --------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ import os
 import pathlib
 import statistics
 import warnings
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -232,7 +233,10 @@ class Report:
         #: notes already given as a warning while the report was read: the terminal
         #: summary does not print them a second time
         self.warned: set[str] = set()
-        self.notes: list[str] = list(dict.fromkeys([*notes, *self._missing()]))
+        given = " ".join(notes)
+        self.notes: list[str] = list(
+            dict.fromkeys([*notes, *(n for n in self._missing() if not _said_in(n, given))])
+        )
 
     def __repr__(self) -> str:
         s = self.summary()
@@ -544,6 +548,18 @@ class Report:
                 "The optimisation direction is not recorded, so the best trials are not "
                 "ranked: pass --mode max or --mode min (mode= in Python)."
             )
+        failed = [r for r in self.trials if r.admitted and r.prediction_error]
+        if failed:
+            reasons = Counter(  # by the error's type: "prediction failed: TraceError: ..."
+                str(r.prediction_error).removeprefix("prediction failed: ").split(":", 1)[0]
+                for r in failed
+            )
+            common = ", ".join(f"{k} ({n})" for k, n in reasons.most_common(3))
+            notes.append(
+                f"{len(failed)} admitted trial(s) could not be predicted and ran unjudged "
+                f"(fail open): {common}. Their reasons are in the trials' table; their "
+                "measurements still teach the refit."
+            )
         return notes
 
     # -- plain data ---------------------------------------------------------------------
@@ -776,6 +792,12 @@ def _store_rows(
         row.start = st.first_seen
         rows.append(row)
     return rows
+
+
+def _said_in(note: str, given: str) -> bool:
+    """Whether a note the report would add is already said by one the source gave: the
+    fix it names (``--mode``) appears there."""
+    return "--mode" in note and "--mode" in given
 
 
 def _trial_number(trial: str) -> int | None:
