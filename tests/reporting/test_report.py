@@ -914,3 +914,10 @@ def test_a_trial_is_named_by_its_number_only_where_that_is_its_id() -> None:
     assert TrialRow(trial="3", number=3, outcome="completed").label == "#3"
     assert TrialRow(trial="70907145", number=1, outcome="completed").label == "70907145"
     assert TrialRow(trial="a1b2c3d4", number=2, outcome="completed").label == "a1b2c3d4"
+
+
+def test_the_metric_in_a_markdown_header_is_escaped_once() -> None:
+    rows = [TrialRow(trial=str(i), number=i, outcome="completed", value=float(i)) for i in range(2)]
+    page = Report(rows, title="t", source="rows", direction="maximize", metric="val_acc")
+    text = page.to_markdown()
+    assert "val\\_acc" in text and "val\\\\_acc" not in text

@@ -266,7 +266,7 @@ def _md_best(rep: Report, word: str) -> list[str]:
             [
                 "rank",
                 "trial",
-                md(rep.metric or "value"),
+                rep.metric or "value",  # the table escapes its header
                 "parameters",
                 f"{word} time",
                 "measured peak",
