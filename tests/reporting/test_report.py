@@ -921,3 +921,16 @@ def test_the_metric_in_a_markdown_header_is_escaped_once() -> None:
     page = Report(rows, title="t", source="rows", direction="maximize", metric="val_acc")
     text = page.to_markdown()
     assert "val\\_acc" in text and "val\\\\_acc" not in text
+
+
+def test_the_bias_corrected_saving_is_in_every_format() -> None:
+    times = {"pred_epoch_time": 10.0, "actual_epoch_time": 12.0, "epochs_planned": 1}
+    ran = [TrialRow(trial=str(i), number=i, outcome="completed", **times) for i in range(3)]
+    rejected = TrialRow(trial="3", number=3, outcome="rejected", pred_trial_time=100.0)
+    rep = Report([*ran, rejected], title="t", source="rows")
+    assert rep.summary()["saved_adjusted_s"] == pytest.approx(120.0)
+    said = "With the predicted times corrected by the measured ÷ predicted epoch time"
+    assert said in rep.to_markdown() and said in rep.to_html()
+    console = Console(record=True, width=200)
+    rep.print(console)
+    assert said in console.export_text()

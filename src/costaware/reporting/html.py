@@ -25,6 +25,7 @@ from costaware.reporting.rows import (
     TrialRow,
     fmt_saved,
     lean_words,
+    saved_adjusted,
 )
 
 if TYPE_CHECKING:
@@ -924,6 +925,8 @@ def _saved_section(rep: Report) -> str:
                 f"{s['saved_trials']:,} rejected trials{e(bound)}. What it rests on:"
                 f"<ul>{basis}</ul></li>"
             )
+            if (adjusted := saved_adjusted(s)) is not None:
+                items.append(f"<li>{e(adjusted)}</li>")
             predicted = s["saved_by_basis"].get("predicted_run", {}).get("trials", 0)
             predicted += s["saved_by_basis"].get("upper_bound", {}).get("trials", 0)
             if tim["n"] and predicted:

@@ -158,6 +158,19 @@ def lean_words(err: Mapping[str, Any]) -> str:
     return ""
 
 
+def saved_adjusted(summary: Mapping[str, Any]) -> str | None:
+    """The saved time with the predicted times corrected by how far off they were on the
+    trials that ran, as a sentence; None where there is no such figure."""
+    seconds = summary.get("saved_adjusted_s")
+    if seconds is None:
+        return None
+    ratio = summary["time_error"]["median_ratio"]
+    return (
+        "With the predicted times corrected by the measured ÷ predicted epoch time of the "
+        f"trials that ran (×{ratio:.2f}): about {fmt_seconds(seconds)}."
+    )
+
+
 def fmt_saved(summary: Mapping[str, Any], currency: str | None = None) -> str:
     """The summary's saved time as a headline: ``"3.2 min"``, ``"at most 14.40 h"`` when a
     part of it is an upper bound, with its cost when ``currency`` is given and a price

@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from costaware._format import fmt_bytes, fmt_money, fmt_pct, fmt_seconds, fmt_value
-from costaware.reporting.rows import OUTCOME_LABELS, OUTCOMES, fmt_saved, lean_words
+from costaware.reporting.rows import (
+    OUTCOME_LABELS,
+    OUTCOMES,
+    fmt_saved,
+    lean_words,
+    saved_adjusted,
+)
 
 if TYPE_CHECKING:
     from costaware.reporting import Report
@@ -188,12 +194,8 @@ def _md_saved(rep: Report, s: dict[str, Any]) -> list[str]:
             f"{s['saved_trials']} rejected trials{bound}. What it rests on:"
         )
         lines += [f"  - {md(b)}" for b in s["saved_basis"]]
-        if s["saved_adjusted_s"] is not None:
-            lines.append(
-                "- With the predicted times corrected by the measured ÷ predicted epoch time "
-                f"of the trials that ran (×{s['time_error']['median_ratio']:.2f}): about "
-                f"{md(fmt_seconds(s['saved_adjusted_s']))}."
-            )
+        if (adjusted := saved_adjusted(s)) is not None:
+            lines.append(f"- {md(adjusted)}")
     elif s["rejected"]:
         lines.append("- No rejected trial has a figure to count (see the notes above).")
     else:
@@ -393,6 +395,8 @@ def print_summary(rep: Report, console: Any = None) -> None:
     con.print(head)
     for line in s["saved_basis"]:
         con.print(Text("saved: " + line, style="dim"))
+    if s["rejected"] and s["saved_trials"] and (adjusted := saved_adjusted(s)) is not None:
+        con.print(Text("saved: " + adjusted, style="dim"))
 
     went_wrong = [r for r in rep.trials if r.outcome in ("oom", "stopped", "failed")]
     if went_wrong:
