@@ -258,6 +258,8 @@ def test_limit_memory_without_cuda_and_epoch_meter() -> None:
     if not torch.cuda.is_available():
         with pytest.warns(CostAwareWarning, match="CUDA is not available"):
             assert limit_memory(0.5) is False
+        with pytest.raises(ValueError, match=r"EpochMeter\('cuda'\) needs a GPU"):
+            EpochMeter("cuda")
     meter = EpochMeter()
     with meter:
         x = torch.ones(4 * 2**20 // 4)

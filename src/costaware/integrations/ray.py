@@ -767,6 +767,11 @@ class EpochMeter:
             raise ValueError(f"device must be 'auto', 'cuda' or 'cpu', but got {device=}.")
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif device == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                "EpochMeter('cuda') needs a GPU this process can see (torch finds none); "
+                "use EpochMeter() ('auto') to measure whatever the trial runs on."
+            )
         self.device = device
         self.epoch_time: float | None = None
         self._t0 = 0.0
