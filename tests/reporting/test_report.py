@@ -226,6 +226,9 @@ def test_store_url_and_study_filter(store: ObservationStore, tmp_path: Path) -> 
     assert any(r.trial == "other:0" for r in rep.trials)  # several studies: prefixed
     only = ca.report(store.path, study="other")
     assert [r.trial for r in only.trials] == ["0"] and only.title.endswith("other")
+    # a study the store does not hold is named with the ones it does, not "no trials yet"
+    with pytest.raises(ReportError, match=r"no study named 'othr'.*it holds: .*other"):
+        ca.report(store.path, study="othr")
 
 
 def test_calibration_rows_are_no_studys_trials(store: ObservationStore) -> None:

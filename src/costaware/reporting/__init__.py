@@ -816,6 +816,16 @@ def _read_store(
                 store.predictions(study=study),
                 store.measurements(study=study),
             )
+        if study is not None and not predictions and not measurements:
+            held = sorted(
+                {str(r.get("study")) for r in [*store.predictions(), *store.measurements()]}
+                - {"None", ""}
+            )
+            if held:  # a misspelt study, not an empty store
+                raise ReportError(
+                    f"no study named {study!r} in the observation store "
+                    f"{getattr(store, 'url', '')}; it holds: {', '.join(held)}."
+                )
     except CostawareError as e:
         raise ReportError(str(e)) from None
     return predictions, measurements, _skipped_note(getattr(store, "skipped", None))
