@@ -621,7 +621,7 @@ class _Resources:
         self.granularity = granularity
         self.model = model
         self.cpu = cpu
-        self._warned_auto = False
+        self._cpu: bool | None = None  # the trials train on a CPU (_on_cpu), once resolved
 
     def fraction(self, config: Mapping[str, Any]) -> float:
         """The GPU fraction for ``config``: 1.0 (a whole GPU) when the prediction fails."""
@@ -652,11 +652,12 @@ class _Resources:
 
     def _on_cpu(self) -> bool:
         """Whether the trials train on a CPU: ``device`` names one, or is "auto" on a
-        driver that sees no GPU (said once: "auto" is resolved here, not on the workers)."""
-        if isinstance(self.device, str) and self.device.strip().lower() == "auto":
-            found = get_device("auto")
-            if found.kind == "cpu" and not self._warned_auto:
-                self._warned_auto = True
+        driver that sees no GPU (said once: "auto" is resolved here, not on the workers).
+        Resolved at the first trial and kept: the device does not change within a run."""
+        if self._cpu is None:
+            self._cpu = get_device(self.device).kind == "cpu"
+            auto = isinstance(self.device, str) and self.device.strip().lower() == "auto"
+            if auto and self._cpu:
                 warnings.warn(
                     "resources(device='auto') found no GPU where it runs (the Tune driver), "
                     "so the trials ask for no GPU; if the workers have one, name it "
@@ -664,8 +665,7 @@ class _Resources:
                     CostAwareWarning,
                     stacklevel=3,
                 )
-            return found.kind == "cpu"
-        return get_device(self.device).kind == "cpu"
+        return self._cpu
 
 
 def resources(
