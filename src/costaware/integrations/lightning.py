@@ -662,8 +662,13 @@ class _CostAwareCallbackBase:
                 "enforce=True needs a budget: give budget=, or trial= of a study whose "
                 "pruner is costaware's (its budget is enforced), but got budget=None."
             )
-        # the store, kept as given here (a URL is opened when the fit starts)
-        check_options(model=model, device=device, store=store, fail_open=fail_open)
+        check_options(  # the store is kept as given: a URL is opened when the fit starts
+            model=model,
+            device=device,
+            store=store,
+            fail_open=fail_open,
+            store_needs=("record_measurement", "record_prediction"),
+        )
         self.store = store
         self.spec = spec
         self.model = model

@@ -75,11 +75,13 @@ def check_options(
     store: Any = None,
     refit_every: Any = None,
     fail_open: Any = True,
+    store_needs: tuple[str, ...] = ("record_prediction",),
 ) -> None:
     """Refuse, at construction, the options every integration takes (the pruners, Ray's
     searcher, the Lightning callback) when they are of the wrong kind or name no device:
     a mistake there would otherwise surface only when a trial is judged, where it fails
-    open and every trial is admitted unjudged."""
+    open and every trial is admitted unjudged. A store object must have the methods
+    ``store_needs`` names (a gate records predictions; the callback measurements too)."""
     if model is not None and not isinstance(model, CostModel):
         raise TypeError(
             f"model must be a costaware.CostModel (e.g. CostModel.default() or "
@@ -96,8 +98,7 @@ def check_options(
         store is None
         or isinstance(store, (str, bytes))
         or hasattr(store, "__fspath__")
-        or hasattr(store, "record_prediction")
-        or hasattr(store, "record_measurement")
+        or all(hasattr(store, name) for name in store_needs)
     ):
         raise TypeError(
             "store must be an ObservationStore, a URL or path such as 'sqlite:///hpo.db', or "
