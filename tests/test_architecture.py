@@ -11,7 +11,8 @@ Every ``import`` statement counts, at module level and inside functions. The rul
   architectures), which know nothing of each other; :mod:`costaware.measure`;
   :mod:`costaware.runtime`; :mod:`costaware.integrations` (the adapters, which write the
   records); :mod:`costaware.reporting` (which reads them, and Optuna studies through
-  :mod:`costaware.integrations`); :mod:`costaware.cli` on top;
+  :mod:`costaware.integrations`); :mod:`costaware.cli` on top, with the package's
+  ``__main__`` (``python -m costaware``), the same command's other entry point;
 - only :mod:`costaware.integrations` imports an HPO framework (Optuna, Ray, Lightning);
 - code names modules by their paths in the layers, not by the flat paths
   :mod:`costaware._moved` keeps for users.
@@ -135,6 +136,8 @@ def cycles(graph: nx.DiGraph) -> list[list[str]]:
 
 def layer(name: str, package: str = PACKAGE) -> str:
     parts = name.split(".")
+    if parts[1:] == ["__main__"]:
+        return "cli"  # ``python -m costaware``: the command line's entry point
     if len(parts) > 2 or (len(parts) == 2 and parts[1] in RANKS):
         return parts[1]
     return "shared"

@@ -228,10 +228,13 @@ def test_devices_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
     assert "H200" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("cmd", [[], ["predict"], ["devices"]])
-def test_help_explains_every_command(cmd: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("module", "cmd"),
+    [("costaware.cli", []), ("costaware.cli", ["predict"]), ("costaware", ["devices"])],
+)
+def test_help_explains_every_command(module: str, cmd: list[str]) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "costaware.cli", *cmd, "--help"],
+        [sys.executable, "-m", module, *cmd, "--help"],
         capture_output=True,
         text=True,
         check=True,
