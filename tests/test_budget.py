@@ -7,6 +7,7 @@ import pytest
 from torch import nn
 
 import costaware as ca
+from costaware._format import fmt_seconds
 from costaware.core.model import Prediction
 
 GiB = 2**30
@@ -304,6 +305,42 @@ def test_the_trial_time_and_cost_are_those_of_the_trials_steps_on_every_gpu() ->
     assert "trial time" in pred.explain() and "max_steps=50" in pred.explain()
 
 
+def test_max_time_caps_the_trial_time_and_stands_for_a_trial_without_an_end() -> None:
+    """Training stops at max_time (Lightning's Timer): the trial time, its upper bound and
+    the time a budget checks are at most that, and exactly that where the epochs have no
+    limit."""
+    kw = dict(
+        model=lambda: nn.Linear(8, 2),
+        batch=ca.ImageBatch((8,), classes=2),
+        batch_size=10,
+        dataset_size=4000,
+        epochs=10,
+    )
+    model = ca.CostModel()
+    free = model.predict(ca.TrainingSpec(**kw), device="H100")
+    long = free.trial_time * 2
+    assert model.predict(ca.TrainingSpec(**kw, max_time=long), device="H100").trial_time == (
+        pytest.approx(free.trial_time)
+    )
+    short = free.trial_time / 4
+    cut = model.predict(ca.TrainingSpec(**kw, max_time=short), device="H100")
+    assert cut.trial_time == pytest.approx(short) and cut.trial_time_upper == pytest.approx(short)
+    assert f"max_time={fmt_seconds(short)}" in cut.explain()
+    # a safety margin does not grow the trial past the time it stops at
+    margin = ca.Budget(max_trial_time=short * 1.01, safety_margin=0.5).decide(cut)
+    assert margin.admit and margin.checked["trial_time"]["predicted"] == pytest.approx(short)
+    # no epoch limit: max_time is the trial, and a budget checks it
+    endless = model.predict(
+        ca.TrainingSpec(**{**kw, "epochs": None}, max_time="2h"), device="H100"
+    )
+    assert endless.trial_time == 7200.0 and endless.trial_time_upper == 7200.0
+    over = ca.Budget(max_trial_time="1h").decide(endless)
+    assert [r.kind for r in over.reasons] == ["trial_time"]
+    unknown = model.predict(ca.TrainingSpec(**{**kw, "epochs": None}), device="H100")
+    assert unknown.trial_time is None
+    assert "trial_time" in ca.Budget(max_trial_time="1h").decide(unknown).not_checked
+
+
 def test_a_check_that_did_not_run_is_shown_as_not_checked() -> None:
     """Without dataset_size there is no epoch time: the time limits are not checked, and
     the decision says so (never "epoch_time ok")."""
@@ -327,8 +364,8 @@ def test_a_check_that_did_not_run_is_shown_as_not_checked() -> None:
     assert "ok" not in str(every).replace("memory ok", "")
     assert list(every.not_checked) == ["epoch_time", "trial_time", "total_time", "cost"]
     no_length = (
-        "no dataset_size or max_steps in the spec, so the trial's length is unknown; give "
-        "TrainingSpec(dataset_size=...) or max_steps=... to check it"
+        "the spec does not say how long the trial is, so its time is unknown; give "
+        "TrainingSpec(dataset_size=...) with epochs, max_steps=... or max_time=... to check it"
     )
     assert str(every) == (
         f"admit: memory ok; not checked: epoch_time ({why}); "

@@ -102,6 +102,20 @@ def test_the_trial_is_its_epochs_cut_at_max_steps() -> None:
             _spec(max_steps=bad)
 
 
+def test_epochs_may_be_unbounded_and_max_time_is_a_duration() -> None:
+    # no epoch limit: the trial ends at max_steps, or its steps are unknown
+    assert _spec(batch_size=64, dataset_size=1000, epochs=None).trial_steps is None
+    assert _spec(batch_size=64, dataset_size=1000, epochs=None, max_steps=5).trial_steps == 5
+    assert _spec(max_time="1h30m").max_time == 5400.0
+    assert _spec(max_time=90).summary()["max_time"] == 90.0
+    assert "max_time" not in _spec().summary()
+    for bad in (0, -5, "soon", True):
+        with pytest.raises(ca.SpecError, match=r"^max_time: (expected a|a duration must be positive)"):
+            _spec(max_time=bad)
+    with pytest.raises(ca.SpecError, match="epochs must be a positive integer"):
+        _spec(epochs=0)
+
+
 def test_architecture_key_tracks_factory_arguments_not_batch_size() -> None:
     a = _spec(model=functools.partial(tiny_cnn, width=8))
     assert a.architecture_key() == a.with_batch_size(99).architecture_key()

@@ -475,6 +475,8 @@ class Budget:
         trial = _trial_time(prediction, upper=upper_time)
         if trial is not None:
             trial *= grow
+            if prediction.spec.get("max_time") is not None:  # the trial stops there
+                trial = min(trial, float(prediction.spec["max_time"]))
         times = (
             ("epoch_time", self.max_epoch_time, epoch, "epoch time"),
             ("trial_time", self.max_trial_time, trial, "trial time"),
@@ -484,8 +486,9 @@ class Budget:
             "TrainingSpec(dataset_size=...) to check it"
         )
         no_trial = (
-            "no dataset_size or max_steps in the spec, so the trial's length is unknown; "
-            "give TrainingSpec(dataset_size=...) or max_steps=... to check it"
+            "the spec does not say how long the trial is, so its time is unknown; give "
+            "TrainingSpec(dataset_size=...) with epochs, max_steps=... or max_time=... to "
+            "check it"
         )
         not_checked: dict[str, str] = {}
         for kind, raw, value, words in times:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from costaware.budget import BudgetError, parse_duration
 from costaware.compiled import compiled_parts, drop_compiled, eager_module, uncompiled
 from costaware.errors import SpecError
 
@@ -675,11 +676,17 @@ class TrainingSpec:
             step needs).
         allocator: ``"default"`` or ``"expandable_segments"`` (``PYTORCH_CUDA_ALLOC_CONF``).
         grad_accumulation: micro-batches per optimizer step.
-        epochs: planned epochs, for the trial time and a feature.
+        epochs: planned epochs, for the trial time and a feature. None: no epoch limit
+            (Lightning's ``max_epochs=-1``), the trial ends at ``max_steps`` or
+            ``max_time``; with neither, its length is unknown.
         max_steps: optimizer steps after which training stops, whatever ``epochs`` says
             (Lightning's ``max_steps``). The trial is then the shorter of ``epochs``
             epochs and ``max_steps * grad_accumulation`` micro-batches, and has a trial
             time even without a ``dataset_size``. None (the default): ``epochs`` alone.
+        max_time: a time limit after which training stops, whatever ``epochs`` and
+            ``max_steps`` say (Lightning's ``max_time``): seconds or a duration such as
+            ``"10min"`` or ``"1h30m"``. The trial time is then at most this, and is this
+            where the steps are unbounded or unknown. None (the default): no limit.
         name: a label for reports (default: the model's class name).
         world_size: the processes DDP (``DistributedDataParallel``) trains with, one per
             device; the prediction is one rank's (its batch is ``batch_size``). 1 (the
@@ -718,7 +725,7 @@ class TrainingSpec:
     cudnn_benchmark: bool = False
     allocator: str = "default"
     grad_accumulation: int = 1
-    epochs: int = 1
+    epochs: int | None = 1
     name: str | None = None
     compiled: bool = False
     world_size: int = 1
@@ -726,6 +733,7 @@ class TrainingSpec:
     sharding: str | None = None
     wrap_policy: Any = ()
     max_steps: int | None = None
+    max_time: float | str | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.model, nn.Module) or callable(self.model)):
@@ -750,7 +758,8 @@ class TrainingSpec:
                 "give a smaller batch size."
             )
         _positive_int("grad_accumulation", self.grad_accumulation)
-        _positive_int("epochs", self.epochs)
+        if self.epochs is not None:
+            _positive_int("epochs", self.epochs)
         if (
             isinstance(self.world_size, bool)
             or not isinstance(self.world_size, int)
@@ -774,6 +783,11 @@ class TrainingSpec:
             _positive_int("dataset_size", self.dataset_size)
         if self.max_steps is not None:
             _positive_int("max_steps", self.max_steps)
+        if self.max_time is not None:
+            try:
+                self.max_time = parse_duration(self.max_time)
+            except BudgetError as e:
+                raise SpecError(f"max_time: {e}") from None
         if isinstance(self.optimizer, str):
             if self.optimizer.lower() not in OPTIMIZERS:
                 raise SpecError(
@@ -891,9 +905,10 @@ class TrainingSpec:
     def trial_steps(self) -> int | None:
         """Micro-batch steps in the whole trial: ``epochs`` epochs, cut at ``max_steps``
         optimizer steps (``max_steps * grad_accumulation`` micro-batches) when that is set;
-        None when neither a ``dataset_size`` nor ``max_steps`` says how long it is."""
+        None when neither a ``dataset_size`` with an epoch limit nor ``max_steps`` says how
+        long it is (``max_time`` cuts the trial's time, not its steps)."""
         steps = self.steps_per_epoch
-        lengths = [steps * self.epochs] if steps is not None else []
+        lengths = [steps * self.epochs] if steps is not None and self.epochs is not None else []
         if self.max_steps is not None:
             lengths.append(self.max_steps * self.grad_accumulation)
         return min(lengths) if lengths else None
@@ -1012,6 +1027,7 @@ class TrainingSpec:
             "grad_accumulation": self.grad_accumulation,
             "epochs": self.epochs,
             **({"max_steps": self.max_steps} if self.max_steps is not None else {}),
+            **({"max_time": self.max_time} if self.max_time is not None else {}),
             **({"compiled": True} if self.compiled else {}),
             **(
                 {"world_size": self.world_size, "bucket_cap_mb": self.bucket_cap_mb}

@@ -321,6 +321,31 @@ def test_the_trial_is_as_long_as_the_trainer_trains(
     assert trainer.global_step * spec.grad_accumulation == trial_steps
 
 
+@pytest.mark.parametrize(
+    ("trainer_kw", "epochs", "trial_steps"),
+    [({"max_time": {"seconds": 1}}, None, None), ({"max_epochs": 2, "max_time": "00:01:00:00"}, 2, 10)],
+)
+def test_a_trainer_stopped_by_max_time_trains_at_most_that_long(
+    trainer_kw: dict[str, Any], epochs: int | None, trial_steps: int | None
+) -> None:
+    """``Trainer(max_time=...)`` is the spec's ``max_time``. Without ``max_epochs`` the
+    Trainer has no epoch limit (not Lightning's 1000 epochs, nor one): the trial is as long
+    as the time; with one, the shorter of the two."""
+    loader = DataLoader(TensorDataset(torch.randn(40, 8), torch.randn(40, 1)), batch_size=8)
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, **trainer_kw,
+    )  # fmt: skip
+    spec = _spec_of(trainer, loader)
+    duration = 1.0 if epochs is None else 3600.0
+    assert (spec.epochs, spec.trial_steps, spec.max_time) == (epochs, trial_steps, duration)
+    pred = ca.CostModel().predict(spec, device="H100")
+    if epochs is None:
+        assert pred.trial_time == pred.trial_time_upper == duration
+    else:
+        assert pred.trial_time == pytest.approx(pred.iteration_time * trial_steps)
+
+
 def test_a_callback_without_a_store_records_into_the_study_pruners(tmp_path: Path) -> None:
     """``CostAwarePruner(store=...)`` and ``CostAwareCallback(trial=trial)``: what each
     trial cost lands in the pruner's store, where the refit and the report read it."""

@@ -131,6 +131,7 @@ def _build_spec(args: argparse.Namespace) -> Any:
         grad_accumulation=args.grad_accumulation,
         epochs=args.epochs,
         max_steps=args.max_steps,
+        max_time=args.max_time,
         name=args.model.rpartition(":")[2],
         world_size=args.world_size,
         sharding=args.sharding,
@@ -202,6 +203,11 @@ def _spec_arguments(p: argparse.ArgumentParser, *, batch_help: str, batch_requir
         type=int,
         help="optimizer steps after which training stops (Lightning's max_steps): the trial "
         "time is that of the shorter of --epochs and these steps",
+    )
+    p.add_argument(
+        "--max-time",
+        help="a time limit after which training stops (Lightning's max_time), e.g. 30min or "
+        "1h30m: the trial time is at most this",
     )
     p.add_argument(
         "--grad-accumulation", type=int, default=1, help="micro-batches per optimizer step"

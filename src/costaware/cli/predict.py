@@ -74,10 +74,13 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(
             "epoch time", fmt_seconds(pred.epoch_time), fmt_seconds(pred.epoch_time_upper)
         )
-    steps = pred.spec.get("trial_steps")
-    if pred.trial_time is not None and steps != pred.spec.get("steps_per_epoch"):
+    steps, max_time = pred.spec.get("trial_steps"), pred.spec.get("max_time")
+    if pred.trial_time is not None and (
+        steps != pred.spec.get("steps_per_epoch") or max_time is not None
+    ):
+        stopped = pred.trial_time == max_time  # the steps take longer, or have no end
         table.add_row(
-            f"trial time ({steps:,} steps)",
+            "trial time (max_time)" if stopped else f"trial time ({steps:,} steps)",
             fmt_seconds(pred.trial_time),
             fmt_seconds(pred.trial_time_upper),
         )

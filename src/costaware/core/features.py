@@ -162,7 +162,8 @@ def hyperparameter_features(spec: TrainingSpec) -> dict[str, float]:
         "batch_size": float(spec.batch_size),
         "log_batch_size": math.log2(spec.batch_size),
         "learning_rate": spec.learning_rate,
-        "epochs": float(spec.epochs),
+        # no epoch limit (None) counts as the corpus's trials, which are one epoch long
+        "epochs": float(spec.epochs or 1),
         "grad_accumulation": float(spec.grad_accumulation),
         "optimizer_states": spec.optimizer_state_per_param,
         "cudnn_benchmark": float(spec.cudnn_benchmark),

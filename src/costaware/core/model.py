@@ -82,7 +82,13 @@ from costaware.core.persistence import FORMAT_VERSION as FORMAT_VERSION
 from costaware.core.persistence import MANIFEST as MANIFEST
 from costaware.core.persistence import read_model, save_model
 from costaware.core.prediction import Prediction as Prediction
-from costaware.core.prediction import PredictionBasis, PredictionKind, SpecSummary, TraceSource
+from costaware.core.prediction import (
+    PredictionBasis,
+    PredictionKind,
+    SpecSummary,
+    TraceSource,
+    within_max_time,
+)
 from costaware.core.residuals import _MIN_SLOPE_ROWS as _MIN_SLOPE_ROWS
 from costaware.core.residuals import (
     _Affine,
@@ -805,7 +811,9 @@ class CostModel:
             iteration_time_upper=float(max(it_hi, it)),
             epoch_time=epoch,
             epoch_time_upper=epoch_hi,
-            trial_time=it * trial_steps if trial_steps is not None else None,
+            trial_time=within_max_time(
+                it * trial_steps if trial_steps is not None else None, summary.get("max_time")
+            ),
             device=dev.name,
             kind=kind,
             coverage=coverage,

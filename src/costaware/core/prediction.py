@@ -28,7 +28,8 @@ class SpecSummary(TypedDict, total=False):
     """The configuration a prediction is of: :meth:`TrainingSpec.summary
     <costaware.TrainingSpec.summary>`, the steps of an epoch and of the whole trial
     (micro-batches of one rank). ``compiled`` is there only for a compiled model,
-    ``world_size`` and ``bucket_cap_mb`` only for DDP, ``max_steps`` only when set."""
+    ``world_size`` and ``bucket_cap_mb`` only for DDP, ``max_steps`` and ``max_time``
+    (seconds) only when set; ``epochs`` is None for a trial without an epoch limit."""
 
     name: str
     batch: str
@@ -40,13 +41,14 @@ class SpecSummary(TypedDict, total=False):
     cudnn_benchmark: bool
     allocator: str
     grad_accumulation: int
-    epochs: int
+    epochs: int | None
     compiled: bool
     world_size: int
     bucket_cap_mb: float
     steps_per_epoch: int | None
     trial_steps: int | None
     max_steps: int
+    max_time: float
 
 
 class PredictionBasis(TypedDict, total=False):
@@ -115,8 +117,8 @@ class Prediction:
 
     Neither includes the CUDA context (the device's ``context_overhead_bytes``).
     Times are seconds; ``epoch_time`` is None when the spec has no ``dataset_size``, and
-    ``trial_time`` (``trial_steps`` iterations: the spec's epochs, cut at its ``max_steps``)
-    when it has neither a ``dataset_size`` nor a ``max_steps``.
+    ``trial_time`` (``trial_steps`` iterations: the spec's epochs, cut at its ``max_steps``,
+    the time cut at its ``max_time``) when none of them says how long the trial is.
     """
 
     peak_memory: int
@@ -146,11 +148,11 @@ class Prediction:
 
     @property
     def trial_time_upper(self) -> float | None:
-        """The trial time's upper bound: the iteration time's, times the trial's steps."""
+        """The trial time's upper bound: the iteration time's, times the trial's steps, cut
+        at the spec's ``max_time``."""
         steps = self.spec.get("trial_steps")
-        if self.trial_time is None or not steps:
-            return None
-        return max(self.iteration_time_upper, self.iteration_time) * steps
+        upper = max(self.iteration_time_upper, self.iteration_time) * steps if steps else None
+        return within_max_time(upper, self.spec.get("max_time"))
 
     def explain(self) -> str:
         """What the numbers rest on, in words a person can check."""
@@ -171,11 +173,15 @@ class Prediction:
                 f"upper bound: {fmt_seconds(self.epoch_time_upper)}"
             )
         trial_steps = self.spec.get("trial_steps")
-        if self.trial_time is not None and trial_steps != self.spec.get("steps_per_epoch"):
+        if self.trial_time is not None and (
+            trial_steps != self.spec.get("steps_per_epoch") or "max_time" in self.spec
+        ):
             ws = self.spec.get("world_size", 1)
+            steps_time = self.iteration_time * trial_steps if trial_steps else None
+            length = _trial_length(self.spec, steps_time)
             lines.append(
-                f"  trial time: {fmt_seconds(self.trial_time)} ({trial_steps} steps: "
-                + _trial_length(self.spec)
+                f"  trial time: {fmt_seconds(self.trial_time)} ("
+                + (length if length.startswith("max_time") else f"{trial_steps} steps: {length}")
                 + (f"; each of the {ws} ranks steps through 1/{ws} of the data" if ws > 1 else "")
                 + ")"
             )
@@ -247,13 +253,24 @@ class Prediction:
         )
 
 
-def _trial_length(spec: Mapping[str, Any]) -> str:
-    """What sets a trial's length, in words: its epochs, or ``max_steps`` where that cuts
-    them short."""
+def within_max_time(seconds: float | None, max_time: float | None) -> float | None:
+    """A trial's time cut at its ``max_time``; ``max_time`` itself where the steps do not
+    say how long the trial is (None when neither does)."""
+    if max_time is None:
+        return seconds
+    return float(max_time) if seconds is None else min(seconds, float(max_time))
+
+
+def _trial_length(spec: Mapping[str, Any], steps_time: float | None) -> str:
+    """What sets a trial's length, in words: its epochs, ``max_steps`` where that cuts them
+    short, or ``max_time`` where that cuts the steps' time (``steps_time``) short."""
+    max_time = spec.get("max_time")
+    if max_time is not None and (steps_time is None or max_time < steps_time):
+        return f"max_time={fmt_seconds(max_time)}"
     epochs, per_epoch = spec.get("epochs", 1), spec.get("steps_per_epoch")
     max_steps, accumulation = spec.get("max_steps"), spec.get("grad_accumulation", 1)
     if max_steps is not None and (
-        per_epoch is None or max_steps * accumulation < epochs * per_epoch
+        per_epoch is None or epochs is None or max_steps * accumulation < epochs * per_epoch
     ):
         micro = f" x {accumulation} micro-batches" if accumulation > 1 else ""
         return f"max_steps={max_steps}{micro}"

@@ -554,7 +554,8 @@ def lightning_trial_length(
     float: that fraction) as Lightning cuts it, ``max_epochs`` and ``max_steps``. Where the
     epoch is not the whole dataset in batches of ``batch_size``, ``dataset_size`` is the
     samples the cut epoch holds. An unbounded ``max_epochs`` (-1) with ``max_steps`` set
-    gives the epochs that ``max_steps`` reaches."""
+    gives the epochs that ``max_steps`` reaches; without it, no epoch limit (None). A
+    ``Timer`` (``max_time``) gives the spec's ``max_time``: the time left of its duration."""
     dataset_size = _length(getattr(loader, "dataset", None))
     batches = _length(loader)
     if world_size > 1 and dataset_size is not None:
@@ -581,9 +582,26 @@ def lightning_trial_length(
         out["epochs"] = epochs
     elif max_steps is not None and batches:  # epochs without end: max_steps ends it
         out["epochs"] = max(1, math.ceil(max_steps * accumulation / batches))
+    else:  # no epoch limit: max_steps, max_time or nothing ends it
+        out["epochs"] = None
     if max_steps is not None:
         out["max_steps"] = max_steps
+    left = [_time_left(c) for c in getattr(trainer, "callbacks", ())]
+    if times := [t for t in left if t is not None]:
+        out["max_time"] = min(times)
     return out
+
+
+def _time_left(callback: Any) -> float | None:
+    """The training time a Lightning ``Timer`` (``Trainer(max_time=...)``, either
+    namespace) has left, at least a second; None for any other callback or a Timer
+    without a duration."""
+    if type(callback).__name__ != "Timer" or not callable(
+        getattr(callback, "time_remaining", None)
+    ):
+        return None
+    left = callback.time_remaining()
+    return None if left is None else max(float(left), 1.0)
 
 
 def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
