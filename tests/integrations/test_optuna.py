@@ -318,6 +318,9 @@ def test_trials_say_whether_the_shipped_model_or_a_refit_predicted(tmp_path: Pat
     rows = [t.user_attrs["costaware:refit_rows"] for t in study.trials]
     assert rows[0] == 0 and rows[1] == 0
     assert max(rows) >= 2 and rows == sorted(rows)
+    # the store keeps each trial's parameters: a report from the store alone shows them
+    by_number = {t.number: t.params for t in study.trials}
+    assert {int(r.trial): r.params for r in ca.report(store).trials} == by_number
 
 
 def _rss_mib() -> float:

@@ -104,6 +104,11 @@ def test_rejected_suggestions_teach_optuna_and_never_run(ray_session: None, tmp_
     ok = store.measurements(status="ok")
     assert len(ok) == 12  # 4 trials x 3 epochs, joinable to the predictions by trial id
     assert {m["trial"] for m in ok} == {p["trial"] for p in admitted}
+    # the store is the only record of a rejected suggestion's config: the report shows it
+    rep = ca.report(tmp_path / "reject", store=store)
+    rejected = [r for r in rep.trials if r.outcome == "rejected"]
+    assert len(rejected) == len(searcher.rejections)
+    assert all(set(r.params) == {"width", "bs"} and r.params["width"] == 8192 for r in rejected)
 
 
 def test_scheduler_stops_an_over_budget_trial(ray_session: None, tmp_path: Path) -> None:

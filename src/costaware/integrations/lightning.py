@@ -902,7 +902,13 @@ class _CostAwareCallbackBase:
                     contract="costaware calls the module's hooks, such as configure_optimizers "
                     "and the training dataloader, before the first batch, as Lightning does",
                 )
-        verdict = gate.judge(spec, study=self.study_name, trial=self.trial_id, error=error)
+        verdict = gate.judge(
+            spec,
+            study=self.study_name,
+            trial=self.trial_id,
+            error=error,
+            params=trial.params if trial is not None else None,
+        )
         self.decision = verdict
         self.prediction = verdict.prediction
         self._prediction_done = True

@@ -195,6 +195,7 @@ class _PrunerGate:
             trial=trial.number,
             error=spec_error,
             spent_time=_spent(study),
+            params=trial.params,
         )
         storage = study._storage
         for key, value in verdict.info.items():
@@ -444,7 +445,11 @@ def admit(
         gate = found
     t0 = time.perf_counter()
     verdict = gate.judge(
-        spec, study=trial.study.study_name, trial=trial.number, spent_time=_spent(trial.study)
+        spec,
+        study=trial.study.study_name,
+        trial=trial.number,
+        spent_time=_spent(trial.study),
+        params=trial.params,
     )
     attrs = verdict.info
     attrs["gate_ms"] = round((time.perf_counter() - t0) * 1e3, 2)

@@ -318,6 +318,7 @@ class CostAwareSearcher(Searcher):
                 error=error,
                 spent_time=self.spent_time,
                 rejected_as=rejected_as,
+                params=config,
             )
             info = verdict.info
             if verdict.admit:

@@ -680,8 +680,8 @@ def _apply_prediction(row: TrialRow, p: Mapping[str, Any]) -> None:
     row.device = row.device or _str(p.get("device"))
     row.epochs_planned = row.epochs_planned or _int(spec.get("epochs"))
     row.gpus = max(row.gpus, _int(spec.get("world_size")) or 1)
-    if not row.params:
-        row.params = {
+    if not row.params:  # the search's parameters where recorded, else the spec's
+        row.params = dict(_map(_map(p.get("meta")).get("params"))) or {
             k: v
             for k, v in spec.items()
             if k in ("batch_size", "lr", "optimizer", "precision") and v is not None

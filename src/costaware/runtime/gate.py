@@ -15,6 +15,7 @@ their own terms.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import threading
 import time
@@ -66,6 +67,13 @@ def _measured_context(store: Any, device: str) -> int | None:
         and v > 0
     )
     return values[len(values) // 2] if values else None
+
+
+def _jsonable(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A search's suggested parameters as the store can hold them: a value JSON cannot
+    write (a class, a function) as its ``repr``, so that the prediction is recorded."""
+    out: dict[str, Any] = json.loads(json.dumps(dict(params), default=repr))
+    return out
 
 
 def check_options(
@@ -323,11 +331,14 @@ class Gate:
         error: Exception | None = None,
         spent_time: float = 0.0,
         rejected_as: str | int | None = None,
+        params: Mapping[str, Any] | None = None,
     ) -> Verdict:
         """Judge ``spec`` (or the ``error`` that stopped building it).
 
         The prediction is recorded in the store under ``trial`` when admitted, under
-        ``rejected_as`` (default ``trial``) when rejected.
+        ``rejected_as`` (default ``trial``) when rejected, with the search's ``params``
+        (the suggested configuration the spec was built from) where given: for a
+        suggestion rejected before it became a trial, the store is the only record of them.
 
         Raises:
             UserCodeError: the user's bug, which a real trial would hit too: ``error``
@@ -411,6 +422,7 @@ class Gate:
                     device=pred.device if pred is not None else None,
                     status=status,
                     reason=reason or None,
+                    meta={"params": _jsonable(params)} if params else None,
                 )
             except Exception as e:  # an unreachable store never stops the study
                 info["store_error"] = first_line(e)
