@@ -793,6 +793,80 @@ def test_fused_dropout_keeps_a_bool_mask_where_the_cpu_composite_keeps_a_noise_t
     assert any("ran as the composite" in n and "in place" in n for n in inplace.notes)
 
 
+class _CheckpointedBlocks(nn.Module):
+    """Attention, dropout and an MLP per block, each block under non-reentrant activation
+    checkpointing (``gradient_checkpointing_enable()``'s default) or not."""
+
+    def __init__(self, checkpointed: bool) -> None:
+        super().__init__()
+        self.checkpointed = checkpointed
+        self.qkv = nn.ModuleList(nn.Linear(64, 192) for _ in range(2))
+        self.mlp = nn.ModuleList(nn.Linear(64, 64) for _ in range(2))
+        self.drop = nn.Dropout(0.1)
+        self.head = nn.Linear(64, 10)
+
+    def block(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv[i](x).view(x.shape[0], x.shape[1], 3, 4, 16).permute(2, 0, 3, 1, 4)
+        att = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)
+        x = x + att.transpose(1, 2).reshape(x.shape)
+        return x + self.drop(torch.relu(self.mlp[i](x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        for i in range(2):
+            if self.checkpointed:
+                x = checkpoint(functools.partial(self.block, i), x, use_reentrant=False)
+            else:
+                x = self.block(i, x)
+        return self.head(x.mean(1))  # type: ignore[no-any-return]
+
+
+def test_a_checkpointed_block_recomputes_its_fused_kernels_as_its_forward_ran() -> None:
+    """Non-reentrant checkpointing recomputes the block in the backward, where torch
+    enters none of the forward's modes: the recomputation must route dropout and attention
+    to the same fused kernels, or torch refuses the backward (recomputed values of other
+    metadata), which a real GPU step does not."""
+
+    def spec(checkpointed: bool) -> ca.TrainingSpec:
+        return ca.TrainingSpec(
+            model=functools.partial(_CheckpointedBlocks, checkpointed),
+            batch=ca.ImageBatch((128, 64), classes=10),
+            batch_size=64,
+        )
+
+    plain = ca.dry_run(spec(False), attention="fused")
+    kept = ca.dry_run(spec(True), attention="fused")
+    # each block's dropout and attention twice: the forward and its recomputation
+    assert kept.op_counts["native_dropout"] == 2 * plain.op_counts["native_dropout"] == 4
+    assert kept.peak_live < plain.peak_live  # what checkpointing is for
+    # outside the dry run, a checkpoint recomputes as torch does
+    model = _CheckpointedBlocks(True)
+    model(torch.randn(2, 8, 64)).sum().backward()
+
+
+def test_a_recomputation_the_dry_run_cannot_match_is_its_own_limit() -> None:
+    """Should a checkpoint's recomputation still differ from its forward in the dry run,
+    the trial is admitted (costaware's limit), not failed as the user's bug."""
+    from torch.utils.checkpoint import CheckpointError
+
+    from costaware.core.trace.failures import _classify
+
+    def raise_it() -> None:
+        raise CheckpointError(
+            "torch.utils.checkpoint: Recomputed values for the following tensors have "
+            "different metadata than during the forward pass."
+        )
+
+    try:
+        raise_it()
+    except CheckpointError as e:
+        error = _classify(e, _drop_spec(), None)
+    assert isinstance(error, ca.UntraceableModelError)
+    assert not isinstance(error, ca.UserCodeError)
+    assert "could not recompute an activation checkpoint" in str(error)
+
+
 def test_fused_dropout_computes_what_its_mask_says() -> None:
     x = torch.randn(64, 32, dtype=torch.float64, requires_grad=True)
     out, mask = torch.ops.costaware.native_dropout(x, 0.25)

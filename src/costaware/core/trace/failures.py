@@ -79,7 +79,8 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 def _limit_of_the_dry_run(exc: BaseException) -> str | None:
     """Why ``exc`` is a limit of the dry run rather than the user's bug ("value",
-    "dynamic", "unsupported", "device", "fake", "internal"), or None where it is theirs."""
+    "dynamic", "unsupported", "device", "fake", "recompute", "internal"), or None where it
+    is theirs."""
     from torch._subclasses.fake_tensor import (
         DataDependentOutputException,
         DynamicOutputShapeException,
@@ -87,6 +88,8 @@ def _limit_of_the_dry_run(exc: BaseException) -> str | None:
     )
 
     for e in _chain(exc):  # a fake tensor's refusal, however the model re-raised it
+        if type(e).__name__ == "CheckpointError" and "Recomputed values" in str(e):
+            return "recompute"  # a real step's recomputation runs the forward's kernels
         if isinstance(e, DataDependentOutputException):
             return "value"
         if isinstance(e, DynamicOutputShapeException):
@@ -169,6 +172,13 @@ def _untraceable_error(exc: BaseException, why: str) -> TraceError:
             f"{where} ({_said(exc)}), and the dry run keeps every tensor on a fake CPU. "
             f"{ours}; to make it predictable, create tensors on the input's device "
             "(torch.zeros(..., device=x.device)) or register them as buffers."
+        )
+    if why == "recompute":
+        return UntraceableModelError(
+            "The dry run could not recompute an activation checkpoint as its forward ran "
+            f"({_said(exc)}): the step runs on fake tensors, with the kernels a GPU "
+            "runs; a real step recomputes with the same kernels both times. "
+            f"{ours}."
         )
     if why == "internal":
         return TraceError(

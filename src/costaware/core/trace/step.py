@@ -30,6 +30,7 @@ from costaware.core.trace.fused_dropout import _FusedDropout
 from costaware.core.trace.fused_rms_norm import _FusedRMSNorm
 from costaware.core.trace.fused_rnn import _FusedRNN
 from costaware.core.trace.optimizer import _flat_optimizer_ok, _flat_optimizer_step, _optimizer_step
+from costaware.core.trace.recompute import recompute_under
 from costaware.core.trace.recorder import _Recorder
 from costaware.core.trace.result import _CAT_CODE, Trace, _memory_profile, _round
 from costaware.errors import SpecError
@@ -200,6 +201,7 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
         with rec, contextlib.ExitStack() as modes:
             for mode in fused:
                 modes.enter_context(mode)
+            modes.enter_context(recompute_under(fused))
             buckets, opt_params = _hold_model(rec, spec, model, sharded)
             try:
                 opt = opt_cls(opt_params, **opt_kwargs)

@@ -1,0 +1,85 @@
+"""Activation checkpointing's recomputation under the dry run's fused-kernel modes.
+
+``torch.utils.checkpoint`` (``use_reentrant=False``, the default that Hugging Face's
+``gradient_checkpointing_enable()`` and most code use) runs the checkpointed function
+again in the backward, from a saved-tensor hook, with none of the forward's torch-function
+modes but a ``DeviceContext``. The fused modes (:mod:`~costaware.core.trace.fused`) then
+saw the forward and not its recomputation: the recomputed dropout keeps a float mask where
+the forward kept a bool one, attention saves other tensors, and torch refuses the
+backward (``CheckpointError``: recomputed values have different metadata) where a real
+step on a GPU, which runs the same fused kernels both times, trains.
+
+:func:`recompute_under` makes each checkpoint created in its scope, on this thread,
+recompute under the modes given (those not already active). The checkpoint's frame class
+is replaced once, process-wide, by a subclass that does nothing outside that scope.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+
+_LOCAL = threading.local()
+_PATCH_LOCK = threading.Lock()
+
+
+def _in_modes(fn: Callable[..., Any], modes: Sequence[TorchFunctionMode]) -> Callable[..., Any]:
+    """``fn``, run with ``modes`` entered (those not active where it runs)."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with contextlib.ExitStack() as stack:
+            active = {id(m) for m in _get_current_function_mode_stack()}
+            for mode in modes:
+                if id(mode) not in active:
+                    stack.enter_context(mode)
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def _install() -> bool:
+    """Replace ``torch.utils.checkpoint._CheckpointFrame`` (looked up by the non-reentrant
+    checkpoint each time it runs) by a subclass whose recomputation runs under the modes
+    :func:`recompute_under` set on the creating thread. False where this torch has no such
+    class: its checkpoints then recompute as torch does."""
+    import torch.utils.checkpoint as ckpt
+
+    with _PATCH_LOCK:
+        frame = getattr(ckpt, "_CheckpointFrame", None)
+        if frame is None:
+            return False
+        if getattr(frame, "_costaware_recompute", False):
+            return True
+
+        class _Frame(frame):  # type: ignore[misc, valid-type]
+            _costaware_recompute = True
+
+            def __init__(self, recompute_fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
+                modes = getattr(_LOCAL, "modes", ())
+                if modes:
+                    recompute_fn = _in_modes(recompute_fn, modes)
+                super().__init__(recompute_fn, *args, **kw)
+
+        _Frame.__name__ = _Frame.__qualname__ = frame.__name__
+        _Frame.__module__ = frame.__module__
+        ckpt._CheckpointFrame = _Frame
+        return True
+
+
+@contextlib.contextmanager
+def recompute_under(modes: Sequence[TorchFunctionMode]) -> Iterator[None]:
+    """Within this scope, on this thread, a checkpointed function recomputes in the
+    backward under ``modes``, as its forward ran."""
+    if not modes or not _install():
+        yield
+        return
+    before = getattr(_LOCAL, "modes", ())
+    _LOCAL.modes = tuple(modes)
+    try:
+        yield
+    finally:
+        _LOCAL.modes = before
