@@ -32,7 +32,7 @@ def _in_modes(fn: Callable[..., Any], modes: Sequence[TorchFunctionMode]) -> Cal
 
     def run(*args: Any, **kwargs: Any) -> Any:
         with contextlib.ExitStack() as stack:
-            active = {id(m) for m in _get_current_function_mode_stack()}
+            active = {id(m) for m in _get_current_function_mode_stack()}  # type: ignore[no-untyped-call]
             for mode in modes:
                 if id(mode) not in active:
                     stack.enter_context(mode)
@@ -66,7 +66,7 @@ def _install() -> bool:
 
         _Frame.__name__ = _Frame.__qualname__ = frame.__name__
         _Frame.__module__ = frame.__module__
-        ckpt._CheckpointFrame = _Frame
+        ckpt._CheckpointFrame = _Frame  # type: ignore[misc]
         return True
 
 
