@@ -115,6 +115,50 @@ def test_memory_grows_with_batch_and_warm_predictions_reuse_the_trace(
     assert exact.peak_memory == big.peak_memory
 
 
+class _Views(torch.nn.Module):
+    """A small MLP whose forward repeats the batch ``views`` times (a multi-view
+    augmentation), with a settings object of its own as a Hugging Face model holds its
+    config; ``freeze`` trains the head alone."""
+
+    class Settings:
+        def __init__(self, views: int) -> None:
+            self._views = views
+
+    def __init__(self, views: int, freeze: bool) -> None:
+        super().__init__()
+        self.settings = self.Settings(views)
+        self.body = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU())
+        self.head = torch.nn.Linear(512, 10)
+        self.body.requires_grad_(not freeze)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x.repeat(self.settings._views, 1)))  # type: ignore[no-any-return]
+
+
+def test_models_alike_but_for_what_trains_or_a_setting_are_traced_apart() -> None:
+    """Two models given as modules with the same layers are the same architecture to the
+    trace cache only where the same parameters train and their plain settings agree: a
+    frozen body, or a setting read in the forward, changes the step."""
+
+    def spec(views: int, freeze: bool) -> ca.TrainingSpec:
+        return ca.TrainingSpec(
+            model=_Views(views, freeze),
+            batch=ca.ImageBatch((64,), classes=10),
+            batch_size=32,
+            loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1].repeat(m.settings._views)),
+        )
+
+    model = ca.CostModel()
+    base = model.predict(spec(1, False), device="H100")
+    again = model.predict(spec(1, False), device="H100")  # another instance, alike
+    frozen = model.predict(spec(1, True), device="H100")
+    views = model.predict(spec(4, False), device="H100")
+    assert again.basis["trace_source"] == "cached" and again.peak_memory == base.peak_memory
+    assert frozen.basis["trace_source"] == views.basis["trace_source"] == "traced"
+    assert frozen.basis["breakdown"]["gradients"] < base.basis["breakdown"]["gradients"]
+    assert views.basis["flops"] > 3 * base.basis["flops"]
+
+
 def test_autocast_weight_gradients_do_not_grow_with_the_batch() -> None:
     """Under autocast, the half-precision weight gradients are backward temporaries the
     size of the weights: one trace alone scales them with the batch; two do not."""
