@@ -81,6 +81,11 @@ def meta_copy(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Modul
     if id(module) in memo:
         return memo[id(module)]  # type: ignore[no-any-return]
     clone = copy.copy(module)
+    for name, value in module.__dict__.items():
+        # what a __getstate__ leaves out of a copy (a LightningModule's Trainer), shared
+        # as everything else is: the step may read it (self.trainer, self.optimizers())
+        if value is not None and clone.__dict__.get(name) is None:
+            clone.__dict__[name] = value
     memo[id(module)] = memo[id(wrapper)] = clone
     drop_compiled(clone)
     params: dict[str, Any] = {}

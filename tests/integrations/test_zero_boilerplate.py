@@ -562,3 +562,38 @@ def test_an_error_raised_in_training_step_itself_is_the_training_steps() -> None
     ) as got:
         _trainer(L, callback).fit(Broken(), _data())
     assert isinstance(got.value, KeyError)  # the user's own type, as the fit would raise it
+
+
+@pytest.mark.parametrize("ns_name", sorted(NAMESPACES))
+def test_a_training_step_that_reads_its_trainer_optimizer_and_scheduler_is_judged(
+    ns_name: str,
+) -> None:
+    """``self.trainer``, ``self.optimizers()`` and ``self.lr_schedulers()`` in
+    ``training_step`` (a logged learning rate, a warm-up by epoch) work in the dry run as in
+    training: the trial is predicted, not failed as the user's bug."""
+    ns, callback_class = NAMESPACES[ns_name]
+    seen: list[float] = []
+
+    class Logged(ns.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Linear(64, 1))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            lr = self.optimizers().param_groups[0]["lr"]
+            seen.append(lr)
+            self.log("lr", self.lr_schedulers().get_last_lr()[0])
+            warm = min(1.0, (self.current_epoch + 1) / self.trainer.max_epochs)
+            return torch.nn.functional.mse_loss(self.net(x), y) * warm  # type: ignore[no-any-return]
+
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.AdamW(self.parameters(), lr=3e-4)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    callback = callback_class(budget=ca.Budget(max_memory="8GiB"), device="H100", enforce=True)
+    _trainer(ns, callback).fit(Logged(), _data())
+    assert callback.prediction is not None and callback.decision.admit
+    assert "error" not in callback.decision.info
+    assert seen and set(seen) == {3e-4}  # the dry run's read, then the real steps'

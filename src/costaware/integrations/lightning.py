@@ -483,14 +483,73 @@ def lightning_step_loss(model: Any, batch: Any) -> torch.Tensor:
     return out
 
 
-def _silence_logging(module: Any) -> None:
-    """A meta copy of a LightningModule logs nothing (``self.log`` needs a running loop)."""
+def _prepare_copy(module: Any) -> None:
+    """Ready a meta copy of a LightningModule for the dry run of its ``training_step``: it
+    logs nothing (``self.log`` needs a running loop), and ``self.optimizers()`` and
+    ``self.lr_schedulers()`` answer with what the copy's own ``configure_optimizers``
+    returns, as Lightning's would in training (before the fit starts, the Trainer holds
+    none). Those are read (an ``lr`` logged), never stepped: the dry run steps its own
+    optimizer."""
 
     def _no_log(*args: Any, **kwargs: Any) -> None:
         return None
 
+    configured: list[tuple[list[Any], list[Any]]] = []
+
+    def _configured() -> tuple[list[Any], list[Any]]:
+        if not configured:
+            configured.append(_optimizers_and_schedulers(type(module).configure_optimizers(module)))
+        return configured[0]
+
+    def _optimizers(use_pl_optimizer: bool = True) -> Any:
+        opts = _configured()[0]
+        return opts[0] if len(opts) == 1 else opts
+
+    def _lr_schedulers() -> Any:
+        scheds = _configured()[1]
+        return None if not scheds else scheds[0] if len(scheds) == 1 else scheds
+
     module.__dict__["log"] = _no_log
     module.__dict__["log_dict"] = _no_log
+    module.__dict__["optimizers"] = _optimizers
+    module.__dict__["lr_schedulers"] = _lr_schedulers
+
+
+def _optimizers_and_schedulers(configured: Any) -> tuple[list[Any], list[Any]]:
+    """The optimizers and learning-rate schedulers in what ``configure_optimizers``
+    returned, in its order (an optimizer; a list or tuple of them; a dict with
+    "optimizer" and "lr_scheduler", itself a scheduler or a dict with "scheduler"; a list
+    of such dicts; or ``([optimizers], [schedulers])``)."""
+    opts: list[Any] = []
+    scheds: list[Any] = []
+
+    def scheduler(s: Any) -> None:
+        s = s.get("scheduler") if isinstance(s, Mapping) else s
+        if s is not None:
+            scheds.append(s)
+
+    def walk(obj: Any, in_schedulers: bool = False) -> None:
+        if isinstance(obj, torch.optim.Optimizer):
+            opts.append(obj)
+        elif isinstance(obj, Mapping):
+            walk(obj.get("optimizer"))
+            if obj.get("lr_scheduler") is not None:
+                scheduler(obj["lr_scheduler"])
+        elif isinstance(obj, (list, tuple)):
+            if (
+                len(obj) == 2
+                and isinstance(obj[0], (list, tuple))
+                and isinstance(obj[1], (list, tuple))
+            ):
+                walk(obj[0])
+                for s in obj[1]:
+                    scheduler(s)
+            else:
+                for item in obj:
+                    walk(item)
+
+    walk(configured)
+    return opts, scheds
 
 
 def _study_budget(trial: Any) -> Budget | None:
@@ -628,7 +687,7 @@ def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
         optimizer=optimizer if optimizer is not None else "adamw",
         loss=lightning_step_loss,
         precision=precision,
-        prepare=_silence_logging,
+        prepare=_prepare_copy,
         grad_accumulation=max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1)),
         name=type(pl_module).__name__,
         **parallel,
