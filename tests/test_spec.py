@@ -202,3 +202,48 @@ def test_a_factory_reading_a_module_global_is_keyed_on_its_value() -> None:
     finally:
         GLOBAL_WIDTH = 8
     assert spec.architecture_key() == k8
+
+
+def test_an_example_batch_with_one_entry_per_sample_follows_the_batch_size() -> None:
+    """A collate function leaves lists of one entry per sample (variable-length
+    sequences, a detection batch's target dicts): the batch size is their count, not a
+    sample's own length, and a batch drawn at another size has that many entries, each a
+    sample of the example's, whatever its own leading dimension."""
+    from costaware.from_code import BatchLikeExample
+
+    ragged = ([torch.randn(7 + i % 5, 16) for i in range(12)], torch.randint(0, 3, (12,)))
+    like = BatchLikeExample(ragged)
+    assert like.batch_size == 12
+    seqs, labels = like(30)
+    assert len(seqs) == 30 and labels.shape == (30,)
+    assert [s.shape[0] for s in seqs[:6]] == [7, 8, 9, 10, 11, 7]
+    # the images and the targets follow the batch size; a box tensor of 4 rows is a
+    # sample's, however many samples the example had
+    targets = [{"boxes": torch.rand(4, 4), "labels": torch.randint(0, 5, (4,))} for _ in range(4)]
+    detection = BatchLikeExample((torch.randn(4, 3, 8, 8), targets))
+    images, drawn = detection(9)
+    assert images.shape == (9, 3, 8, 8) and len(drawn) == 9
+    assert {tuple(t["boxes"].shape) for t in drawn} == {(4, 4)}
+    assert drawn[0]["boxes"] is not drawn[4]["boxes"]  # no two samples share a tensor
+    assert "[9 samples like {'boxes': (4, 4), 'labels': (4,)}]" in detection.shapes(9)
+    # the targets alone are a batch too; a pair of tensors of one length is not samples
+    assert BatchLikeExample(targets).batch_size == 4
+    assert BatchLikeExample([torch.randn(2, 8), torch.randn(2, 8)]).batch_size == 2
+
+
+def test_a_dataclass_batch_is_drawn_as_a_dataclass() -> None:
+    import dataclasses
+
+    from costaware.from_code import BatchLikeExample
+
+    @dataclasses.dataclass(frozen=True)
+    class Batch:
+        x: torch.Tensor
+        y: torch.Tensor
+        tag: str = "train"
+
+    like = BatchLikeExample(Batch(torch.randn(16, 8), torch.randint(0, 2, (16,))))
+    drawn = like(32)
+    assert isinstance(drawn, Batch) and drawn.x.shape == (32, 8) and drawn.y.shape == (32,)
+    assert drawn.tag == "train" and like.batch_size == 16
+    assert like.shapes(32) == "{'x': (32, 8), 'y': (32,), 'tag': 'train'}"

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import inspect
 from collections.abc import Callable, Mapping
@@ -160,21 +161,31 @@ class BatchLikeExample:
 
     Tensors whose leading dimension is the batch size follow it; other tensors and
     non-tensor values are kept as they are in the example (a tensor the same for every
-    batch is copied as a constant).
+    batch is copied as a constant). A list of one entry per sample (a detection batch's
+    target dicts, variable-length sequences: see :func:`_per_sample`) follows the batch
+    size too, its entries drawn in turn from the example's. A dataclass batch is rebuilt
+    with its fields drawn so.
     """
 
     def __init__(self, example: Any) -> None:
         found = _leading_dim(example)
         if found is None:
+            found = _samples(example)
+        if found is None:
             raise SpecError(
                 "the example batch holds no tensor with a batch dimension: give the batch as "
-                "the model's training step receives it (a tensor, a tuple/list of tensors, or "
-                f"a mapping of them), but got {type(example).__name__}."
+                "the model's training step receives it (a tensor, a tuple/list of tensors, a "
+                f"mapping or a dataclass of them), but got {type(example).__name__}."
             )
         self.batch_size: int = found
         self._template = self._describe(example)
 
     def _describe(self, value: Any) -> Any:
+        if _per_sample(value) and len(value) == self.batch_size:
+            return ("samples", type(value), [("const", _frozen(v)) for v in value])
+        if _is_dataclass_batch(value):
+            fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            return ("fields", value, {k: self._describe(v) for k, v in fields.items()})
         if isinstance(value, torch.Tensor):
             if value.dim() == 0 or value.shape[0] != self.batch_size:
                 return ("const", value.detach().to("cpu", copy=True))
@@ -194,7 +205,16 @@ class BatchLikeExample:
             return node[1].make(batch_size)
         if kind == "const":
             value = node[1]
-            return value.clone() if isinstance(value, torch.Tensor) else value
+            return value.clone() if isinstance(value, torch.Tensor) else _copied(value)
+        if kind == "samples":
+            entries = node[2]
+            drawn = [self._make(entries[i % len(entries)], batch_size) for i in range(batch_size)]
+            return _rebuild(node[1], drawn, list)
+        if kind == "fields":
+            made = copy.copy(node[1])
+            for name, child in node[2].items():
+                object.__setattr__(made, name, self._make(child, batch_size))
+            return made
         if kind == "map":
             items = {k: self._make(v, batch_size) for k, v in node[2].items()}
             return items if node[1] is dict else _rebuild(node[1], items, dict)
@@ -213,7 +233,9 @@ class BatchLikeExample:
                 return (batch_size, *node[1].shape)
             if kind == "const":
                 return tuple(node[1].shape) if isinstance(node[1], torch.Tensor) else node[1]
-            if kind == "map":
+            if kind == "samples":
+                return f"[{batch_size} samples like {_shown(node[2][0][1])}]"
+            if kind in ("map", "fields"):
                 return {k: shape(v) for k, v in node[2].items()}
             return [shape(v) for v in node[2]]
 
@@ -240,6 +262,13 @@ def _signature(node: Any) -> Any:
     kind = node[0]
     if kind == "leaf":
         return node[1].describe()
+    if kind == "samples":  # the entries' structure: their lengths are the data's
+        return ["samples", _structure(node[2][0][1])]
+    if kind == "fields":
+        return {
+            "dataclass": type(node[1]).__qualname__,
+            **{k: _signature(v) for k, v in node[2].items()},
+        }
     if kind == "const":
         value = node[1]
         if isinstance(value, torch.Tensor):
@@ -252,10 +281,33 @@ def _signature(node: Any) -> Any:
     return [_signature(v) for v in node[2]]
 
 
+def _is_dataclass_batch(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _per_sample(value: Any) -> bool:
+    """Whether ``value`` is a list of one entry per sample, as a collate function leaves
+    what it cannot stack: a detection batch's target dicts (all mappings), or
+    variable-length sequences (tensors whose lengths differ). A tuple or list of tensors
+    of one leading dimension (``(inputs, labels)``) is a batch's parts, not samples."""
+    if not isinstance(value, list) or not value:
+        return False
+    if all(isinstance(v, Mapping) for v in value):
+        return True
+    return all(isinstance(v, torch.Tensor) and v.dim() > 0 for v in value) and (
+        len({int(v.shape[0]) for v in value}) > 1
+    )
+
+
 def _leading_dim(value: Any) -> int | None:
-    """The leading dimension of the first tensor with one in ``value`` (depth first)."""
+    """The leading dimension of the first tensor with one in ``value`` (depth first),
+    outside lists of one entry per sample (:func:`_per_sample`)."""
     if isinstance(value, torch.Tensor):
         return int(value.shape[0]) if value.dim() > 0 else None
+    if _per_sample(value):
+        return None
+    if _is_dataclass_batch(value):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
     if isinstance(value, Mapping):
         value = list(value.values())
     if isinstance(value, (tuple, list)):
@@ -263,6 +315,58 @@ def _leading_dim(value: Any) -> int | None:
             if (found := _leading_dim(v)) is not None:
                 return found
     return None
+
+
+def _samples(value: Any) -> int | None:
+    """The length of the first list of one entry per sample in ``value``: the batch size
+    of a batch that holds no stacked tensor."""
+    if _per_sample(value):
+        return len(value)
+    if _is_dataclass_batch(value):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            if (found := _samples(v)) is not None:
+                return found
+    return None
+
+
+def _frozen(value: Any) -> Any:
+    """A sample's entry as the example holds it, its tensors copied to the CPU."""
+    if isinstance(value, Mapping):
+        return _rebuild(type(value), {k: _frozen(v) for k, v in value.items()}, dict)
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    return value
+
+
+def _shown(value: Any) -> Any:
+    """A sample's entry for a message: its tensors by shape."""
+    if isinstance(value, Mapping):
+        return {k: _shown(v) for k, v in value.items()}
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else value
+
+
+def _structure(value: Any) -> Any:
+    """A sample's entry's structure: tensors by dtype and shape past the first dimension
+    (a sample's own length varies), mappings by key."""
+    if isinstance(value, Mapping):
+        return {str(k): _structure(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, torch.Tensor):
+        return f"(n,{','.join(map(str, value.shape[1:]))}):{value.dtype}"
+    return type(value).__name__
+
+
+def _copied(value: Any) -> Any:
+    """A constant of the example, copied where it holds tensors (a sample's target dict),
+    so that no two batches share one."""
+    if isinstance(value, Mapping):
+        return _rebuild(type(value), {k: _copied(v) for k, v in value.items()}, dict)
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    return value
 
 
 def optimizer_of(optimizer: Any) -> tuple[Any, dict[str, Any]]:

@@ -5,6 +5,7 @@ Real Optuna studies on SQLite and real Lightning Trainers in both namespaces, on
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from pathlib import Path
@@ -597,3 +598,74 @@ def test_a_training_step_that_reads_its_trainer_optimizer_and_scheduler_is_judge
     assert callback.prediction is not None and callback.decision.admit
     assert "error" not in callback.decision.info
     assert seen and set(seen) == {3e-4}  # the dry run's read, then the real steps'
+
+
+@dataclasses.dataclass
+class _Pair:
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class _Opaque:  # a batch class costaware cannot see into (no dataclass, no mapping)
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+
+def _pairs(items: list[tuple[torch.Tensor, torch.Tensor]]) -> _Pair:
+    return _Pair(torch.stack([a for a, _ in items]), torch.stack([b for _, b in items]))
+
+
+def _opaque(items: list[tuple[torch.Tensor, torch.Tensor]]) -> _Opaque:
+    return _Opaque(torch.stack([a for a, _ in items]), torch.stack([b for _, b in items]))
+
+
+@pytest.mark.parametrize("form", ["after_transfer", "two_loaders", "dataclass", "opaque"])
+def test_the_batch_is_read_as_training_step_receives_it(form: str) -> None:
+    """The dry run's batch is the one ``training_step`` gets: after the module's
+    ``on_after_batch_transfer`` (uint8 images made float), one batch of each loader where
+    ``fit`` was given several, or a collate function's dataclass. A batch read otherwise
+    failed the fit as the user's bug. A batch costaware cannot see into is its own limit:
+    the trial is admitted with a warning and trains."""
+    images = TensorDataset(
+        torch.randint(0, 255, (32, 3, 8, 8), dtype=torch.uint8), torch.randint(0, 4, (32,))
+    )
+
+    class Net(L.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 4))
+
+        def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+            if form != "after_transfer":
+                return batch
+            x, y = batch
+            return {"img": x.float() / 255, "target": y}
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if form == "after_transfer":
+                x, y = batch["img"], batch["target"]
+            elif form == "two_loaders":
+                (x, y), (x2, _) = batch["a"], batch["b"]
+                x = torch.cat([x.float(), x2.float()])[: len(y)]
+            else:  # a dataclass, or the opaque batch
+                x, y = batch.x, batch.y
+            return torch.nn.functional.cross_entropy(self.net(x.float()), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    if form == "two_loaders":
+        data: Any = {"a": DataLoader(images, batch_size=8), "b": DataLoader(images, batch_size=8)}
+    elif form in ("dataclass", "opaque"):
+        data = DataLoader(images, batch_size=8, collate_fn=_pairs if form == "dataclass" else _opaque)
+    else:
+        data = DataLoader(images, batch_size=8)
+    callback = CostAwareCallback(budget=ca.Budget(max_memory="8GiB"), device="H100", enforce=True)
+    if form == "opaque":
+        with pytest.warns(ca.CostAwareWarning, match="cannot read the training batch"):
+            _trainer(L, callback).fit(Net(), data)
+        assert callback.decision.admit and callback.prediction is None
+        return
+    _trainer(L, callback).fit(Net(), data)
+    assert callback.decision.admit and "error" not in callback.decision.info
+    assert callback.prediction is not None and callback.prediction.spec["batch_size"] == 8

@@ -165,9 +165,11 @@ from costaware.errors import (
     CostAwareWarning,
     SpecError,
     TrialRejected,
+    UntraceableModelError,
     UserCodeError,
     first_line,
 )
+from costaware.from_code import BatchLikeExample
 from costaware.integrations._keywords import keyword_options
 from costaware.measure.profile import (
     CpuMemoryMeter,
@@ -471,8 +473,6 @@ def lightning_step_loss(model: Any, batch: Any) -> torch.Tensor:
     if isinstance(out, Mapping):
         out = out.get("loss")
     if not isinstance(out, torch.Tensor):
-        from costaware.errors import UntraceableModelError
-
         raise UntraceableModelError(
             "training_step returned no loss tensor (a tensor or a dict with 'loss') for the "
             f"dry run's batch (batch_idx 0), but {type(out).__name__}: Lightning skips such a "
@@ -588,11 +588,48 @@ def _example_batch(trainer: Any) -> tuple[Any, Any]:
         loader = trainer.lightning_module.train_dataloader()
     if loader is None:
         raise ValueError("no training dataloader to take an example batch from")
-    if isinstance(loader, (list, tuple)) and loader:
-        loader = loader[0]
+    if type(loader).__name__ == "CombinedLoader" and hasattr(loader, "iterables"):
+        if getattr(loader, "_mode", None) == "sequential":  # one loader's batches at a time
+            first = loader.iterables
+            first = next(iter(first.values())) if isinstance(first, Mapping) else first[0]
+            return next(iter(first)), first
+        loader = loader.iterables
+    # several loaders: Lightning combines one batch of each (its "max_size_cycle"), in
+    # the mapping or list they came in, for an epoch as long as the longest
     if isinstance(loader, Mapping) and loader:
-        loader = next(iter(loader.values()))
+        return {k: next(iter(v)) for k, v in loader.items()}, _longest(loader.values())
+    if isinstance(loader, (list, tuple)) and loader:
+        return [next(iter(v)) for v in loader], _longest(loader)
     return next(iter(loader)), loader
+
+
+def _longest(loaders: Any) -> Any:
+    """The loader with the most batches (one without a length counts as none)."""
+    return max(loaders, key=lambda d: _length(d) or 0)
+
+
+def _as_transferred(pl_module: Any, batch: Any) -> Any:
+    """The batch as ``training_step`` receives it: through the module's (or datamodule's)
+    ``on_before_batch_transfer``, ``transfer_batch_to_device`` (to this CPU) and
+    ``on_after_batch_transfer``, as Lightning calls them for every batch.
+
+    Raises:
+        UntraceableModelError: a hook failed on the example batch outside a running fit,
+            where costaware calls it (the trial is admitted; a real fit calls it again).
+    """
+    before = getattr(pl_module, "_on_before_batch_transfer", None)
+    handler = getattr(pl_module, "_apply_batch_transfer_handler", None)
+    try:
+        if callable(before) and callable(handler):
+            return handler(before(batch, dataloader_idx=0), torch.device("cpu"), 0)
+        batch = pl_module.on_before_batch_transfer(batch, 0)
+        return pl_module.on_after_batch_transfer(batch, 0)
+    except Exception as e:
+        raise UntraceableModelError(
+            f"costaware could not pass the example batch through the module's batch "
+            f"transfer hooks before the fit ({type(e).__name__}: {first_line(e)}); pass "
+            "CostAwareCallback(spec=...) to describe the step"
+        ) from e
 
 
 def _length(obj: Any) -> int | None:
@@ -678,6 +715,14 @@ def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
             "automatic optimization takes, so it cannot judge it (pass spec= instead)"
         )
     batch, loader = _example_batch(trainer)
+    batch = _as_transferred(pl_module, batch)
+    try:
+        BatchLikeExample(batch)
+    except SpecError as e:  # the user never described the batch: costaware's limit
+        raise UntraceableModelError(
+            f"costaware cannot read the training batch as one batch of samples: {e} Pass "
+            "CostAwareCallback(spec=...) to describe the step"
+        ) from e
     optimizer = _first_optimizer(pl_module.configure_optimizers())
     precision = lightning_precision(trainer)
     parallel = lightning_parallel(trainer)
