@@ -466,3 +466,22 @@ def test_check_measured_counts_the_context_on_gpus_only() -> None:
     assert kinds == ["epoch_time", "trial_time"]
     with pytest.raises(ca.BudgetError, match="relative to a device"):
         ca.Budget(max_memory="90%").check_measured(peak_memory=1.0)
+
+
+def test_the_study_cost_so_far_is_its_time_at_the_price_and_a_spent_budget_is_said() -> None:
+    """Without a spent_cost, what the study spent is its time at price_per_hour: a study
+    that has spent 30 min at $4/h has spent $2 of a $3 cap; ``exhausted`` says when what
+    is spent alone reaches a cap, whatever the next trial costs."""
+    pred = _pred(epoch=60.0, epochs=1)  # one epoch of a minute: $0.067 at $4/h
+    budget = ca.Budget(price_per_hour=4.0, max_cost=3.0)
+    assert budget.decide(pred, spent_time=1800).checked["cost"]["predicted"] == pytest.approx(
+        2.0 + 60 / 3600 * 4.0
+    )
+    over = budget.decide(pred, spent_time=2690)  # $2.989 spent + $0.067
+    assert [r.kind for r in over.reasons] == ["cost"]
+    assert budget.decide(pred, spent_time=2690, spent_cost=0.0).admit  # a cost given wins
+    assert budget.exhausted(2690) is None
+    assert "spent 3.00 of its 3.00 max_cost" in str(budget.exhausted(2700))
+    assert ca.Budget(max_total_time="1h").exhausted(3599) is None
+    assert "max_total_time" in str(ca.Budget(max_total_time="1h").exhausted(3600))
+    assert ca.Budget().exhausted(10**9) is None  # no study-wide cap

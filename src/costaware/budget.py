@@ -290,9 +290,13 @@ class Budget:
             ``"90s"``, ``"250ms"``, ``"10min"``, ``"1.5h"`` or ``"1h30m"``
             (:func:`parse_duration`); the trial time is the iteration time times the
             spec's :attr:`~costaware.TrainingSpec.trial_steps` (its epochs, cut at its
-            ``max_steps``), and the total time adds what the study has already spent.
-        price_per_hour, max_cost: a price per GPU-hour and a cap on the study's cost (a
-            trial on ``world_size`` GPUs pays for each of them).
+            ``max_steps``, the time at its ``max_time``), and the total time adds what
+            the study has already spent.
+        price_per_hour, max_cost: a price per GPU-hour and a cap on the study's cost: what
+            it has spent (its time at this price) and the next trial (a trial on
+            ``world_size`` GPUs pays for each of them). A study whose ``max_total_time``
+            or ``max_cost`` is spent is stopped by the integrations
+            (:meth:`exhausted`).
         safety_margin: a fraction added to every predicted figure before comparing.
         bound: which memory figure is checked: ``"upper"`` (the calibrated upper bound of
             the memory the step needs, default) or ``"point"`` (the prediction).
@@ -425,13 +429,16 @@ class Budget:
         *,
         device: str | Device | None = None,
         spent_time: float = 0.0,
-        spent_cost: float = 0.0,
+        spent_cost: float | None = None,
     ) -> Decision:
         """Admit or reject ``prediction`` (a :class:`~costaware.Prediction`).
 
         ``spent_time`` (seconds) and ``spent_cost`` are what the study has used so far,
-        for ``max_total_time`` and ``max_cost``.
+        for ``max_total_time`` and ``max_cost``. Without ``spent_cost``, the study's cost
+        is its ``spent_time`` at ``price_per_hour`` (one GPU per trial; a study of
+        data-parallel trials gives its own).
         """
+        spent_cost = self._spent_cost(spent_time, spent_cost)
         dev = get_device(device if device is not None else prediction.device)
         grow = 1.0 + self.safety_margin
         upper_mem = self.bound == "upper"
@@ -545,6 +552,30 @@ class Budget:
         if not_checked:
             checked["not_checked"] = not_checked
         return Decision(admit=not reasons, reasons=tuple(reasons), checked=checked)
+
+    def _spent_cost(self, spent_time: float, spent_cost: float | None) -> float:
+        if spent_cost is not None:
+            return spent_cost
+        return spent_time / 3600 * self.price_per_hour if self.price_per_hour else 0.0
+
+    def exhausted(self, spent_time: float, spent_cost: float | None = None) -> str | None:
+        """Why no further trial fits the study's budget, whatever it is: what the study
+        has spent (``spent_time`` seconds; ``spent_cost``, else ``spent_time`` at
+        ``price_per_hour``) already reaches ``max_total_time`` or ``max_cost``. None while
+        it does not: a search then stops rather than propose trials it must reject."""
+        if self.max_total_time is not None:
+            cap = parse_duration(self.max_total_time)
+            if spent_time >= cap:
+                t, c = fmt_apart(spent_time, cap, seconds=True)
+                return f"the study has spent {t} of its {c} max_total_time"
+        if self.max_cost is not None:
+            cost = self._spent_cost(spent_time, spent_cost)
+            if cost >= self.max_cost:
+                return (
+                    f"the study has spent {fmt_money(cost, '')} of its "
+                    f"{fmt_money(self.max_cost, '')} max_cost"
+                )
+        return None
 
     def check_measured(
         self,

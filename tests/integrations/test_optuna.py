@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import multiprocessing
 import os
@@ -21,6 +22,7 @@ import costaware as ca
 from costaware import zoo
 from costaware.devices import UnknownDeviceError
 from costaware.integrations.optuna import (
+    SPENT_STREAK_LIMIT,
     CostAwareHyperbandPruner,
     CostAwarePruner,
     CostAwareWarning,
@@ -488,3 +490,41 @@ def test_the_hyperband_pruner_takes_keywords_and_still_its_positional_form(
     got = _grid_states(old, tmp_path / "old.db")
     assert got == _grid_states(new, tmp_path / "new.db")
     assert got == {64: {TrialState.COMPLETE}, 8192: {TrialState.PRUNED}}
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [
+        ca.Budget(max_total_time="0.6s"),
+        ca.Budget(price_per_hour=3600.0, max_cost=0.6),  # a dollar a second
+    ],
+    ids=["max_total_time", "max_cost"],
+)
+def test_a_spent_study_budget_rejects_and_then_stops_the_study(budget: ca.Budget) -> None:
+    """``max_total_time`` and ``max_cost`` count what the study has spent (its cost at
+    ``price_per_hour``): the trial that would pass them is rejected, and once they are
+    used up the study stops instead of asking for trials it must reject, without end."""
+    import time as _time
+
+    def short(params: dict[str, Any]) -> ca.TrainingSpec:  # ten steps: a trial of ms
+        return dataclasses.replace(spec_fn(params), dataset_size=160)
+
+    study = optuna.create_study(pruner=CostAwarePruner(spec_fn=short, budget=budget, device="T4"))
+
+    def slow(trial: optuna.Trial) -> float:
+        trial.suggest_categorical("width", [64])
+        trial.suggest_categorical("batch_size", [16])
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+        _time.sleep(0.25)
+        return 0.0
+
+    with pytest.warns(ca.CostAwareWarning, match="stopping it"):
+        study.optimize(slow, n_trials=40)
+    states = [t.state for t in study.trials]
+    done = states.count(TrialState.COMPLETE)
+    assert 1 <= done <= 3  # 0.25 s each (the first with its cold dry run), 0.6 s to spend
+    # stopped: when spent, or after a streak of trials the rest of the budget fits none of
+    assert states[-1] == TrialState.PRUNED and len(states) <= done + SPENT_STREAK_LIMIT + 1
+    last = study.trials[-1].user_attrs["costaware:reasons"][0]
+    assert "spent" in last and ("cost cap" in last or "exceeds the study's" in last)

@@ -184,6 +184,19 @@ def test_fail_closed_rejects_and_gives_up() -> None:
     assert all(r["reasons"][0].startswith("prediction failed") for r in searcher.rejections)
 
 
+def test_a_spent_study_budget_ends_the_search() -> None:
+    """Once the trials have spent the budget's max_total_time, every suggestion would be
+    rejected: the searcher ends the search instead of proposing them."""
+    searcher = CostAwareSearcher(
+        OptunaSearch(seed=0, metric="loss", mode="min", space=SPACE), spec_fn=spec_fn,
+        budget=ca.Budget(max_total_time="1min"), device="cpu",
+    )  # fmt: skip
+    searcher.spent_time = 61.0
+    with pytest.warns(CostAwareWarning, match="spent 61.0 s of its 60.0 s max_total_time"):
+        assert searcher.suggest("a") == "FINISHED"
+    assert not searcher.rejections and not searcher.admitted
+
+
 def test_checkpoint_restore_round_trip(tmp_path: Path) -> None:
     def make() -> CostAwareSearcher:
         return CostAwareSearcher(

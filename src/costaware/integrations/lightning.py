@@ -1006,11 +1006,17 @@ class _CostAwareCallbackBase:
                     contract="costaware calls the module's hooks, such as configure_optimizers "
                     "and the training dataloader, before the first batch, as Lightning does",
                 )
+        spent = 0.0
+        if trial is not None:  # the study's time so far, for max_total_time and max_cost
+            from costaware.integrations.optuna import study_spent
+
+            spent = study_spent(trial.study)
         verdict = gate.judge(
             spec,
             study=self.study_name,
             trial=self.trial_id,
             error=error,
+            spent_time=spent,
             params=trial.params if trial is not None else None,
         )
         self.decision = verdict
@@ -1019,7 +1025,11 @@ class _CostAwareCallbackBase:
         if gate.store is None:
             self._safely("recording the decision", self._record_verdict, gate, verdict, spec)
         if trial is not None:
+            from costaware.integrations.optuna import stop_when_spent
+
             self._safely("setting the trial's attributes", self._tell_trial, trial, verdict)
+            kinds = verdict.info.get("reason_kinds", ())
+            self._safely("stopping a spent study", stop_when_spent, trial.study, gate.budget, spent, kinds)
         if verdict.admit:
             return
         reasons = [str(r) for r in verdict.info.get("reasons", [])] or ["rejected by costaware"]

@@ -92,8 +92,9 @@ __all__ = [
 ATTR = "costaware:"
 
 
-def _spent(study: optuna.Study) -> float:
-    """Seconds the study's finished trials took."""
+def study_spent(study: optuna.Study) -> float:
+    """Seconds the study's finished trials took (what ``max_total_time`` and, at the
+    budget's ``price_per_hour``, ``max_cost`` count)."""
     total = 0.0
     for t in study.get_trials(
         deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -104,6 +105,55 @@ def _spent(study: optuna.Study) -> float:
 
 
 _LOG = optuna.logging.get_logger("optuna.costaware")
+#: the studies (by name) already told that their budget is spent, in this process
+_SPENT_TOLD: set[str] = set()
+#: per study, the trials rejected in a row for its max_total_time or max_cost alone
+_SPENT_STREAK: dict[str, int] = {}
+_SPENT_LOCK = threading.Lock()
+#: trials in a row that the rest of the study's budget fits none of, after which it stops
+SPENT_STREAK_LIMIT = 10
+_CUMULATIVE = frozenset({"total_time", "cost"})
+
+
+def stop_when_spent(
+    study: optuna.Study, budget: Budget, spent_time: float, reason_kinds: Any = ()
+) -> None:
+    """After each judged trial (``reason_kinds``: the kinds of limit it broke; none when
+    admitted): stop ``study`` once what it has spent reaches its ``max_total_time`` or
+    ``max_cost``, or once :data:`SPENT_STREAK_LIMIT` trials in a row broke only those
+    (what is left of the budget fits none of the trials the sampler proposes). Every
+    further trial would be rejected, and a study without ``n_trials`` or ``timeout``
+    would ask for them without end. Warns once per study. Outside ``optimize`` (ask and
+    tell), where ``study.stop`` cannot act, the warning says to stop asking."""
+    kinds = set(reason_kinds)
+    name = study.study_name
+    with _SPENT_LOCK:
+        if kinds and kinds <= _CUMULATIVE:
+            streak = _SPENT_STREAK[name] = _SPENT_STREAK.get(name, 0) + 1
+        elif not kinds:
+            streak = _SPENT_STREAK[name] = 0
+        else:
+            streak = _SPENT_STREAK.get(name, 0)
+    why = budget.exhausted(spent_time)
+    if why is None and streak >= SPENT_STREAK_LIMIT:
+        why = (
+            f"{streak} trials in a row would pass the study's "
+            + " or ".join(k for k, on in (("max_total_time", budget.max_total_time),
+                                          ("max_cost", budget.max_cost)) if on is not None)
+            + " (what is left fits none of the trials proposed)"
+        )  # fmt: skip
+    if why is None:
+        return
+    try:
+        study.stop()
+        done = "stopping it"
+    except RuntimeError:  # not inside optimize: the caller's loop asks for trials
+        done = "every further trial will be rejected: stop asking for trials"
+    with _SPENT_LOCK:
+        if name in _SPENT_TOLD:
+            return
+        _SPENT_TOLD.add(name)
+    warnings.warn(f"costaware: study {name!r}: {why}; {done}.", CostAwareWarning, stacklevel=3)
 
 
 def _log_rejection(number: int, reasons: list[str]) -> None:
@@ -189,12 +239,13 @@ class _PrunerGate:
                 )
         except Exception as e:  # the user's bug is raised by judge (the trial fails), ours admits
             spec_error = spec_build_error(e, what="spec_fn", params=trial.params)
+        spent = study_spent(study)
         verdict = self._gate.judge(
             spec,
             study=study.study_name,
             trial=trial.number,
             error=spec_error,
-            spent_time=_spent(study),
+            spent_time=spent,
             params=trial.params,
         )
         storage = study._storage
@@ -207,6 +258,7 @@ class _PrunerGate:
         trial.user_attrs.update({ATTR + k: v for k, v in verdict.info.items()})
         if not verdict.admit:
             _log_rejection(trial.number, list(verdict.info.get("reasons", [])))
+        stop_when_spent(study, self._gate.budget, spent, verdict.info.get("reason_kinds", ()))
         return not verdict.admit
 
 
@@ -444,11 +496,12 @@ def admit(
             _GATES.move_to_end(key)
         gate = found
     t0 = time.perf_counter()
+    spent = study_spent(trial.study)
     verdict = gate.judge(
         spec,
         study=trial.study.study_name,
         trial=trial.number,
-        spent_time=_spent(trial.study),
+        spent_time=spent,
         params=trial.params,
     )
     attrs = verdict.info
@@ -457,6 +510,7 @@ def admit(
         trial.set_user_attr(ATTR + k, v)
     for k, v in verdict.constraints.items():
         trial.set_constraint(k, v)
+    stop_when_spent(trial.study, gate.budget, spent, attrs.get("reason_kinds", ()))
     if not verdict.admit:
         reasons = list(attrs.get("reasons", []))
         _log_rejection(trial.number, reasons)

@@ -295,6 +295,10 @@ class CostAwareSearcher(Searcher):
         return ok
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        spent = self._gate.budget.exhausted(self.spent_time)
+        if spent is not None:  # every suggestion would be rejected: the search is over
+            warnings.warn(f"costaware: {spent}; ending the search.", CostAwareWarning, stacklevel=2)
+            return Searcher.FINISHED  # type: ignore[return-value]
         for attempt in range(self.max_retries + 1):
             inner_id = trial_id if attempt == 0 else f"{trial_id}_try{attempt}"
             rejected_as = f"{trial_id}_rej{attempt}"
