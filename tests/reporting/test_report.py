@@ -350,6 +350,9 @@ def test_optuna_storage_url_and_one_file_holding_both(tmp_path: Path) -> None:
         ca.report(storage=url)
     with pytest.raises(ReportError, match="no study named 'three'"):
         ca.report(storage=url, study="three")
+    # a study that exists, with no trial costaware recorded yet, is reported, not refused
+    empty = ca.report(storage=url, study="two", store=url)
+    assert empty.trials == [] and empty.study == "two"
 
 
 def test_a_real_pruned_study_reports_its_rejections() -> None:

@@ -805,10 +805,12 @@ def _trial_number(trial: str) -> int | None:
 
 
 def _read_store(
-    store: Any, study: str | None
+    store: Any, study: str | None, *, known: bool = False
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
     """The store's prediction and measurement records, and a note on the malformed rows
-    it skipped (None when there were none), also given as one warning."""
+    it skipped (None when there were none), also given as one warning. A ``study`` the
+    store holds no records of is a misspelling, unless it is ``known`` (an Optuna study
+    that exists, whose trials costaware has not recorded yet)."""
     try:
         with warnings.catch_warnings():  # the store warns per table: one warning below
             warnings.filterwarnings("ignore", message=".*malformed row", category=CostAwareWarning)
@@ -816,7 +818,7 @@ def _read_store(
                 store.predictions(study=study),
                 store.measurements(study=study),
             )
-        if study is not None and not predictions and not measurements:
+        if study is not None and not known and not predictions and not measurements:
             held = sorted(
                 {str(r.get("study")) for r in [*store.predictions(), *store.measurements()]}
                 - {"None", ""}
@@ -1351,7 +1353,8 @@ def _read_records(
     want = study if found.optuna_study is None and found.ray_path is None else None
     if found.optuna_study is not None:
         want = found.optuna_study.study_name
-    predictions, measurements, skipped = _read_store(found.store, want)
+    known = found.optuna_study is not None
+    predictions, measurements, skipped = _read_store(found.store, want, known=known)
     return _group_store(predictions, measurements), _caps_from(predictions), skipped
 
 
