@@ -27,6 +27,7 @@ from costaware.integrations.optuna import (
     CostAwarePruner,
     CostAwareWarning,
     admit,
+    pruned,
 )
 from costaware.runtime.store import ObservationStore
 
@@ -528,3 +529,37 @@ def test_a_spent_study_budget_rejects_and_then_stops_the_study(budget: ca.Budget
     assert states[-1] == TrialState.PRUNED and len(states) <= done + SPENT_STREAK_LIMIT + 1
     last = study.trials[-1].user_attrs["costaware:reasons"][0]
     assert "spent" in last and ("cost cap" in last or "exceeds the study's" in last)
+
+
+def test_admit_after_the_pruner_judged_keeps_its_decision_and_pruned_names_who_pruned(
+    tmp_path: Path,
+) -> None:
+    """``admit`` in a study whose pruner already judged the trial returns that decision
+    (one prediction recorded, no constraint set twice); ``pruned`` says the wrapped
+    pruner pruned a trial costaware admitted."""
+    store = ObservationStore(f"sqlite:///{tmp_path / 's.db'}")
+    pruner = CostAwarePruner(
+        optuna.pruners.ThresholdPruner(upper=1.0), spec_fn=spec_fn, budget=BUDGET, device="T4",
+        store=store,
+    )  # fmt: skip
+    study = optuna.create_study(pruner=pruner)
+    said: list[str] = []
+
+    def twice(trial: optuna.Trial) -> float:
+        trial.suggest_categorical("width", [64])
+        trial.suggest_categorical("batch_size", [16])
+        assert not trial.should_prune()  # costaware admits it
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # Optuna warns on a constraint set twice
+            attrs = admit(trial, spec_fn(trial.params))
+        assert attrs["admit"] is True
+        trial.report(5.0, step=1)  # over the threshold: the wrapped pruner prunes
+        if trial.should_prune():
+            error = pruned(trial)
+            said.append(str(error))
+            raise error
+        return 0.0
+
+    study.optimize(twice, n_trials=1)
+    assert len(store.predictions()) == 1
+    assert said == ["pruned by the study's pruner (costaware admitted it)"]

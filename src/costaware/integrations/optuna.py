@@ -285,9 +285,15 @@ def decision(trial: optuna.Trial | FrozenTrial) -> dict[str, Any]:
 
 
 def pruned(trial: optuna.Trial | FrozenTrial) -> optuna.TrialPruned:
-    """The ``TrialPruned`` to raise for a trial costaware rejected, its message the
-    reasons, so that Optuna's log line says why: ``raise pruned(trial)``."""
-    reasons = decision(trial).get("reasons") or []
+    """The ``TrialPruned`` to raise for a pruned trial, its message why, so that Optuna's
+    log line says it: ``raise pruned(trial)``. A trial costaware rejected gets its
+    reasons; one it admitted was pruned by the wrapped pruner on the values reported."""
+    found = decision(trial)
+    reasons = found.get("reasons") or []
+    if not reasons and found.get("admit") is True:
+        step = getattr(trial, "last_step", None)  # a FrozenTrial's; a Trial has none
+        at = f" at step {step}" if step is not None else ""
+        return optuna.TrialPruned(f"pruned by the study's pruner{at} (costaware admitted it)")
     return optuna.TrialPruned("; ".join(reasons) or "rejected by costaware")
 
 
@@ -474,13 +480,20 @@ def admit(
     :class:`CostAwarePruner` judges, with its budget, device and store; without one, the
     budget is ``Budget()`` (the memory of the GPU this process sees). Returns the recorded
     attributes (the prediction's figures) for an admitted trial. Sets the same user
-    attributes and constraints as :class:`CostAwarePruner`.
+    attributes and constraints as :class:`CostAwarePruner`. A trial judged already (by
+    the pruner's ``spec_fn``, a callback or an earlier call) is not judged again: its
+    decision stands.
 
     Example:
         >>> def objective(trial):
         ...     model, batch = build(trial)                                   # doctest: +SKIP
         ...     admit(trial, ca.TrainingSpec.from_module(model, batch))      # doctest: +SKIP
     """
+    known = decision(trial)
+    if "admit" in known:  # judged already (the pruner's spec_fn, a callback, an admit)
+        if not known["admit"]:
+            raise pruned(trial)
+        return known
     own = study_gate(trial.study)
     if own is not None and budget is None and device is None and model is None and store is None:
         gate = own
