@@ -641,7 +641,7 @@ class _Resources:
             need = peak * (1.0 + margin) + device.context_overhead_bytes
             g = self.granularity
             steps = math.ceil(need / device.memory_bytes / g - 1e-9)
-            return float(min(1.0, max(1, steps) * g))
+            return round(min(1.0, max(1, steps) * g), 6)  # 0.15, not 0.15000000000000002
         except Exception as e:
             warnings.warn(
                 f"costaware could not size the trial ({first_line(e)}); asking for a whole GPU.",
