@@ -183,11 +183,22 @@ def test_bad_arguments_are_clear() -> None:
         calibrate("cpu", record="sometimes")
     with pytest.raises(ValueError, match="device must be"):
         calibrate("tpu")
+    with pytest.raises(ValueError, match="study must name the study"):
+        calibrate("cpu", study=" ")
+    # a store that cannot be opened fails before anything is measured, not after
+    measured: list[object] = []
+    with pytest.raises(Exception, match=r"driver is not installed|mysql"):
+        calibrate(
+            "cpu", store="mysql://nobody@nowhere/x", measure_fn=lambda *a: measured.append(a)
+        )
+    assert measured == []
 
 
 def test_cli_calibrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(["calibrate", "-n", "0"]) == 2
     assert "-n must be at least 1" in capsys.readouterr().err
+    assert cli(["calibrate", "--record", "always"]) == 2
+    assert "--record always needs --store" in capsys.readouterr().err
     if not __import__("torch").cuda.is_available():
         assert cli(["calibrate", "--device", "cuda"]) == 2
         said = capsys.readouterr().err

@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.n < 1:
         raise CliError(f"-n must be at least 1, but got {args.n}.")
+    if args.record == "always" and args.store is None:
+        raise CliError("--record always needs --store: the store to record the rows in.")
     if args.threads is not None:
         import torch
 

@@ -159,7 +159,8 @@ class Calibration:
         verdict = (
             "the correction helps"
             if self.useful
-            else "the model already fits this machine as well as a correction would"
+            else "a correction fitted on these rows does not predict the held-out ones "
+            "enough better"
         )
         if self.recorded:
             lines.append(
@@ -288,6 +289,13 @@ def calibrate(
     """
     if record not in RECORD_MODES:
         raise ValueError(f"record must be one of {RECORD_MODES}, but got {record!r}.")
+    if not isinstance(study, str) or not study.strip():
+        raise ValueError(
+            f"study must name the study the rows are recorded under (default {STUDY!r}), "
+            f"but got {study!r}."
+        )
+    if store is not None and record != "never":
+        store = open_store(store)  # a store that cannot be opened fails before measuring
     t0 = time.perf_counter()
     run_on = _run_device(device)
     target = _target_device(run_on)
