@@ -68,7 +68,7 @@ def test_predict_prints_a_table(factory_file: Path, capsys: pytest.CaptureFixtur
     # the device is one clear line, not a prediction
     assert main(cpu) == 2
     err = capsys.readouterr().err
-    assert err.startswith("costaware: error: the batch's labels (classes=1000)")
+    assert err.startswith("costaware: error: the batch's labels (--classes 1000)")
     assert "cross-entropy over 10 classes" in err and len(err.strip().splitlines()) == 1
     assert "Make the batch fit the model: --classes 10" in err  # the flag, not ImageBatch(...)
 
@@ -107,7 +107,7 @@ def test_predict_a_trial_cut_at_max_steps(
     assert (data["spec"]["steps_per_epoch"], data["spec"]["trial_steps"]) == (100, 150)
     assert data["trial_time"] == pytest.approx(data["iteration_time"] * 150)
     assert main([*args[:-1], "0"]) == 2
-    assert "max_steps must be a positive integer" in capsys.readouterr().err
+    assert "--max-steps must be a positive integer" in capsys.readouterr().err
 
 
 def test_predict_one_rank_of_sharded_training(
@@ -148,7 +148,7 @@ def test_predict_tokens_with_a_module_path(capsys: pytest.CaptureFixture[str]) -
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--batch-size", "-4", "--input", "32"], "batch_size must be a positive integer"),
+        (["--batch-size", "-4", "--input", "32"], "--batch-size must be a positive integer"),
         (["--batch-size", "4", "--input", "32", "--optimizer", "lamb"], "unknown optimizer 'lamb'"),
         (["--batch-size", "4", "--input", "32", "--device", "H1000"], "H100-SXM"),
         (["--batch-size", "4", "--input", "3xfoo"], "--input must look like"),
@@ -264,3 +264,16 @@ def test_examples_models_file_works(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert rc == 0
     assert json.loads(capsys.readouterr().out)["basis"]["params"] > 11_000_000
+
+
+def test_a_bad_value_is_named_by_its_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """A spec field's error names the flag that sets it, not the library's keyword."""
+    model = "examples/models.py:resnet18"
+    for flags, said in (
+        (["-b", "0", "--input", "3x8x8"], "--batch-size must be a positive integer, but got --batch-size 0"),
+        (["-b", "4", "--input", "3x8x8", "--classes", "0"], "--classes must be a positive integer, but got --classes 0"),
+        (["-b", "4", "--input", "3x8x8", "--world-size", "0"], "but got --world-size 0"),
+    ):  # fmt: skip
+        assert main(["predict", model, *flags]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "batch_size" not in err and "----" not in err

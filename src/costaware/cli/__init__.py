@@ -23,7 +23,12 @@ from costaware.cli._common import _build_spec, _Parser, _spec_arguments
 
 __all__ = ["main"]
 
-_EPILOG = "Run 'costaware COMMAND --help' for a command's options."
+_EPILOG = (
+    "Run 'costaware COMMAND --help' for a command's options. Exit status: 0 when the "
+    "command answered (predict answers for a configuration that does not fit too, and "
+    "says so); 1 when max-batch-size or compare find nothing that fits; 2 on a usage "
+    "error, bad input or any other error (--debug shows its traceback)."
+)
 
 
 #: packages an ImportError may name, and the extra that installs them
@@ -135,11 +140,25 @@ def _first(text: str) -> str:
 
 #: how the library's messages spell a fix, and the command line's flag for it: a user of
 #: the CLI is told the flag to change (per command where the flag is one command's own)
+#: the commands whose flags describe a TrainingSpec
+_SPEC_COMMANDS = ("predict", "max-batch-size", "compare")
+#: TrainingSpec fields the spec commands take as flags of the same name
+_SPEC_FLAGS = (
+    "batch_size", "world_size", "grad_accumulation", "dataset_size", "epochs", "max_steps",
+    "max_time", "classes", "seq_len",
+)  # fmt: skip
 _FLAGS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (r"ImageBatch\(\.\.\., classes=(\d+)\)", r"--classes \1", ()),
     (r"TokenBatch\(seq_len=(\d+), \.\.\.\)", r"--seq-len \1", ()),
     (r"\bprice_per_hour\b", "--price-per-hour", ("report",)),
     (r"\bmax_cost\b", "--max-cost", ("report",)),
+    *((rf"(?<![-\w]){name}=", f"--{name.replace('_', '-')} ", _SPEC_COMMANDS) for name in _SPEC_FLAGS),
+    # a bare name where it cannot be a word of the sentence ("over 10 classes")
+    *(
+        (rf"(?<![-\w]){name}\b", f"--{name.replace('_', '-')}", _SPEC_COMMANDS)
+        for name in _SPEC_FLAGS
+        if "_" in name
+    ),
 )
 
 
