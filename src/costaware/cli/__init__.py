@@ -153,12 +153,14 @@ _FLAGS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (r"\bprice_per_hour\b", "--price-per-hour", ("report",)),
     (r"\bmax_cost\b", "--max-cost", ("report",)),
     *((rf"(?<![-\w]){name}=", f"--{name.replace('_', '-')} ", _SPEC_COMMANDS) for name in _SPEC_FLAGS),
-    # a bare name where it cannot be a word of the sentence ("over 10 classes")
+    # a bare name where it cannot be a word of the sentence ("over 10 classes"): with an
+    # underscore, or what the error is about
     *(
         (rf"(?<![-\w]){name}\b", f"--{name.replace('_', '-')}", _SPEC_COMMANDS)
         for name in _SPEC_FLAGS
         if "_" in name
     ),
+    *((rf"(?<=error: ){name}\b", f"--{name}", _SPEC_COMMANDS) for name in _SPEC_FLAGS),
 )
 
 
