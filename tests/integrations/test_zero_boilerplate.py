@@ -669,3 +669,28 @@ def test_the_batch_is_read_as_training_step_receives_it(form: str) -> None:
     _trainer(L, callback).fit(Net(), data)
     assert callback.decision.admit and "error" not in callback.decision.info
     assert callback.prediction is not None and callback.prediction.spec["batch_size"] == 8
+
+
+def test_a_lazy_module_is_measured_without_a_warning() -> None:
+    """A module of lazy layers has no shaped parameters until its first batch: the
+    callback's measurement starts without them, not with a failure."""
+
+    class Lazy(L.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.LazyLinear(16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)  # type: ignore[no-any-return]
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    callback = CostAwareCallback(budget=ca.Budget(max_memory="8GiB"), device="cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(L, callback).fit(Lazy(), _data())
+    ours = [str(w.message) for w in caught if issubclass(w.category, ca.CostAwareWarning)]
+    assert not [m for m in ours if "failed" in m], ours
+    assert callback.records and callback.prediction is not None

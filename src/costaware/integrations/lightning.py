@@ -303,8 +303,14 @@ def _plain(obj: Any) -> Any:
 
 
 def _module_bytes(module: torch.nn.Module, device_type: str) -> int:
+    """Bytes of the module's parameters and buffers on ``device_type``; a lazy module's
+    parameters before its first batch shapes them hold none."""
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+
     total = 0
     for t in (*module.parameters(), *module.buffers()):
+        if isinstance(t, (UninitializedParameter, UninitializedBuffer)):
+            continue
         if t.device.type == device_type:
             total += t.numel() * t.element_size()
     return total
