@@ -694,3 +694,29 @@ def test_a_lazy_module_is_measured_without_a_warning() -> None:
     ours = [str(w.message) for w in caught if issubclass(w.category, ca.CostAwareWarning)]
     assert not [m for m in ours if "failed" in m], ours
     assert callback.records and callback.prediction is not None
+
+
+def test_a_module_without_an_optimizer_is_predicted_without_optimizer_state() -> None:
+    """``configure_optimizers`` returning None: Lightning trains with no optimizer, so
+    the step holds no optimizer state (SGD without momentum), not AdamW's two copies."""
+    seen: dict[str, Any] = {}
+
+    class NoOpt(L.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+
+        def setup(self, stage: str) -> None:
+            seen["spec"] = spec_from_lightning(self.trainer, self)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)  # type: ignore[no-any-return]
+
+        def configure_optimizers(self) -> None:
+            return None
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's own "no optimizer" warning
+        _trainer(L, CostAwareCallback(device="cpu")).fit(NoOpt(), _data())
+    assert seen["spec"].optimizer_name == "sgd" and seen["spec"].optimizer_state_per_param == 0

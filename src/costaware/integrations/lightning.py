@@ -729,7 +729,9 @@ def spec_from_lightning(trainer: Any, pl_module: Any) -> TrainingSpec:
             f"costaware cannot read the training batch as one batch of samples: {e} Pass "
             "CostAwareCallback(spec=...) to describe the step"
         ) from e
-    optimizer = _first_optimizer(pl_module.configure_optimizers())
+    configured = pl_module.configure_optimizers()
+    # no optimizer (Lightning then trains none): SGD without momentum holds no state either
+    optimizer = _first_optimizer(configured) if configured is not None else "sgd"
     precision = lightning_precision(trainer)
     parallel = lightning_parallel(trainer)
     spec = TrainingSpec.from_module(
