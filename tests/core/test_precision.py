@@ -304,3 +304,25 @@ def test_transformer_engine_is_named_as_a_precision_costaware_does_not_model() -
 
     with pytest.raises(ca.CostawareError, match="FP8 through NVIDIA Transformer Engine"):
         lightning_precision(Engine())
+
+
+def test_a_pure_fp64_step_is_never_predicted_faster_than_its_roofline() -> None:
+    """The shipped model learned no fp64 step: where the fp32 correction it carries over
+    puts an fp64 step below the roofline at fp64's peak (faster than the same step in
+    fp32, on a GPU whose fp64 is a fraction of its TF32), the time is held there."""
+    from costaware import zoo
+
+    def spec(precision: str) -> ca.TrainingSpec:
+        return ca.TrainingSpec(
+            model=functools.partial(zoo.gpt, vocab=1000, seq_len=256, dim=384, depth=4, heads=6),
+            batch=ca.TokenBatch(256, 1000),
+            batch_size=16,
+            precision=precision,
+        )
+
+    model = ca.CostModel.default()
+    fp32 = model.predict(spec("fp32"), device="H100")
+    fp64 = model.predict(spec("fp64-true"), device="H100")
+    assert fp64.iteration_time >= fp64.basis["analytic_time"]
+    assert fp64.iteration_time > fp32.iteration_time
+    assert fp64.iteration_time_upper >= fp64.iteration_time

@@ -766,6 +766,14 @@ class CostModel:
                     f"trial{'s' if trials > 1 else ''} (median {fmt_seconds(secs)}; the model "
                     "alone predicts " + fmt_seconds(float(basis["time_predicted"])) + ")"
                 )
+            if spec.precision == "fp64-true" and it < est.iteration_time:
+                # no fp64 step was learned, and the fp32 correction carried over can put
+                # an fp64 step below its own roofline, faster than the fp32 step
+                it_hi, it = max(it_hi * est.iteration_time / it, est.iteration_time), est.iteration_time
+                notes.append(
+                    "fp64 time held at the analytic estimate at fp64's peak: the learned "
+                    "model, which saw no fp64 step, put it below"
+                )
             if "optime_ms" in feats and feats["optime_ms"] == feats["optime_ms"]:
                 basis["op_sum_time"] = feats["optime_ms"] / 1e3
             cpu_steps = self.kinds_.get(dev.kind, self).cpu_steps_
