@@ -940,3 +940,20 @@ def test_the_bias_corrected_saving_is_in_every_format() -> None:
     console = Console(record=True, width=200)
     rep.print(console)
     assert said in console.export_text()
+
+
+def test_a_study_whose_trials_were_all_rejected_asks_for_no_measurements(tmp_path: Path) -> None:
+    """Nothing ran, so nothing could be measured: the report does not tell the user to
+    add the callback that measures."""
+    dist = {"width": optuna.distributions.CategoricalDistribution([4096])}
+    study = optuna.create_study(study_name="none-ran")
+    study.add_trials(
+        [
+            create_trial(state=TrialState.PRUNED, params={"width": 4096}, distributions=dist,
+                         user_attrs=_attrs(False, 900 * MiB, 50.0))
+            for _ in range(3)
+        ]
+    )  # fmt: skip
+    rep = ca.report(study, store=ObservationStore(tmp_path / "s.db"))
+    assert [r.outcome for r in rep.trials] == ["rejected"] * 3
+    assert not any("has no measurements" in n for n in rep.notes)

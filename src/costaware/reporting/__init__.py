@@ -1373,7 +1373,8 @@ def _optuna_gathered(
     src = f"Optuna study {name!r}"
     if found.store is not None:
         src += f", observation store {found.store.url}" if hasattr(found.store, "url") else ""
-        if not any(st.measurements for st in grouped.values()) and rows:
+        ran = [r for r in rows if r.outcome not in ("rejected", "running")]
+        if not any(st.measurements for st in grouped.values()) and ran:
             notes.append(
                 f"The observation store has no measurements for study {name!r}: add "
                 "CostAwareCallback(trial=trial) to the Trainer (it records into the "
