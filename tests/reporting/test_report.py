@@ -957,3 +957,20 @@ def test_a_study_whose_trials_were_all_rejected_asks_for_no_measurements(tmp_pat
     rep = ca.report(study, store=ObservationStore(tmp_path / "s.db"))
     assert [r.outcome for r in rep.trials] == ["rejected"] * 3
     assert not any("has no measurements" in n for n in rep.notes)
+
+
+def test_a_plain_loops_out_of_memory_failure_counts_as_an_oom() -> None:
+    """Without the callback, the error Optuna kept for a failed trial says it ran out of
+    memory: the report counts an OOM, not a failure."""
+    dist = {"width": optuna.distributions.CategoricalDistribution([64])}
+    study = optuna.create_study()
+    study.add_trials(
+        [
+            create_trial(state=TrialState.FAIL, params={"width": 64}, distributions=dist,
+                         system_attrs={"fail_reason": f"{name}: CUDA out of memory. Tried to allocate 2.00 GiB"})
+            for name in ("OutOfMemoryError", "RuntimeError")
+        ]
+        + [create_trial(state=TrialState.FAIL, params={"width": 64}, distributions=dist,
+                        system_attrs={"fail_reason": "ValueError: bad"})]
+    )  # fmt: skip
+    assert [r.outcome for r in ca.report(study).trials] == ["oom", "oom", "failed"]

@@ -800,6 +800,12 @@ def _said_in(note: str, given: str) -> bool:
     return "--mode" in note and "--mode" in given
 
 
+def _says_oom(text: str) -> bool:
+    """Whether an error's text is an out-of-memory error's (CUDA's, a CPU allocator's)."""
+    low = text.lower()
+    return "out of memory" in low or "outofmemoryerror" in low or "can't allocate memory" in low
+
+
 def _trial_number(trial: str) -> int | None:
     return int(trial) if trial.isdigit() else None
 
@@ -1067,7 +1073,9 @@ def _optuna_rows(
                 )
             )
         elif state == "FAIL":
-            oom = a.get("costaware_oom")
+            # the callback's record, else the error Optuna kept (a plain loop's OOM)
+            failed = str(t.system_attrs.get("fail_reason") or "")
+            oom = a.get("costaware_oom") or (failed if _says_oom(failed) else None)
             row.outcome = "oom" if oom or store_outcome == "oom" else "failed"
             if oom:
                 row.reasons = [str(oom)]
@@ -1190,7 +1198,7 @@ def _ray_rows(
         if status == "ERROR":
             text = _ray_error(exp, tr)
             row.outcome = (
-                "oom" if store_outcome == "oom" or "out of memory" in text.lower() else "failed"
+                "oom" if store_outcome == "oom" or _says_oom(text) else "failed"
             )
             row.reasons = row.reasons or [text or "the trainable raised"]
         elif store_outcome in ("stopped", "oom", "failed"):
