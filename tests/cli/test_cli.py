@@ -277,3 +277,10 @@ def test_a_bad_value_is_named_by_its_flag(capsys: pytest.CaptureFixture[str]) ->
         assert main(["predict", model, *flags]) == 2
         err = capsys.readouterr().err
         assert said in err and "batch_size" not in err and "----" not in err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from costaware import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith(f"costaware {__version__} (torch ")

@@ -50,7 +50,7 @@ def test_the_size_found_fits_and_the_next_does_not(model: ca.CostModel) -> None:
     # the bisection closed on the answer: the size just above it was tried and rejected
     assert found.batch_size + 1 in found.tried
     assert found.rejected_batch_size == found.batch_size + 1
-    assert str(found).startswith(f"largest batch size on the H100-SXM: {found.batch_size} ")
+    assert str(found).startswith(f"largest batch size on the H100-SXM: {found.batch_size:,} ")
     assert f"; batch size {found.batch_size + 1:,} is rejected: predicted memory" in str(found)
     assert json.loads(json.dumps(found.to_dict(), default=str))["batch_size"] == found.batch_size
 

@@ -821,6 +821,10 @@ def _one_line(err: str) -> None:
             ["fit", "/nonexistent.jsonl.gz", "--out", "m"],
             "no such data file: /nonexistent.jsonl.gz",
         ),
+        (
+            ["fit", "pyproject.toml", "--out", "m"],
+            "pyproject.toml is not a .jsonl.gz file of measured rows",
+        ),
         (["report", "--price-per-hour", "cheap"], "invalid float value: 'cheap'"),
     ],
 )

@@ -48,6 +48,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return run_cli(args, _build_spec(args))
 
 
+def _version() -> str:
+    """``costaware X``, with the torch it runs on and the shipped model's feature version."""
+    import torch
+
+    from costaware import __version__
+    from costaware.core.features import FEATURE_VERSION
+
+    return f"costaware {__version__} (torch {torch.__version__}, feature version {FEATURE_VERSION})"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="costaware",
@@ -58,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
     )
     p.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     pr = predict.add_parser(sub)

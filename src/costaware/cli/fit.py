@@ -59,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
     for f in files:
         if not f.is_file():
             raise CliError(f"no such data file: {f}")
+        if not f.name.endswith(".jsonl.gz"):
+            raise CliError(
+                f"{f} is not a .jsonl.gz file of measured rows (what costaware collect writes)."
+            )
     rows: list[dict[str, Any]] = []
     per_file: dict[str, dict[str, Any]] = {}
     for f in files:

@@ -110,7 +110,7 @@ class BatchSizeResult:
             else ""
         )
         head = (
-            f"largest batch size on the {self.device}: {self.batch_size} (needs "
+            f"largest batch size on the {self.device}: {self.batch_size:,} (needs "
             f"{with_context}{fmt_bytes(p.min_capacity_upper)} at its upper bound, "
             f"{fmt_bytes(p.min_capacity)} predicted)"
         )
