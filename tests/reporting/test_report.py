@@ -457,7 +457,10 @@ def test_ray_directory_with_the_store(tmp_path: Path) -> None:
     assert str(exp) in rep.source
 
 
-def test_ray_directory_alone_says_what_is_missing(tmp_path: Path) -> None:
+def test_ray_directory_alone_says_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no costaware.db of another run in the current directory
     _ray_dir(tmp_path / "ray")
     rep = ca.report(ray_dir=tmp_path / "ray" / "digits")
     assert {r.outcome for r in rep.trials} == {"completed", "oom"}
@@ -465,6 +468,11 @@ def test_ray_directory_alone_says_what_is_missing(tmp_path: Path) -> None:
     notes = " ".join(rep.notes)
     assert "pass the store" in notes.lower() or "--store" in notes
     assert "--mode max or --mode min" in notes and rep.best() == []
+    assert "A store lies" not in notes
+    # a store the script wrote beside the experiments (its storage path) is pointed to
+    ObservationStore(tmp_path / "ray" / "costaware.db")
+    notes = " ".join(ca.report(ray_dir=tmp_path / "ray" / "digits").notes)
+    assert f"--store sqlite:///{(tmp_path / 'ray' / 'costaware.db').resolve()}" in notes
 
 
 def test_not_a_ray_directory(tmp_path: Path) -> None:

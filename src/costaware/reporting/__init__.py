@@ -1437,7 +1437,7 @@ def _ray_gathered(
             "No observation store given: Ray Tune keeps the rejected suggestions only in "
             "the searcher's pickled state, which a report does not unpickle. Pass the store "
             "CostAwareSearcher wrote to (--store URL) to see rejections, predictions and "
-            "over-budget stops." + _store_hint(str(ray_path / "x"))
+            "over-budget stops." + _ray_store_hint(exp, ray_path)
         )
     if direction is None and metric:
         notes.append(
@@ -1598,6 +1598,17 @@ def _store_hint(near: str | None) -> str:
     candidate = path.parent / "costaware.db"
     if candidate.is_file() and candidate != path:
         return f" A store lies next to it: --store sqlite:///{candidate}"
+    return ""
+
+
+def _ray_store_hint(exp: pathlib.Path, given: pathlib.Path) -> str:
+    """``" A store lies ..."`` for a costaware.db in the experiment directory, the
+    directory given, their storage path (the parent) or the current directory: where a
+    script that ran Tune would have put one."""
+    for folder in dict.fromkeys((exp, given, exp.parent, given.parent, pathlib.Path.cwd())):
+        candidate = folder / "costaware.db"
+        if candidate.is_file():
+            return f" A store lies at {candidate}: --store sqlite:///{candidate.resolve()}"
     return ""
 
 
