@@ -299,6 +299,16 @@ def _per_sample(value: Any) -> bool:
     )
 
 
+def _parts(value: Any) -> list[Any]:
+    """The values a batch container holds: a dataclass's fields, a mapping's values, a
+    tuple's or list's items; none for anything else."""
+    if _is_dataclass_batch(value):
+        return [getattr(value, f.name) for f in dataclasses.fields(value)]
+    if isinstance(value, Mapping):
+        return list(value.values())
+    return list(value) if isinstance(value, (tuple, list)) else []
+
+
 def _leading_dim(value: Any) -> int | None:
     """The leading dimension of the first tensor with one in ``value`` (depth first),
     outside lists of one entry per sample (:func:`_per_sample`)."""
@@ -306,15 +316,7 @@ def _leading_dim(value: Any) -> int | None:
         return int(value.shape[0]) if value.dim() > 0 else None
     if _per_sample(value):
         return None
-    if _is_dataclass_batch(value):
-        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
-    if isinstance(value, Mapping):
-        value = list(value.values())
-    if isinstance(value, (tuple, list)):
-        for v in value:
-            if (found := _leading_dim(v)) is not None:
-                return found
-    return None
+    return next((d for v in _parts(value) if (d := _leading_dim(v)) is not None), None)
 
 
 def _samples(value: Any) -> int | None:
@@ -322,24 +324,12 @@ def _samples(value: Any) -> int | None:
     of a batch that holds no stacked tensor."""
     if _per_sample(value):
         return len(value)
-    if _is_dataclass_batch(value):
-        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
-    if isinstance(value, Mapping):
-        value = list(value.values())
-    if isinstance(value, (tuple, list)):
-        for v in value:
-            if (found := _samples(v)) is not None:
-                return found
-    return None
+    return next((n for v in _parts(value) if (n := _samples(v)) is not None), None)
 
 
 def _frozen(value: Any) -> Any:
     """A sample's entry as the example holds it, its tensors copied to the CPU."""
-    if isinstance(value, Mapping):
-        return _rebuild(type(value), {k: _frozen(v) for k, v in value.items()}, dict)
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    return value
+    return _copied(value, lambda t: t.detach().to("cpu", copy=True))
 
 
 def _shown(value: Any) -> Any:
@@ -359,14 +349,14 @@ def _structure(value: Any) -> Any:
     return type(value).__name__
 
 
-def _copied(value: Any) -> Any:
-    """A constant of the example, copied where it holds tensors (a sample's target dict),
-    so that no two batches share one."""
+def _copied(
+    value: Any, copy_tensor: Callable[[torch.Tensor], torch.Tensor] = torch.clone
+) -> Any:
+    """A constant of the example, its tensors copied (``copy_tensor``) where it holds them
+    (a sample's target dict), so that no two batches share one."""
     if isinstance(value, Mapping):
-        return _rebuild(type(value), {k: _copied(v) for k, v in value.items()}, dict)
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    return value
+        return _rebuild(type(value), {k: _copied(v, copy_tensor) for k, v in value.items()}, dict)
+    return copy_tensor(value) if isinstance(value, torch.Tensor) else value
 
 
 def optimizer_of(optimizer: Any) -> tuple[Any, dict[str, Any]]:
