@@ -563,3 +563,20 @@ def test_admit_after_the_pruner_judged_keeps_its_decision_and_pruned_names_who_p
     study.optimize(twice, n_trials=1)
     assert len(store.predictions()) == 1
     assert said == ["pruned by the study's pruner (costaware admitted it)"]
+
+
+def test_a_pruner_without_spec_fn_says_when_nothing_judges_its_trials() -> None:
+    """``CostAwarePruner()`` judges through the callback or ``admit``; an objective that
+    calls neither has its trials checked by nothing, and is told so once, at the next
+    trial after one completed."""
+    study = optuna.create_study(pruner=CostAwarePruner(device="T4"))
+
+    def unjudged(trial: optuna.Trial) -> float:
+        trial.suggest_categorical("width", [64])
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+        return 0.0
+
+    with pytest.warns(CostAwareWarning, match="finished without costaware judging it") as said:
+        study.optimize(unjudged, n_trials=3)
+    assert sum("finished without" in str(w.message) for w in said) == 1

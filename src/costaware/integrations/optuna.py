@@ -219,12 +219,32 @@ class _PrunerGate:
             stacklevel=4,
         )
 
+    def _warn_finished_unjudged(self, study: optuna.Study) -> None:
+        """Once per study, without a ``spec_fn``: a trial finished that nothing judged (no
+        callback with ``trial=``, no ``admit``), so the pruner checks nothing."""
+        if study.study_name in self._warned_unjudged:
+            return
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        unjudged = [t for t in done if ATTR + "admit" not in t.user_attrs]
+        if not unjudged:
+            return
+        self._warned_unjudged.add(study.study_name)
+        warnings.warn(
+            f"trial {unjudged[0].number} of study {study.study_name!r} finished without "
+            "costaware judging it: this pruner has no spec_fn, so it judges through "
+            "CostAwareCallback(trial=trial) in the Trainer or admit(trial, spec) before "
+            "training, and the objective calls neither.",
+            CostAwareWarning,
+            stacklevel=4,
+        )
+
     def _pre_launch(self, study: optuna.Study, trial: FrozenTrial) -> bool | None:
         """True/False for the pre-launch decision; None when it is not the time for it."""
         if trial.last_step is not None:
             self._warn_unjudged(study, trial)
             return None
         if self._spec_fn is None:  # judged where the spec is built (callback, admit)
+            self._warn_finished_unjudged(study)
             return False
         # the FrozenTrial a pruner gets is a cached copy: ask the storage what was decided
         known = study._storage.get_trial_user_attrs(trial._trial_id).get(ATTR + "admit")
