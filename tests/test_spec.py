@@ -139,6 +139,34 @@ def test_architecture_key_tracks_factory_arguments_not_batch_size() -> None:
     assert _spec(model=tiny_cnn()).architecture_key() is None
 
 
+class _Settings:
+    """A settings object a factory closes over, as a Hugging Face config is."""
+
+    def __init__(self, width: int, attention: str = "sdpa") -> None:
+        self.width = width
+        self._attention = attention
+        self.dtype = torch.float32
+        self.labels = {0: "cat", 1: "dog"}
+
+
+def test_a_factory_closing_over_a_settings_object_has_a_key_of_its_settings() -> None:
+    """A factory over a config object is keyed by the object's class and attributes,
+    private ones included, so a warm prediction builds nothing; another setting is another
+    key, and an object costaware cannot describe (holding a module) leaves it to the
+    built model."""
+
+    def spec(settings: object) -> ca.TrainingSpec:
+        return _spec(model=lambda: tiny_cnn(width=settings.width))  # type: ignore[attr-defined]
+
+    base = spec(_Settings(8)).architecture_key()
+    assert base is not None and base == spec(_Settings(8)).architecture_key()
+    assert base != spec(_Settings(16)).architecture_key()
+    assert base != spec(_Settings(8, attention="eager")).architecture_key()
+    held = _Settings(8)
+    held.layer = nn.Linear(2, 2)  # type: ignore[attr-defined]
+    assert spec(held).architecture_key() is None
+
+
 def test_default_loss_image_segmentation_tokens() -> None:
     torch.manual_seed(0)
     cnn = tiny_cnn(classes=10)

@@ -588,9 +588,11 @@ def _fingerprint(obj: Any, depth: int = 0) -> str | None:
     """
     if depth > 4:
         return None
-    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes, torch.dtype, torch.device)):
         return repr(obj)
     if isinstance(obj, (tuple, list, frozenset)):
+        if len(obj) > _MAX_FINGERPRINT_ITEMS:  # data, not a setting
+            return None
         parts = [_fingerprint(o, depth + 1) for o in obj]
         return None if None in parts else f"{type(obj).__name__}({','.join(parts)})"  # type: ignore[arg-type]
     if isinstance(obj, dict):
@@ -623,7 +625,29 @@ def _fingerprint(obj: Any, depth: int = 0) -> str | None:
             return None
         digest = hashlib.sha1(code.co_code + repr(code.co_consts).encode()).hexdigest()[:12]
         return f"fn:{obj.__module__}.{obj.__qualname__}:{digest}:{','.join(extra)}"  # type: ignore[arg-type]
+    if _plain_settings(obj):
+        # a settings object a factory closes over (a Hugging Face config): its class and
+        # every attribute, private ones included (a config's attention implementation)
+        state = _fingerprint(dict(vars(obj)), depth)
+        cls = type(obj)
+        return None if state is None else f"obj:{cls.__module__}.{cls.__qualname__}:{state}"
     return None
+
+
+#: the longest list, and the most attributes, a fingerprint describes (more is data)
+_MAX_FINGERPRINT_ITEMS = 4096
+
+
+def _plain_settings(obj: Any) -> bool:
+    """Whether ``obj`` is a plain object of settings: it has attributes of its own (not too
+    many) and is no function, class, module, tensor or ``nn.Module``."""
+    state = getattr(obj, "__dict__", None)
+    return (
+        isinstance(state, dict)
+        and len(state) <= _MAX_FINGERPRINT_ITEMS
+        and not callable(obj)
+        and not isinstance(obj, (type, types.ModuleType, torch.Tensor, nn.Module))
+    )
 
 
 def rank_batches(samples: int, world_size: int, batch_size: int, drop_last: bool = False) -> int:

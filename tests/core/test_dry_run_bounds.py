@@ -27,7 +27,10 @@ pytestmark = pytest.mark.timeout(120, method="thread")
 
 
 class _Opaque:
-    """A closure over one of these leaves a factory without a fingerprint."""
+    """A closure over one of these leaves a factory without a fingerprint: it has no
+    attributes to describe (no ``__dict__``), unlike a settings object."""
+
+    __slots__ = ()
 
 
 def _spec(model: Callable[[], nn.Module] | type[nn.Module]) -> ca.TrainingSpec:
