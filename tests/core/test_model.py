@@ -159,6 +159,36 @@ def test_models_alike_but_for_what_trains_or_a_setting_are_traced_apart() -> Non
     assert views.basis["flops"] > 3 * base.basis["flops"]
 
 
+class _Config:
+    """A settings object the model's construction completes, as a Hugging Face config
+    settles its attention implementation when the model is built."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self._settled: str | None = None
+
+
+def _from_config(config: _Config) -> torch.nn.Module:
+    config._settled = config._settled or "sdpa"
+    return torch.nn.Sequential(torch.nn.Linear(64, config.width), torch.nn.Linear(config.width, 10))
+
+
+def test_a_factory_over_a_settings_object_is_warm_from_its_second_batch_size() -> None:
+    """The object's key changes with the first build; the trace made then is kept under
+    both keys, so the architecture's second batch size is its second dry run and the
+    third is rescaled, as for any other factory, with no model built to key it."""
+    config = _Config(128)
+    spec = ca.TrainingSpec(
+        model=lambda: _from_config(config), batch=ca.ImageBatch((64,), classes=10), batch_size=8
+    )
+    model = ca.CostModel()
+    sources = [
+        model.predict(spec.with_batch_size(b), device="H100").basis["trace_source"]
+        for b in (8, 16, 24, 8)
+    ]
+    assert sources == ["traced", "traced", "rescaled (two traces)", "cached"]
+
+
 def test_autocast_weight_gradients_do_not_grow_with_the_batch() -> None:
     """Under autocast, the half-precision weight gradients are backward temporaries the
     size of the weights: one trace alone scales them with the batch; two do not."""

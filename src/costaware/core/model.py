@@ -610,9 +610,7 @@ class CostModel:
         self, spec: TrainingSpec, exact: bool, attention: str
     ) -> tuple[Trace, dict[str, float], TraceSource]:
         cache = self._cache()
-        key = _arch_key(spec) + f"|attention={attention}"
-        if attention == "native":  # a CPU target: its dry run depends on the CPU too
-            key += "|" + cpu_conditions()
+        key = self._cache_key(spec, attention)
         entry = cache.get(key)
         if entry is not None:
             for t in entry.traces:
@@ -642,7 +640,21 @@ class CostModel:
                 )
                 return replace(r, notes=[*r.notes, note]), entry.graph_feats, "rescaled (one trace)"
         t = dry_run(spec, timeout=self.trace_timeout, attention=attention)
-        return self._cached_trace(key, entry, t)
+        traced = self._cached_trace(key, entry, t)
+        if entry is None and spec.architecture_key() is not None:
+            # a settings object the model's construction changed (a Hugging Face config
+            # settles its attention implementation there) has another key from now on
+            after = self._cache_key(spec, attention)
+            if after != key and (kept := cache.get(key)) is not None:
+                cache.put(after, kept)
+        return traced
+
+    @staticmethod
+    def _cache_key(spec: TrainingSpec, attention: str) -> str:
+        key = _arch_key(spec) + f"|attention={attention}"
+        if attention == "native":  # a CPU target: its dry run depends on the CPU too
+            key += "|" + cpu_conditions()
+        return key
 
     def _cached_trace(
         self, key: str, entry: _ArchEntry | None, t: Trace
