@@ -104,6 +104,8 @@ def _build_spec(args: argparse.Namespace) -> Any:
     import costaware as ca
 
     factory = _load_factory(args.model)
+    if args.vocab is not None and args.seq_len is None:
+        raise CliError("--vocab needs --seq-len (the tokens per sample).")
     if args.seq_len is not None:
         if args.vocab is None:
             raise CliError("--seq-len needs --vocab (the vocabulary size).")
@@ -182,8 +184,8 @@ def _spec_arguments(p: argparse.ArgumentParser, *, batch_help: str, batch_requir
     )
     p.add_argument(
         "--sharding",
-        help="sharded training over --world-size processes instead of DDP: full_shard or "
-        "shard_grad_op (FSDP), zero1, zero2 or zero3 (DeepSpeed ZeRO)",
+        help="sharded training over --world-size processes instead of DDP: full_shard, "
+        "shard_grad_op or no_shard (FSDP), zero1, zero2 or zero3 (DeepSpeed ZeRO)",
     )
     p.add_argument(
         "--wrap-policy",
