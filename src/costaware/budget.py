@@ -178,7 +178,8 @@ def _trial_time(prediction: Any, *, upper: bool) -> float | None:
         trial: float | None = prediction.trial_time_upper if upper else prediction.trial_time
         return trial
     epoch = prediction.epoch_time_upper if upper else prediction.epoch_time
-    return None if epoch is None else float(epoch * spec.get("epochs", 1))
+    epochs = spec.get("epochs", 1)  # None: no epoch limit, so no length from the epochs
+    return None if epoch is None or epochs is None else float(epoch * epochs)
 
 
 def _memory_message(what: str, label: str, peak: float, context: float, limit: float) -> str:
