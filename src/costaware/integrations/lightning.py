@@ -534,7 +534,7 @@ def _optimizers_and_schedulers(configured: Any) -> tuple[list[Any], list[Any]]:
         if s is not None:
             scheds.append(s)
 
-    def walk(obj: Any, in_schedulers: bool = False) -> None:
+    def walk(obj: Any) -> None:
         if isinstance(obj, torch.optim.Optimizer):
             opts.append(obj)
         elif isinstance(obj, Mapping):
