@@ -89,7 +89,7 @@ from costaware.devices import Device, get_device
 from costaware.errors import CostAwareWarning, SpecError, first_line
 from costaware.integrations._keywords import keyword_options
 from costaware.measure.profile import CpuMemoryMeter, clear_cuda_cache
-from costaware.runtime.gate import Gate, check_options, open_store, spec_build_error
+from costaware.runtime.gate import Gate, as_json, check_options, open_store, spec_build_error
 from costaware.spec import TrainingSpec
 
 __all__ = [
@@ -388,7 +388,7 @@ class CostAwareSearcher(Searcher):
 
     def get_state(self) -> dict[str, Any]:
         """The wrapper's own state (Tune checkpoints the wrapped searcher separately)."""
-        return json.loads(json.dumps({k: getattr(self, k) for k in self._STATE_KEYS}, default=repr))  # type: ignore[no-any-return]
+        return as_json({k: getattr(self, k) for k in self._STATE_KEYS})
 
     def set_state(self, state: dict[str, Any]) -> None:
         missing = [k for k in self._STATE_KEYS if k not in state]

@@ -42,6 +42,7 @@ __all__ = [
     "CONSTRAINT_TIME",
     "Gate",
     "Verdict",
+    "as_json",
     "check_options",
     "open_store",
     "spec_build_error",
@@ -69,10 +70,11 @@ def _measured_context(store: Any, device: str) -> int | None:
     return values[len(values) // 2] if values else None
 
 
-def _jsonable(params: Mapping[str, Any]) -> dict[str, Any]:
-    """A search's suggested parameters as the store can hold them: a value JSON cannot
-    write (a class, a function) as its ``repr``, so that the prediction is recorded."""
-    out: dict[str, Any] = json.loads(json.dumps(dict(params), default=repr))
+def as_json(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` as plain JSON data, a value JSON cannot write (a class, a function) as
+    its ``repr``: a search's suggested parameters as the store holds them, a searcher's
+    state as Tune checkpoints it."""
+    out: dict[str, Any] = json.loads(json.dumps(dict(values), default=repr))
     return out
 
 
@@ -422,7 +424,7 @@ class Gate:
                     device=pred.device if pred is not None else None,
                     status=status,
                     reason=reason or None,
-                    meta={"params": _jsonable(params)} if params else None,
+                    meta={"params": as_json(params)} if params else None,
                 )
             except Exception as e:  # an unreachable store never stops the study
                 info["store_error"] = first_line(e)
