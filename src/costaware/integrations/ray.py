@@ -89,7 +89,14 @@ from costaware.devices import Device, get_device
 from costaware.errors import CostAwareWarning, SpecError, first_line
 from costaware.integrations._keywords import keyword_options
 from costaware.measure.profile import CpuMemoryMeter, clear_cuda_cache
-from costaware.runtime.gate import Gate, as_json, check_options, open_store, spec_build_error
+from costaware.runtime.gate import (
+    Gate,
+    as_json,
+    check_options,
+    check_study,
+    open_store,
+    spec_build_error,
+)
 from costaware.spec import TrainingSpec
 
 __all__ = [
@@ -118,14 +125,6 @@ def _open_store(store: Any) -> Any:
             f"store must be an ObservationStore or its URL, but got {type(store).__name__}."
         )
     return store
-
-
-def _check_study(study: Any) -> None:
-    if not isinstance(study, str) or not study:
-        raise TypeError(
-            f"study must name the study the rows are recorded under (a string such as "
-            f"{DEFAULT_STUDY!r}), but got {study!r}."
-        )
 
 
 def _check_budget(budget: Any) -> Budget:
@@ -239,7 +238,7 @@ class CostAwareSearcher(Searcher):
                 "max_consecutive_rejections must be a positive integer or None, but got "
                 f"{max_consecutive_rejections=}."
             )
-        _check_study(study)
+        check_study(study, DEFAULT_STUDY)
         self.searcher = searcher
         self.spec_fn = spec_fn
         self.budget = budget
@@ -476,7 +475,7 @@ class CostAwareScheduler(TrialScheduler):
             _check_budget(budget)
         if device is not None:
             check_options(device=device)  # the searcher's message for a wrong device
-        _check_study(study)
+        check_study(study, DEFAULT_STUDY)
         if not isinstance(enforce, bool):
             raise TypeError(
                 "enforce must be True (stop a trial whose measured cost breaks the budget) or "

@@ -49,7 +49,7 @@ from costaware.core.residuals import _small_sample_line
 from costaware.devices import Device, get_device
 from costaware.measure.corpus import Config, corpus
 from costaware.measure.profile import host_speed, measure
-from costaware.runtime.gate import open_store
+from costaware.runtime.gate import check_study, open_store
 from costaware.spec import TrainingSpec
 
 __all__ = [
@@ -289,11 +289,7 @@ def calibrate(
     """
     if record not in RECORD_MODES:
         raise ValueError(f"record must be one of {RECORD_MODES}, but got {record!r}.")
-    if not isinstance(study, str) or not study.strip():
-        raise ValueError(
-            f"study must name the study the rows are recorded under (default {STUDY!r}), "
-            f"but got {study!r}."
-        )
+    check_study(study, STUDY)
     if store is not None and record != "never":
         store = open_store(store)  # a store that cannot be opened fails before measuring
     t0 = time.perf_counter()

@@ -44,6 +44,7 @@ __all__ = [
     "Verdict",
     "as_json",
     "check_options",
+    "check_study",
     "open_store",
     "spec_build_error",
 ]
@@ -76,6 +77,21 @@ def as_json(values: Mapping[str, Any]) -> dict[str, Any]:
     state as Tune checkpoints it."""
     out: dict[str, Any] = json.loads(json.dumps(dict(values), default=repr))
     return out
+
+
+def check_study(study: Any, default: str) -> None:
+    """Refuse a study name the rows cannot be recorded under: TypeError for anything but a
+    string, ValueError for a blank one. ``default`` is the caller's, shown as an example."""
+    if not isinstance(study, str):
+        raise TypeError(
+            f"study must name the study the rows are recorded under (a string such as "
+            f"{default!r}), but got {study!r}."
+        )
+    if not study.strip():
+        raise ValueError(
+            f"study must name the study the rows are recorded under (such as {default!r}), "
+            f"but got {study!r}."
+        )
 
 
 def check_options(
