@@ -1595,21 +1595,29 @@ def _store_hint(near: str | None) -> str:
         return ""
     if path is None:
         return ""
-    candidate = path.parent / "costaware.db"
-    if candidate.is_file() and candidate != path:
-        return f" A store lies next to it: --store sqlite:///{candidate}"
-    return ""
+    candidate = _store_in((path.parent,), but=path)
+    return f" A store lies next to it: --store sqlite:///{candidate}" if candidate else ""
 
 
 def _ray_store_hint(exp: pathlib.Path, given: pathlib.Path) -> str:
     """``" A store lies ..."`` for a costaware.db in the experiment directory, the
     directory given, their storage path (the parent) or the current directory: where a
     script that ran Tune would have put one."""
-    for folder in dict.fromkeys((exp, given, exp.parent, given.parent, pathlib.Path.cwd())):
+    candidate = _store_in((exp, given, exp.parent, given.parent, pathlib.Path.cwd()))
+    if candidate is None:
+        return ""
+    return f" A store lies at {candidate}: --store sqlite:///{candidate.resolve()}"
+
+
+def _store_in(
+    folders: Iterable[pathlib.Path], but: pathlib.Path | None = None
+) -> pathlib.Path | None:
+    """The first ``costaware.db`` in ``folders`` that is not ``but`` (the file asked about)."""
+    for folder in dict.fromkeys(folders):
         candidate = folder / "costaware.db"
-        if candidate.is_file():
-            return f" A store lies at {candidate}: --store sqlite:///{candidate.resolve()}"
-    return ""
+        if candidate.is_file() and candidate != but:
+            return candidate
+    return None
 
 
 def _caps_from_budget(budget: Any) -> dict[str, float]:
