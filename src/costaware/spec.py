@@ -431,8 +431,6 @@ def check_positions(model: nn.Module, batch: Any) -> None:
 def _takes_a_batch_size(fn: Callable[..., Any]) -> None:
     """Refuse a batch callable that cannot be called with one argument, the batch size
     (a callable whose signature Python cannot read is taken as it is)."""
-    import inspect
-
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
