@@ -623,7 +623,7 @@ def _fingerprint(obj: Any, depth: int = 0) -> str | None:
             return None
         digest = hashlib.sha1(code.co_code + repr(code.co_consts).encode()).hexdigest()[:12]
         return f"fn:{obj.__module__}.{obj.__qualname__}:{digest}:{','.join(extra)}"  # type: ignore[arg-type]
-    if _plain_settings(obj):
+    if plain_settings(obj):
         # a settings object a factory closes over (a Hugging Face config): its class and
         # every attribute, private ones included (a config's attention implementation)
         state = _fingerprint(dict(vars(obj)), depth)
@@ -636,7 +636,7 @@ def _fingerprint(obj: Any, depth: int = 0) -> str | None:
 _MAX_FINGERPRINT_ITEMS = 4096
 
 
-def _plain_settings(obj: Any) -> bool:
+def plain_settings(obj: Any) -> bool:
     """Whether ``obj`` is a plain object of settings: it has attributes of its own (not too
     many) and is no function, class, module, tensor or ``nn.Module``."""
     state = getattr(obj, "__dict__", None)

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.parameter import UninitializedParameter
 
 from costaware.core.trace import Trace, build_model
-from costaware.spec import TrainingSpec
+from costaware.spec import TrainingSpec, plain_settings
 
 
 @dataclass
@@ -90,10 +90,7 @@ def _settings(obj: object, seen: dict[int, int], depth: int = 0) -> str:
         if name in _SKIPPED:
             continue
         text = _simple(value)
-        plain_object = hasattr(value, "__dict__") and not (
-            isinstance(value, (nn.Module, torch.Tensor, type)) or callable(value)
-        )
-        if text is None and depth == 0 and (isinstance(value, Mapping) or plain_object):
+        if text is None and depth == 0 and (isinstance(value, Mapping) or plain_settings(value)):
             text = "{" + _settings(value, seen, depth + 1) + "}"
         if text is not None:
             parts.append(f"{name}={text}")
