@@ -794,12 +794,15 @@ def test_fused_dropout_keeps_a_bool_mask_where_the_cpu_composite_keeps_a_noise_t
 
 
 class _CheckpointedBlocks(nn.Module):
-    """Attention, dropout and an MLP per block, each block under non-reentrant activation
-    checkpointing (``gradient_checkpointing_enable()``'s default) or not."""
+    """Attention, dropout and an MLP per block, each block under activation checkpointing
+    (``"reentrant"``: torch's default; ``"non-reentrant"``: what
+    ``gradient_checkpointing_enable()`` passes) or none (``""``)."""
 
-    def __init__(self, checkpointed: bool) -> None:
+    def __init__(self, checkpointed: str) -> None:
         super().__init__()
         self.checkpointed = checkpointed
+        # the blocks' input requires grad, or a reentrant checkpoint has no backward
+        self.embed = nn.Linear(64, 64)
         self.qkv = nn.ModuleList(nn.Linear(64, 192) for _ in range(2))
         self.mlp = nn.ModuleList(nn.Linear(64, 64) for _ in range(2))
         self.drop = nn.Dropout(0.1)
@@ -814,34 +817,45 @@ class _CheckpointedBlocks(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from torch.utils.checkpoint import checkpoint
 
+        x = self.embed(x)
         for i in range(2):
             if self.checkpointed:
-                x = checkpoint(functools.partial(self.block, i), x, use_reentrant=False)
+                reentrant = self.checkpointed == "reentrant"
+                x = checkpoint(functools.partial(self.block, i), x, use_reentrant=reentrant)
             else:
                 x = self.block(i, x)
         return self.head(x.mean(1))  # type: ignore[no-any-return]
 
 
-def test_a_checkpointed_block_recomputes_its_fused_kernels_as_its_forward_ran() -> None:
-    """Non-reentrant checkpointing recomputes the block in the backward, where torch
-    enters none of the forward's modes: the recomputation must route dropout and attention
-    to the same fused kernels, or torch refuses the backward (recomputed values of other
-    metadata), which a real GPU step does not."""
+@pytest.mark.parametrize("kind", ["non-reentrant", "reentrant"])
+def test_a_checkpointed_block_recomputes_its_fused_kernels_as_its_forward_ran(kind: str) -> None:
+    """Checkpointing recomputes the block in the backward, where torch enters none of the
+    forward's modes: the recomputation must route dropout and attention to the same fused
+    kernels, as a GPU step does. Otherwise torch refuses the non-reentrant backward
+    (recomputed values of other metadata), and the reentrant one costs the recomputation
+    as a CPU's composites (the score matrix, a float mask)."""
 
-    def spec(checkpointed: bool) -> ca.TrainingSpec:
+    def spec(checkpointed: str) -> ca.TrainingSpec:
         return ca.TrainingSpec(
             model=functools.partial(_CheckpointedBlocks, checkpointed),
             batch=ca.ImageBatch((128, 64), classes=10),
             batch_size=64,
         )
 
-    plain = ca.dry_run(spec(False), attention="fused")
-    kept = ca.dry_run(spec(True), attention="fused")
+    plain = ca.dry_run(spec(""), attention="fused")
+    kept = ca.dry_run(spec(kind), attention="fused")
     # each block's dropout and attention twice: the forward and its recomputation
     assert kept.op_counts["native_dropout"] == 2 * plain.op_counts["native_dropout"] == 4
+    fused_attention = [
+        op for op in plain.op_counts if "attention" in op and not op.endswith("backward")
+    ]
+    assert fused_attention and all(
+        kept.op_counts[op] == 2 * plain.op_counts[op] for op in fused_attention
+    )
+    assert kept.op_counts["bernoulli_"] == plain.op_counts["bernoulli_"] == 0
     assert kept.peak_live < plain.peak_live  # what checkpointing is for
     # outside the dry run, a checkpoint recomputes as torch does
-    model = _CheckpointedBlocks(True)
+    model = _CheckpointedBlocks(kind)
     model(torch.randn(2, 8, 64)).sum().backward()
 
 

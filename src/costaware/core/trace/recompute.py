@@ -1,17 +1,23 @@
 """Activation checkpointing's recomputation under the dry run's fused-kernel modes.
 
-``torch.utils.checkpoint`` (``use_reentrant=False``, the default that Hugging Face's
-``gradient_checkpointing_enable()`` and most code use) runs the checkpointed function
-again in the backward, from a saved-tensor hook, with none of the forward's torch-function
-modes but a ``DeviceContext``. The fused modes (:mod:`~costaware.core.trace.fused`) then
-saw the forward and not its recomputation: the recomputed dropout keeps a float mask where
-the forward kept a bool one, attention saves other tensors, and torch refuses the
-backward (``CheckpointError``: recomputed values have different metadata) where a real
-step on a GPU, which runs the same fused kernels both times, trains.
+``torch.utils.checkpoint`` runs the checkpointed function again in the backward with
+none of the forward's torch-function modes (but a ``DeviceContext``):
+
+- the non-reentrant checkpoint (``use_reentrant=False``, what Hugging Face's
+  ``gradient_checkpointing_enable()`` passes) from a saved-tensor hook. The fused modes
+  (:mod:`~costaware.core.trace.fused`) then saw the forward and not its recomputation: the
+  recomputed dropout keeps a float mask where the forward kept a bool one, attention saves
+  other tensors, and torch refuses the backward (``CheckpointError``: recomputed values
+  have different metadata) where a real step on a GPU, which runs the same fused kernels
+  both times, trains;
+- the reentrant one (``use_reentrant=True``, torch's default when none is passed) from its
+  autograd function's backward. Its recomputation then ran attention and dropout as the
+  composites a CPU runs, with the score matrix and a float mask, and costed them so.
 
 :func:`recompute_under` makes each checkpoint created in its scope, on this thread,
 recompute under the modes given (those not already active). The checkpoint's frame class
-is replaced once, process-wide, by a subclass that does nothing outside that scope.
+and its reentrant function are replaced once, process-wide, by subclasses that do nothing
+outside that scope.
 """
 
 from __future__ import annotations
@@ -41,11 +47,39 @@ def _in_modes(fn: Callable[..., Any], modes: Sequence[TorchFunctionMode]) -> Cal
     return run
 
 
+def _install_reentrant() -> None:
+    """Replace ``torch.utils.checkpoint.CheckpointFunction`` (looked up by the reentrant
+    checkpoint each time it runs) by a subclass whose saved function runs under the modes
+    :func:`recompute_under` set on the thread that ran the forward: the backward's
+    recomputation then enters them (the forward itself already runs under them). Nothing
+    where this torch has no such function."""
+    import torch.utils.checkpoint as ckpt
+
+    function = getattr(ckpt, "CheckpointFunction", None)
+    if function is None or getattr(function, "_costaware_recompute", False):
+        return
+
+    class _Function(function):  # type: ignore[misc, valid-type]
+        _costaware_recompute = True
+
+        @staticmethod
+        def forward(ctx: Any, run_function: Callable[..., Any], *args: Any) -> Any:
+            modes = getattr(_LOCAL, "modes", ())
+            if modes:
+                run_function = _in_modes(run_function, modes)
+            return function.forward(ctx, run_function, *args)
+
+    _Function.__name__ = _Function.__qualname__ = function.__name__
+    _Function.__module__ = function.__module__
+    ckpt.CheckpointFunction = _Function  # type: ignore[misc]
+
+
 def _install() -> bool:
     """Replace ``torch.utils.checkpoint._CheckpointFrame`` (looked up by the non-reentrant
     checkpoint each time it runs) by a subclass whose recomputation runs under the modes
-    :func:`recompute_under` set on the creating thread. False where this torch has no such
-    class: its checkpoints then recompute as torch does."""
+    :func:`recompute_under` set on the creating thread, and the reentrant checkpoint's
+    function likewise (:func:`_install_reentrant`). False where this torch has no such
+    frame class: its checkpoints then recompute as torch does."""
     import torch.utils.checkpoint as ckpt
 
     with _PATCH_LOCK:
@@ -54,6 +88,7 @@ def _install() -> bool:
             return False
         if getattr(frame, "_costaware_recompute", False):
             return True
+        _install_reentrant()
 
         class _Frame(frame):  # type: ignore[misc, valid-type]
             _costaware_recompute = True
