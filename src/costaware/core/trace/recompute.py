@@ -55,9 +55,10 @@ def _install_reentrant() -> None:
     where this torch has no such function."""
     import torch.utils.checkpoint as ckpt
 
-    function = getattr(ckpt, "CheckpointFunction", None)
-    if function is None or getattr(function, "_costaware_recompute", False):
+    found = getattr(ckpt, "CheckpointFunction", None)
+    if found is None or getattr(found, "_costaware_recompute", False):
         return
+    function: Any = found
 
     class _Function(function):  # type: ignore[misc, valid-type]
         _costaware_recompute = True
