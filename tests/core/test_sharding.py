@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import costaware as ca
+from costaware import zoo
 from costaware.core.sharding import collective_time, flat_numel, plan_units
 from costaware.core.trace import exact_live_peak
 
@@ -350,3 +351,43 @@ def test_a_deepspeed_strategy_becomes_its_zero_stage() -> None:
     offload = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}
     with pytest.raises(ca.CostawareError, match=r"offloads \(offload_param\)"):
         lightning_parallel(trainer(offload))
+
+
+def test_a_ranks_learned_time_is_one_gpus_step_less_the_sharded_work_plus_collectives() -> None:
+    """The shipped model learned single-GPU steps only: a rank's step is predicted as the
+    same step on one GPU (learned) scaled by the roofline work the rank still does, then
+    the collectives. Fitted to a rank's own features (flat parameters, a share of the
+    memory) the correction put an SGD step, which shards no optimizer state, below one
+    GPU's step, its communication included."""
+
+    def gpt(**kw: Any) -> ca.TrainingSpec:
+        return ca.TrainingSpec(
+            model=lambda: zoo.gpt(dim=256, depth=4, seq_len=256, heads=4),
+            batch=ca.TokenBatch(256, 8192),
+            batch_size=8,
+            precision="bf16",
+            optimizer="sgd",
+            **kw,
+        )
+
+    model = ca.CostModel.default()
+    alone = model.predict(gpt(), "H100")
+    ranks = [
+        model.predict(gpt(**kw), "H100")
+        for kw in (
+            {"world_size": 8},
+            {"world_size": 8, "sharding": "full_shard"},
+            {"world_size": 4, "sharding": "zero2"},
+        )
+    ]
+    for rank in ranks:
+        work = rank.basis["analytic_time"] / alone.basis["analytic_time"]
+        assert rank.iteration_time >= alone.iteration_time * work, rank.spec
+    for rank in ranks:
+        scale = rank.basis["rank_compute_scale"]
+        assert 0.9 < scale <= 1.0  # SGD: the shards remove next to no work
+        compute = rank.iteration_time - rank.basis.get("exposed_allreduce", 0.0)
+        assert compute == pytest.approx(alone.iteration_time * scale, rel=1e-6)
+        assert any(n.startswith("time per rank: the learned time of this step") for n in rank.notes)
+        hi = rank.iteration_time_upper - rank.basis.get("exposed_allreduce", 0.0)
+        assert hi == pytest.approx(alone.iteration_time_upper * scale, rel=1e-6)

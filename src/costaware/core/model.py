@@ -768,6 +768,15 @@ class CostModel:
         if learned_here:
             feats = features_for(trace, spec, dev, est, graph_feats, self._op_model_for(dev.kind))
             peak, peak_hi, it, it_hi = self._learned(feats, est, dev.kind)
+            if spec.world_size > 1:
+                it, it_hi, scale = self._rank_time(spec, dev, est, exact)
+                basis["rank_compute_scale"] = scale
+                notes.append(
+                    "time per rank: the learned time of this step on one GPU at the same "
+                    f"per-rank batch, times {scale:.3g} (the roofline's share of it this "
+                    f"{spec.sharding or 'DDP'} rank still computes), plus the communication "
+                    "below: the model learned single-GPU steps only"
+                )
             if (repeat := self.measured_time(feats, dev.name)) is not None:
                 secs, trials = repeat
                 basis["time_predicted"] = it
@@ -974,6 +983,26 @@ class CostModel:
         if target is None:
             raise NotFittedError(f"this CostModel learned no {which} bound.")
         return max(0.0, float(target.q))
+
+    def _rank_time(
+        self, spec: TrainingSpec, dev: Device, est: _analytic.AnalyticEstimate, exact: bool
+    ) -> tuple[float, float, float]:
+        """One rank's learned step time and its bound under DDP or sharding, and the
+        scale of its compute: the same step on one GPU (``world_size=1``, no sharding, the
+        same per-rank batch) as learned, times the ratio of the two steps' rooflines.
+
+        The model learned single-GPU steps only. A rank's step is the same forward and
+        backward, less the optimizer work its shards remove, plus collectives (added by
+        the caller, as an assumption): its own features (flat parameters, a rank's share of
+        the memory) lie outside what was learned, and the correction fitted to them put a
+        sharded step below one GPU's, communication included."""
+        single = replace(spec, world_size=1, sharding=None, wrap_policy=())
+        trace, graph_feats, _ = self.trace(single, exact=exact, attention=_attention_mode(dev))
+        alone = _analytic.estimate(trace, single, dev)
+        feats = features_for(trace, single, dev, alone, graph_feats, self._op_model_for(dev.kind))
+        _, _, it, it_hi = self._learned(feats, alone, dev.kind)
+        scale = est.iteration_time / max(alone.iteration_time, 1e-12)
+        return it * scale, it_hi * scale, scale
 
     def _learned(
         self, feats: Mapping[str, float], est: _analytic.AnalyticEstimate, kind: str | None = None

@@ -71,7 +71,8 @@ class PredictionBasis(TypedDict, total=False):
     where a refit measured this configuration (the time is then the measured one);
     ``time_bound_widened`` (the log factor of the time bound's widening) on a device the
     model was not trained on; ``exposed_allreduce`` (seconds of DDP's all-reduce that the
-    backward does not hide).
+    backward does not hide); ``rank_compute_scale`` under DDP or sharding (the rank's
+    roofline time over the same step's on one GPU, whose learned time it scales).
     """
 
     live_peak: int
@@ -97,6 +98,7 @@ class PredictionBasis(TypedDict, total=False):
     trained_rows: int | None
     time_bound_widened: float
     exposed_allreduce: float
+    rank_compute_scale: float
     simulated_min_capacity: int
 
 
