@@ -323,9 +323,39 @@ def test_exception_is_recorded_and_propagates(
     assert crash["status"] == status and crash["epoch"] == 1
     assert crash["reason"] == f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     assert crash["actual"]["peak_memory"] > 0 and crash["actual"]["steps"] == 2
+    # two steps of an epoch are no epoch's time: kept as the time the trial spent
+    assert crash["actual"].get("epoch_time") is None and crash["actual"]["partial_epoch_time"] > 0
     assert cb._exit_stack is None  # restored although on_fit_end never ran
     rows = ObservationStore(db).measurements(study="s")
     assert [r["status"] for r in rows] == ["ok", status]
+
+
+@pytest.mark.parametrize("name", list(NAMESPACES))
+def test_a_trial_pruned_at_an_epochs_end_records_that_epoch_once(name: str, db: str) -> None:
+    """A pruner's callback after costaware's (Optuna's MedianPruner asked in
+    ``on_train_epoch_end``) stops the trial once the epoch is recorded: the stop is a row of
+    its own without figures, and the report counts the epochs that ran."""
+    ns, cls = NAMESPACES[name]
+
+    class Pruner(ns.Callback):  # type: ignore[misc, name-defined]
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            if trainer.current_epoch == 1:
+                raise optuna.TrialPruned("median pruned at epoch 1")
+
+    cb = cls(store=db, study="s", trial="pruned")
+    with pytest.raises(optuna.TrialPruned):
+        make_trainer(ns, [cb, Pruner()], max_epochs=3).fit(make_module(ns), loader(), loader(16))
+    first, second, stop = cb.measurements
+    assert [m["status"] for m in cb.measurements] == ["ok", "ok", "stopped"]
+    assert first["epoch"] == 0 and second["epoch"] == stop["epoch"] == 1
+    assert second["actual"]["epoch_time"] > 0
+    assert stop["reason"] == "pruned by Optuna: TrialPruned: median pruned at epoch 1"
+    assert not {"epoch_time", "partial_epoch_time", "iteration_time", "peak_memory"} & set(
+        stop["actual"]
+    )
+    (row,) = ca.report(db, study="s").trials
+    assert row.epochs_measured == 2
+    assert row.train_time == pytest.approx(first["actual"]["epoch_time"] + second["actual"]["epoch_time"])
 
 
 def test_trial_pruned_by_someone_else_is_recorded_as_stopped() -> None:

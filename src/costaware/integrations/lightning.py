@@ -63,7 +63,10 @@ Each epoch becomes one ``record_measurement(status="ok", epoch=...)`` row in an
 :class:`~costaware.runtime.store.ObservationStore` (or ``"stopped"`` when the budget was enforced on
 it). A crash is recorded by ``on_exception``: ``"oom"`` for CUDA/CPU out-of-memory errors,
 ``"stopped"`` for ``optuna.TrialPruned`` or ``KeyboardInterrupt``, ``"error"`` otherwise, with
-the memory reached so far; the exception still propagates to the caller. With a
+the memory reached so far and the time of the epoch cut short as ``partial_epoch_time`` (no
+epoch's time); raised between epochs (a pruner asked at an epoch's end), the row records the
+stop alone, that epoch's row holding its figures. The exception still propagates to the
+caller. With a
 :class:`~costaware.TrainingSpec` the callback also records the cost model's prediction when
 fitting starts, unless costaware's Optuna pruner already recorded one for the same trial.
 Everything is also kept in memory in ``callback.records``, so the callback works alone as a
@@ -1604,10 +1607,17 @@ class _CostAwareCallbackBase:
             status, reason = "oom", _reason_line(exc)
         else:
             status, reason = "error", _reason_line(exc)
-        try:
-            actual = self._actual()
-        except Exception:  # a broken CUDA context may refuse even the memory stats
-            actual = {"device_kind": self._kind, "steps": self._epoch_batches}
+        if self._epoch_start is None:
+            # between epochs (a pruner's TrialPruned at the epoch's end): that epoch is
+            # recorded already, and this row records the stop alone
+            actual: dict[str, Any] = {"device_kind": self._kind, "steps": 0}
+        else:
+            try:
+                actual = self._actual()
+            except Exception:  # a broken CUDA context may refuse even the memory stats
+                actual = {"device_kind": self._kind, "steps": self._epoch_batches}
+            # an epoch cut short is no epoch's time: kept apart, as time the trial spent
+            actual["partial_epoch_time"] = actual.pop("epoch_time", None)
         self._write(
             "measurement",
             study=self.study_name,

@@ -718,13 +718,18 @@ def _apply_measurements(row: TrialRow, ms: Sequence[Mapping[str, Any]]) -> str |
     peaks = [v for a in good if (v := _num(a.get("peak_memory"))) is not None]
     epochs = [v for a in good if (v := _num(a.get("epoch_time"))) is not None]
     iters = [v for a in good if (v := _num(a.get("iteration_time"))) is not None]
-    every = [v for m in ms if (v := _num(_map(m.get("actual")).get("epoch_time"))) is not None]
+    every = [  # the epochs' times and those of epochs cut short: what the trial trained
+        v
+        for m in ms
+        for k in ("epoch_time", "partial_epoch_time")
+        if (v := _num(_map(m.get("actual")).get(k))) is not None
+    ]
     row.actual_memory = max(peaks) if peaks else None
     held = [v for a in good if (v := _num(a.get("held_before"))) is not None]
     row.memory_held_before = max(held) if held else None
     row.actual_epoch_time = _median(epochs)
     row.actual_iteration_time = _median(iters)
-    row.epochs_measured = len(good)
+    row.epochs_measured = len(epochs)
     row.train_time = sum(every) if every else None
     row.device = row.device or next((_str(m.get("device")) for m in ms if m.get("device")), None)
     kinds = [k for m in ms if isinstance(k := _map(m.get("actual")).get("device_kind"), str)]
