@@ -131,6 +131,48 @@ def test_scheduler_stops_an_over_budget_trial(ray_session: None, tmp_path: Path)
     assert {m["actual"]["held_before"] for m in store.measurements()} == {512 * 2**20}
 
 
+def reports_thrice_an_epoch(cfg: dict[str, Any]) -> None:
+    """Two epochs of 1.5 s each on this CPU, each reported three times (a trainable that
+    reports as it validates), as an EpochMeter's metrics."""
+    for epoch in range(2):
+        for loss in (3.0, 2.0, 1.0):
+            tune.report(
+                {"loss": loss, "epoch": epoch, "epoch_time_s": 1.5,
+                 "peak_memory_bytes": 2**20, "measured_on": "CPU"}
+            )  # fmt: skip
+
+
+def test_the_scheduler_counts_an_epoch_once_and_records_the_device_measured(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """An epoch reported three times is one epoch of the trial's time (3 s of a 4 s
+    budget, not 4.5 s), stored once; trials measured on the CPU while the scheduler
+    predicts for an A10 are recorded as the CPU's, with one warning, so the refit never
+    learns them as the A10's."""
+    store = ObservationStore(tmp_path / "costaware.db")
+    scheduler = CostAwareScheduler(
+        budget=ca.Budget(max_trial_time="4s"), device="A10", store=store
+    )
+    tuner = tune.Tuner(
+        tune.with_resources(reports_thrice_an_epoch, {"cpu": 1}),
+        param_space={"seed": tune.grid_search([0, 1])},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler),
+        run_config=tune.RunConfig(name="thrice", storage_path=str(tmp_path), verbose=0),
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = tuner.fit()
+    assert not results.errors and not scheduler.stopped
+    assert all(r.metrics["training_iteration"] == 6 for r in results)
+    rows = store.measurements()
+    assert sorted((m["trial"], m["epoch"]) for m in rows) == sorted(
+        (r.metrics["trial_id"], e) for r in results for e in (0, 1)
+    )
+    assert {m["device"] for m in rows} == {"CPU"}
+    said = [str(w.message) for w in caught if "but the trials measure on CPU" in str(w.message)]
+    assert len(said) == 1 and "costaware predicts for A10" in said[0]
+
+
 def test_failing_spec_fn_fails_open(ray_session: None, tmp_path: Path) -> None:
     def broken(cfg: dict[str, Any]) -> ca.TrainingSpec:  # costaware's own failure
         raise ca.UntraceableModelError("cannot build this model")
@@ -283,8 +325,9 @@ def test_limit_memory_without_cuda_and_epoch_meter() -> None:
         x = torch.ones(4 * 2**20 // 4)
         del x
     m = meter.metrics()
-    assert set(m) == {"epoch_time_s", "peak_memory_bytes"}
-    assert m["epoch_time_s"] >= 0 and m["peak_memory_bytes"] >= 0
+    assert set(m) == {"epoch_time_s", "peak_memory_bytes", "measured_on"}
+    assert m["epoch_time_s"] >= 0 and m["peak_memory_bytes"] >= 0  # type: ignore[operator]
+    assert m["measured_on"] == ca.devices.cpu_device().name
 
 
 def test_epoch_meter_on_a_cpu_is_the_allocators_peak_until_the_second_step() -> None:

@@ -32,7 +32,12 @@ result key                    meaning
 ``"held_before_bytes"``       CUDA: bytes the process held reserved when the meter was
                               created, before the model (an earlier trial's leftovers);
                               above 256 MiB the store keeps the peak out of the refit
-``"epoch"``                   the epoch index (else ``training_iteration - 1`` is used)
+``"measured_on"``             the device measured (a catalog name, or CUDA's name of the
+                              GPU): the store records the measurements as that device's,
+                              and the refit learns no CPU run as a GPU's
+``"epoch"``                   the epoch index (else ``training_iteration - 1`` is used);
+                              an epoch reported several times counts once in the
+                              trial's time
 ============================  ==========================================================
 
 ``"epoch_time"`` and ``"peak_memory"`` (the store's and the Lightning callback's names) are
@@ -114,6 +119,8 @@ DEFAULT_STUDY = "ray-tune"
 EPOCH_TIME_KEYS = ("epoch_time_s", "epoch_time", "costaware/epoch_time")
 PEAK_MEMORY_KEYS = ("peak_memory_bytes", "peak_memory", "costaware/peak_memory")
 HELD_BEFORE_KEYS = ("held_before_bytes", "held_before", "costaware/held_before")
+#: the result key of the device :class:`EpochMeter` measured on
+MEASURED_ON_KEY = "measured_on"
 
 
 def _open_store(store: Any) -> Any:
@@ -490,8 +497,13 @@ class CostAwareScheduler(TrialScheduler):
         self.enforce = enforce
         #: trial id -> {"reasons": [...], "epoch": ..., "actual": {...}} for stopped trials
         self.stopped: dict[str, dict[str, Any]] = {}
-        self._trial_time: dict[str, float] = {}
+        #: trial id -> the epoch time of each epoch index it reported (several reports of
+        #: one epoch, or an epoch run again after a restore, count once)
+        self._epoch_times: dict[str, dict[int | str, float]] = {}
+        #: trial id -> the last measurement recorded (epoch, actual): a repeat is not stored
+        self._last_recorded: dict[str, tuple[int | None, dict[str, Any]]] = {}
         self._warned_store = False
+        self._warned_device = False
 
     @property
     def metric(self) -> Any:
@@ -551,12 +563,14 @@ class CostAwareScheduler(TrialScheduler):
         else:
             it = result.get("training_iteration")
             epoch = it - 1 if isinstance(it, int) and it >= 1 else None
+        times = self._epoch_times.setdefault(trial_id, {})
         if epoch_time is not None:
-            self._trial_time[trial_id] = self._trial_time.get(trial_id, 0.0) + epoch_time
-        reasons = self._over_budget(epoch_time, peak, self._trial_time.get(trial_id))
+            times[epoch if epoch is not None else f"result {len(times)}"] = epoch_time
+        reasons = self._over_budget(epoch_time, peak, sum(times.values()) if times else None)
         actual: dict[str, Any] = {"epoch_time": epoch_time, "peak_memory": peak}
         if (held := _number(result, HELD_BEFORE_KEYS)) is not None:
             actual["held_before"] = held  # the store leaves such a peak out of the refit
+        device = self._measured_on(result)
         if reasons:
             self.stopped[trial_id] = {
                 "reasons": [r.message for r in reasons],
@@ -565,14 +579,16 @@ class CostAwareScheduler(TrialScheduler):
                 "actual": actual,
                 "config": dict(getattr(trial, "config", None) or {}),
             }
-        if self.store is not None:
+        repeat = self._last_recorded.get(trial_id) == (epoch, actual) and not reasons
+        self._last_recorded[trial_id] = (epoch, actual)
+        if self.store is not None and not repeat:
             try:
                 self.store.record_measurement(
                     study=self.study,
                     trial=trial_id,
                     status="stopped" if reasons and self.enforce else "ok",
                     actual=actual,
-                    device=self.device.name if self.device is not None else None,
+                    device=device,
                     epoch=epoch,
                     reason="; ".join(r.message for r in reasons) or None,
                 )
@@ -585,6 +601,28 @@ class CostAwareScheduler(TrialScheduler):
                         stacklevel=3,
                     )
         return reasons
+
+    def _measured_on(self, result: Mapping[str, Any]) -> str | None:
+        """The device a result's measurements were taken on, which the store records them
+        as: :class:`EpochMeter`'s ``"measured_on"`` where the result has it, else the
+        scheduler's device. Warns once where the two differ: the refit then leaves such
+        runs out of what it learns for the device predicted for."""
+        measured = result.get(MEASURED_ON_KEY)
+        ours = self.device.name if self.device is not None else None
+        if not isinstance(measured, str) or not measured:
+            return ours
+        if ours is not None and measured != ours and not self._warned_device:
+            self._warned_device = True
+            warnings.warn(
+                f"costaware predicts for {ours} (device={ours!r}), but the trials measure on "
+                f"{measured}: their measurements are recorded as {measured}'s, and the "
+                "predictions do not describe these runs. Give the trainable the device "
+                f"(resources_per_trial={{'gpu': 1}}, or resources(spec_fn, device={ours!r})) "
+                "or predict for the device it runs on.",
+                CostAwareWarning,
+                stacklevel=3,
+            )
+        return measured
 
     def _over_budget(
         self, epoch_time: float | None, peak: float | None, trial_time: float | None
@@ -830,11 +868,28 @@ class EpochMeter:
         if self._cpu_memory is not None:
             self._cpu_memory.end_profiling()  # after the epoch's time: not the epoch's work
 
-    def metrics(self) -> dict[str, float]:
-        """``{"epoch_time_s", "peak_memory_bytes"}`` for ``tune.report`` (on CUDA also
-        ``"held_before_bytes"``; no ``"peak_memory_bytes"`` where :meth:`peak_memory` is
-        None)."""
-        out: dict[str, float] = {}
+    @property
+    def measured_on(self) -> str:
+        """The device this meter measures: its catalog name (``"H100-SXM"``, the CPU's
+        name), or the name CUDA gives a GPU the catalog does not know."""
+        import torch
+
+        from costaware.devices import cpu_device
+
+        if self.device != "cuda":
+            return cpu_device().name
+        name = torch.cuda.get_device_name()
+        try:
+            return get_device(name).name
+        except Exception:
+            return name
+
+    def metrics(self) -> dict[str, float | str]:
+        """``{"epoch_time_s", "peak_memory_bytes", "measured_on"}`` for ``tune.report``
+        (on CUDA also ``"held_before_bytes"``; no ``"peak_memory_bytes"`` where
+        :meth:`peak_memory` is None). ``"measured_on"`` names the device measured, which
+        the scheduler records the measurements as."""
+        out: dict[str, float | str] = {MEASURED_ON_KEY: self.measured_on}
         peak = self.peak_memory()
         if peak is not None:
             out["peak_memory_bytes"] = float(peak)
