@@ -560,6 +560,41 @@ def test_small_sample_refit_learns_one_factor_per_precision(
         )
 
 
+def test_a_refit_adds_the_time_between_steps_rather_than_multiplying_it(
+    tmp_path: Path, cnn_spec: ca.TrainingSpec
+) -> None:
+    """Two small trials whose steps ran 1.5x their prediction and whose epochs took 10 ms a
+    step more (data loading, the loop's hooks): a larger model is predicted at 1.5x its
+    step plus 10 ms, not at the 1.5x-plus-overhead factor of the small ones."""
+    base = ca.CostModel()
+
+    def spec(width: int) -> ca.TrainingSpec:
+        return dataclasses.replace(cnn_spec, model=functools.partial(tiny_cnn, width=width))
+
+    rows = []
+    for width in (4, 5):
+        feats = base.features(spec(width), "CPU")
+        step = 1.5 * feats["analytic_time_ms"] / 1e3
+        rows.append(
+            Observation(
+                features=feats,
+                device="CPU",
+                iteration_time=step,
+                meta={"step_time": step, "step_gap": 0.01},
+            )
+        )
+    small = base.predict(spec(4), "CPU").iteration_time
+    assert 1.5 * small + 0.01 > 3 * small  # the gap is most of a small trial's step
+    model = ca.CostModel(**base.get_params()).fit(rows, base=base)
+    for m in (model, (model.save(tmp_path), ca.CostModel.load(tmp_path))[1]):
+        assert m.step_gap_ == pytest.approx(0.01)
+        big, shipped = m.predict(spec(24), "CPU"), base.predict(spec(24), "CPU")
+        assert big.iteration_time == pytest.approx(1.5 * shipped.iteration_time + 0.01, rel=0.02)
+        assert big.basis["step_gap"] == pytest.approx(0.01)
+        assert any(n.startswith("plus 10.0 ms a step between steps") for n in big.notes)
+        assert big.epoch_time == pytest.approx(big.iteration_time * big.spec["steps_per_epoch"])
+
+
 def test_small_sample_time_refit_tries_a_slope_only_from_ten_rows() -> None:
     """Measured/predicted drifting with size (log slope 0.3): 8 rows get one factor per
     precision (on so few, a slope chosen by leave-one-out made held-out families' times

@@ -243,11 +243,12 @@ def test_observations_join_and_aggregate(store: ObservationStore) -> None:
     assert store.count_observations(study="nobody") == len(store.observations(study="nobody")) == 0
 
 
-def test_observations_learn_the_time_an_epoch_really_took_per_step(
+def test_observations_learn_the_step_and_the_time_between_steps(
     store: ObservationStore,
 ) -> None:
-    """With the steps per epoch predicted, the time target is the epoch's time per step
-    (loading and hooks between steps included) when that is longer than the median step."""
+    """The time target is the median step; with the steps per epoch known, the epoch's
+    time per step beyond it (loading and hooks between steps) is kept as the step gap, a
+    cost per step that a refit adds rather than multiplies."""
     pred = {"peak_memory": 1.0e9, "spec": {"steps_per_epoch": 10}}
     _predict(store, 0, prediction=pred)
     _measure(store, 0, epoch=0, iteration_time=0.1, epoch_time=1.4)
@@ -259,11 +260,15 @@ def test_observations_learn_the_time_an_epoch_really_took_per_step(
     _measure(store, 2, epoch=0, iteration_time=0.3, epoch_time=9.0)
     _predict(store, 3, prediction=pred)  # an epoch cut short: the steps it measured count
     _measure(store, 3, epoch=0, iteration_time=0.1, epoch_time=0.6, steps=4)
-    t0, t1, t2, t3 = store.observations(study="s")
-    assert t0.iteration_time == pytest.approx(0.13) and t0.meta["step_time"] == pytest.approx(0.1)
-    assert t1.iteration_time == pytest.approx(0.2)
-    assert t2.iteration_time == pytest.approx(0.3)
-    assert t3.iteration_time == pytest.approx(0.15)
+    _predict(store, 4, prediction=pred)  # no median step (a Ray trainable): the epoch's
+    _measure(store, 4, epoch=0, epoch_time=2.0)
+    t0, t1, t2, t3, t4 = store.observations(study="s")
+    assert t0.iteration_time == pytest.approx(0.1) and t0.meta["step_time"] == pytest.approx(0.1)
+    assert t0.meta["step_gap"] == pytest.approx(0.03)
+    assert t1.iteration_time == pytest.approx(0.2) and t1.meta["step_gap"] == 0.0
+    assert t2.iteration_time == pytest.approx(0.3) and "step_gap" not in t2.meta
+    assert t3.iteration_time == pytest.approx(0.1) and t3.meta["step_gap"] == pytest.approx(0.05)
+    assert t4.iteration_time == pytest.approx(0.2) and "step_gap" not in t4.meta
 
 
 def test_observations_leave_out_peaks_partly_held_by_something_else(

@@ -260,6 +260,18 @@ def _measured_times(obs: Sequence[Observation]) -> dict[str, tuple[float, int]]:
     return {k: (float(np.median(v)), len(v)) for k, v in times.items()}
 
 
+def _step_gap(obs: Sequence[Observation]) -> float | None:
+    """The median time between steps (an epoch's time over its steps, less the median
+    step: data loading and the training loop's hooks) of the observations that measured
+    both, in seconds; None where none did."""
+    gaps = [
+        float(g)
+        for o in obs
+        if o.status in ("ok", None) and isinstance(g := o.meta.get("step_gap"), int | float)
+    ]
+    return float(np.median(gaps)) if gaps else None
+
+
 def _checked_observations(
     observations: Iterable[Observation | Mapping[str, Any]],
 ) -> list[Observation]:
@@ -429,6 +441,8 @@ class CostModel:
         cpu_steps_: the CPU step model the time residual is learned over, or None.
         time_measured_: a refit's median measured iteration time and trials per
             configuration (:func:`repeat_key`), or None.
+        step_gap_: a refit's median time between steps (:func:`_step_gap`), added to each
+            step it predicts, or None.
         feature_names_: the feature columns the fit learned on (set by every fit).
         training_: what the fit was fitted on: rows, devices, families, calibration rows
             (set by every fit).
@@ -453,6 +467,7 @@ class CostModel:
     time_: TargetFit | None = None
     capacity_: CapacityFit | None = None
     time_measured_: dict[str, tuple[float, int]] | None = None
+    step_gap_: float | None = None
     # parts added to the model rather than learned by fit, which fit keeps
     graph2vec_: Any = None
     op_models_: Mapping[str, OpTimeModel] = _NOTHING
@@ -471,6 +486,7 @@ class CostModel:
         "time_",
         "capacity_",
         "time_measured_",
+        "step_gap_",
     )
     TIME_BASELINES: ClassVar[tuple[str, ...]] = ("optime", "roofline")
     MEMORY_MODELS: ClassVar[tuple[str, ...]] = ("line", "trees")
@@ -820,6 +836,16 @@ class CostModel:
             it_hi = _analytic.time_upper(it)
             kind, coverage = "analytic", None
             basis["features_used"] = 0
+        gap = self.kinds_.get(dev.kind, self).step_gap_ if learned_here else None
+        if gap:
+            # the user's loop between steps (data loading, hooks), as the study measured it:
+            # a cost per step, not a factor on the step the way a refit's correction is
+            basis["step_gap"] = gap
+            it, it_hi = it + gap, it_hi + gap
+            notes.append(
+                f"plus {fmt_seconds(gap)} a step between steps (data loading, the training "
+                "loop's hooks), as this study's measured epochs took it"
+            )
         if est.exposed_allreduce:  # DDP: the all-reduce the backward does not hide
             basis["exposed_allreduce"] = est.exposed_allreduce
             it, it_hi = it + est.exposed_allreduce, it_hi + est.exposed_allreduce
@@ -1211,6 +1237,7 @@ class CostModel:
         if refit:
             # a refit remembers what each configuration it saw measured (see predict)
             self.time_measured_ = _measured_times(obs)
+            self.step_gap_ = _step_gap(obs)
         self.training_ = self._training_record(obs, rows.x, base)
         return self
 

@@ -118,6 +118,8 @@ def save_model(model: CostModel, path: str | os.PathLike[str]) -> Path:
     }
     if (measured := model.time_measured_) is not None:
         manifest["time_measured"] = measured
+    if (gap := model.step_gap_) is not None:
+        manifest["step_gap"] = gap
     # every file load reads from this level, verified before anything parses it: the
     # .cbm files (a damaged one can crash CatBoost), graph2vec's, and the per-kind and
     # base manifests (each verifies its own files in turn)
@@ -334,6 +336,8 @@ def _read_parts(
         )
     if (measured := manifest.get("time_measured")) is not None:
         model.time_measured_ = {str(k): (float(v[0]), int(v[1])) for k, v in measured.items()}
+    if (gap := manifest.get("step_gap")) is not None:
+        model.step_gap_ = float(gap)
     if kinds:
         for k in kinds:
             read(f"{k}/{MANIFEST}")

@@ -72,7 +72,9 @@ class PredictionBasis(TypedDict, total=False):
     ``time_bound_widened`` (the log factor of the time bound's widening) on a device the
     model was not trained on; ``exposed_allreduce`` (seconds of DDP's all-reduce that the
     backward does not hide); ``rank_compute_scale`` under DDP or sharding (the rank's
-    roofline time over the same step's on one GPU, whose learned time it scales).
+    roofline time over the same step's on one GPU, whose learned time it scales);
+    ``step_gap`` (seconds a refit adds to each step: the time between steps its study's
+    epochs measured).
     """
 
     live_peak: int
@@ -99,6 +101,7 @@ class PredictionBasis(TypedDict, total=False):
     time_bound_widened: float
     exposed_allreduce: float
     rank_compute_scale: float
+    step_gap: float
     simulated_min_capacity: int
 
 

@@ -634,9 +634,7 @@ class ObservationStore:
                     features=features,
                     device=device or "unknown",
                     peak_memory=_max(good, "peak_memory") if peak_ok else None,
-                    iteration_time=step
-                    if per_step is None or (step or 0) >= per_step
-                    else per_step,
+                    iteration_time=step if step is not None else per_step,
                     status=status,
                     family=None if family is None else str(family),
                     peak_allocated=_max(good, "peak_allocated") if peak_ok else None,
@@ -648,7 +646,12 @@ class ObservationStore:
                         "epochs": len(good),
                         "prediction": pred["prediction"],
                     }
-                    | ({} if left_out is None else {"memory_left_out": left_out}),
+                    | ({} if left_out is None else {"memory_left_out": left_out})
+                    | (
+                        {"step_gap": max(0.0, per_step - step)}
+                        if step is not None and per_step is not None
+                        else {}
+                    ),
                 )
             )
         return out
