@@ -179,14 +179,24 @@ def test_hyperband_keeps_its_brackets() -> None:
     )
 
 
-def test_admit_helper_inside_the_objective() -> None:
+def test_admit_helper_inside_the_objective(caplog: pytest.LogCaptureFixture) -> None:
     def obj(trial: optuna.Trial) -> float:
         width = trial.suggest_categorical("width", [64, 8192])
         admit(trial, spec_fn({"width": width, "batch_size": 16}), BUDGET, device="T4")
         return 1.0
 
     study = optuna.create_study(sampler=optuna.samplers.GridSampler({"width": [64, 8192]}))
-    study.optimize(obj, n_trials=2)
+    optuna.logging.enable_propagation()
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    try:
+        with caplog.at_level("INFO"):
+            study.optimize(obj, n_trials=2)
+    finally:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.logging.disable_propagation()
+    # one line says why, Optuna's own: "Trial 1 pruned. rejected by costaware before it ran: ..."
+    said = sorted({r.getMessage() for r in caplog.records if "exceeds" in r.getMessage()})
+    assert len(said) == 1 and "pruned. rejected by costaware before it ran: " in said[0]
     states = {t.params["width"]: t for t in study.trials}
     assert (
         states[64].state == TrialState.COMPLETE and states[64].user_attrs["costaware:admit"] is True

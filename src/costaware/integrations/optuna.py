@@ -156,9 +156,14 @@ def stop_when_spent(
     warnings.warn(f"costaware: study {name!r}: {why}; {done}.", CostAwareWarning, stacklevel=3)
 
 
+#: how a rejection begins, in the log and in the ``TrialPruned`` that :func:`admit` raises
+_REJECTED = "rejected by costaware before it ran: "
+
+
 def _log_rejection(number: int, reasons: list[str]) -> None:
-    """Optuna's log says why a trial is rejected (its own line says only 'pruned')."""
-    _LOG.info(f"Trial {number} rejected by costaware before it ran: {'; '.join(reasons)}")
+    """Optuna's log says why the pruner rejected a trial (its own line says only 'pruned':
+    the objective raises ``TrialPruned()`` after ``should_prune()``)."""
+    _LOG.info(f"Trial {number} {_REJECTED}{'; '.join(reasons)}")
 
 
 class _PrunerGate:
@@ -545,7 +550,6 @@ def admit(
         trial.set_constraint(k, v)
     stop_when_spent(trial.study, gate.budget, spent, attrs.get("reason_kinds", ()))
     if not verdict.admit:
-        reasons = list(attrs.get("reasons", []))
-        _log_rejection(trial.number, reasons)
-        raise optuna.TrialPruned("; ".join(reasons) or "rejected by costaware")
+        # Optuna logs the message once ("Trial 3 pruned. rejected by costaware ...")
+        raise optuna.TrialPruned(_REJECTED + ("; ".join(attrs.get("reasons", [])) or "no reason"))
     return attrs
