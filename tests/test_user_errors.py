@@ -495,6 +495,27 @@ def test_the_dry_run_leaves_the_users_logging_as_it_was(torch_log: list[str]) ->
     assert torch_log == ["the user's own record"]
 
 
+def test_a_study_of_one_model_costaware_cannot_judge_warns_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every trial of a model costaware cannot dry-run fails the same way: the first one
+    warns, the others are admitted with the reason recorded and no warning each."""
+    from costaware.core.trace import step
+
+    monkeypatch.setattr(step, "_CAT_CODE", {})
+    gate = Gate(BUDGET, device="T4", model=ca.CostModel())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        verdicts = [
+            gate.judge(_spec(functools.partial(MLP, w)), study=None, trial=t)
+            for t, w in enumerate((8, 16, 32))
+        ]
+    said = [str(w.message) for w in caught if "could not judge" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith("costaware could not judge trial 0")
+    assert "without another warning" in said[0]
+    assert all(v.admit and "KeyError" in v.info["error"] for v in verdicts)
+
+
 def test_only_the_dry_runs_thread_is_silenced() -> None:
     """While one thread is inside a dry run, another thread's torch log records pass."""
     from costaware.core.trace import _quiet_torch_logs

@@ -226,6 +226,23 @@ def test_fail_closed_rejects_and_gives_up() -> None:
     assert all(r["reasons"][0].startswith("prediction failed") for r in searcher.rejections)
 
 
+@pytest.mark.filterwarnings("ignore:costaware could not judge")
+def test_a_step_without_a_trial_is_said_once() -> None:
+    def broken(cfg: dict[str, Any]) -> ca.TrainingSpec:
+        raise ca.TraceTimeout("nope")
+
+    searcher = CostAwareSearcher(
+        OptunaSearch(seed=0, metric="loss", mode="min", space=SPACE), spec_fn=broken, budget=BUDGET,
+        device="cpu", fail_open=False, max_retries=1, max_consecutive_rejections=None,
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert [searcher.suggest(t) for t in "abc"] == [None, None, None]
+    said = [str(w.message) for w in caught if "no trial this step" in str(w.message)]
+    assert len(said) == 1 and "for trial a" in said[0]
+    assert len(searcher.rejections) == 6
+
+
 def test_a_spent_study_budget_ends_the_search() -> None:
     """Once the trials have spent the budget's max_total_time, every suggestion would be
     rejected: the searcher ends the search instead of proposing them."""

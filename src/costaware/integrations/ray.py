@@ -358,12 +358,15 @@ class CostAwareSearcher(Searcher):
                     stacklevel=2,
                 )
                 return Searcher.FINISHED  # type: ignore[return-value]
-        warnings.warn(
-            f"costaware rejected {self.max_retries + 1} suggestions for trial {trial_id}; "
-            "no trial this step, Tune will ask again.",
-            CostAwareWarning,
-            stacklevel=2,
-        )
+        if not self.__dict__.get("_said_no_trial"):
+            self._said_no_trial = True
+            warnings.warn(
+                f"costaware rejected {self.max_retries + 1} suggestions for trial {trial_id}; "
+                "no trial this step, Tune will ask again (said once: searcher.rejections "
+                "lists every rejection).",
+                CostAwareWarning,
+                stacklevel=2,
+            )
         return None
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:

@@ -257,6 +257,9 @@ class Gate:
         self._context: int | None = None  # the study's measured CUDA context
         self._context_read = -math.inf
         self._lock = threading.Lock()
+        #: the reasons this gate could not judge a trial that it has warned of (each once:
+        #: every trial records its own, and a study of one untraceable model has many)
+        self._warned: set[str] = set()
         self.store = open_store(store, retry=True)  # a server that is down never stops a study
         self.refit: Any = None
         self._start_refit()
@@ -284,6 +287,7 @@ class Gate:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_warned", set())
         self._lock = threading.Lock()
         self._start_refit()
 
@@ -389,12 +393,19 @@ class Gate:
             admit = self.fail_open
             reason = "prediction failed: " + (first_line(error) if error else "unknown")
             what = "this fit" if trial is None else f"trial {trial}"
-            warnings.warn(
-                f"costaware could not judge {what}: {reason}; "
-                f"{'admitting' if admit else 'rejecting'} it (fail_open={self.fail_open}).",
-                CostAwareWarning,
-                stacklevel=4,
-            )
+            with self._lock:
+                first = reason not in self._warned
+                self._warned.add(reason)
+            if first:
+                warnings.warn(
+                    f"costaware could not judge {what}: {reason}; "
+                    f"{'admitting' if admit else 'rejecting'} it (fail_open={self.fail_open}); "
+                    "later trials that fail the same way are "
+                    f"{'admitted' if admit else 'rejected'} with this reason recorded, "
+                    "without another warning.",
+                    CostAwareWarning,
+                    stacklevel=4,
+                )
             info: dict[str, Any] = {
                 "admit": admit,
                 "error": reason,
