@@ -485,3 +485,21 @@ def test_the_study_cost_so_far_is_its_time_at_the_price_and_a_spent_budget_is_sa
     assert ca.Budget(max_total_time="1h").exhausted(3599) is None
     assert "max_total_time" in str(ca.Budget(max_total_time="1h").exhausted(3600))
     assert ca.Budget().exhausted(10**9) is None  # no study-wide cap
+
+
+def test_a_memory_budget_under_the_devices_cuda_context_is_refused_up_front() -> None:
+    """Every trial's need includes the CUDA context: a max_memory at or below it would
+    reject every trial, which the pruner, searcher and scheduler say when they are made."""
+    from costaware.integrations.optuna import CostAwarePruner
+
+    a10 = ca.get_device("A10")
+    tight = ca.Budget(max_memory=a10.context_overhead_bytes)
+    with pytest.raises(ca.BudgetError, match="leaves no room for a trial on the A10") as info:
+        tight.check_room("A10")
+    assert "Give max_memory more than 1.00 GiB" in str(info.value)
+    with pytest.raises(ca.BudgetError, match="leaves no room"):
+        CostAwarePruner(budget=tight, device="A10")
+    ca.Budget(max_memory=a10.context_overhead_bytes + 2**20).check_room("A10")
+    tight.check_room("cpu")  # no CUDA context on a CPU
+    ca.Budget(max_epoch_time="1min").check_room("A10")  # no memory limit: nothing to refuse
+    CostAwarePruner(budget=tight)  # "auto": resolved when a trial is judged

@@ -406,6 +406,22 @@ class Budget:
             )
         return limit
 
+    def check_room(self, device: str | Device) -> None:
+        """Raise :class:`BudgetError` where ``max_memory`` leaves a trial on ``device`` no
+        room at all: at or below the device's CUDA context, which every trial's need
+        includes, so that every trial would be rejected. Said when the pruner, searcher
+        or scheduler is made, not after a search's worth of dry runs."""
+        dev = get_device(device)
+        limit = self.max_memory_bytes(dev)
+        context = dev.context_overhead_bytes if dev.kind == "cuda" else 0
+        if limit is not None and context and limit <= context:
+            raise BudgetError(
+                f"max_memory={self.max_memory!r} leaves no room for a trial on the {dev.name}: "
+                f"its CUDA context alone takes {fmt_bytes(context)}, and every trial's memory "
+                f"need adds to it, so every trial would be rejected. Give max_memory more than "
+                f"{fmt_bytes(context)} (it is the process's whole use of the GPU)."
+            )
+
     def _memory_limit(self, dev: Device) -> tuple[int, str]:
         """The memory a trial may use on ``dev`` and where the figure comes from
         (``"budget"`` or ``"device"``): the budget's limit, never more than the device's
@@ -452,6 +468,8 @@ class Budget:
             "device": dev.name,
             "safety_margin": self.safety_margin,
         }
+        if self.price_per_hour is not None:  # a report prices the study's time with it
+            checked["price_per_hour"] = float(self.price_per_hour)
 
         limit, limit_name = self._memory_limit(dev)
         peak = (

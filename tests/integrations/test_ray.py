@@ -312,6 +312,19 @@ def test_resources_packs_by_predicted_memory() -> None:
         resources(spec_fn, device="H1000")
 
 
+def test_resources_for_a_gpu_on_a_cluster_without_one_says_so(ray_session: None) -> None:
+    """This local cluster has no GPU: a trial asking for a share of an A10 would wait until
+    one joins (an autoscaler may add one), so that is said once, and nothing changes."""
+    assert not ray.cluster_resources().get("GPU")
+    fn = resources(spec_fn, device="A10", model=MODEL)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shares = [fn({"width": 64, "bs": 32})["gpu"] for _ in range(3)]
+    said = [str(w.message) for w in caught if "this Ray cluster has none" in str(w.message)]
+    assert len(said) == 1 and "pass device='cpu'" in said[0]
+    assert all(0 < g <= 1.0 for g in shares)
+
+
 def test_argument_errors_say_what_was_expected() -> None:
     with pytest.raises(TypeError, match=r"searcher must be a ray\.tune\.search\.Searcher"):
         CostAwareSearcher(object(), spec_fn=spec_fn, budget=BUDGET)  # type: ignore[arg-type]
@@ -327,6 +340,14 @@ def test_argument_errors_say_what_was_expected() -> None:
         CostAwareScheduler(budget=BUDGET, enforce="no")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="device must be a device name"):
         CostAwareScheduler(budget=BUDGET, device=123)  # type: ignore[arg-type]
+    # a budget the scheduler could never check, or that no trial could meet, is said now
+    with pytest.raises(ca.BudgetError, match="relative to a device; pass device="):
+        CostAwareScheduler(budget=ca.Budget(max_memory="90%"))
+    with pytest.raises(ca.BudgetError, match="leaves no room for a trial on the A10"):
+        CostAwareScheduler(budget=ca.Budget(max_memory="1GiB"), device="A10")
+    with pytest.raises(ca.BudgetError, match="leaves no room for a trial on the A10"):
+        CostAwareSearcher(OptunaSearch(), spec_fn=spec_fn, budget=ca.Budget(max_memory="1GiB"),
+                          device="A10")  # fmt: skip
 
 
 def test_limit_memory_without_cuda_and_epoch_meter() -> None:

@@ -80,6 +80,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 try:
+    import ray
     from ray.tune.schedulers import FIFOScheduler, TrialScheduler
     from ray.tune.search import Searcher
     from ray.tune.search.util import _set_search_properties_backwards_compatible
@@ -485,6 +486,10 @@ class CostAwareScheduler(TrialScheduler):
             _check_budget(budget)
         if device is not None:
             check_options(device=device)  # the searcher's message for a wrong device
+            if budget is not None:
+                budget.check_room(device)
+        elif budget is not None and budget.max_memory is not None:
+            budget.max_memory_bytes()  # a relative max_memory ("90%") needs the device
         check_study(study, DEFAULT_STUDY)
         if not isinstance(enforce, bool):
             raise TypeError(
@@ -707,6 +712,16 @@ class _Resources:
                     "resources(device='auto') found no GPU where it runs (the Tune driver), "
                     "so the trials ask for no GPU; if the workers have one, name it "
                     "(device='A10') to pack trials onto it by their predicted memory.",
+                    CostAwareWarning,
+                    stacklevel=3,
+                )
+            gpus = ray.cluster_resources().get("GPU") if ray.is_initialized() else None  # type: ignore[no-untyped-call]
+            if not self._cpu and gpus is not None and not gpus:
+                # an autoscaling cluster may add GPU nodes later: said, not changed
+                warnings.warn(
+                    f"resources(device={self.device!r}) asks each trial for a share of a GPU, "
+                    "but this Ray cluster has none (ray.cluster_resources()): the trials wait "
+                    "until a GPU node joins. On a cluster without GPUs, pass device='cpu'.",
                     CostAwareWarning,
                     stacklevel=3,
                 )

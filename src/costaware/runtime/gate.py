@@ -248,6 +248,8 @@ class Gate:
         check_options(
             model=model, device=device, store=store, refit_every=refit_every, fail_open=fail_open
         )
+        if not (isinstance(device, str) and device.strip().lower() == "auto"):
+            budget.check_room(device)
         self.budget = budget
         self.device = device
         self.fail_open = fail_open
