@@ -168,7 +168,7 @@ def test_store_report_counts_every_outcome(store: ObservationStore) -> None:
     assert rep.caps == {"memory": 500 * MiB, "epoch_time": 60.0, "total_time": 3600.0}
     assert s["gate_latency_median_s"] == pytest.approx(0.05)
     # the never-measured trial is named, with the fix
-    assert any("1 of 7 admitted trials" in n for n in rep.notes)
+    assert any("1 of 5 admitted trials that did not crash" in n for n in rep.notes)
     assert any("no objective values" in n for n in rep.notes)
     json.dumps(rep.to_dict())  # plain data all the way down
 
@@ -469,8 +469,13 @@ def test_ray_directory_alone_says_what_is_missing(
     assert "pass the store" in notes.lower() or "--store" in notes
     assert "--mode max or --mode min" in notes and rep.best() == []
     assert "A store lies" not in notes
-    # a store the script wrote beside the experiments (its storage path) is pointed to
-    ObservationStore(tmp_path / "ray" / "costaware.db")
+    # a store beside the experiments that holds another run's records is no hint
+    beside = ObservationStore(tmp_path / "ray" / "costaware.db")
+    _prediction(beside, "zzz", study="another-run")
+    notes = " ".join(ca.report(ray_dir=tmp_path / "ray" / "digits").notes)
+    assert "A store lies" not in notes
+    # one that holds this run's trials (the script wrote it to the storage path) is
+    _prediction(beside, "aaa", study="digits")
     notes = " ".join(ca.report(ray_dir=tmp_path / "ray" / "digits").notes)
     assert f"--store sqlite:///{(tmp_path / 'ray' / 'costaware.db').resolve()}" in notes
 
@@ -947,7 +952,10 @@ def test_the_bias_corrected_saving_is_in_every_format() -> None:
     rejected = TrialRow(trial="3", number=3, outcome="rejected", pred_trial_time=100.0)
     rep = Report([*ran, rejected], title="t", source="rows")
     assert rep.summary()["saved_adjusted_s"] == pytest.approx(120.0)
-    said = "With the predicted times corrected by the measured ÷ predicted epoch time"
+    said = (
+        "With the predicted runs of the trials rejected for time or cost corrected by the "
+        "median epoch-time error of the trials that ran (measured ÷ predicted ×1.20)"
+    )
     assert said in rep.to_markdown() and said in rep.to_html()
     console = Console(record=True, width=200)
     rep.print(console)

@@ -43,6 +43,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import statistics
 import warnings
 from collections import Counter
@@ -181,6 +182,63 @@ def _time_pairs(rows: Iterable[TrialRow]) -> list[tuple[float, float, float | No
     ]
 
 
+#: the study-wide limits: a rejection for these alone is one the study's budget had no
+#: room left for
+_STUDY_CAPS: Final = frozenset({"total_time", "cost"})
+
+
+def _cap_only(row: TrialRow) -> bool:
+    """Whether ``row`` was rejected for the study-wide caps alone."""
+    return bool(row.reason_kinds) and set(row.reason_kinds) <= _STUDY_CAPS
+
+
+def _config_key(row: TrialRow) -> str | None:
+    """The identity of ``row``'s configuration: its study, model, parameters and what
+    was predicted for it (parameters read from a spec may leave out what tells two
+    models apart; their predictions do not). None when no parameters are recorded:
+    nothing then says two trials are the same."""
+    if not row.params:
+        return None
+    params = sorted((str(k), repr(v)) for k, v in row.params.items())
+    return repr((row.study, row.name, params, row.pred_memory, row.predicted_cost))
+
+
+def _repeated_rejections(rows: Iterable[TrialRow]) -> set[int]:
+    """The ids of the rejected rows whose configuration an earlier rejected row (one
+    whose saving counts: not rejected for the study-wide caps alone) already has."""
+    seen: set[str] = set()
+    repeats: set[int] = set()
+    for r in rows:
+        if r.outcome != "rejected" or _cap_only(r) or (key := _config_key(r)) is None:
+            continue
+        if key in seen:
+            repeats.add(id(r))
+        seen.add(key)
+    return repeats
+
+
+#: a cost reason as the budget words it, amounts without a currency:
+#: "0.0017 spent + 0.0034 for this trial (2 GPUs) exceeds the 0.0040 cost cap"
+_AMOUNT = r"\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?"
+_COST_REASON: Final = re.compile(
+    rf"(?<!\S)({_AMOUNT}) spent \+ ({_AMOUNT}) for this trial( \(\d+ GPUs\))? "
+    rf"exceeds the ({_AMOUNT}) cost cap"
+)
+
+
+def _with_currency(reason: str, currency: str) -> str:
+    """``reason`` with the amounts of a cost-cap reason written in ``currency``."""
+    if not currency:
+        return reason
+    return _COST_REASON.sub(
+        lambda m: (
+            f"{currency}{m[1]} spent + {currency}{m[2]} for this trial{m[3] or ''} "
+            f"exceeds the {currency}{m[4]} cost cap"
+        ),
+        reason,
+    )
+
+
 # --------------------------------------------------------------------------------------
 # the report
 # --------------------------------------------------------------------------------------
@@ -198,6 +256,11 @@ class Report:
         notes: what is missing from the records, and how to record it.
         caps: the recorded budget limits (``memory`` bytes, ``epoch_time``,
             ``trial_time``, ``total_time`` seconds, ``cost``).
+        budget_spent_s: what the study has spent as its budget counts it against the
+            study-wide caps (``max_total_time``, ``max_cost``), where that differs from the
+            time of the trials that ran (an Optuna study: the time its rejected trials took
+            to be judged counts too); None: the time of the trials that ran.
+        budget_spent_basis: what :attr:`budget_spent_s` counts, in words.
     """
 
     def __init__(
@@ -214,6 +277,8 @@ class Report:
         currency: str = "$",
         notes: Sequence[str] = (),
         spent_basis: str = "",
+        budget_spent_s: float | None = None,
+        budget_spent_basis: str = "",
         generated_at: _dt.datetime | None = None,
         actuals_expected: bool = True,
     ) -> None:
@@ -227,9 +292,14 @@ class Report:
         self.price_per_hour = price_per_hour
         self.currency = currency
         self.spent_basis = spent_basis
+        self.budget_spent_s = budget_spent_s
+        self.budget_spent_basis = budget_spent_basis
         self.generated_at = generated_at or _dt.datetime.now(_dt.timezone.utc)
         self.actuals_expected = actuals_expected
+        for row in self.trials:
+            row.reasons = [_with_currency(r, currency) for r in row.reasons]
         self._oom_time = self.time_to_oom()
+        self._repeats = _repeated_rejections(self.trials)
         #: notes already given as a warning while the report was read: the terminal
         #: summary does not print them a second time
         self.warned: set[str] = set()
@@ -289,12 +359,23 @@ class Report:
         - ``"predicted_run"``: rejected for time or cost (or for a reason not recorded):
           counted at its whole predicted run (epoch time × epochs, the point prediction),
           which it would have used had it been admitted;
+        - ``"cap_only"``: rejected only for the study-wide caps (``max_total_time``,
+          ``max_cost``): not counted, since what was left of the study's budget did not
+          cover it and the study stops once its cap is spent: it would not have run
+          within the budget anyway;
+        - ``"repeat"``: the same configuration (parameters) as an earlier rejection of
+          the study, which is counted; this one is not, so that a searcher proposing a
+          configuration again and again does not multiply what refusing it saved;
         - ``"unknown"``: no figure (no predicted time, and no measured OOM for one
           rejected for memory);
         - ``"ran"``: not rejected.
         """
         if row.outcome != "rejected":
             return None, "ran"
+        if _cap_only(row):
+            return None, "cap_only"
+        if id(row) in self._repeats:
+            return None, "repeat"
         predicted = row.predicted_cost
         if "memory" in row.reason_kinds:
             crash, _ = self._oom_time
@@ -308,10 +389,13 @@ class Report:
         that say what the total rests on.
 
         Keys: ``seconds`` (the total, None when nothing is counted and trials were
-        rejected), ``upper_bound`` (whether a part of it is an upper bound), per basis
-        ``{basis: {"seconds": ..., "trials": ...}}`` under ``by_basis``, ``unknown`` (the
-        rejected trials with no figure), ``predicted_s`` (the part resting on predicted
-        times), ``time_to_oom_s`` and ``time_to_oom_trials``, and ``basis`` (sentences).
+        rejected), ``upper_bound`` (whether a part of it is an upper bound),
+        ``upper_bound_s`` (that part), ``all_upper_bound`` (whether all of it is), per
+        basis ``{basis: {"seconds": ..., "trials": ...}}`` under ``by_basis``, ``unknown``
+        (the rejected trials with no figure), ``predicted_s`` (the part resting on the
+        point predictions of the trials rejected for time or cost: the part a correction
+        by the measured time errors applies to), ``time_to_oom_s`` and
+        ``time_to_oom_trials``, and ``basis`` (sentences).
         """
         by: dict[str, dict[str, float]] = {}
         for r in self.trials:
@@ -321,11 +405,12 @@ class Report:
             entry = by.setdefault(how, {"seconds": 0.0, "trials": 0})
             entry["trials"] += 1
             entry["seconds"] += seconds or 0.0
-        counted = {b: v for b, v in by.items() if b != "unknown"}
-        rejected = sum(v["trials"] for v in by.values())
-        total = sum(v["seconds"] for v in counted.values()) if counted else None
-        if total is None and not rejected:
-            total = 0.0
+        not_counted = ("unknown", "cap_only", "repeat")
+        counted = {b: v for b, v in by.items() if b not in not_counted}
+        if counted:
+            total: float | None = sum(v["seconds"] for v in counted.values())
+        else:  # nothing to count: zero, unless a rejection has no figure
+            total = None if by.get("unknown") else 0.0
         crash, n_oom = self._oom_time
         word = self.device_word
         basis: list[str] = []
@@ -356,14 +441,33 @@ class Report:
                 f"point prediction), the {word} time {'it' if one else 'they'} would have "
                 f"used had {'it' if one else 'they'} been admitted."
             )
-        predicted = sum(by[b]["seconds"] for b in ("upper_bound", "predicted_run") if b in by)
+        if "cap_only" in by:
+            n = int(by["cap_only"]["trials"])
+            basis.append(
+                f"{_trials(n)} rejected only for the study's total time or cost cap: not "
+                "counted. What was left of the study's budget did not cover "
+                f"{'it' if n == 1 else 'them'}, and the study stops once its cap is spent: "
+                f"{'it' if n == 1 else 'they'} would not have run within the budget anyway."
+            )
+        if "repeat" in by:
+            n = int(by["repeat"]["trials"])
+            basis.append(
+                f"{_trials(n)} rejected with the same parameters as an earlier rejected "
+                "trial: not counted again. Each distinct configuration counts once: a "
+                "searcher that proposes a refused configuration again would have run it "
+                "once had it been admitted, and learnt from its result."
+            )
+        upper = by.get("upper_bound", {}).get("seconds", 0.0)
         return {
             "seconds": total,
             "trials": sum(int(v["trials"]) for v in counted.values()),
             "upper_bound": "upper_bound" in by,
+            "upper_bound_s": upper if "upper_bound" in by else None,
+            "all_upper_bound": "upper_bound" in by and set(counted) == {"upper_bound"},
             "by_basis": {b: dict(v) for b, v in by.items()},
             "unknown": int(by.get("unknown", {}).get("trials", 0)),
-            "predicted_s": predicted,
+            "not_counted": int(sum(by.get(b, {}).get("trials", 0) for b in not_counted)),
+            "predicted_s": by.get("predicted_run", {}).get("seconds", 0.0),
             "time_to_oom_s": crash,
             "time_to_oom_trials": n_oom,
             "basis": basis,
@@ -394,12 +498,16 @@ class Report:
         mem = rel_errors(_memory_pairs(self.trials))
         tim = rel_errors(_time_pairs(self.trials))
         saved = savings["seconds"]
-        adjusted = None
+        adjusted = factor = None
         if saved and savings["predicted_s"] and tim.get("n", 0) >= _MIN_FOR_BIAS:
-            # only the part that rests on predicted times is scaled by how they fared
-            adjusted = saved - savings["predicted_s"] + savings["predicted_s"] * tim["median_ratio"]
+            # only the point predictions of the time and cost rejections are scaled by how
+            # the time predictions fared; the memory rejections' figures (a measured time to
+            # the crash, or an upper bound) are kept as they are
+            factor = 1.0 / (1.0 + tim["median"])
+            adjusted = saved - savings["predicted_s"] + savings["predicted_s"] * factor
         latencies = [r.gate_latency for r in self.trials if r.gate_latency is not None]
         spent = sum(spent_values)
+        budget_spent = self.budget_spent_s if self.budget_spent_s is not None else spent
         return {
             "trials": len(self.trials),
             "admitted": sum(r.admitted for r in self.trials),
@@ -410,12 +518,19 @@ class Report:
             "spent_s": spent,
             "spent_trials": len(spent_values),
             "spent_cost": self.cost(spent),
+            "budget_spent_s": budget_spent,
+            "budget_spent_cost": self.cost(budget_spent),
+            "budget_spent_basis": self.budget_spent_basis or self.spent_basis,
             "saved_s": saved,
             "saved_trials": savings["trials"],
             "saved_unknown": savings["unknown"],
             "saved_cost": self.cost(saved),
             "saved_adjusted_s": adjusted,
+            "saved_adjusted_factor": factor,
             "saved_upper_bound": savings["upper_bound"],
+            "saved_upper_bound_s": savings["upper_bound_s"],
+            "saved_all_upper_bound": savings["all_upper_bound"],
+            "saved_not_counted": savings["not_counted"],
             "saved_by_basis": savings["by_basis"],
             "saved_basis": savings["basis"],
             "time_to_oom_s": savings["time_to_oom_s"],
@@ -512,10 +627,14 @@ class Report:
                 "(or call costaware.integrations.optuna.admit in the objective; for Ray Tune, "
                 "CostAwareSearcher with a store)."
             )
-        unmeasured = [r for r in self.trials if r.admitted and not r.measured]
+        # a trial that crashed before it reported anything could not be measured,
+        # whatever recorded the measurements: it says nothing of what is missing
+        crashed = [r for r in self.trials if r.outcome in ("failed", "oom") and not r.measured]
+        measurable = [r for r in self.trials if r.admitted and r.outcome not in ("failed", "oom")]
+        unmeasured = [r for r in measurable if not r.measured]
         if not self.actuals_expected:
             pass  # the source's own note says where the actuals are
-        elif unmeasured and len(unmeasured) == sum(r.admitted for r in self.trials):
+        elif unmeasured and len(unmeasured) == len(measurable):
             notes.append(
                 "No actuals recorded (measured peak memory and epoch time): add "
                 "CostAwareCallback(store=store, ...) to the Lightning Trainer (CostAwareScheduler "
@@ -523,8 +642,18 @@ class Report:
             )
         elif unmeasured:
             notes.append(
-                f"{len(unmeasured)} of {sum(r.admitted for r in self.trials)} admitted trials "
+                f"{len(unmeasured)} of {len(measurable)} admitted trials that did not crash "
                 "have no measured actuals (still running, or run without CostAwareCallback)."
+            )
+        if (
+            crashed
+            and self.actuals_expected
+            and len(crashed) == sum(r.admitted for r in self.trials)
+        ):
+            notes.append(
+                f"Every admitted trial ({len(crashed)}) crashed before recording a "
+                "measurement, so there are no actuals to compare with the predictions: their "
+                "errors are in the trials' table."
             )
         held = [r for r in self.trials if _held_by_others(r)]
         if held:
@@ -727,6 +856,8 @@ def _apply_measurements(row: TrialRow, ms: Sequence[Mapping[str, Any]]) -> str |
     row.actual_memory = max(peaks) if peaks else None
     held = [v for a in good if (v := _num(a.get("held_before"))) is not None]
     row.memory_held_before = max(held) if held else None
+    methods = [v for a in good if isinstance(v := a.get("memory_method"), str) and v]
+    row.memory_method = row.memory_method or (methods[-1] if methods else None)
     row.actual_epoch_time = _median(epochs)
     row.actual_iteration_time = _median(iters)
     row.epochs_measured = len(epochs)
@@ -865,7 +996,8 @@ def _skipped_note(skipped: Any) -> str | None:
 
 
 def _caps_from(predictions: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """The budget limits recorded with the decisions (the latest one of each kind)."""
+    """The budget limits recorded with the decisions (the latest one of each kind), and
+    under ``"price_per_hour"`` the budget's price of a device-hour where one was given."""
     caps: dict[str, float] = {}
     for p in predictions:
         checked = _map(_map(p.get("decision")).get("checked"))
@@ -873,6 +1005,8 @@ def _caps_from(predictions: Iterable[Mapping[str, Any]]) -> dict[str, float]:
             limit = _num(_map(checked.get(kind)).get("limit"))
             if limit is not None:
                 caps[kind] = limit
+        if (price := _num(checked.get("price_per_hour"))) is not None:
+            caps["price_per_hour"] = price
     return caps
 
 
@@ -1138,7 +1272,9 @@ def _read_json_lines(path: pathlib.Path) -> list[dict[str, Any]]:
 
 def _ray_trials(exp: pathlib.Path) -> tuple[list[dict[str, Any]], str | None]:
     """The trials of a Ray Tune experiment directory (JSON only, never its pickles)."""
-    states = sorted(exp.glob("experiment_state-*.json"), key=lambda p: (p.stat().st_mtime, p.name))
+    # the newest by the session timestamp in the name, as Ray Tune restores it (the
+    # greatest name): a restored run rewrites every state file, so their times say nothing
+    states = sorted(exp.glob("experiment_state-*.json"), key=lambda p: p.name)
     try:
         state = json.loads(states[-1].read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -1202,9 +1338,7 @@ def _ray_rows(
         status = str(tr.get("status") or "")
         if status == "ERROR":
             text = _ray_error(exp, tr)
-            row.outcome = (
-                "oom" if store_outcome == "oom" or _says_oom(text) else "failed"
-            )
+            row.outcome = "oom" if store_outcome == "oom" or _says_oom(text) else "failed"
             row.reasons = row.reasons or [text or "the trainable raised"]
         elif store_outcome in ("stopped", "oom", "failed"):
             row.outcome = store_outcome
@@ -1238,16 +1372,35 @@ def _ray_error(exp: pathlib.Path, tr: Mapping[str, Any]) -> str:
 
 
 def _ray_study(
-    grouped: Mapping[tuple[str | None, str], _StoreTrial], ids: set[str], study: str | None
-) -> str | None:
-    """The store study the Ray trials were recorded under: given, else the best match."""
+    grouped: Mapping[tuple[str | None, str], _StoreTrial],
+    ids: set[str],
+    study: str | None,
+    name: str,
+) -> tuple[str | None, str | None]:
+    """The store study the Ray trials were recorded under, and a note when it is chosen
+    on weaker grounds than the trials' own records. Given, else the study that holds the
+    most of the run's trials; else, when no trial of the run is in the store (a run whose
+    every suggestion was rejected has no Tune trial), the study named as the experiment
+    directory ``name``, or the store's only study."""
     if study is not None:
-        return study
+        return study, None
     overlap: dict[str | None, int] = {}
     for s, t in grouped:
         if t in ids or t.split("_rej", 1)[0] in ids:
             overlap[s] = overlap.get(s, 0) + 1
-    return max(overlap, key=lambda s: overlap[s]) if overlap else None
+    if overlap:
+        return max(overlap, key=lambda s: overlap[s]), None
+    held = {s for s, _ in grouped if s is not None}
+    if name in held:
+        return name, None
+    calibration = {s for (s, t), st in grouped.items() if _is_calibration(st)}
+    if not ids and len(held - calibration) == 1:
+        only = next(iter(held - calibration))
+        return only, (
+            f"No Tune trial of this run is in the observation store, which holds one study, "
+            f"{only!r}: its records are shown as this run's (pass --study to choose)."
+        )
+    return None, None
 
 
 # --------------------------------------------------------------------------------------
@@ -1279,6 +1432,8 @@ class _Gathered:
     study: str | None
     direction: str | None
     metric: str | None = None
+    budget_spent_s: float | None = None
+    budget_spent_basis: str = ""
 
 
 def _direction_of(mode: str | None, price_per_hour: float | None) -> str | None:
@@ -1397,10 +1552,14 @@ def _optuna_gathered(
         notes.append(
             "No observation store given: the measured peak memory and epoch times live in "
             "the store CostAwareCallback writes to; pass it with --store URL (store= in "
-            "Python)." + _store_hint(found.storage)
+            "Python)." + _store_hint(found.storage, name)
         )
     if len(getattr(optuna_study, "directions", ())) > 1:
         notes.append("A multi-objective study: the best trials are ranked by the first objective.")
+    # the pruner's own sum, so that the report's "spent" of the study-wide caps is the
+    # figure that stopped the study
+    from costaware.integrations.optuna import study_spent
+
     return _Gathered(
         rows=rows,
         source=src,
@@ -1409,6 +1568,12 @@ def _optuna_gathered(
         notes=notes,
         study=name,
         direction=_direction(optuna_study) or direction,
+        budget_spent_s=study_spent(optuna_study),
+        budget_spent_basis=(
+            "the wall time of every finished trial (completed, pruned or failed), as "
+            "CostAwarePruner counts it against max_total_time and max_cost: the time the "
+            "rejected trials took to be judged counts too"
+        ),
     )
 
 
@@ -1425,9 +1590,9 @@ def _ray_gathered(
     exp = _ray_experiment_dir(ray_path)
     trials, _ = _ray_trials(exp)
     ids = {str(t.get("trial_id")) for t in trials}
-    chosen = _ray_study(grouped, ids, study)
+    chosen, chosen_note = _ray_study(grouped, ids, study, exp.name)
     rows, metric = _ray_rows(exp, grouped, chosen)
-    notes: list[str] = []
+    notes: list[str] = [chosen_note] if chosen_note else []
     if found.store is not None and chosen is not None:
         for (s, tid), st in grouped.items():  # rejected suggestions never became trials
             if s == chosen and tid not in ids:
@@ -1442,7 +1607,7 @@ def _ray_gathered(
             "No observation store given: Ray Tune keeps the rejected suggestions only in "
             "the searcher's pickled state, which a report does not unpickle. Pass the store "
             "CostAwareSearcher wrote to (--store URL) to see rejections, predictions and "
-            "over-budget stops." + _ray_store_hint(exp, ray_path)
+            "over-budget stops." + _ray_store_hint(exp, ray_path, ids)
         )
     if direction is None and metric:
         notes.append(
@@ -1559,6 +1724,7 @@ def report(
         source, study=study, store=store, storage=storage, ray_dir=ray_dir, progress=progress
     )
     grouped, caps, skipped = _read_records(found, study, progress)
+    recorded_price = caps.pop("price_per_hour", None)
     if found.optuna_study is not None:
         gathered = _optuna_gathered(found, grouped, direction, progress)
     elif found.ray_path is not None:
@@ -1569,6 +1735,8 @@ def report(
         caps.update(_caps_from_budget(budget))
         if price_per_hour is None:
             price_per_hour = getattr(budget, "price_per_hour", None)
+    if price_per_hour is None:
+        price_per_hour = recorded_price  # the price the study's own budget was given
     if progress is not None:
         progress("analysing", 1, 1)
     rep = Report(
@@ -1583,6 +1751,8 @@ def report(
         currency=currency,
         notes=[*([skipped] if skipped is not None else []), *gathered.notes],
         spent_basis=gathered.spent_basis,
+        budget_spent_s=gathered.budget_spent_s,
+        budget_spent_basis=gathered.budget_spent_basis,
         actuals_expected=found.store is not None or found.ray_path is not None,
     )
     # the malformed-rows note was also given as a warning while the store was read
@@ -1590,8 +1760,9 @@ def report(
     return rep
 
 
-def _store_hint(near: str | None) -> str:
-    """``" (found X next to it)"`` when a costaware.db lies beside a SQLite file."""
+def _store_hint(near: str | None, study: str) -> str:
+    """``" A store lies next to it: ..."`` for a costaware.db beside a SQLite file that
+    holds records of ``study``."""
     if not near:
         return ""
     try:
@@ -1600,29 +1771,62 @@ def _store_hint(near: str | None) -> str:
         return ""
     if path is None:
         return ""
-    candidate = _store_in((path.parent,), but=path)
+    candidate = _store_in((path.parent,), but=path, studies={study}, trials=set())
     return f" A store lies next to it: --store sqlite:///{candidate}" if candidate else ""
 
 
-def _ray_store_hint(exp: pathlib.Path, given: pathlib.Path) -> str:
-    """``" A store lies ..."`` for a costaware.db in the experiment directory, the
+def _ray_store_hint(exp: pathlib.Path, given: pathlib.Path, trials: set[str]) -> str:
+    """``" A store lies ..."`` for a costaware.db that holds records of this run (of its
+    ``trials``, or of a study named as the experiment) in the experiment directory, the
     directory given, their storage path (the parent) or the current directory: where a
     script that ran Tune would have put one."""
-    candidate = _store_in((exp, given, exp.parent, given.parent, pathlib.Path.cwd()))
+    candidate = _store_in(
+        (exp, given, exp.parent, given.parent, pathlib.Path.cwd()),
+        studies={exp.name},
+        trials=trials,
+    )
     if candidate is None:
         return ""
     return f" A store lies at {candidate}: --store sqlite:///{candidate.resolve()}"
 
 
 def _store_in(
-    folders: Iterable[pathlib.Path], but: pathlib.Path | None = None
+    folders: Iterable[pathlib.Path],
+    but: pathlib.Path | None = None,
+    *,
+    studies: set[str],
+    trials: set[str],
 ) -> pathlib.Path | None:
-    """The first ``costaware.db`` in ``folders`` that is not ``but`` (the file asked about)."""
+    """The first ``costaware.db`` in ``folders`` that is not ``but`` (the file asked
+    about) and holds records of one of ``studies`` or ``trials`` (a rejected suggestion
+    of a trial, ``<id>_rej<n>``, counts): a store of another run is no hint."""
     for folder in dict.fromkeys(folders):
         candidate = folder / "costaware.db"
-        if candidate.is_file() and candidate != but:
+        if candidate.is_file() and candidate != but and _holds(candidate, studies, trials):
             return candidate
     return None
+
+
+def _holds(path: pathlib.Path, studies: set[str], trials: set[str]) -> bool:
+    """Whether the SQLite observation store at ``path`` holds a record of one of
+    ``studies`` or ``trials``; read only, and False for a file that is not a store."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return False
+    try:
+        for table in ("costaware_predictions", "costaware_measurements"):
+            rows = con.execute(f"SELECT DISTINCT study, trial FROM {table}")
+            for study, trial in rows:
+                if study in studies or str(trial).split("_rej", 1)[0] in trials:
+                    return True
+    except sqlite3.Error:
+        return False
+    finally:
+        con.close()
+    return False
 
 
 def _caps_from_budget(budget: Any) -> dict[str, float]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -662,10 +663,15 @@ def _cards(rep: Report) -> str:
     if s["saved_s"] is None:
         saved_value, saved_sub = "-", "no rejected trial has a figure to count"
     else:
-        saved_value = ("≤ " if s["saved_upper_bound"] else "") + dur(s["saved_s"])
+        saved_value = ("≤ " if s["saved_all_upper_bound"] else "") + dur(s["saved_s"])
         saved_sub = f"by {s['saved_trials']:,} rejected trials"
-        if s["saved_upper_bound"]:
+        if s["saved_all_upper_bound"]:
             saved_sub = "an upper bound (see Compute saved) · " + saved_sub
+        elif s["saved_upper_bound"]:
+            saved_sub = (
+                f"{dur(s['saved_upper_bound_s'])} of it an upper bound (see Compute saved) · "
+                + saved_sub
+            )
         if s["saved_cost"] is not None:
             saved_sub = f"{fmt_money(s['saved_cost'], rep.currency)} · " + saved_sub
     n = s["trials"]
@@ -752,11 +758,24 @@ def _budget_section(rep: Report, figs: _Figures) -> str:
         items.append(("epoch time", fmt_seconds(caps["epoch_time"])))
     if "trial_time" in caps:
         items.append(("trial time", fmt_seconds(caps["trial_time"])))
+    spent = s["budget_spent_s"]
     if "total_time" in caps:
-        used = s["spent_s"] / caps["total_time"] if caps["total_time"] else None
-        items.append(("study total", f"{fmt_seconds(caps['total_time'])} ({fmt_pct(used)} used)"))
+        used = spent / caps["total_time"] if caps["total_time"] else None
+        items.append(
+            (
+                "study total",
+                f"{fmt_seconds(caps['total_time'])} ({fmt_pct(used)} used: "
+                f"{fmt_seconds(spent)} spent)",
+            )
+        )
     if "cost" in caps:
-        items.append(("study cost cap", fmt_money(caps["cost"], rep.currency)))
+        cost_cap = fmt_money(caps["cost"], rep.currency)
+        if s["budget_spent_cost"] is not None and caps["cost"]:
+            cost_cap += (
+                f" ({fmt_pct(s['budget_spent_cost'] / caps['cost'])} used: "
+                f"{fmt_money(s['budget_spent_cost'], rep.currency)} spent)"
+            )
+        items.append(("study cost cap", cost_cap))
     if rep.price_per_hour is not None:
         items.append(("price", f"{fmt_money(rep.price_per_hour, rep.currency)} per {word}-hour"))
     kv = "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in items)
@@ -781,10 +800,15 @@ def _budget_section(rep: Report, figs: _Figures) -> str:
         )
         + f". A trial's {e(word)} time is {e(rep.spent_basis)}.</p>"
     )
+    counted = ""
+    if "total_time" in caps or "cost" in caps:
+        counted = (
+            f'<p class="muted">Spent against the study-wide cap: {e(s["budget_spent_basis"])}.</p>'
+        )
     return (
         '<section id="budget"><h2>Budget</h2><p class="lead">How much of the budget the study '
         "consumed, and what the rejected trials would have added.</p>"
-        f"{spent_line}{limits}{no_cap}{_budget_figure(rep, figs)}</section>"
+        f"{spent_line}{limits}{counted}{no_cap}{_budget_figure(rep, figs)}</section>"
     )
 
 
@@ -918,7 +942,7 @@ def _saved_section(rep: Report) -> str:
     items = []
     if s["rejected"]:
         if s["saved_s"] is not None and s["saved_trials"]:
-            bound = ", an upper bound" if s["saved_upper_bound"] else ""
+            bound = ", an upper bound" if s["saved_all_upper_bound"] else ""
             basis = "".join(f"<li>{e(b)}</li>" for b in s["saved_basis"])
             items.append(
                 f"<li><b>{e(fmt_saved(s, cur))}</b> of {e(word)} time not spent by the "
@@ -930,14 +954,13 @@ def _saved_section(rep: Report) -> str:
             predicted = s["saved_by_basis"].get("predicted_run", {}).get("trials", 0)
             predicted += s["saved_by_basis"].get("upper_bound", {}).get("trials", 0)
             if tim["n"] and predicted:
-                ratio = tim["median_ratio"]
-                how = "too low" if ratio > 1 else "too high"
-                factor = ratio if ratio > 1 else 1 / ratio
-                if factor >= 1.5:
+                bias = tim["median"]  # the median signed error: its sign is the direction
+                how = "too high" if bias > 0 else "too low"
+                if abs(bias) >= 0.5 or bias <= -1 / 3:  # a factor of 1.5 either way
                     items.append(
                         "<li>Read the part that rests on predicted times as an estimate: on "
                         f"the {tim['n']:,} trials that ran, the epoch-time predictions were "
-                        f"{e(how)} by ×{factor:.1f} (median).</li>"
+                        f"{e(how)} (median signed error {e(fmt_pct(bias, True))}).</li>"
                     )
         if s["saved_unknown"]:
             items.append(
@@ -1185,21 +1208,47 @@ def _all_section(rep: Report) -> str:
     )
 
 
+def _footer(rep: Report) -> str:
+    """The page's footer: where the numbers come from (the peak memory in the words of
+    the ``memory_method`` the measurements recorded) and how they are read."""
+    return FOOTER.replace("{peak}", e(_peak_words(rep)))
+
+
+def _peak_words(rep: Report) -> str:
+    """How the measured peaks were taken: the highest reserved peak over a trial's
+    epochs on a GPU, and on a CPU (or where recorded) the ``memory_method`` the
+    measurements name, most common first."""
+    cpu = Counter(
+        r.memory_method for r in rep.trials if r.memory_method and r.device_kind != "cuda"
+    )
+    text = "the highest peak over its epochs"
+    if any(r.device_kind == "cuda" for r in rep.trials if r.actual_memory is not None):
+        text += " (on a GPU, the allocator's reserved peak)"
+    if cpu:
+        methods = [m if len(m) <= 300 else m[:299] + "…" for m, _ in cpu.most_common(2)]
+        more = f"; and {len(cpu) - 2} other methods" if len(cpu) > 2 else ""
+        text += "; as the measurements record it: " + "; ".join(methods) + more
+    else:
+        text += "; each measurement records how it was taken as its memory_method"
+    return text
+
+
 FOOTER = """
 <footer><dl>
 <dt>Where the numbers come from</dt>
 <dd>Predictions and decisions are what costaware recorded before each trial ran (the
 <code>costaware:*</code> trial attributes and the observation store's predictions). Measured
 figures are what CostAwareCallback or CostAwareScheduler recorded while the trial ran:
-the peak memory is the highest reserved peak over its epochs (on a CPU, the growth of the
-resident set), the epoch time the median over its epochs.</dd>
+the peak memory is {peak}. The epoch time is the median over its epochs.</dd>
 <dt>Compute saved</dt>
 <dd>A trial rejected for memory would have crashed when it ran out of memory, not run to its
 end: it counts the median measured time to the crash of this study's trials that ran out of
 memory (never more than its predicted run). Where no OOM was measured, it counts its whole
-predicted run, and the total is marked as an upper bound. A trial rejected for time or cost
-counts its whole predicted run: its predicted epoch time times its planned epochs (the point
-prediction, not the upper bound), which it would have used had it been admitted.</dd>
+predicted run, an upper bound, and the total says how much of it is one. A trial rejected for
+time or cost counts its whole predicted run: its predicted epoch time times its planned epochs
+(the point prediction, not the upper bound), which it would have used had it been admitted.
+A trial rejected only for the study's total time or cost cap counts nothing (it would not
+have run within the budget), and a configuration rejected again counts once.</dd>
 <dt>Error</dt>
 <dd>predicted ÷ measured − 1: +20% means the prediction was 20% too high. The upper bound
 covers a trial when the measured figure is at most the bound.</dd>
@@ -1273,7 +1322,7 @@ def render_html(rep: Report, *, progress: ProgressFn | None = None, validate: bo
     body.append(_gpus_section(rep))
     step(6)
     body.append(_all_section(rep))
-    body.append(FOOTER)
+    body.append(_footer(rep))
     step(7)
     del s
     return (

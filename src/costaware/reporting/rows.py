@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-from costaware._format import fmt_money, fmt_seconds
+from costaware._format import fmt_money, fmt_pct, fmt_seconds
 
 __all__ = ["OUTCOMES", "OUTCOME_LABELS", "ProgressFn", "TrialRow", "fmt_saved", "lean_words"]
 
@@ -74,6 +74,8 @@ class TrialRow:
     actual_memory: float | None = None
     memory_held_before: float | None = None
     oom_memory_reached: float | None = None
+    #: how the measured peak was taken, as the measurement recorded it
+    memory_method: str | None = None
     actual_epoch_time: float | None = None
     actual_iteration_time: float | None = None
     epochs_measured: int = 0
@@ -147,41 +149,58 @@ def _plain(v: Any) -> Any:
 # words the renderers share
 # --------------------------------------------------------------------------------------
 def lean_words(err: Mapping[str, Any]) -> str:
-    """``"predictions ×29.5 too low"`` when the median miss is a factor of 1.25 or more."""
-    r = err.get("median_ratio")
-    if not r:
+    """``"bias +36%: predictions too high"`` when the median signed error (the bias, the
+    figure the report's data gives as ``median``) is +25% or more, or -20% or less (a
+    factor of 1.25 either way). The direction is that of the bias it names, so the words
+    never contradict the figure beside them."""
+    m = err.get("median")
+    if m is None:
         return ""
-    if r >= 1.25:
-        return f"predictions ×{r:.1f} too low"
-    if r <= 0.8:
-        return f"predictions ×{1 / r:.1f} too high"
+    if m >= 0.25:
+        return f"bias {fmt_pct(m, True)}: predictions too high"
+    if m <= -0.2:
+        return f"bias {fmt_pct(m, True)}: predictions too low"
     return ""
 
 
 def saved_adjusted(summary: Mapping[str, Any]) -> str | None:
-    """The saved time with the predicted times corrected by how far off they were on the
-    trials that ran, as a sentence; None where there is no such figure."""
+    """The saved time with the point predictions of the trials rejected for time or cost
+    corrected by the median signed error of the time predictions on the trials that ran,
+    as a sentence; None where there is no such figure."""
     seconds = summary.get("saved_adjusted_s")
     if seconds is None:
         return None
-    ratio = summary["time_error"]["median_ratio"]
+    factor = summary["saved_adjusted_factor"]
+    by = summary["saved_by_basis"]
+    kept = (
+        "; the memory rejections' figures kept as they are"
+        if by.get("until_oom") or by.get("upper_bound")
+        else ""
+    )
+    part = summary.get("saved_upper_bound_s")
+    bound = f", {fmt_seconds(part)} of it an upper bound" if part is not None else ""
     return (
-        "With the predicted times corrected by the measured ÷ predicted epoch time of the "
-        f"trials that ran (×{ratio:.2f}): about {fmt_seconds(seconds)}."
+        "With the predicted runs of the trials rejected for time or cost corrected by the "
+        "median epoch-time error of the trials that ran (measured ÷ predicted "
+        f"×{factor:.2f}{kept}): about {fmt_seconds(seconds)}{bound}."
     )
 
 
 def fmt_saved(summary: Mapping[str, Any], currency: str | None = None) -> str:
-    """The summary's saved time as a headline: ``"3.2 min"``, ``"at most 14.40 h"`` when a
-    part of it is an upper bound, with its cost when ``currency`` is given and a price
-    is known; ``-`` when nothing could be counted."""
+    """The summary's saved time as a headline: ``"3.2 min"``; ``"at most 14.40 h"`` when
+    all of it is an upper bound; ``"3.2 min (1.1 min of it an upper bound)"`` when a
+    part is; with its cost when ``currency`` is given and a price is known; ``-`` when
+    nothing could be counted."""
     seconds = summary.get("saved_s")
     if seconds is None:
         return "-"
-    text = ("at most " if summary.get("saved_upper_bound") else "") + (
+    text = ("at most " if summary.get("saved_all_upper_bound") else "") + (
         "0 s" if seconds == 0 else fmt_seconds(seconds)
     )
     cost = summary.get("saved_cost")
     if currency is not None and cost is not None:
         text += f" ({fmt_money(cost, currency)})"
+    part = summary.get("saved_upper_bound_s")
+    if part is not None and not summary.get("saved_all_upper_bound"):
+        text += f" ({fmt_seconds(part)} of it an upper bound)"
     return text

@@ -128,14 +128,34 @@ def _md_budget(rep: Report, s: dict[str, Any]) -> list[str]:
     lines.append("")
     if cap_rows:
         lines += _md_table(["limit", "value"], cap_rows, {1})
-    if caps.get("total_time"):
-        lines += [
-            f"Used {fmt_pct(s['spent_s'] / caps['total_time'])} of the study's total time.",
-            "",
-        ]
-    elif "cost" not in caps:
+    used = cap_lines(rep, s)
+    if used:
+        lines += [*(md(u) for u in used), ""]
+    elif "cost" not in caps and not caps.get("total_time"):
         lines += ["No study-wide cap was recorded (Budget.max_total_time or max_cost).", ""]
     return lines
+
+
+def cap_lines(rep: Report, s: dict[str, Any]) -> list[str]:
+    """What the study has spent of its study-wide caps (``s`` is the report's summary),
+    counted as the budget counts it, then what that count includes; none without a cap."""
+    caps = rep.caps
+    out = []
+    spent = s["budget_spent_s"]
+    if caps.get("total_time"):
+        out.append(
+            f"Used {fmt_pct(spent / caps['total_time'])} of the study's total time: "
+            f"{fmt_seconds(spent)} of {fmt_seconds(caps['total_time'])}."
+        )
+    if caps.get("cost") and s["budget_spent_cost"] is not None:
+        out.append(
+            f"Used {fmt_pct(s['budget_spent_cost'] / caps['cost'])} of the study's cost cap: "
+            f"{fmt_money(s['budget_spent_cost'], rep.currency)} of "
+            f"{fmt_money(caps['cost'], rep.currency)}."
+        )
+    if out:
+        out.append(f"Counted against the cap: {s['budget_spent_basis']}.")
+    return out
 
 
 def _md_outcomes(rep: Report) -> list[str]:
@@ -188,7 +208,7 @@ def _md_saved(rep: Report, s: dict[str, Any]) -> list[str]:
     word = s["device_word"]
     lines = ["## Compute saved", ""]
     if s["rejected"] and s["saved_trials"]:
-        bound = ", an upper bound" if s["saved_upper_bound"] else ""
+        bound = ", an upper bound" if s["saved_all_upper_bound"] else ""
         lines.append(
             f"- **{md(fmt_saved(s, rep.currency))}** of {word} time not spent by "
             f"{s['saved_trials']} rejected trials{bound}. What it rests on:"
@@ -196,6 +216,9 @@ def _md_saved(rep: Report, s: dict[str, Any]) -> list[str]:
         lines += [f"  - {md(b)}" for b in s["saved_basis"]]
         if (adjusted := saved_adjusted(s)) is not None:
             lines.append(f"- {md(adjusted)}")
+    elif s["rejected"] and s["saved_s"] is not None:  # every rejection left out, with why
+        lines.append(f"- Nothing counted as saved by the {s['rejected']} rejected trials:")
+        lines += [f"  - {md(b)}" for b in s["saved_basis"]]
     elif s["rejected"]:
         lines.append("- No rejected trial has a figure to count (see the notes above).")
     else:
@@ -391,8 +414,11 @@ def print_summary(rep: Report, console: Any = None) -> None:
         _dur(s["oom_wasted_s"]),
     )
     head.add_row("stopped early", f"{s['stopped']:,}", "memory error", _err(s["memory_error"]))
-    head.add_row("completed", f"{s['completed']:,}", "epoch-time error", _err(s["time_error"]))
+    head.add_row("failed", f"{s['failed']:,}", "epoch-time error", _err(s["time_error"]))
+    head.add_row("completed", f"{s['completed']:,}", "", "")
     con.print(head)
+    for used in cap_lines(rep, s):
+        con.print(Text("budget: " + used, style="dim"))
     for line in s["saved_basis"]:
         con.print(Text("saved: " + line, style="dim"))
     if s["rejected"] and s["saved_trials"] and (adjusted := saved_adjusted(s)) is not None:
