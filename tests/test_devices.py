@@ -235,6 +235,54 @@ def test_device_validation() -> None:
         Device(**{**base, "context_overhead_bytes": base["memory_bytes"]})
 
 
+def _ampere(**changes: Any) -> dict[str, Any]:
+    """The fields of a made-up Ampere GPU, without tf32 or a context overhead."""
+    fields: dict[str, Any] = {
+        "name": "lab-gpu",
+        "kind": "cuda",
+        "memory_bytes": 16 * 2**30,
+        "bandwidth": 500e9,
+        "flops": {"fp32": 20e12, "fp16": 80e12, "bf16": 80e12},
+        "sm_count": 40,
+        "compute_capability": "8.6",
+        "generation": "Ampere",
+    }
+    return {**fields, **changes}
+
+
+def test_device_defaults_tf32_and_the_context_overhead_as_the_file_format_does() -> None:
+    dev = Device(**_ampere())
+    assert dev.flops["tf32"] == dev.flops["fp32"]
+    assert dev.context_overhead_bytes == CATALOG["A10"].context_overhead_bytes
+    assert Device(**_ampere(generation="Turing")).context_overhead_bytes == (
+        CATALOG["T4"].context_overhead_bytes
+    )
+    assert Device(**_ampere(context_overhead_bytes=0)).context_overhead_bytes == 0
+    # a GPU without bf16 arithmetic runs bf16 at its fp32 rate, as the catalog says
+    old = Device(**_ampere(compute_capability="7.5", flops={"fp32": 8e12, "fp16": 65e12}))
+    assert old.flops["bf16"] == 8e12 and not old.has_bf16
+
+
+def test_a_device_without_half_precision_figures_is_told_what_to_give() -> None:
+    with pytest.raises(ValueError, match=r"flops lacks fp16, bf16\. Give each precision's") as info:
+        Device(**_ampere(flops={"fp32": 20e12}))
+    assert "fp32's where it lists none" in str(info.value)
+    with pytest.raises(ValueError, match=r"flops lacks fp16\. "):  # bf16 defaults below 8.0
+        Device(**_ampere(compute_capability="3.7", flops={"fp32": 4e12}))
+
+
+@pytest.mark.parametrize("cc", ["abc", "8", "8.x", " 8.0", 8.0])
+def test_a_malformed_compute_capability_is_refused(cc: Any) -> None:
+    with pytest.raises(ValueError, match=r"compute_capability must be 'major.minor' such as"):
+        Device(**_ampere(compute_capability=cc))
+
+
+@pytest.mark.parametrize("name", ["", "  ", None])
+def test_a_device_needs_a_name(name: Any) -> None:
+    with pytest.raises(ValueError, match=r"a Device needs a name \(a non-empty string"):
+        Device(**_ampere(name=name))
+
+
 # --------------------------------------------------------------------------------------------
 # Lookups
 # --------------------------------------------------------------------------------------------
@@ -311,6 +359,21 @@ def test_unknown_name_lists_known_devices() -> None:
 def test_unknown_name_suggests_close_match() -> None:
     with pytest.raises(UnknownDeviceError, match="Did you mean 'H100-SXM'"):
         get_device("H100-SXMM")
+
+
+@pytest.mark.parametrize("typo", ["H10O", "H10", "h-10o"])
+def test_unknown_name_suggests_aliases_naming_their_device(typo: str) -> None:
+    with pytest.raises(UnknownDeviceError, match=r"Did you mean 'H100' \(the H100-SXM\), "):
+        get_device(typo)
+
+
+def test_own_devices_are_matched_and_suggested_besides_the_catalog() -> None:
+    mine = Device(**_ampere(name="lab-a40", aliases=("a40",)))
+    assert get_device("LAB_A40", own=[mine]) is mine
+    assert get_device("A40", own=[mine]) is mine
+    assert get_device("L4", own=[mine]) is CATALOG["L4"]
+    with pytest.raises(UnknownDeviceError, match=r"Did you mean 'lab-a40'.*; yours: lab-a40\."):
+        get_device("lab-a4O", own=[mine])
 
 
 def test_device_kind_matches_names_as_get_device_does() -> None:

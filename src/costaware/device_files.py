@@ -5,13 +5,23 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from costaware.budget import BudgetError, parse_bytes
-from costaware.devices import _GENERATION_OVERHEAD, _OVERHEAD_RECENT, GIGA, TERA, Device
+from costaware.devices import (
+    _FLOPS_FIX,
+    FLOPS_KEYS,
+    GIGA,
+    TERA,
+    Device,
+    UnknownDeviceError,
+    _fill_flops,
+    _normalise,
+    get_device,
+)
 
-__all__ = ["device_from_dict", "load_devices"]
+__all__ = ["device_from_dict", "load_devices", "same_name"]
 
 
 #: the fields :func:`device_from_dict` reads, besides :class:`Device`'s own
@@ -24,13 +34,20 @@ def device_from_dict(data: Mapping[str, Any]) -> Device:
     Besides the fields of :class:`Device` (bytes, bytes/s, FLOP/s), it reads
     ``memory`` (a size such as ``"24GiB"`` or bytes) for ``memory_bytes``,
     ``bandwidth_gbs`` (GB/s, decimal) for ``bandwidth`` and ``tflops`` (TFLOP/s per
-    precision: ``fp32``, ``tf32``, ``fp16``, ``bf16``; a missing ``tf32`` takes ``fp32``'s
-    figure) for ``flops``. ``sm_count`` is required (a feature of the learned model).
-    ``kind`` defaults to ``"cuda"``; ``context_overhead_bytes`` to the
+    precision: ``fp32``, ``tf32``, ``fp16``, ``bf16``) for ``flops``. A missing ``tf32``
+    takes ``fp32``'s figure, and so does a missing ``bf16`` where ``compute_capability``
+    is below 8.0 (no bf16 arithmetic); ``fp16`` is required (its rate without tensor
+    cores varies from part to part). ``sm_count`` is required (a feature of the learned
+    model). ``kind`` defaults to ``"cuda"``; ``context_overhead_bytes`` to the
     catalog's figure for its ``generation`` (1 GiB for one it does not know).
 
+    The name and aliases must not be a catalog device's (``"H100"``): the learned model's
+    rows, the default prices and every lookup go by the name, so a device of one's own
+    under a catalog name would take the catalog device's measurements and list price.
+
     Raises:
-        ValueError: a field is missing, unknown or of the wrong kind; the message names it.
+        ValueError: a field is missing, unknown or of the wrong kind, or a name is the
+            catalog's; the message names it.
     """
     if not isinstance(data, Mapping):
         raise ValueError(f"a device must be a table of fields, but got {type(data).__name__}.")
@@ -45,6 +62,10 @@ def device_from_dict(data: Mapping[str, Any]) -> Device:
             f"device {name!r}: unknown field(s) {', '.join(unknown)}; expected some of "
             f"{', '.join(sorted(known))}."
         )
+    aliases = d.get("aliases", ())
+    if isinstance(aliases, str) or not all(isinstance(a, str) for a in aliases):
+        raise ValueError(f"device {name!r}: aliases must be a list of names, but got {aliases!r}.")
+    _not_the_catalogs(name, aliases)
     if "memory" in d:
         try:
             d["memory_bytes"] = parse_bytes(d.pop("memory"))
@@ -58,31 +79,62 @@ def device_from_dict(data: Mapping[str, Any]) -> Device:
             raise ValueError(
                 f"device {name!r}: tflops must be a table of precision = TFLOP/s, got {tf!r}."
             )
-        flops = {str(k): _number(name, f"tflops.{k}", v) * TERA for k, v in tf.items()}
-        if "fp32" in flops:
-            flops.setdefault("tf32", flops["fp32"])
-        d["flops"] = flops
+        given = {str(k): _number(name, f"tflops.{k}", v) for k, v in tf.items()}
+        cc = d.get("compute_capability", "")
+        lacking = [k for k in FLOPS_KEYS if k not in _fill_flops(given, str(cc))]
+        if lacking:
+            raise ValueError(
+                f"device {name!r}: tflops lacks {', '.join(lacking)}. "
+                + _FLOPS_FIX.replace("dense peak", "dense peak TFLOP/s")
+            )
+        d["flops"] = {k: v * TERA for k, v in given.items()}
     d.setdefault("kind", "cuda")
     d.setdefault("compute_capability", "")
     d.setdefault("generation", "unknown")
-    if "context_overhead_bytes" not in d:
-        d["context_overhead_bytes"] = (
-            0
-            if d["kind"] == "cpu"
-            else _GENERATION_OVERHEAD.get(str(d["generation"]), _OVERHEAD_RECENT)
-        )
-    missing = [f for f in ("memory_bytes", "bandwidth", "flops", "sm_count") if f not in d]
+    missing = [
+        _SAY_MISSING.get(f, f)
+        for f in ("memory_bytes", "bandwidth", "flops", "sm_count")
+        if f not in d
+    ]
     if missing:
-        raise ValueError(
-            f"device {name!r} lacks {', '.join(missing)} (or memory, bandwidth_gbs, tflops)."
-        )
-    d["aliases"] = tuple(d.get("aliases", ()))
+        raise ValueError(f"device {name!r} lacks {', '.join(missing)}.")
+    d["aliases"] = tuple(aliases)
     d.setdefault("source", "given")
     d.setdefault("memory_source", "given")
     try:
         return Device(**d)
     except TypeError as e:
         raise ValueError(f"device {name!r}: {e}") from None
+    except ValueError as e:  # Device's own message names it as "Device 'x'"
+        msg = str(e).removeprefix(f"Device {name!r}: ")
+        raise ValueError(f"device {name!r}: {msg}") from None
+
+
+#: how a missing field is named: the friendly key, with the field it stands for
+_SAY_MISSING = {
+    "memory_bytes": "memory (or memory_bytes)",
+    "bandwidth": "bandwidth_gbs (or bandwidth in bytes/s)",
+    "flops": "tflops (or flops in FLOP/s)",
+}
+
+
+def _not_the_catalogs(name: str, aliases: Iterable[str]) -> None:
+    """Refuse a device of one's own whose name or alias is a catalog device's, as
+    :func:`~costaware.devices.get_device` matches names."""
+    for n in (name, *aliases):
+        try:
+            taken = get_device(n) if _normalise(n) != "auto" else None
+        except UnknownDeviceError:
+            continue
+        what = f"name {n!r}" if n == name else f"alias {n!r}"
+        raise ValueError(
+            f"device {name!r}: the {what} is the catalog's "
+            + (f"{taken.name}" if taken is not None else "'auto' (the local device)")
+            + "; a device of your own needs a name of its own (such as 'lab-"
+            + _normalise(n)
+            + "'): the catalog's measurements and list price go by the name, and would be "
+            "taken as this device's."
+        )
 
 
 def _number(name: str, key: str, value: Any) -> float:
@@ -137,6 +189,22 @@ def load_devices(path: str | os.PathLike[str]) -> list[Device]:
     if not items:
         raise ValueError(f"the device file {p} describes no device.")
     try:
-        return [device_from_dict(item) for item in items]
+        devices = [device_from_dict(item) for item in items]
     except ValueError as e:
         raise ValueError(f"{p}: {e}") from None
+    same_name(devices, str(p))
+    return devices
+
+
+def same_name(devices: Iterable[Device], where: str) -> None:
+    """Refuse two of ``devices`` that one name (or alias) would match: ``-d NAME`` could
+    mean either. ``where`` names the files they come from, for the message."""
+    owner: dict[str, tuple[int, str]] = {}
+    for i, d in enumerate(devices):
+        for n in dict.fromkeys(_normalise(x) for x in (d.name, *d.aliases)):
+            first, name = owner.setdefault(n, (i, d.name))
+            if first != i:
+                raise ValueError(
+                    f"{where}: two devices answer to the name {n!r} ({name!r} and "
+                    f"{d.name!r}); give each device names of its own."
+                )

@@ -48,7 +48,7 @@ import contextlib
 import difflib
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -59,12 +59,14 @@ __all__ = [
     "CATALOG",
     "Device",
     "UnknownDeviceError",
+    "catalog_text",
     "cpu_device",
     "cpu_half_flags",
     "detect_device",
     "device_kind",
     "get_device",
     "known_devices",
+    "no_bf16_note",
     "precision_notes",
 ]
 
@@ -120,6 +122,35 @@ _GENERATION_OVERHEAD: Mapping[str, int] = MappingProxyType(
         "cpu": 0,
     }
 )
+
+#: :attr:`Device.context_overhead_bytes` left out: the figure of the device's generation
+_OVERHEAD_OF_GENERATION = -1
+
+#: a compute capability as CUDA writes it: "8.6"
+_CC_RE = re.compile(r"\d+\.\d+")
+
+#: what to give for a precision a device's flops lack (:func:`_fill_flops` fills the rest)
+_FLOPS_FIX = (
+    "Give each precision's dense peak from the datasheet; tf32 defaults to fp32's figure, "
+    "and so does bf16 where compute_capability is below 8.0 (no bf16 arithmetic). fp16 has "
+    "no default (without tensor cores its rate ranges from 1/64 of fp32's to twice it): "
+    "give the datasheet's figure, or fp32's where it lists none."
+)
+
+
+def _fill_flops(flops: Mapping[str, float], compute_capability: str) -> dict[str, float]:
+    """``flops`` as floats, with the figures a missing precision honestly takes: ``tf32``
+    fp32's (the rate of a GPU without TF32 tensor cores, a floor for one with them), and
+    ``bf16`` fp32's on a GPU whose compute capability is below 8.0, which has no bf16
+    arithmetic (the catalog's convention, see :attr:`Device.has_bf16`). ``fp16`` has no
+    such default: its rate without tensor cores ranges from 1/64 of fp32's to twice it."""
+    out = {str(k): float(v) for k, v in flops.items()}
+    if "fp32" in out:
+        out.setdefault("tf32", out["fp32"])
+        if 0 < _cc_major(compute_capability) < 8:
+            out.setdefault("bf16", out["fp32"])
+    return out
+
 
 # Conservative defaults for a CUDA GPU that is not in the catalog (see detect_device): roughly
 # a T4, i.e. the slowest accelerator still in common use, so time estimates err on the slow
@@ -189,14 +220,19 @@ class Device:
         memory_bytes: Total device memory in bytes, as CUDA reports it.
         bandwidth: Peak DRAM/HBM bandwidth in bytes/s.
         flops: Peak dense FLOP/s per precision: ``"fp32"``, ``"tf32"``, ``"fp16"``,
-            ``"bf16"``.  Stored as a read-only mapping.
+            ``"bf16"``.  Stored as a read-only mapping. A missing ``"tf32"`` takes the
+            ``"fp32"`` figure (what a GPU without TF32 tensor cores runs fp32 matmuls at,
+            and so a conservative figure for one with them), and so does a missing
+            ``"bf16"`` where :attr:`compute_capability` is below 8.0 (no bf16 arithmetic).
         sm_count: Number of streaming multiprocessors (logical cores for a CPU).
-        compute_capability: CUDA compute capability such as ``"9.0"``; ``""`` for a CPU.
+        compute_capability: CUDA compute capability such as ``"9.0"``; ``""`` for a CPU or
+            a GPU whose compute capability is unknown.
         generation: ``"Hopper"``, ``"Ampere"``, ``"Ada"``, ``"Turing"``, ``"Volta"``, ``"cpu"``
             (``"Blackwell"``, ``"Pascal"`` or ``"unknown"`` for detected GPUs outside the
             catalog).
         context_overhead_bytes: Memory the CUDA context and cuBLAS/cuDNN handles take outside
-            PyTorch's caching allocator.
+            PyTorch's caching allocator. Left out (or -1), the catalog's figure for the
+            device's :attr:`generation` (1 GiB for a generation it does not know; 0 for a CPU).
         aliases: Other names :func:`get_device` accepts for this device.
         source: Where the speed figures come from (a datasheet, a whitepaper).
         memory_source: Where :attr:`memory_bytes` comes from: ``"measured"``, ``"public
@@ -211,16 +247,29 @@ class Device:
     sm_count: int
     compute_capability: str
     generation: str
-    context_overhead_bytes: int
+    context_overhead_bytes: int = _OVERHEAD_OF_GENERATION
     aliases: tuple[str, ...] = ()
     source: str = ""
     memory_source: str = ""
 
     def __post_init__(self) -> None:
-        """Validate the fields and freeze :attr:`flops` and :attr:`aliases`."""
+        """Validate the fields, fill the defaults (``tf32``, the context overhead) and
+        freeze :attr:`flops` and :attr:`aliases`."""
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(
+                f"a Device needs a name (a non-empty string, such as 'lab-a40'), but got "
+                f"{self.name!r}."
+            )
         if self.kind not in ("cuda", "cpu"):
             raise ValueError(
                 f"Device {self.name!r}: kind must be 'cuda' or 'cpu', got {self.kind!r}"
+            )
+        if not isinstance(self.compute_capability, str) or not (
+            self.compute_capability == "" or _CC_RE.fullmatch(self.compute_capability)
+        ):
+            raise ValueError(
+                f"Device {self.name!r}: compute_capability must be 'major.minor' such as "
+                f"'8.6' (or '' where it is unknown), but got {self.compute_capability!r}."
             )
         if self.memory_bytes <= 0:
             raise ValueError(f"Device {self.name!r}: memory_bytes must be positive")
@@ -228,14 +277,23 @@ class Device:
             raise ValueError(f"Device {self.name!r}: bandwidth must be positive")
         if self.sm_count <= 0:
             raise ValueError(f"Device {self.name!r}: sm_count must be positive")
+        if self.context_overhead_bytes == _OVERHEAD_OF_GENERATION:
+            overhead = (
+                0
+                if self.kind == "cpu"
+                else _GENERATION_OVERHEAD.get(str(self.generation), _OVERHEAD_RECENT)
+            )
+            object.__setattr__(self, "context_overhead_bytes", overhead)
         if not 0 <= self.context_overhead_bytes < self.memory_bytes:
             raise ValueError(
                 f"Device {self.name!r}: context_overhead_bytes must be >= 0 and < memory_bytes"
             )
-        flops = {str(k): float(v) for k, v in self.flops.items()}
+        flops = _fill_flops(self.flops, self.compute_capability)
         missing = [k for k in FLOPS_KEYS if k not in flops]
         if missing:
-            raise ValueError(f"Device {self.name!r}: flops lacks {missing}")
+            raise ValueError(
+                f"Device {self.name!r}: flops lacks {', '.join(missing)}. {_FLOPS_FIX}"
+            )
         bad = [k for k, v in flops.items() if not v > 0]
         if bad:
             raise ValueError(f"Device {self.name!r}: flops must be positive, bad keys {bad}")
@@ -762,7 +820,7 @@ def _lookup(name: str) -> Device | None:
     return None if canonical is None else CATALOG[canonical]
 
 
-def get_device(name: str | Device) -> Device:
+def get_device(name: str | Device, *, own: Iterable[Device] = ()) -> Device:
     """Resolve a device name to its :class:`Device`.
 
     Args:
@@ -770,26 +828,57 @@ def get_device(name: str | Device) -> Device:
             spaces, underscores and hyphens (``"h100_sxm"``, ``"NVIDIA H100 80GB HBM3"``);
             a leading vendor word (``NVIDIA``, ``GeForce``, ``Tesla``, ``Quadro``) is optional.
             ``"auto"`` returns :func:`detect_device`.  A :class:`Device` is returned unchanged.
+        own: devices of the user's own (:func:`costaware.device_files.load_devices`), matched
+            by name or alias (loosely, as above) before the catalog.
 
     Raises:
-        UnknownDeviceError: If ``name`` matches no entry; the message lists the known names.
+        UnknownDeviceError: If ``name`` matches no entry; the message suggests the closest
+            names and aliases (with the device each names) and lists the known names.
         TypeError: If ``name`` is neither a string nor a :class:`Device`.
     """
     if isinstance(name, Device):
         return name
     if not isinstance(name, str):
         raise TypeError(f"device name must be a str or Device, got {type(name).__name__}")
-    if _normalise(name) == "auto":
+    own = list(own)
+    key = _normalise(name)
+    for d in own:
+        if key in {_normalise(n) for n in (d.name, *d.aliases)}:
+            return d
+    if key == "auto":
         return detect_device()
     device = _lookup(name)
     if device is not None:
         return device
     known = known_devices()
-    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    close = _close_names(name, own)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    yours = f"; yours: {', '.join(d.name for d in own)}" if own else ""
     raise UnknownDeviceError(
-        f"unknown device {name!r}.{hint} Known devices: {', '.join(known)} (or 'auto')."
+        f"unknown device {name!r}.{hint} Known devices: {', '.join(known)} (or 'auto'){yours}."
     )
+
+
+def _close_names(name: str, own: Iterable[Device] = (), n: int = 3) -> list[str]:
+    """Up to ``n`` suggestions for a device name that matched nothing, closest first, one
+    per device: the canonical name or alias (of the catalog's devices and ``own``) closest
+    to ``name`` as :func:`get_device` compares names, written ``'H100' (the H100-SXM)``
+    where it is an alias."""
+    written: dict[str, tuple[str, str]] = {}  # normalised -> (as written, canonical)
+    for device in (*own, *CATALOG.values()):
+        for raw in (device.name, *device.aliases):
+            full = _normalise(raw)
+            for k in dict.fromkeys((full, _strip_vendor(full))):
+                written.setdefault(k, (raw, device.name))
+    key = _strip_vendor(_normalise(name))
+    out: dict[str, str] = {}
+    for k in difflib.get_close_matches(key, list(written), n=len(written), cutoff=0.5):
+        raw, canonical = written[k]
+        if canonical not in out:
+            out[canonical] = repr(raw) if raw == canonical else f"{raw!r} (the {canonical})"
+        if len(out) == n:
+            break
+    return list(out.values())
 
 
 def device_kind(name: str | Device) -> str:
@@ -937,3 +1026,57 @@ def precision_notes(device: Device, precision: str) -> list[str]:
         "fp32 rate or slower and the time is predicted at that rate; fp16 (with a "
         "GradScaler) is the half precision for this GPU"
     ]
+
+
+def no_bf16_note(names: Iterable[str]) -> str:
+    """:func:`precision_notes`' note on bf16 said once for several GPUs without bf16
+    arithmetic (``names``), as a comparison's table prints it."""
+    names = list(names)
+    listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+    return (
+        f"bf16 on the {listed}: no bf16 arithmetic (bf16 tensor cores need compute "
+        "capability 8.0 or newer), so bf16 matmuls and convolutions run at the fp32 rate or "
+        "slower and the time is predicted at that rate; fp16 (with a GradScaler) is the "
+        f"half precision for {'these GPUs' if len(names) > 1 else 'this GPU'}"
+    )
+
+
+def catalog_text(devices: Sequence[Device] | None = None, *, sources: bool = False) -> str:
+    """The device catalog as a plain-text table: every name whole, whatever the width
+    (``costaware devices`` when its output is not a terminal, or with ``--sources``)."""
+    from costaware._format import fmt_bytes
+
+    devs = list(devices) if devices is not None else [CATALOG[n] for n in known_devices()]
+    head = ["name", "memory", "bandwidth", "fp32", "bf16", "SMs", "generation"]
+    head += ["figures from", "memory from"] if sources else []
+    rows = []
+    for d in devs:
+        no_bf16 = d.kind == "cuda" and not d.has_bf16
+        row = [
+            d.name,
+            fmt_bytes(d.memory_bytes),
+            f"{d.bandwidth / 1e9:,.0f} GB/s",
+            f"{d.peak_flops('fp32') / 1e12:,.1f} TF",
+            f"{d.peak_flops('bf16') / 1e12:,.1f} TF" + (" *" if no_bf16 else ""),
+            str(d.sm_count),
+            d.generation,
+        ]
+        if sources:
+            row += [d.source or "-", d.memory_source or "-"]
+        rows.append(row)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    left = {0, 6, 7, 8}
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i in left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    out = [line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+    if any(d.kind == "cuda" and not d.has_bf16 for d in devs):
+        out.append(
+            "*: no bf16 arithmetic (compute capability below 8.0): bf16 runs at the fp32 "
+            "rate or slower; use fp16 with a GradScaler"
+        )
+    return "\n".join(out)

@@ -284,3 +284,72 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith(f"costaware {__version__} (torch ")
+
+
+LAB = """
+[[devices]]
+name = "lab-a40"
+memory = "44.4GiB"
+bandwidth_gbs = 696
+tflops = { fp32 = 37.4, fp16 = 149.7, bf16 = 149.7 }
+sm_count = 84
+compute_capability = "8.6"
+generation = "Ampere"
+"""
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="TOML needs tomllib")
+@pytest.mark.parametrize("command", ["predict", "max-batch-size"])
+def test_predict_and_max_batch_size_take_a_device_file(
+    command: str, factory_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lab = tmp_path / "lab.toml"
+    lab.write_text(LAB)
+    args = [command, f"{factory_file}:mlp", "-b", "8", "--input", "32", "--classes", "10"]
+    extra = ["--json"] if command == "predict" else ["--json", "--limit", "64"]
+    assert main([*args, "-d", "lab-a40", "--device-file", str(lab), *extra]) == 0
+    assert json.loads(capsys.readouterr().out)["device"] == "lab-a40"
+    # the file's devices are named as compare names them, with suggestions among them
+    assert main([*args, "-d", "lab-a4O", "--device-file", str(lab)]) == 2
+    err = capsys.readouterr().err
+    assert "Did you mean 'lab-a40'" in err and "yours: lab-a40." in err
+    assert main([*args, "-d", "lab-a40", "--device-file", str(lab), "--device-file", str(lab)]) == 2
+    assert "two devices answer to the name 'laba40'" in capsys.readouterr().err
+
+
+def test_predict_with_a_typo_suggests_the_alias(
+    factory_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["predict", f"{factory_file}:mlp", "-b", "8", "--input", "32", "--classes", "10"]
+    assert main([*args, "-d", "H10"]) == 2
+    assert "Did you mean 'H100' (the H100-SXM)" in capsys.readouterr().err
+
+
+def test_fit_given_a_store_url_says_what_it_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fit", "sqlite:///costaware.db", "--out", "m"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("costaware: error: sqlite:///costaware.db is a store's URL, but ")
+    assert "reads .jsonl.gz files" in err and "refit_every" in err and "calibrate" in err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["devices"], ["devices", "--json"], []])
+def test_help_and_devices_do_not_import_torch(argv: list[str]) -> None:
+    code = (
+        "import sys\n"
+        "from costaware.cli import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.splitlines()[-1] == "False"
+
+
+def test_the_parsers_defaults_are_the_librarys() -> None:
+    from costaware.cli._common import _SEARCH_LIMIT
+    from costaware.cli.compare import _SORT_KEYS
+    from costaware.core.batch_size import DEFAULT_LIMIT
+    from costaware.core.compare import SORT_KEYS
+
+    assert _SEARCH_LIMIT == DEFAULT_LIMIT and _SORT_KEYS == SORT_KEYS

@@ -17,7 +17,14 @@ import costaware as ca
 from costaware import zoo
 from costaware.cli import main
 from costaware.core.batch_size import NothingFitsError, max_batch_size
-from costaware.core.compare import DEFAULT_PRICES, CompareError, parse_prices
+from costaware.core.compare import (
+    DEFAULT_PRICES,
+    CompareError,
+    Comparison,
+    DeviceOption,
+    UnusedPriceWarning,
+    parse_prices,
+)
 from costaware.core.model import UNSEEN_DEVICE_WIDENING
 from costaware.device_files import device_from_dict, load_devices
 from costaware.devices import precision_notes
@@ -279,7 +286,8 @@ def test_own_devices_from_a_toml_or_json_file(tmp_path: Path, model: ca.CostMode
         assert mine.peak_flops("fp32") == pytest.approx(37.4e12)
         assert mine.context_overhead_bytes == ca.get_device("A10").context_overhead_bytes
     js = tmp_path / "mine.json"
-    js.write_text(json.dumps({"devices": [ca.get_device("L4").to_dict() | {"name": "my-l4"}]}))
+    l4_fields = ca.get_device("L4").to_dict() | {"name": "my-l4", "aliases": []}
+    js.write_text(json.dumps({"devices": [l4_fields]}))
     (l4,) = load_devices(js)
     assert l4.memory_bytes == ca.get_device("L4").memory_bytes
     r = model.compare(_spec(), devices=["my-l4", "L4"], extra_devices=[l4])
@@ -290,12 +298,135 @@ def test_own_devices_from_a_toml_or_json_file(tmp_path: Path, model: ca.CostMode
 def test_a_malformed_device_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"device 'x': unknown field\(s\) memroy"):
         device_from_dict({"name": "x", "memroy": "8GiB"})
-    with pytest.raises(ValueError, match=r"device 'x' lacks bandwidth, flops, sm_count"):
+    with pytest.raises(ValueError) as info:
         device_from_dict({"name": "x", "memory": "8GiB"})
+    assert str(info.value) == (
+        "device 'x' lacks bandwidth_gbs (or bandwidth in bytes/s), tflops (or flops in "
+        "FLOP/s), sm_count."
+    )
+    with pytest.raises(ValueError) as info:  # only what is missing is named
+        device_from_dict({"name": "x", "memory": "8GiB", "bandwidth_gbs": 300, "tflops": _TF})
+    assert str(info.value) == "device 'x' lacks sm_count."
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="is not valid JSON"):
         load_devices(bad)
+
+
+_TF = {"fp32": 10, "fp16": 40, "bf16": 40}
+
+
+def test_a_device_file_with_only_fp32_is_told_what_to_give(tmp_path: Path) -> None:
+    k80 = {"name": "old-k80", "memory": "11.2GiB", "bandwidth_gbs": 240, "sm_count": 13}
+    k80 |= {"tflops": {"fp32": 4.1}, "compute_capability": "3.7", "generation": "Kepler"}
+    f = tmp_path / "lab.json"
+    f.write_text(json.dumps({"devices": [k80]}))
+    with pytest.raises(ValueError, match=r"device 'old-k80': tflops lacks fp16\. Give") as info:
+        load_devices(f)
+    assert "dense peak TFLOP/s" in str(info.value) and "fp32's where it lists none" in str(
+        info.value
+    )
+    # with fp16 given, bf16 takes fp32's figure below compute capability 8.0, as tf32 does
+    dev = device_from_dict(k80 | {"tflops": {"fp32": 4.1, "fp16": 4.1}})
+    assert dev.flops["bf16"] == dev.flops["tf32"] == pytest.approx(4.1e12)
+    with pytest.raises(ValueError, match=r"tflops lacks bf16"):  # Ampere on: no default
+        device_from_dict(k80 | {"tflops": {"fp32": 4.1, "fp16": 8}, "compute_capability": "8.6"})
+    with pytest.raises(ValueError, match=r"device 'old-k80': compute_capability must be"):
+        device_from_dict(k80 | {"tflops": _TF, "compute_capability": "abc"})
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"name": "H100"}, r"the name 'H100' is the catalog's H100-SXM; .*such as 'lab-h100'"),
+        ({"name": "h100_sxm"}, r"the name 'h100_sxm' is the catalog's H100-SXM"),
+        ({"name": "mine", "aliases": ["NVIDIA L4"]}, r"the alias 'NVIDIA L4' is the catalog's L4"),
+        ({"name": "auto"}, r"the name 'auto' is the catalog's 'auto'"),
+    ],
+)
+def test_a_device_of_ones_own_cannot_take_a_catalog_name(
+    fields: dict[str, object], message: str
+) -> None:
+    base = {"memory": "8GiB", "bandwidth_gbs": 300, "tflops": _TF, "sm_count": 10}
+    with pytest.raises(ValueError, match=message):
+        device_from_dict(base | fields)
+
+
+def test_two_devices_of_one_name_in_a_file_are_refused(tmp_path: Path) -> None:
+    one = {"name": "lab-a", "memory": "8GiB", "bandwidth_gbs": 300, "tflops": _TF, "sm_count": 10}
+    f = tmp_path / "lab.json"
+    f.write_text(json.dumps([one, one | {"name": "lab-b", "aliases": ["LAB_A"]}]))
+    with pytest.raises(ValueError, match=r"two devices answer to the name 'laba' \('lab-a' and"):
+        load_devices(f)
+
+
+def test_a_price_for_a_device_not_compared_is_warned_of(model: ca.CostModel) -> None:
+    with pytest.warns(UnusedPriceWarning) as warned:
+        r = model.compare(_spec(), devices=["H100"], price_per_hour={"L4": 0.5, "H100": 3})
+    assert str(warned[0].message) == (
+        "price_per_hour prices L4, which is not among the devices compared (H100-SXM); its "
+        "price is not used."
+    )
+    assert warned[0].filename == __file__  # the caller's line, not costaware's
+    assert r.option("H100").price_per_hour == 3
+
+
+def test_two_prices_for_one_device_are_refused(model: ca.CostModel) -> None:
+    with pytest.raises(CompareError, match=r"prices the H100-SXM twice, as 'H100' and 'H100-SXM'"):
+        model.compare(_spec(), devices=["H100"], price_per_hour={"H100": 1, "H100-SXM": 2})
+    with pytest.raises(CompareError, match=r"'H100' has two prices \(H100=1 and h100=2\)"):
+        parse_prices(["H100=1", "h100=2"])
+
+
+# -- the table ----------------------------------------------------------------------------
+def _option(device: str, **changes: object) -> DeviceOption:
+    fields: dict[str, object] = {
+        "device": device, "fits": True, "reasons": (), "max_batch": 128,
+        "max_batch_limited_by": "memory", "iteration_time": 0.01, "iteration_time_upper": 0.02,
+        "epoch_time": None, "epoch_time_upper": None, "memory_need": 2**30,
+        "memory_usable": 16 * 2**30, "price_per_hour": 1.0, "measured": True,
+        "price_source": "given",
+    }  # fmt: skip
+    return DeviceOption(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+def _table(*options: DeviceOption, notes: tuple[str, ...] = ()) -> str:
+    spec = {"name": "net", "batch_size": 64, "optimizer": "adamw", "precision": "bf16"}
+    return Comparison(
+        spec=spec, options=options, sort="cost", currency="$", measured_on=("H100-SXM",),
+        notes=notes, elapsed_s=1.0,
+    ).table()  # fmt: skip
+
+
+def test_the_table_counts_one_device_as_one() -> None:
+    assert "; 1 device in 1.0 s;" in _table(_option("H100-SXM"))
+    assert "; 2 devices in 1.0 s;" in _table(_option("H100-SXM"), _option("L4"))
+
+
+def test_one_unmeasured_device_is_said_once_by_the_star() -> None:
+    unseen = "L4 is not among the devices the model was trained on (H100-SXM): its time ..."
+    text = _table(_option("L4", measured=False), notes=(unseen,))
+    assert "*: no measurements of this device" in text and "note:" not in text
+
+
+def test_bf16_without_bf16_arithmetic_is_one_footnote_naming_the_gpus() -> None:
+    t4, v100 = (precision_notes(ca.get_device(n), "bf16") for n in ("T4", "V100"))
+    text = _table(_option("T4", notes=tuple(t4)), _option("V100", notes=tuple(v100)))
+    assert "T4 [1]" in text and "V100 [1]" in text and "[2]" not in text
+    (line,) = [ln for ln in text.splitlines() if "no bf16 arithmetic" in ln]
+    assert line.startswith("[1] bf16 on the T4 and V100: no bf16 arithmetic")
+
+
+def test_a_device_where_nothing_fits_has_no_max_batch_and_no_cost() -> None:
+    text = _table(
+        _option("H100-SXM"),
+        _option("T4", fits=False, max_batch=0, max_batch_limited_by="nothing fits"),
+    )
+    (t4,) = [ln for ln in text.splitlines() if ln.startswith("T4")]
+    assert t4.split()[1:3] == ["no", "none"] and t4.rstrip().endswith("-")
+    (h100,) = [ln for ln in text.splitlines() if ln.startswith("H100")]
+    assert h100.split()[2] == "128" and "$0.0028" in h100  # 1,000 steps of 10 ms at $1/h
+    assert "none: not even a batch of 1 fits" in text
 
 
 # -- the command line ---------------------------------------------------------------------
@@ -320,6 +451,14 @@ def test_cli_prints_a_table_and_json(tiny_file: Path, capsys: pytest.CaptureFixt
         (["-d", "L4", "--price", "abc"], "expected a price as a number or NAME=PRICE"),
         (["-d", "L4", "--price", "L4=-2"], "the price of 'L4' must be 0 or more"),
         (["-d", ","], "--devices names no device"),
+        (["-d", "H10O"], "unknown device 'H10O'. Did you mean 'H100' (the H100-SXM)"),
+        (
+            ["-d", "H100", "--price", "L4=0.5"],
+            "--price prices L4, which is not among the devices compared (H100-SXM): add it "
+            "to --devices, or drop its price.",
+        ),
+        (["-d", "H100", "--price", "H100=1,H100=2"], "'H100' has two prices (H100=1 and H100=2)"),
+        (["-d", "H100", "--price", "H100=1,H100-SXM=2"], "--price prices the H100-SXM twice"),
     ],
 )
 def test_cli_bad_input_is_one_clear_line(

@@ -58,7 +58,40 @@ def _version() -> str:
     return f"costaware {__version__} (torch {torch.__version__}, feature version {FEATURE_VERSION})"
 
 
-def _parser() -> argparse.ArgumentParser:
+class _VersionAction(argparse.Action):
+    """``--version``: prints :func:`_version` and exits. The version is read when the flag
+    is given, not when the parser is built: it imports torch, which every other use of the
+    parser (``--help``, ``devices``) does without."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.update(nargs=0, default=argparse.SUPPRESS)
+        super().__init__(option_strings, argparse.SUPPRESS, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(_version())
+        parser.exit()
+
+
+#: commands whose options take long to build (their module imports torch): built only when
+#: they are the command run, else listed with their help line alone
+_HEAVY = {"collect": collect, "calibrate": calibrate}
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` runs: its first word that is not an option (the options before
+    a command, ``--debug``, ``--version`` and ``--help``, take no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``costaware`` parser, every command's options built where ``command`` is None;
+    else the options of :data:`_HEAVY`'s commands other than ``command`` are left out."""
     p = _Parser(
         prog="costaware",
         description=(
@@ -68,7 +101,11 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
     )
     p.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
-    p.add_argument("--version", action="version", version=_version())
+    p.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="show costaware's version, torch's and the model's feature version, and exit",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     pr = predict.add_parser(sub)
@@ -94,9 +131,15 @@ def _parser() -> argparse.ArgumentParser:
     _compare_arguments(cm)
     cm.set_defaults(func=_cmd_compare)
 
-    co = collect.add_parser(sub)
+    def heavy(name: str) -> _Parser:
+        module = _HEAVY[name]
+        if command is None or command == name:
+            return module.add_parser(sub)  # type: ignore[no-any-return]
+        return sub.add_parser(name, help=module.HELP)
+
+    co = heavy("collect")
     fi = fit.add_parser(sub)
-    ca_ = calibrate.add_parser(sub)
+    ca_ = heavy("calibrate")
     rp = report.add_parser(sub)
 
     for sp in (pr, dv, cm, co, fi, ca_, rp):  # --debug after the command works too
@@ -113,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit status 2; ``--debug`` (before or after the command) raises it with its traceback
     instead. Warnings are one line each too.
     """
-    parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser(_command(argv) or "")  # no command: the help lists each command's line
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, or a usage error already printed as one line
@@ -162,6 +206,7 @@ _FLAGS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (r"ImageBatch\(\.\.\., classes=(\d+)\)", r"--classes \1", ()),
     (r"TokenBatch\(seq_len=(\d+), \.\.\.\)", r"--seq-len \1", ()),
     (r"\bprice_per_hour\b", "--price-per-hour", ("report",)),
+    (r"\bprice_per_hour\b", "--price", ("compare",)),
     (r"\bmax_cost\b", "--max-cost", ("report",)),
     *((rf"(?<![-\w]){name}=", f"--{name.replace('_', '-')} ", _SPEC_COMMANDS) for name in _SPEC_FLAGS),
     # a bare name where it cannot be a word of the sentence ("over 10 classes"): with an

@@ -14,6 +14,11 @@ from typing import Any, NoReturn
 
 __all__ = ["CliError"]
 
+#: the default largest batch size ``max-batch-size`` and ``compare`` search, written here
+#: so that building the parser does not import torch; it is
+#: :data:`costaware.core.batch_size.DEFAULT_LIMIT` (tests/cli check)
+_SEARCH_LIMIT = 65_536
+
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
@@ -227,3 +232,49 @@ def _stderr_console(quiet: bool) -> Any:
     from rich.console import Console
 
     return Console(stderr=True)
+
+
+def _device_arguments(p: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--device-file``: the one device of ``predict`` and
+    ``max-batch-size``, a catalog GPU or one of the user's own."""
+    p.add_argument(
+        "--device",
+        "-d",
+        default="auto",
+        help="catalog name or alias (see 'costaware devices'), a device of --device-file, "
+        "or auto (the local GPU, else the CPU; the default)",
+    )
+    _device_file_argument(p, "that --device may name")
+
+
+def _device_file_argument(p: argparse.ArgumentParser, how: str) -> None:
+    """``--device-file``: devices of the user's own, described as in docs/compare.md."""
+    p.add_argument(
+        "--device-file",
+        action="append",
+        metavar="PATH",
+        help=f"a JSON or TOML file of your own devices (docs/compare.md), {how}; repeatable",
+    )
+
+
+def _own_devices(args: argparse.Namespace) -> list[Any]:
+    """The devices of every ``--device-file``; two that one name would match are refused."""
+    from costaware.device_files import load_devices, same_name
+
+    paths = args.device_file or ()
+    devices: list[Any] = []
+    try:
+        for path in paths:
+            devices += load_devices(path)
+        same_name(devices, "--device-file " + ", ".join(map(str, paths)))
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    return devices
+
+
+def _device(args: argparse.Namespace) -> Any:
+    """The :class:`~costaware.Device` ``--device`` names, among ``--device-file``'s devices
+    and the catalog's (``auto``: the local one)."""
+    from costaware.devices import get_device
+
+    return get_device(args.device, own=_own_devices(args))

@@ -10,7 +10,10 @@ from costaware.cli._common import (
     _Parser,
 )
 
-__all__ = ["add_parser", "run"]
+__all__ = ["HELP", "add_parser", "run"]
+
+#: the command's line in ``costaware --help``
+HELP = "measure a few corpus models on this machine, so the refit starts from them"
 
 
 def add_parser(sub: argparse._SubParsersAction[_Parser]) -> _Parser:
@@ -19,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction[_Parser]) -> _Parser:
 
     p = sub.add_parser(
         "calibrate",
-        help="measure a few corpus models on this machine, so the refit starts from them",
+        help=HELP,
         description=(
             "Before a study on hardware the shipped model never saw: measure N small corpus "
             "configurations here (20 by default: under a minute on this 2-core CPU), compare them with the "

@@ -9,7 +9,10 @@ from costaware.cli._common import (
     _Parser,
 )
 
-__all__ = ["add_parser", "run"]
+__all__ = ["HELP", "add_parser", "run"]
+
+#: the command's line in ``costaware --help``
+HELP = "measure a corpus shard for real and append rows to a .jsonl.gz file"
 
 
 def add_parser(sub: argparse._SubParsersAction[_Parser]) -> _Parser:
@@ -18,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction[_Parser]) -> _Parser:
 
     p = sub.add_parser(
         "collect",
-        help="measure a corpus shard for real and append rows to a .jsonl.gz file",
+        help=HELP,
         description=(
             "Measure a shard of the costaware corpus (peak memory, step time) on this machine and "
             "append one JSON row per configuration to a gzip JSONL file; resumes by default. "

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
-from costaware.budget import Budget
-from costaware.core.batch_size import DEFAULT_LIMIT
-from costaware.core.compare import SORT_KEYS, CompareError, compare, parse_prices
-from costaware.core.model import CostModel
-from costaware.device_files import load_devices
-from costaware.devices import Device
+from costaware.cli._common import _SEARCH_LIMIT, _device_file_argument, _own_devices
 
 if TYPE_CHECKING:
     from costaware.spec import TrainingSpec
+
+# what the parser shows, without importing costaware.core.compare (and torch with it) for
+# `costaware --help`; tests/cli check they are that module's
+_SORT_KEYS = ("cost", "time", "batch", "name")
 
 __all__ = ["add_arguments", "run_cli"]
 
@@ -30,12 +30,8 @@ def add_arguments(p: Any) -> None:
         help="devices to compare, comma-separated or repeated (catalog names or aliases, "
         "see 'costaware devices'; default every catalog GPU)",
     )
-    p.add_argument(
-        "--device-file",
-        action="append",
-        metavar="PATH",
-        help="a JSON or TOML file of your own devices (docs/compare.md), compared besides "
-        "the catalog's GPUs or named in --devices",
+    _device_file_argument(
+        p, "compared besides the catalog's GPUs, or the ones --devices names among them"
     )
     p.add_argument(
         "--price",
@@ -58,7 +54,7 @@ def add_arguments(p: Any) -> None:
     )
     p.add_argument(
         "--sort",
-        choices=SORT_KEYS,
+        choices=_SORT_KEYS,
         help="order of the rows: cost (per epoch; the default with prices), time (per "
         "iteration; the default without), batch (largest batch size first) or name",
     )
@@ -66,8 +62,8 @@ def add_arguments(p: Any) -> None:
     p.add_argument(
         "--limit",
         type=int,
-        default=DEFAULT_LIMIT,
-        help=f"the largest batch size searched (default {DEFAULT_LIMIT})",
+        default=_SEARCH_LIMIT,
+        help=f"the largest batch size searched (default {_SEARCH_LIMIT})",
     )
     p.add_argument("--model-dir", help="a saved CostModel directory (default: the shipped model)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
@@ -79,14 +75,14 @@ def run_cli(args: Any, spec: TrainingSpec) -> int:
     Exit status 0 when the step fits at its batch size on at least one device, 1 when it
     fits only at a smaller batch size; a spec that fits nowhere raises NothingFitsError.
     """
+    from costaware.budget import Budget
+    from costaware.core.compare import CompareError, UnusedPriceWarning, compare, parse_prices
+    from costaware.core.model import CostModel
+    from costaware.devices import Device
+
     if args.limit < 1:
         raise CompareError(f"--limit must be at least 1, but got {args.limit}.")
-    extra: list[Device] = []
-    for path in args.device_file or ():
-        try:
-            extra += load_devices(path)
-        except ValueError as e:
-            raise CompareError(str(e)) from None
+    extra: list[Device] = _own_devices(args)
     names = None
     if args.devices:
         names = [n.strip() for item in args.devices for n in item.split(",") if n.strip()]
@@ -102,21 +98,30 @@ def run_cli(args: Any, spec: TrainingSpec) -> int:
         status = Console(stderr=True).status("dry-running ...")
         status.start()
     try:
-        result = compare(
-            model,
-            spec,
-            names,
-            prices,
-            budget,
-            sort=args.sort,
-            currency=args.currency,
-            limit=args.limit,
-            extra_devices=extra,
-            default_prices=not args.no_default_prices,
-            on_device=(lambda name: status.update(f"predicting on the {name} ..."))
-            if status is not None
-            else None,
-        )
+        with warnings.catch_warnings():  # a price the comparison leaves unused is an error
+            warnings.simplefilter("error", UnusedPriceWarning)
+            result = compare(
+                model,
+                spec,
+                names,
+                prices,
+                budget,
+                sort=args.sort,
+                currency=args.currency,
+                limit=args.limit,
+                extra_devices=extra,
+                default_prices=not args.no_default_prices,
+                on_device=(lambda name: status.update(f"predicting on the {name} ..."))
+                if status is not None
+                else None,
+            )
+    except UnusedPriceWarning as w:
+        them = "it" if len(w.names) == 1 else "them"
+        raise CompareError(
+            f"--price prices {', '.join(w.names)}, which {'is' if them == 'it' else 'are'} "
+            f"not among the devices compared ({', '.join(w.compared)}): add {them} to "
+            f"--devices, or drop {'its price' if them == 'it' else 'their prices'}."
+        ) from None
     finally:
         if status is not None:
             status.stop()

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({n: ca.CATALOG[n].to_dict() for n in ca.known_devices()}, indent=2))
         return 0
     if args.sources or not sys.stdout.isatty():  # a pipe gets every name whole
-        from costaware.core.compare import catalog_text
+        from costaware.devices import catalog_text
 
         print(catalog_text(sources=args.sources))
         return 0

@@ -30,7 +30,13 @@ def add_parser(sub: argparse._SubParsersAction[_Parser]) -> _Parser:
             "over each trace become features. Example: costaware fit data/cpu/*.jsonl.gz --out model/"
         ),
     )
-    p.add_argument("data", nargs="+", metavar="DATA", help="one or more .jsonl.gz files")
+    p.add_argument(
+        "data",
+        nargs="+",
+        metavar="DATA",
+        help="one or more .jsonl.gz files of measured rows (costaware collect's); not a "
+        "store URL: a store's rows refit the model inside a study (refit_every)",
+    )
     p.add_argument("--out", required=True, help="directory to save the model to")
     p.add_argument("--iterations", type=int, default=800, help="CatBoost trees (default 800)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -55,6 +61,15 @@ def run(args: argparse.Namespace) -> int:
     import costaware as ca
     from costaware.measure.collect import in_measured_order, observations, read_rows
 
+    urls = [p for p in args.data if "://" in p]
+    if urls:  # a store's URL, not a file
+        raise CliError(
+            f"{urls[0]} is a store's URL, but costaware fit reads .jsonl.gz files of measured "
+            "rows (what costaware collect writes). A store's rows refit the model online: "
+            "the integrations' refit_every over that store, or in Python "
+            "costaware.runtime.refit.OnlineRefit(ObservationStore(URL)).refit_now(); "
+            "costaware calibrate --store URL adds calibration rows for it to start from."
+        )
     files = [Path(p) for p in args.data]
     for f in files:
         if not f.is_file():

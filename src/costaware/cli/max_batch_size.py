@@ -7,8 +7,11 @@ import json
 from typing import Any
 
 from costaware.cli._common import (
+    _SEARCH_LIMIT,
     CliError,
     _build_spec,
+    _device,
+    _device_arguments,
     _Parser,
     _spec_arguments,
 )
@@ -32,12 +35,13 @@ def add_parser(sub: argparse._SubParsersAction[_Parser]) -> _Parser:
     _spec_arguments(
         p, batch_help="the batch size the search starts from (default 32)", batch_required=False
     )
-    p.add_argument(
-        "--device", "-d", default="auto", help="catalog name (see 'costaware devices') or auto"
-    )
+    _device_arguments(p)
     p.add_argument("--max-memory", help="a memory budget below the device's, e.g. 20GiB or 90%%")
     p.add_argument(
-        "--limit", type=int, default=65_536, help="the largest batch size searched (default 65536)"
+        "--limit",
+        type=int,
+        default=_SEARCH_LIMIT,
+        help=f"the largest batch size searched (default {_SEARCH_LIMIT})",
     )
     p.add_argument(
         "--headroom",
@@ -64,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
             f"--headroom must be a share of the memory need in [0, 1), such as 0.05, but got "
             f"{args.headroom}."
         )
+    dev = _device(args)
     spec = _build_spec(args)
     model = ca.CostModel.load(args.model_dir) if args.model_dir else ca.CostModel.default()
     budget = ca.Budget(max_memory=args.max_memory) if args.max_memory else None
@@ -75,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             status.update(f"batch size {batch_size}: {'fits' if decision.admit else 'rejected'}")
 
         found = max_batch_size(
-            model, spec, args.device, budget, limit=args.limit, headroom=args.headroom,
+            model, spec, dev, budget, limit=args.limit, headroom=args.headroom,
             on_try=progress,
         )
     if args.json:

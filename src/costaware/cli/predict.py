@@ -7,6 +7,8 @@ import json
 
 from costaware.cli._common import (
     _build_spec,
+    _device,
+    _device_arguments,
     _Parser,
     _spec_arguments,
 )
@@ -24,13 +26,12 @@ def add_parser(sub: argparse._SubParsersAction[_Parser]) -> _Parser:
             "allocator's reserved peak, what a run reports), the smallest memory the step runs in "
             "(what decides an OOM), iteration and epoch time, with upper bounds. "
             "Example: costaware predict examples/models.py:resnet18 --batch-size 64 --input 3x224x224 "
-            "--optimizer adamw --device H100"
+            "--optimizer adamw --device H100 (or --device lab-a40 --device-file lab.toml: a GPU of "
+            "your own, see docs/compare.md)"
         ),
     )
     _spec_arguments(p, batch_help="samples per step", batch_required=True)
-    p.add_argument(
-        "--device", "-d", default="auto", help="catalog name (see 'costaware devices') or auto"
-    )
+    _device_arguments(p)
     p.add_argument("--model-dir", help="a saved CostModel directory (default: the shipped model)")
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.add_argument("--explain", action="store_true", help="also print what the numbers rest on")
@@ -42,9 +43,10 @@ def run(args: argparse.Namespace) -> int:
     import costaware as ca
     from costaware._format import fmt_bytes, fmt_seconds
 
+    dev = _device(args)
     spec = _build_spec(args)
     model = ca.CostModel.load(args.model_dir) if args.model_dir else ca.CostModel.default()
-    pred = model.predict(spec, device=args.device, exact=True)
+    pred = model.predict(spec, device=dev, exact=True)
     if args.json:
         print(json.dumps(pred.to_dict(), indent=2, default=str))
         return 0
@@ -84,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
             fmt_seconds(pred.trial_time),
             fmt_seconds(pred.trial_time_upper),
         )
-    dev = ca.get_device(pred.device)
     console.print(table)
     fits = pred.min_capacity_upper <= dev.usable_memory_bytes
     verdict = "[green]fits[/green]" if fits else "[red]does not fit[/red]"

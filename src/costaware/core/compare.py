@@ -54,7 +54,15 @@ from costaware.core.batch_size import (
     NothingFitsError,
     with_headroom,
 )
-from costaware.devices import CATALOG, Device, _normalise, device_kind, get_device
+from costaware.devices import (
+    CATALOG,
+    Device,
+    _normalise,
+    catalog_text,
+    device_kind,
+    get_device,
+    no_bf16_note,
+)
 from costaware.errors import CostawareError
 
 if TYPE_CHECKING:
@@ -68,6 +76,7 @@ __all__ = [
     "CompareError",
     "Comparison",
     "DeviceOption",
+    "UnusedPriceWarning",
     "catalog_text",
     "compare",
     "parse_prices",
@@ -298,25 +307,76 @@ def _resolve(name: str | Device, extra: Sequence[Device]) -> Device:
         raise CompareError(
             f"a device must be a name or a Device, but got {type(name).__name__} {name!r}."
         )
-    key = _normalise(name)
-    for d in extra:
-        if key in {_normalise(n) for n in (d.name, *d.aliases)}:
-            return d
-    return get_device(name)
+    return get_device(name, own=extra)
 
 
-def _prices(price_per_hour: Prices, devices: Sequence[Device]) -> dict[str, float]:
-    """Device name -> price, for ``devices``, from one number or a mapping."""
+class UnusedPriceWarning(UserWarning):
+    """A price given for a device that is not among those compared: it is not used
+    (``costaware compare`` refuses it). ``names`` are the prices' names (with the device
+    each names where that differs), ``compared`` the devices compared."""
+
+    def __init__(self, message: str, names: Sequence[str] = (), compared: Sequence[str] = ()):
+        super().__init__(message)
+        self.names, self.compared = list(names), list(compared)
+
+
+def _prices(
+    price_per_hour: Prices, devices: Sequence[Device], extra: Sequence[Device] = ()
+) -> dict[str, float]:
+    """Device name -> price, for ``devices``, from one number or a mapping. A mapping's
+    names are matched as device names are (``extra`` besides the catalog); two names of
+    one device are refused, and a device not among ``devices`` is warned of
+    (:class:`UnusedPriceWarning`) and left out."""
     if price_per_hour is None:
         return {}
     if isinstance(price_per_hour, Mapping):
         out: dict[str, float] = {}
+        named: dict[str, str] = {}  # device -> the name its price was given under
+        unused: list[str] = []
         for name, value in price_per_hour.items():
-            dev = _resolve(name, devices)
-            out[dev.name] = _price(value, f"the price of {name!r}")
+            dev = _resolve(name, [*devices, *extra])
+            price = _price(value, f"the price of {name!r}")
+            if dev.name in named:
+                raise CompareError(
+                    f"price_per_hour prices the {dev.name} twice, as {named[dev.name]!r} and "
+                    f"{name!r}: give one price per device."
+                )
+            named[dev.name] = str(name)
+            if all(d.name != dev.name for d in devices):
+                unused.append(str(name) if name == dev.name else f"{name} (the {dev.name})")
+                continue
+            out[dev.name] = price
+        if unused:
+            import warnings
+
+            compared = [d.name for d in devices]
+            warnings.warn(
+                UnusedPriceWarning(
+                    f"price_per_hour prices {', '.join(unused)}, which "
+                    f"{'is' if len(unused) == 1 else 'are'} not among the devices compared "
+                    f"({', '.join(compared)}); "
+                    f"{'its price is' if len(unused) == 1 else 'their prices are'} not used.",
+                    unused,
+                    compared,
+                ),
+                stacklevel=_callers_level(),
+            )
         return out
     one = _price(price_per_hour, "price_per_hour")
     return {d.name: one for d in devices}
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of a warning raised here that names the first frame outside
+    costaware (the user's call, however deep inside costaware it is made)."""
+    import sys
+    from pathlib import Path
+
+    package = str(Path(__file__).resolve().parents[1] / "_")[:-1]  # with its separator
+    frame, level = sys._getframe(1), 1
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(package):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level
 
 
 def parse_prices(items: Iterable[str]) -> float | dict[str, float]:
@@ -342,6 +402,12 @@ def parse_prices(items: Iterable[str]) -> float | dict[str, float]:
             where = f"the price of {name!r}" if eq else "the price"
             value = _price(value, where)
             if eq:
+                again = next((n for n in named if _normalise(n) == _normalise(name)), None)
+                if again is not None:
+                    raise CompareError(
+                        f"{again!r} has two prices ({again}={named[again]:g} and "
+                        f"{name}={value:g}): give each device one price."
+                    )
                 named[name] = value
             elif one is not None:
                 raise CompareError("give one price for every device, or NAME=PRICE for each.")
@@ -384,7 +450,10 @@ def compare(
         price_per_hour: the price of one GPU-hour: one number for every device, or a
             mapping from device name to price. A device given none takes its
             :data:`DEFAULT_PRICES` entry (unless ``default_prices`` is False); one without
-            either has no cost. A number of 0 or more, in ``currency``.
+            either has no cost. A number of 0 or more, in ``currency``. A mapping's
+            names are matched as ``devices`` are; one device priced under two of its
+            names is refused, and a device not compared is warned of
+            (:class:`UnusedPriceWarning`) and its price not used.
         budget: the limits the step must fit (default ``Budget()``: each device's memory).
             A ``max_cost`` is checked at each device's own price where it has one.
         sort: :data:`SORT_KEYS`; default ``"cost"`` with prices, else ``"time"``.
@@ -399,7 +468,8 @@ def compare(
 
     Raises:
         UnknownDeviceError: a device name matches nothing (the message suggests close ones).
-        CompareError: a price is not a number, is negative; a sort key is unknown; no device.
+        CompareError: a price is not a number, is negative, or one device has two; a sort
+            key is unknown; no device.
         NothingFitsError: not even a batch of 1 fits on any of the devices.
         SpecError, TraceError: the spec is invalid or cannot be dry-run.
     """
@@ -409,7 +479,7 @@ def compare(
     if not isinstance(spec, TrainingSpec):
         raise CompareError(f"compare expects a TrainingSpec, but got {type(spec).__name__}.")
     chosen = _chosen_devices(devices, extra_devices)
-    prices = _device_prices(chosen, price_per_hour, currency, default_prices)
+    prices = _device_prices(chosen, price_per_hour, currency, default_prices, extra_devices)
     sort = sort if sort is not None else ("cost" if prices else "time")
     _sort_key(sort)  # an unknown key fails before the predictions
     judge = budget if budget is not None else Budget()
@@ -456,12 +526,16 @@ def _chosen_devices(
 
 
 def _device_prices(
-    chosen: Mapping[str, Device], price_per_hour: Prices, currency: str, default_prices: bool
+    chosen: Mapping[str, Device],
+    price_per_hour: Prices,
+    currency: str,
+    default_prices: bool,
+    extra_devices: Sequence[Device] = (),
 ) -> dict[str, tuple[float, str]]:
     """Each device's price per hour and where it comes from (``"given"``, or the
     :data:`DEFAULT_PRICES` source); a device with neither is left out. The default prices
     are US dollars, so they apply only with ``currency="$"``."""
-    given = _prices(price_per_hour, list(chosen.values()))
+    given = _prices(price_per_hour, list(chosen.values()), extra_devices)
     prices: dict[str, tuple[float, str]] = {}
     for name in chosen:
         if name in given:
@@ -776,20 +850,26 @@ def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
     # without an epoch the devices are ordered by the cost of a step: shown per 1,000
     head += [f"{c.currency}/hour", f"{c.currency}/1k steps"] if priced and not steps else []
     footnotes: dict[str, int] = {}
+    # bf16 on GPUs without bf16 arithmetic: one footnote for all of them
+    no_bf16 = [o.device for o in options if any(_is_no_bf16(n, o.device) for n in o.notes)]
     rows = []
     for o in options:
         marks = ""
         if not o.measured:
             marks += "*"
         for n in o.notes:
-            if n.startswith(f"{o.device} is not among"):
+            if _is_unseen(n, o.device):
                 continue  # the * says it
+            if _is_no_bf16(n, o.device) and len(no_bf16) > 1:
+                n = no_bf16_note(no_bf16)
             num = footnotes.setdefault(n, len(footnotes) + 1)
             marks += f"[{num}]"
+        runs = o.max_batch > 0  # at some batch size; else no cost is shown
         row = [
             o.device + (" " + marks if marks else ""),
             "yes" if o.fits else "no",
-            f"{o.max_batch:,}" + ("+" if o.max_batch_limited_by == "search limit" else ""),
+            (f"{o.max_batch:,}" if runs else "none")
+            + ("+" if o.max_batch_limited_by == "search limit" else ""),
             f"{fmt_bytes(o.memory_need)} / {fmt_bytes(o.memory_usable)}",
             f"{fmt_seconds(o.iteration_time)} ({fmt_seconds(o.iteration_time_upper)})",
         ]
@@ -805,12 +885,14 @@ def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
         if priced and steps:
             row.append(
                 f"{fmt_money(o.cost_per_epoch, c.currency)} ({fmt_money(o.cost_per_epoch_upper, c.currency)})"
-                if o.cost_per_epoch is not None
+                if o.cost_per_epoch is not None and runs
                 else "-"
             )
         elif priced:
             per_step = o.cost_per_step
-            row.append(fmt_money(1000 * per_step, c.currency) if per_step is not None else "-")
+            row.append(
+                fmt_money(1000 * per_step, c.currency) if per_step is not None and runs else "-"
+            )
         rows.append(row)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     right = set(range(2, len(head)))
@@ -823,9 +905,12 @@ def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
 
     out = [title, line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)]
     out.append(
-        f"sorted by {c.sort}; {len(options)} devices in {c.elapsed_s:.1f} s; memory need is the "
-        "upper bound of what the step needs plus the CUDA context"
+        f"sorted by {c.sort}; {len(options)} device{'' if len(options) == 1 else 's'} in "
+        f"{c.elapsed_s:.1f} s; memory need is the upper bound of what the step needs plus "
+        "the CUDA context"
     )
+    if any(o.max_batch == 0 for o in options):
+        out.append("none: not even a batch of 1 fits, so the step has no cost there")
     if any(o.max_batch_limited_by == "search limit" for o in options):
         out.append("+: every batch size up to the search limit fits")
     if any(not o.measured for o in options):
@@ -842,7 +927,12 @@ def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
         out.append(f"{o.device} does not fit at batch {s.get('batch_size')}: {o.reasons[0]}")
     if len(unfit) > 3:
         out.append(f"and {len(unfit) - 3} more devices where it does not fit")
-    out += [f"note: {n}" for n in c.notes]
+    # a note every device shares, less what the * says already
+    out += [
+        f"note: {n}"
+        for n in c.notes
+        if not any(_is_unseen(n, o.device) and not o.measured for o in options)
+    ]
     if any(o.price_source not in (None, "given") for o in options):
         out.append(
             f"~: a public list price read {PRICES_READ} (costaware.core.compare.DEFAULT_PRICES, "
@@ -854,45 +944,13 @@ def _table(c: Comparison, options: Sequence[DeviceOption]) -> str:
     return "\n".join(out)
 
 
-# --------------------------------------------------------------------------------------
-# the plain ``costaware devices`` listing
-# --------------------------------------------------------------------------------------
-def catalog_text(devices: Sequence[Device] | None = None, *, sources: bool = False) -> str:
-    """The device catalog as a plain-text table: every name whole, whatever the width
-    (``costaware devices`` when its output is not a terminal, or with ``--sources``)."""
-    from costaware.devices import known_devices
+def _is_unseen(note: str, device: str) -> bool:
+    """Whether ``note`` is the prediction's note that the model has no rows of ``device``
+    (what the table's ``*`` says)."""
+    return note.startswith(f"{device} is not among")
 
-    devs = list(devices) if devices is not None else [CATALOG[n] for n in known_devices()]
-    head = ["name", "memory", "bandwidth", "fp32", "bf16", "SMs", "generation"]
-    head += ["figures from", "memory from"] if sources else []
-    rows = []
-    for d in devs:
-        no_bf16 = d.kind == "cuda" and not d.has_bf16
-        row = [
-            d.name,
-            fmt_bytes(d.memory_bytes),
-            f"{d.bandwidth / 1e9:,.0f} GB/s",
-            f"{d.peak_flops('fp32') / 1e12:,.1f} TF",
-            f"{d.peak_flops('bf16') / 1e12:,.1f} TF" + (" *" if no_bf16 else ""),
-            str(d.sm_count),
-            d.generation,
-        ]
-        if sources:
-            row += [d.source or "-", d.memory_source or "-"]
-        rows.append(row)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    left = {0, 6, 7, 8}
 
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i in left else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    out = [line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)]
-    if any(d.kind == "cuda" and not d.has_bf16 for d in devs):
-        out.append(
-            "*: no bf16 arithmetic (compute capability below 8.0): bf16 runs at the fp32 "
-            "rate or slower; use fp16 with a GradScaler"
-        )
-    return "\n".join(out)
+def _is_no_bf16(note: str, device: str) -> bool:
+    """Whether ``note`` is :func:`~costaware.devices.precision_notes`' note on bf16 on
+    ``device``, a GPU without bf16 arithmetic."""
+    return note.startswith(f"bf16 on the {device}: it has no bf16 arithmetic")
