@@ -432,8 +432,9 @@ def test_cost_budget_and_several_reasons() -> None:
             "max_cost=10.0 needs a positive price_per_hour, but got price_per_hour=0",
         ),
         ({"price_per_hour": "3"}, "price_per_hour must be a number, but got price_per_hour='3'"),
-        ({"safety_margin": math.nan}, "safety_margin must be a fraction >= 0, but got nan"),
-        ({"safety_margin": True}, "safety_margin must be a fraction >= 0, but got True"),
+        ({"safety_margin": math.nan}, "adds 10%., but got nan"),
+        ({"safety_margin": True}, "safety_margin must be a fraction of the prediction added"),
+        ({"safety_margin": 10}, "up to .not including. 10 .0.1 adds 10%., but got 10"),
     ],
 )
 def test_budgets_refuse_overflow_zero_and_nan(kwargs: dict[str, object], message: str) -> None:

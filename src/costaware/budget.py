@@ -361,7 +361,8 @@ class Budget:
         margin = self.safety_margin
         if isinstance(margin, bool) or not (isinstance(margin, (int, float)) and 0 <= margin < 10):
             raise BudgetError(
-                f"safety_margin must be a fraction >= 0, but got {self.safety_margin!r}."
+                "safety_margin must be a fraction of the prediction added as headroom, from 0 "
+                f"up to (not including) 10 (0.1 adds 10%), but got {self.safety_margin!r}."
             )
         for name in ("bound", "time_bound"):
             v = getattr(self, name)

@@ -142,11 +142,21 @@ def parse_wrap_policy(value: object) -> tuple[type[nn.Module], ...]:
         isinstance(c, type) and issubclass(c, nn.Module) for c in classes
     )
     if not ok:
+        if isinstance(value, str):
+            why = (
+                "a class's name is not the class: pass the class itself "
+                f"(wrap_policy={value.rsplit('.', 1)[-1]}, imported from where it is defined)"
+            )
+        elif isinstance(value, nn.Module):
+            why = f"pass the class (wrap_policy={type(value).__name__}), not a module of it"
+        elif callable(value) and not isinstance(value, type):
+            why = "a callable (size-based) policy is not modelled"
+        else:
+            why = "each entry must be an nn.Module subclass"
         raise SpecError(
             "wrap_policy must be the nn.Module classes FSDP wraps as units of their own (a "
             "class, a tuple or set of them, or FSDP's ModuleWrapPolicy), or None for none "
-            f"(the whole model one unit), but got wrap_policy={value!r}; a callable "
-            "(size-based) policy is not modelled."
+            f"(the whole model one unit), but got wrap_policy={value!r}: {why}."
         )
     return tuple(sorted(set(classes), key=lambda c: (c.__module__, c.__qualname__)))
 

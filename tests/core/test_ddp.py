@@ -3,6 +3,7 @@ real 2-process gloo run on the CPU, and the all-reduce's time as an assumption."
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -121,6 +122,17 @@ def test_the_allreduce_time_is_added_as_a_stated_assumption() -> None:
     assert "450 GB/s" in note and "an assumption, not measured" in note
     assert INTERCONNECT_BANDWIDTH["H100-SXM"] > INTERCONNECT_BANDWIDTH["H100-PCIe"]
     assert two.spec["world_size"] == 2
+
+
+def test_every_catalog_device_has_a_link_figure() -> None:
+    """A catalog device without one was told it "is not listed" (the RTX A6000, the B200):
+    each has its datasheet's link, and only a device of the user's own falls back."""
+    assert set(ca.devices.CATALOG) <= set(INTERCONNECT_BANDWIDTH)
+    own = dataclasses.replace(ca.get_device("RTX-A6000"), name="lab-a6000", aliases=())
+    note = next(
+        n for n in ca.CostModel().predict(_spec(world_size=2), own).notes if n.startswith("DDP")
+    )
+    assert "32 GB/s (PCIe 4: no link figure for this device)" in note
 
 
 @pytest.mark.parametrize("ns_name", ["lightning", "pytorch_lightning"])

@@ -82,6 +82,15 @@ def test_a_bad_wrap_policy_says_what_a_wrap_policy_is(bad: object) -> None:
     said = str(info.value)
     assert said.startswith("wrap_policy must be the nn.Module classes FSDP wraps")
     assert f"but got wrap_policy={bad!r}" in said
+    why = said.split(f"wrap_policy={bad!r}: ", 1)[1]
+    if bad == "Linear":  # a name is not a callable policy: say to pass the class
+        assert why.startswith("a class's name is not the class: pass the class itself")
+    elif isinstance(bad, nn.Module):
+        assert why == "pass the class (wrap_policy=Linear), not a module of it."
+    elif bad is len:
+        assert why == "a callable (size-based) policy is not modelled."
+    else:
+        assert why == "each entry must be an nn.Module subclass."
 
 
 def test_a_wrap_policy_takes_classes_a_set_or_fsdps_module_wrap_policy() -> None:

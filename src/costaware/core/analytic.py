@@ -128,15 +128,18 @@ ROOFLINE_UNDER = 0.59
 
 #: Assumed bandwidth, bytes/s in each direction, of the link between two devices of one
 #: machine that DDP's all-reduce runs over, by catalog device (the datasheets' figures):
-#: NVLink for SXM parts (H100/H200 NVLink 4: 900 GB/s both ways; A100 NVLink 3: 600;
-#: V100 NVLink 2: 300), PCIe for the others (gen 5 x16 for the H100 PCIe, gen 4 x16 for
-#: Ampere and Ada cards, gen 3 x16 for the T4), and, for processes on one CPU, gloo over
-#: the loopback (an assumption, not a datasheet figure). Devices not listed take PCIe 4.
+#: NVLink for SXM parts (B200 NVLink 5: 1,800 GB/s both ways; H100/H200/GH200 NVLink 4:
+#: 900; A100 NVLink 3: 600; V100 NVLink 2: 300), PCIe for the others (gen 5 x16 for the
+#: H100 PCIe and the RTX 5090, gen 4 x16 for Ampere and Ada cards, the RTX A6000 without
+#: its NVLink bridge, gen 3 x16 for the T4), and, for processes on one CPU, gloo over the
+#: loopback (an assumption, not a datasheet figure). A device without a figure here (one
+#: of the user's own) takes PCIe 4.
 INTERCONNECT_BANDWIDTH = {
-    "H100-SXM": 450e9, "H200": 450e9, "A100-40GB": 300e9, "A100-80GB": 300e9,
-    "V100": 150e9, "V100-16GB": 150e9,
-    "H100-PCIe": 64e9, "A100-40GB-PCIe": 32e9, "A100-80GB-PCIe": 32e9, "A10": 32e9,
-    "RTX-3090": 32e9, "L4": 32e9, "L40S": 32e9, "RTX-4090": 32e9, "T4": 16e9,
+    "B200": 900e9, "H100-SXM": 450e9, "H200": 450e9, "GH200": 450e9,
+    "A100-40GB": 300e9, "A100-80GB": 300e9, "V100": 150e9, "V100-16GB": 150e9,
+    "H100-PCIe": 64e9, "RTX-5090": 64e9, "A100-40GB-PCIe": 32e9, "A100-80GB-PCIe": 32e9,
+    "A10": 32e9, "A10G": 32e9, "RTX-A6000": 32e9, "RTX-3090": 32e9, "L4": 32e9, "L40": 32e9,
+    "L40S": 32e9, "RTX-4090": 32e9, "T4": 16e9,
     "CPU": 2e9,
 }  # fmt: skip
 #: the share of that bandwidth a ring all-reduce achieves (assumed), and its cost per
@@ -305,7 +308,7 @@ def estimate(trace: Trace, spec: TrainingSpec, device: Device) -> AnalyticEstima
     total, compute, memory, overhead = roofline_time(trace, spec, device)
     comm, exposed = allreduce_time(trace, spec, device)
     link = INTERCONNECT_BANDWIDTH.get(device.name)
-    where = f"{link / 1e9:g} GB/s" if link else "32 GB/s (PCIe 4, the device is not listed)"
+    where = f"{link / 1e9:g} GB/s" if link else "32 GB/s (PCIe 4: no link figure for this device)"
     if spec.sharding is not None:
         notes.append(
             f"sharded ({spec.sharding}) over {spec.world_size} rank"
