@@ -369,6 +369,40 @@ def test_a_callback_without_a_store_records_into_the_study_pruners(tmp_path: Pat
     assert {o.status for o in store.observations()} == {"ok"}
 
 
+@pytest.mark.parametrize("ns_name", sorted(NAMESPACES))
+def test_the_shortest_form_reports_how_far_off_the_predictions_were(
+    ns_name: str, tmp_path: Path
+) -> None:
+    """``CostAwarePruner()`` and ``CostAwareCallback(trial=trial)``, no store: the callback
+    keeps each trial's measurements in its user attributes, so the report of the study
+    alone holds the measured figures beside the predictions, and says where they came
+    from."""
+    ns, Callback = NAMESPACES[ns_name]
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(storage=storage, pruner=CostAwarePruner())
+
+    def objective(trial: optuna.Trial) -> float:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ca.CostAwareWarning)  # device='auto' on a CPU
+            trainer = _trainer(ns, Callback(trial=trial))
+            trainer.fit_loop.max_epochs = 2
+            trainer.fit(_module(ns, SMALL, []), _data())
+        return 0.0
+
+    study.optimize(objective, n_trials=2)
+    kept = study.trials[0].user_attrs["costaware:measured"]
+    assert [m["status"] for m in kept] == ["ok", "ok"] and kept[0]["actual"]["epoch_time"] > 0
+    rep = ca.report(storage=storage)
+    for row in rep.trials:
+        assert row.measured and row.epochs_measured == 2
+        assert row.actual_epoch_time is not None and row.actual_memory is not None
+        assert row.pred_epoch_time is not None and row.device_kind == "cpu"
+    assert rep.summary()["time_error"]["n"] == 2
+    notes = " ".join(rep.notes)
+    assert "those CostAwareCallback kept in the trials' user attributes" in notes
+    assert "pass it with --store" not in notes
+
+
 def test_torchmetrics_in_the_training_step_are_skipped_by_the_dry_run_not_by_the_fit() -> None:
     """A metric updated in ``training_step`` (as most Lightning modules do) computes on
     values a dry run lacks; its copy does nothing there, the fit is predicted, and the

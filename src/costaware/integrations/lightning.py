@@ -1654,6 +1654,8 @@ class _CostAwareCallbackBase:
         self.records.append(record)
         store = self._open_store() if self._rank_zero else None
         if store is None:
+            if kind == "measurement" and self._rank_zero and _is_optuna_trial(self.trial):
+                self._tell_measured()
             return record
         try:
             if kind == "prediction":
@@ -1667,6 +1669,34 @@ class _CostAwareCallbackBase:
                 "records are kept in callback.records.",
             )
         return record
+
+    def _tell_measured(self) -> None:
+        """Without a store, keep the run's measurements in the Optuna trial's user
+        attributes (:data:`MEASURED_ATTR`), so that a report of the study alone says how far
+        off the predictions were: the store's rows in brief, the latest
+        :data:`_MEASURED_KEPT` of them (one write per epoch)."""
+        from costaware.integrations.optuna import ATTR
+
+        rows = [
+            {
+                "status": r.get("status"),
+                "epoch": r.get("epoch"),
+                "device": r.get("device"),
+                "reason": r.get("reason"),
+                "actual": {
+                    k: v
+                    for k, v in (r.get("actual") or {}).items()
+                    if k in _MEASURED_KEYS and v is not None
+                },
+            }
+            for r in self.measurements[-_MEASURED_KEPT:]
+        ]
+        try:
+            self.trial.set_user_attr(ATTR + MEASURED_ATTR, _plain(rows))
+        except Exception as e:  # never break training over a record
+            self._warn_once(
+                "user-attr", f"costaware could not set the trial's user attr: {_reason_line(e)}"
+            )
 
     def _safely(self, what: str, fn: Callable[..., _T], *args: Any) -> _T | None:
         """Run ``fn``; a failure of costaware's own bookkeeping warns once and never
@@ -1688,6 +1718,19 @@ class _CostAwareCallbackBase:
             return
         self._warned.add(key)
         warnings.warn(message, CostAwareWarning, stacklevel=3)
+
+
+#: the Optuna trial's user attribute (after ``"costaware:"``) that holds a storeless run's
+#: measurements, and what of each is kept: the figures a report compares and sums
+MEASURED_ATTR = "measured"
+_MEASURED_KEYS = frozenset(
+    {
+        "peak_memory", "epoch_time", "partial_epoch_time", "iteration_time", "held_before",
+        "device_kind", "memory_method", "steps",
+    }
+)  # fmt: skip
+#: the measurements kept there: the latest ones (a trial of many epochs stays small)
+_MEASURED_KEPT = 200
 
 
 _DOC = """Record a run's real cost per epoch and, with ``enforce=True``, stop it over budget.

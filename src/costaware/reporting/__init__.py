@@ -1190,6 +1190,10 @@ def _optuna_rows(
         if st is not None and st.prediction is not None:
             _apply_prediction(row, st.prediction)
         store_outcome = _apply_measurements(row, st.measurements if st is not None else [])
+        if not row.measured and isinstance(kept := a.get(_ATTR + "measured"), list):
+            # a storeless CostAwareCallback keeps its measurements in the trial
+            store_outcome = _apply_measurements(row, [m for m in kept if isinstance(m, Mapping)])
+            row.measured_in_trial = row.measured
         if state == "PRUNED" and admit is False:
             row.outcome = "rejected"
             row.reasons = [str(x) for x in a.get(_ATTR + "reasons") or []] or row.reasons
@@ -1542,12 +1546,25 @@ def _optuna_gathered(
     if found.store is not None:
         src += f", observation store {found.store.url}" if hasattr(found.store, "url") else ""
         ran = [r for r in rows if r.outcome not in ("rejected", "running")]
-        if not any(st.measurements for st in grouped.values()) and ran:
+        if any(r.measured_in_trial for r in rows):
+            notes.append(
+                f"The observation store holds no measurements of study {name!r} for "
+                f"{_trials(sum(r.measured_in_trial for r in rows))}: their measured figures are "
+                "those CostAwareCallback kept in the trials' user attributes (it was given no "
+                "store, so the model did not refit on them)."
+            )
+        elif not any(st.measurements for st in grouped.values()) and ran:
             notes.append(
                 f"The observation store has no measurements for study {name!r}: add "
                 "CostAwareCallback(trial=trial) to the Trainer (it records into the "
                 "CostAwarePruner's store, or its own store=)."
             )
+    elif any(r.measured_in_trial for r in rows):
+        notes.append(
+            "No observation store given: the measured figures are those CostAwareCallback "
+            "kept in the trials' user attributes (costaware:measured). With a store "
+            "(CostAwarePruner(store=...)) the model also refits on them."
+        )
     else:
         notes.append(
             "No observation store given: the measured peak memory and epoch times live in "

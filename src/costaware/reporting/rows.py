@@ -76,6 +76,8 @@ class TrialRow:
     oom_memory_reached: float | None = None
     #: how the measured peak was taken, as the measurement recorded it
     memory_method: str | None = None
+    #: the measurements came from the Optuna trial's user attributes (no store)
+    measured_in_trial: bool = False
     actual_epoch_time: float | None = None
     actual_iteration_time: float | None = None
     epochs_measured: int = 0
