@@ -159,6 +159,32 @@ def _onednn_channels(channels: int) -> int:
     return -(-channels // block) * block
 
 
+#: partial sums per weight element that oneDNN's channels-last depthwise convolution
+#: (a kernel past 3x3) holds for its weight gradient (measured, fp32, AVX-512, 1-2 threads:
+#: ``C x k^2 x 1 KiB`` for C 16-256, k 5-9, batch 1-16, maps 4-32 px)
+_DEPTHWISE_NHWC_PARTIALS = 256
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    """Whether a 4-d tensor's strides are channels-last (NHWC), as a ConvNeXt block's
+    permuted LayerNorm leaves its output for the next convolution: c10's
+    ``is_channels_last_strides_2d``, which PyTorch's convolution reads to pick its layout
+    (a map of 1x1 permuted from NHWC counts, though it is contiguous either way)."""
+    if t.dim() != 4:
+        return False
+    sizes, strides = t.shape, t.stride()
+    if strides[1] == 0:
+        return False
+    least = 0
+    for d in (1, 3, 2, 0):
+        if sizes[d] == 0 or strides[d] < least:
+            return False
+        if d == 0 and least == strides[1]:
+            return False
+        least = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
+    return True
+
+
 def _onednn_conv_transient(
     inp: torch.Tensor,
     weight: torch.Tensor,
@@ -186,7 +212,10 @@ def _onednn_conv_transient(
       ``4 x threads x w + out`` (on an AVX-512 CPU only for the large kernel: a kernel
       larger than its input held one weight-sized buffer there). A depthwise convolution
       holds ``out + in`` at 3x3 (strided or not) and only ``in`` (when the input takes a
-      gradient) past 3x3. Over
+      gradient) past 3x3; laid out channels-last (a ConvNeXt block's 7x7 after its
+      permuted LayerNorm), past 3x3 it also holds 256 partial sums per weight element for
+      the weight gradient (:data:`_DEPTHWISE_NHWC_PARTIALS`: 6.1 MiB at 128 channels,
+      7x7), which dominates a small ConvNeXt's step on a CPU. Over
       1-3 input channels the weight's are not padded, and a stem convolution (kernel
       above 1x1) leaves its input in place unless it takes a gradient.
 
@@ -214,6 +243,10 @@ def _onednn_conv_transient(
         return max(i + w, o)
     if 1 < groups == c:  # depthwise: no doubled input when strided, none at all past 3x3
         if max(kh, kw) > 3:
+            if _channels_last(inp):
+                # the channels-last kernel's weight gradient: partial sums of 256 elements
+                # per weight element, whatever the batch, the map or the threads
+                return (i if input_grad else 0) + c * kh * kw * _DEPTHWISE_NHWC_PARTIALS * esz
             return max(i if input_grad else 0, w)
         return max(o + i, w)
     # a kernel larger than the input on a side (ResNet's 3x3 convolutions at 1x1 and 2x2
