@@ -162,6 +162,25 @@ def test_a_model_already_in_bf16_is_pure_bf16() -> None:
     assert ca.dry_run(spec).param_bytes == ca.dry_run(_spec("bf16-true")).param_bytes
 
 
+def test_a_factory_that_builds_in_bf16_is_said_to_be_pure_bf16() -> None:
+    """A factory returning ``model.to(torch.bfloat16)``: the spec cannot see it before the
+    build, so its precision reads fp32, but the dry run traces the bf16 step; the
+    prediction says so and what to write. A spec that says bf16-true needs no note."""
+
+    def spec(precision: str) -> ca.TrainingSpec:
+        return ca.TrainingSpec(
+            model=lambda: _mlp().to(torch.bfloat16), batch=ca.ImageBatch((64,), classes=10),
+            batch_size=16, precision=precision,
+        )  # fmt: skip
+
+    built = ca.CostModel().predict(spec("fp32"), "H100")
+    (note,) = [n for n in built.notes if "built in bf16" in n]
+    assert "Write precision='bf16-true' to say so" in note
+    said = ca.CostModel().predict(spec("bf16-true"), "H100")
+    assert not any("built in" in n for n in said.notes)
+    assert not any("built in" in n for n in ca.CostModel().predict(_spec("fp32"), "H100").notes)
+
+
 def test_the_learned_model_sees_pure_precision_as_a_step_without_autocast() -> None:
     feats = hyperparameter_features(_spec("bf16-true"))
     assert feats["precision_is_fp32"] == 1.0

@@ -141,6 +141,9 @@ class _RecordedStep:
     stepped_numel: int
     #: the torchmetrics metrics whose updates the step skipped (:func:`_skip_metrics`)
     skipped_metrics: tuple[str, ...] = ()
+    #: the half precision the model's own parameters were built in, where the spec's
+    #: precision does not convert them (:func:`_built_half`)
+    built_half: torch.dtype | None = None
 
 
 def _fused_modes(attention: str) -> list[_FusedMode]:
@@ -186,6 +189,7 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
     opt_cls = spec.optimizer_class
     opt_kwargs = _optimizer_kwargs(spec, attention)
 
+    built_half = _built_half(model) if spec.param_dtype is None else None
     with fm:
         _to_fake(model, spec.param_dtype)
         model.train()
@@ -219,7 +223,25 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
             rec.mark("end")
             rec.closed = True
             del buckets, opt_params
-    return _RecordedStep(rec, sharded, fused, *sizes, skipped_metrics=metrics)
+    return _RecordedStep(
+        rec, sharded, fused, *sizes, skipped_metrics=metrics, built_half=built_half
+    )
+
+
+def _built_half(model: nn.Module) -> torch.dtype | None:
+    """bf16 or fp16 where most of the model's floating-point parameters (by elements)
+    were built in it (``model.to(torch.bfloat16)`` in the factory): the step is then a
+    pure half-precision one whatever the spec's precision says, and its figures are."""
+    from torch.nn.parameter import is_lazy
+
+    by: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        if p.is_floating_point() and not is_lazy(p):  # a lazy one has no size yet
+            by[p.dtype] = by.get(p.dtype, 0) + p.numel()
+    if not by:
+        return None
+    dtype = max(by, key=lambda d: by[d])
+    return dtype if dtype in (torch.bfloat16, torch.float16) else None
 
 
 def _step_code(spec: TrainingSpec, model: nn.Module) -> frozenset[Any]:
@@ -473,6 +495,14 @@ def _notes(how: str, step: _RecordedStep) -> list[str]:
             f"the step's own code read a tensor's value ({', '.join(reads)}: a logged "
             "loss.item() or an `if` on the loss), which a dry run's tensors do not have: "
             "read as 0 (False); the figures hold unless the step branches on it"
+        )
+    if step.built_half is not None:
+        name = "bf16" if step.built_half == torch.bfloat16 else "fp16"
+        notes.append(
+            f"the model's parameters were built in {name} (the factory converts them), so "
+            f"the step is a pure {name} one and its figures are: gradients and optimizer "
+            f"state in {name} too. Write precision='{name}-true' to say so (the spec's "
+            "precision does not convert a model built so)"
         )
     if step.skipped_metrics:
         notes.append(
