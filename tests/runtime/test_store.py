@@ -965,3 +965,37 @@ def test_a_drivers_message_masks_the_password_not_every_word_like_it() -> None:
 def test_a_misspelt_database_in_the_url_says_which_was_meant(url: str, words: str) -> None:
     with pytest.raises(StoreError, match=re.escape(words)):
         ObservationStore(url)
+
+
+def test_a_store_whose_tables_went_away_creates_them_again(
+    store: ObservationStore, store_url: str
+) -> None:
+    """The store's tables dropped while it is in use (a SQLite file deleted under a running
+    study leaves a new empty file; a database reset): the next write creates them again,
+    says so once, and what follows is kept, where every later write failed."""
+    _predict(store, 0)
+    _drop_tables(store_url)
+    with pytest.warns(CostAwareWarning, match="lost its tables while in use"):
+        _predict(store, 1)
+    _measure(store, 1, epoch=0, iteration_time=0.1)
+    assert [p["trial"] for p in store.predictions()] == ["1"]
+    assert len(store.measurements()) == 1
+
+
+def test_a_store_in_a_directory_it_cannot_write_says_so(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite cannot open a store whose directory is read-only (a read-only mount), even
+    one that exists, and says only "unable to open database file": the message names the
+    directory and why."""
+    import sqlite3
+
+    store = ObservationStore(tmp_path / "store.db")
+    error = sa.exc.OperationalError("open", {}, sqlite3.OperationalError("unable to open database file"))
+    real_access = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: False if pathlib.Path(p) == tmp_path else real_access(p, mode)
+    )
+    said = store._cannot_open(error)
+    assert "unable to open database file" in said
+    assert f"the directory {tmp_path} is not writable" in said

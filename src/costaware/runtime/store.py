@@ -174,6 +174,13 @@ measurements_table = sa.Table(
 # --------------------------------------------------------------------------------------
 # the store
 # --------------------------------------------------------------------------------------
+def _table_gone(e: exc.DBAPIError) -> bool:
+    """Whether a write failed because the store's table does not exist (SQLite's "no such
+    table", PostgreSQL's "relation ... does not exist")."""
+    text = str(getattr(e, "orig", e)).lower()
+    return "no such table" in text or ("relation" in text and "does not exist" in text)
+
+
 def _other_device(predicted: str, measured: str) -> bool:
     """Whether a run measured on ``measured`` ran on another device than ``predicted``:
     another kind (a GPU against a CPU), or two catalog devices that differ ("H100" and
@@ -804,6 +811,12 @@ class ObservationStore:
         path = self.path
         if path is not None and not path.parent.is_dir():
             reason += f" (the directory {path.parent} does not exist)"
+        elif path is not None and not os.access(path.parent, os.W_OK):
+            reason += (
+                f" (the directory {path.parent} is not writable: SQLite keeps its journal "
+                "beside the file, so even a store that exists needs it; give the store a path "
+                "in a writable directory)"
+            )
         return f"cannot open the observation store at {self.url}: {reason}"
 
     def _locked(self) -> contextlib.AbstractContextManager[Any]:
@@ -824,16 +837,34 @@ class ObservationStore:
     def _insert(self, table: sa.Table, row: dict[str, Any]) -> int:
         self._check_fork()
         self._check_ready()
-        try:
-            with self._locked(), self._writer.begin() as conn:
-                pk = conn.execute(table.insert().values(**row)).inserted_primary_key
-                if pk is None:  # pragma: no cover - every SQLAlchemy dialect returns it
-                    raise StoreError(f"the observation store at {self.url} returned no row id.")
-                return int(pk[0])
-        except exc.DBAPIError as e:
-            raise StoreError(
-                f"cannot write to the observation store at {self.url}: {_reason(e, self._url)}"
-            ) from None
+        for attempt in range(2):
+            try:
+                with self._locked(), self._writer.begin() as conn:
+                    pk = conn.execute(table.insert().values(**row)).inserted_primary_key
+                    if pk is None:  # pragma: no cover - every SQLAlchemy dialect returns it
+                        raise StoreError(f"the observation store at {self.url} returned no row id.")
+                    return int(pk[0])
+            except exc.DBAPIError as e:
+                if attempt == 0 and _table_gone(e):
+                    self._recreate(e)
+                    continue
+                raise StoreError(
+                    f"cannot write to the observation store at {self.url}: {_reason(e, self._url)}"
+                ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _recreate(self, error: exc.DBAPIError) -> None:
+        """Create the store's tables again where they went away while it was open (its
+        SQLite file deleted, its tables dropped), saying so once: the records written
+        before are gone, and the ones to come are kept."""
+        warnings.warn(
+            f"the observation store at {self.url} lost its tables while in use "
+            f"({_reason(error, self._url)}): created them again. What was recorded before "
+            "is gone; the records from now on are kept.",
+            CostAwareWarning,
+            stacklevel=4,
+        )
+        self._ensure_schema()
 
     def _rows(self, table: sa.Table, study: str | None, status: str | None) -> list[dict[str, Any]]:
         query = _select(table, *table.c.keys())
