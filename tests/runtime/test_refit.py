@@ -77,15 +77,21 @@ def _record(
     return abs(pred.iteration_time - seconds) / seconds
 
 
-def test_refit_converges_on_this_machine(tmp_path: Path) -> None:
+def test_refit_converges_on_this_machine(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     store = ObservationStore(tmp_path / "obs.db")
     refit = OnlineRefit(store, base=ca.CostModel(), every=3, background=False, study="s")
     assert refit.directory == tmp_path / "obs.db.costaware-models"
     configs = [(w, bs) for w in (4, 8, 12, 16) for bs in (8, 16, 32, 64)]
     errors = []
-    for i, (w, bs) in enumerate(configs):
-        refit.maybe_refit()
-        errors.append(_record(store, refit.model(), i, _spec(w, bs)))
+    with caplog.at_level("INFO", logger="costaware.refit"):
+        for i, (w, bs) in enumerate(configs):
+            refit.maybe_refit()
+            errors.append(_record(store, refit.model(), i, _spec(w, bs)))
+    # each refit is said at INFO (the user sees the model change), as many as were made
+    said = [r.getMessage() for r in caplog.records if "refitted the cost model" in r.getMessage()]
+    assert len(said) == len(refit.history) and "of study 's'" in said[0]
     first, last = sum(errors[:3]) / 3, sum(errors[-4:]) / 4
     assert len(refit.history) >= 3
     # a refitted model keeps the traces already made: a seen architecture is not traced again

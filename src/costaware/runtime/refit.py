@@ -258,6 +258,17 @@ class OnlineRefit:
         self.history.append(
             {"rows": len(observations), "seconds": round(seconds, 3), "version": version}
         )
+        gap = model.kinds_.get(next(iter(model.kinds_), ""), model).step_gap_
+        log.info(
+            "costaware: refitted the cost model on %d measured trial%s%s in %.1f s%s; the "
+            "next predictions use it%s",
+            len(observations),
+            "" if len(observations) == 1 else "s",
+            f" of study {self.study!r}" if self.study else "",
+            seconds,
+            f" (saved as {version})" if version else "",
+            f", with {gap * 1e3:.1f} ms a step between steps" if gap else "",
+        )
         return model
 
     def _save(self, model: CostModel) -> str:
