@@ -326,8 +326,12 @@ def test_resources_for_a_gpu_on_a_cluster_without_one_says_so(ray_session: None)
 
 
 def test_argument_errors_say_what_was_expected() -> None:
+    from ray.tune.search import BasicVariantGenerator
+
     with pytest.raises(TypeError, match=r"searcher must be a ray\.tune\.search\.Searcher"):
         CostAwareSearcher(object(), spec_fn=spec_fn, budget=BUDGET)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="keep the default search and judge the running trials"):
+        CostAwareSearcher(BasicVariantGenerator(), spec_fn=spec_fn, budget=BUDGET)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_retries must be an integer >= 0, but got"):
         CostAwareSearcher(OptunaSearch(), spec_fn=spec_fn, budget=BUDGET, max_retries=-1)
     with pytest.raises(TypeError, match=r"budget must be a costaware\.Budget"):

@@ -230,8 +230,19 @@ class CostAwareSearcher(Searcher):
         refit_every: int | None = 5,
     ) -> None:
         if not isinstance(searcher, Searcher):
+            hint = ""
+            if type(searcher).__name__ == "BasicVariantGenerator":
+                hint = (
+                    " Tune's default grid and random search (BasicVariantGenerator) is a "
+                    "search algorithm that expands param_space itself, not a Searcher that "
+                    "suggests one config at a time, so costaware cannot judge its configs "
+                    "before they launch: wrap a Searcher (OptunaSearch(), HyperOptSearch()), "
+                    "or keep the default search and judge the running trials with "
+                    "CostAwareScheduler."
+                )
             raise TypeError(
-                f"searcher must be a ray.tune.search.Searcher, but got {type(searcher).__name__}."
+                f"searcher must be a ray.tune.search.Searcher, but got "
+                f"{type(searcher).__name__}.{hint}"
             )
         _check_spec_fn(spec_fn)
         _check_budget(budget)
