@@ -209,15 +209,23 @@ def test_a_bug_in_spec_fn_stops_the_experiment_before_any_trial(
     assert not searcher.admitted and not searcher.rejections
 
 
-@pytest.mark.filterwarnings("ignore:costaware could not judge")
-def test_fail_closed_rejects_and_gives_up() -> None:
+def _failing_closed(max_retries: int, max_consecutive_rejections: int | None) -> Any:
+    """A searcher whose every prediction fails (costaware's own failure), with
+    ``fail_open=False``: each suggestion is rejected."""
+
     def broken(cfg: dict[str, Any]) -> ca.TrainingSpec:
         raise ca.TraceTimeout("nope")
 
-    searcher = CostAwareSearcher(
+    return CostAwareSearcher(
         OptunaSearch(seed=0, metric="loss", mode="min", space=SPACE), spec_fn=broken, budget=BUDGET,
-        device="cpu", fail_open=False, max_retries=2, max_consecutive_rejections=5,
+        device="cpu", fail_open=False, max_retries=max_retries,
+        max_consecutive_rejections=max_consecutive_rejections,
     )  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore:costaware could not judge")
+def test_fail_closed_rejects_and_gives_up() -> None:
+    searcher = _failing_closed(max_retries=2, max_consecutive_rejections=5)
     with pytest.warns(CostAwareWarning, match="no trial this step"):
         assert searcher.suggest("a") is None  # 3 rejected: Tune will ask again
     with pytest.warns(CostAwareWarning, match="ending the search"):
@@ -228,13 +236,7 @@ def test_fail_closed_rejects_and_gives_up() -> None:
 
 @pytest.mark.filterwarnings("ignore:costaware could not judge")
 def test_a_step_without_a_trial_is_said_once() -> None:
-    def broken(cfg: dict[str, Any]) -> ca.TrainingSpec:
-        raise ca.TraceTimeout("nope")
-
-    searcher = CostAwareSearcher(
-        OptunaSearch(seed=0, metric="loss", mode="min", space=SPACE), spec_fn=broken, budget=BUDGET,
-        device="cpu", fail_open=False, max_retries=1, max_consecutive_rejections=None,
-    )  # fmt: skip
+    searcher = _failing_closed(max_retries=1, max_consecutive_rejections=None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert [searcher.suggest(t) for t in "abc"] == [None, None, None]

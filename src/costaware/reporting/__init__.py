@@ -441,22 +441,27 @@ class Report:
                 f"point prediction), the {word} time {'it' if one else 'they'} would have "
                 f"used had {'it' if one else 'they'} been admitted."
             )
-        if "cap_only" in by:
-            n = int(by["cap_only"]["trials"])
-            basis.append(
-                f"{_trials(n)} rejected only for the study's total time or cost cap: not "
-                "counted. What was left of the study's budget did not cover "
-                f"{'it' if n == 1 else 'them'}, and the study stops once its cap is spent: "
-                f"{'it' if n == 1 else 'they'} would not have run within the budget anyway."
-            )
-        if "repeat" in by:
-            n = int(by["repeat"]["trials"])
-            basis.append(
-                f"{_trials(n)} rejected with the same parameters as an earlier rejected "
-                "trial: not counted again. Each distinct configuration counts once: a "
-                "searcher that proposes a refused configuration again would have run it "
-                "once had it been admitted, and learnt from its result."
-            )
+        for how, why in (
+            (
+                "cap_only",
+                "rejected only for the study's total time or cost cap: not counted. What was "
+                "left of the study's budget did not cover {it_them}, and the study stops once "
+                "its cap is spent: {it_they} would not have run within the budget anyway.",
+            ),
+            (
+                "repeat",
+                "rejected with the same parameters as an earlier rejected trial: not counted "
+                "again. Each distinct configuration counts once: a searcher that proposes a "
+                "refused configuration again would have run it once had it been admitted, and "
+                "learnt from its result.",
+            ),
+        ):
+            if how in by:
+                n = int(by[how]["trials"])
+                said = why.format(
+                    it_them="it" if n == 1 else "them", it_they="it" if n == 1 else "they"
+                )
+                basis.append(f"{_trials(n)} {said}")
         upper = by.get("upper_bound", {}).get("seconds", 0.0)
         return {
             "seconds": total,
