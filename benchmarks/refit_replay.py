@@ -10,13 +10,17 @@ that never saw its architecture family: for each family, in many random orders, 
 k rows are the study's measurements and its other rows the trials still to predict.
 
 Printed per device kind and k: the mean relative error of the time predictions of the
-other rows, for the shipped model alone (no refit) and three refit rules: one factor per
-precision (no slope), a slope tried at any size, and the shipped rule (a slope tried from
-``_MIN_SLOPE_ROWS`` rows on). Besides the measured rows as they are (the same machine
-the model was trained on), every scenario is also replayed on a simulated other device:
-every time 1.6x (slower), 0.625x (faster), and 1.6x at the median step growing with size
-as ``(predicted / median) ** 0.2``. A family's rows vary more than one study's trials do
-(depth, width, batch, optimizer, precision), so this is a hard case for a refit.
+other rows, for the shipped model alone (no refit) and four refit rules: one factor per
+precision (no slope), a slope tried at any size, the factor rule with a slope tried from
+``_MIN_SLOPE_ROWS`` rows on, and the shipped rule, which is that one with an excess over
+the baseline held as seconds beyond the largest row it was fitted on
+(:class:`costaware.core.residuals._PrecisionLine`'s ``span``). Besides the measured rows as
+they are (the same machine the model was trained on), every scenario is also replayed on
+a simulated other device or loop: every time 1.6x (slower), 0.625x (faster), 1.6x at the
+median step growing with size as ``(predicted / median) ** 0.2``, and a fixed cost added
+to every step (20% or 50% of the median step: a framework's hooks, a logged metric), alone
+or after 1.3x. A family's rows vary more than one study's trials do (depth, width, batch,
+optimizer, precision), so this is a hard case for a refit.
 
 ``--calibration`` replays ``costaware calibrate`` instead: for each family, k rows drawn
 at random from the *other* families are the calibration measurements; the shipped rule is
@@ -46,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from costaware.core.model import _MIN_SLOPE_ROWS, _small_sample_line
+from costaware.core.residuals import _PrecisionLine, _spans
 from costaware.runtime.calibrate import CalibrationRow, judge, useful
 
 #: the refit schedule's first steps: measured trials when a refit happens
@@ -53,19 +58,58 @@ STEPS = (2, 4, 8, 13)
 #: rows a family must have beyond k to be replayed at k
 MIN_LEFT = 5
 
-Rule = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[dict[str, float], float]]
+#: a refit's correction of rows (log predictions, precisions) -> log factors
+Correction = Callable[[np.ndarray, np.ndarray], np.ndarray]
+#: a rule: the rows a refit learns (log(measured / predicted), log predictions,
+#: precisions) -> its correction
+Rule = Callable[[np.ndarray, np.ndarray, np.ndarray], Correction]
 
+
+def _line(min_slope_rows: int, span: bool) -> Rule:
+    """The small-sample time line as the model fits and applies it
+    (:class:`_PrecisionLine`), with ``span`` or without (always a factor)."""
+
+    def rule(y: np.ndarray, lb: np.ndarray, g: np.ndarray) -> Correction:
+        by, slope, _ = _small_sample_line(y, lb, g, min_slope_rows)
+        names = sorted({str(x) for x in g} | set(by))
+        columns = {name: i for i, name in enumerate(names)}
+        line = _PrecisionLine(by, columns, slope, _spans(y, lb, g) if span else {})
+
+        def correct(lp: np.ndarray, groups: np.ndarray) -> np.ndarray:
+            out = []
+            for v, name in zip(lp, groups):
+                x = np.zeros((1, len(names)))
+                if str(name) in columns:
+                    x[0, columns[str(name)]] = 1.0
+                r = line.correction(x, math.exp(v))
+                out.append(0.0 if math.isnan(r) else r)
+            return np.asarray(out)
+
+        return correct
+
+    return rule
+
+
+#: the shipped rule
+SHIPPED = "shipped (excess added beyond the rows)"
 RULES: dict[str, Rule] = {
-    "one factor": lambda y, lb, g: _small_sample_line(y, lb, g, 10**9)[:2],
-    "slope always tried": lambda y, lb, g: _small_sample_line(y, lb, g, 0)[:2],
-    f"shipped (slope from {_MIN_SLOPE_ROWS})": lambda y, lb, g: _small_sample_line(y, lb, g)[:2],
+    "one factor": _line(10**9, False),
+    "slope always tried": _line(0, False),
+    f"factor (slope from {_MIN_SLOPE_ROWS})": _line(_MIN_SLOPE_ROWS, False),
+    SHIPPED: _line(_MIN_SLOPE_ROWS, True),
 }
 
-SCENARIOS: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
-    "as measured": lambda lp, med: np.zeros_like(lp),
-    "1.6x slower": lambda lp, med: np.full_like(lp, math.log(1.6)),
-    "0.625x faster": lambda lp, med: np.full_like(lp, math.log(0.625)),
-    "1.6x, more with size": lambda lp, med: math.log(1.6) + 0.2 * (lp - med),
+#: scenario -> (log measured seconds, log predicted, log of the median prediction) -> the
+#: log seconds as measured there
+Scenario = Callable[[np.ndarray, np.ndarray, float], np.ndarray]
+SCENARIOS: dict[str, Scenario] = {
+    "as measured": lambda lm, lp, med: lm,
+    "1.6x slower": lambda lm, lp, med: lm + math.log(1.6),
+    "0.625x faster": lambda lm, lp, med: lm + math.log(0.625),
+    "1.6x, more with size": lambda lm, lp, med: lm + math.log(1.6) + 0.2 * (lp - med),
+    "+20% of the median step a step": lambda lm, lp, med: np.log(np.exp(lm) + 0.2 * math.exp(med)),
+    "+50% of the median step a step": lambda lm, lp, med: np.log(np.exp(lm) + 0.5 * math.exp(med)),
+    "1.3x, +20% a step": lambda lm, lp, med: np.log(1.3 * np.exp(lm) + 0.2 * math.exp(med)),
 }
 
 
@@ -91,18 +135,17 @@ def load(paths: list[str], unseen_device: bool = False) -> list[dict[str, Any]]:
 
 
 def _error_after(
-    by: dict[str, float], slope: float, y: np.ndarray, lp: np.ndarray, g: np.ndarray
+    correct: Correction | None, y: np.ndarray, lp: np.ndarray, g: np.ndarray
 ) -> float:
     """Mean relative error of rows (``y`` = log(measured / predicted)) once a refit's
-    correction (``by`` precision, plus ``slope`` times the log prediction) is applied; no
-    correction (``{}``, 0) is the shipped model's error."""
-    corr = np.asarray([by.get(str(p), 0.0) + slope * v for p, v in zip(g, lp)])
+    correction is applied; None is the shipped model's error."""
+    corr = correct(lp, g) if correct is not None else np.zeros_like(lp)
     return float(np.mean(np.abs(np.exp(corr - y) - 1)))
 
 
 def replay(
     rows: list[dict[str, Any]],
-    shift: Callable[[np.ndarray, float], np.ndarray],
+    shift: Scenario,
     orders: int,
     seed: int,
 ) -> dict[str, dict[int, float]]:
@@ -116,7 +159,7 @@ def replay(
     for fam in sorted({r["family"] for r in rows}):
         fr = [r for r in rows if r["family"] == fam]
         lp = np.log([r["p_secs"] for r in fr])
-        y = np.log([r["secs"] for r in fr]) + shift(lp, med) - lp  # log(measured / predicted)
+        y = shift(np.log([r["secs"] for r in fr]), lp, med) - lp  # log(measured / predicted)
         g = np.asarray([str(r.get("precision") or "") for r in fr], dtype=object)
         for _ in range(orders):
             order = rng.permutation(len(fr))
@@ -124,10 +167,10 @@ def replay(
                 if k > len(fr) - MIN_LEFT:
                     continue
                 seen, rest = order[:k], order[k:]
-                errs["no refit"][k].append(_error_after({}, 0.0, y[rest], lp[rest], g[rest]))
+                errs["no refit"][k].append(_error_after(None, y[rest], lp[rest], g[rest]))
                 for name, rule in RULES.items():
-                    by, slope = rule(y[seen], lp[seen], g[seen])
-                    errs[name][k].append(_error_after(by, slope, y[rest], lp[rest], g[rest]))
+                    correct = rule(y[seen], lp[seen], g[seen])
+                    errs[name][k].append(_error_after(correct, y[rest], lp[rest], g[rest]))
     return {
         name: {k: float(np.mean(v)) if v else math.nan for k, v in by_k.items()}
         for name, by_k in errs.items()
@@ -140,7 +183,7 @@ CALIBRATION_STEPS = (8, 12, 20)
 
 def replay_calibration(
     rows: list[dict[str, Any]],
-    shift: Callable[[np.ndarray, float], np.ndarray],
+    shift: Scenario,
     orders: int,
     seed: int,
 ) -> dict[str, dict[int, float]]:
@@ -149,21 +192,20 @@ def replay_calibration(
     "taken" (the share of calibrations judged useful)."""
     rng = np.random.default_rng(seed)
     lp = np.log([r["p_secs"] for r in rows])
-    y = np.log([r["secs"] for r in rows]) + shift(lp, float(np.median(lp))) - lp
+    y = shift(np.log([r["secs"] for r in rows]), lp, float(np.median(lp))) - lp
     g = np.asarray([str(r.get("precision") or "") for r in rows], dtype=object)
     fam = np.asarray([r["family"] for r in rows], dtype=object)
-    rule = RULES[f"shipped (slope from {_MIN_SLOPE_ROWS})"]
+    rule = RULES[SHIPPED]
     errs: dict[str, dict[int, list[float]]] = {
         n: {k: [] for k in CALIBRATION_STEPS} for n in ("no refit", "always", "auto", "taken")
     }
     for f in sorted(set(fam)):
         target, others = np.nonzero(fam == f)[0], np.nonzero(fam != f)[0]
-        none = _error_after({}, 0.0, y[target], lp[target], g[target])
+        none = _error_after(None, y[target], lp[target], g[target])
         for _ in range(orders):
             for k in CALIBRATION_STEPS:
                 seen = rng.choice(others, size=k, replace=False)
-                by, slope = rule(y[seen], lp[seen], g[seen])
-                fixed = _error_after(by, slope, y[target], lp[target], g[target])
+                fixed = _error_after(rule(y[seen], lp[seen], g[seen]), y[target], lp[target], g[target])
                 cal = [
                     CalibrationRow(
                         id=str(i), family=str(fam[i]), precision=str(g[i]), status="ok",
@@ -246,7 +288,7 @@ def print_calibration(
     rows: list[dict[str, Any]],
     orders: int,
     seed: int,
-    scenarios: dict[str, Callable[[np.ndarray, float], np.ndarray]] = SCENARIOS,
+    scenarios: dict[str, Scenario] = SCENARIOS,
     groups: Callable[[list[dict[str, Any]], str], Iterator[list[dict[str, Any]]]] = _by_kind,
 ) -> None:
     for mine in groups(rows, f"{orders} draws each"):

@@ -595,6 +595,31 @@ def test_a_refit_adds_the_time_between_steps_rather_than_multiplying_it(
         assert big.epoch_time == pytest.approx(big.iteration_time * big.spec["steps_per_epoch"])
 
 
+def test_a_fixed_excess_is_held_as_seconds_beyond_the_rows_and_a_factor_stays_one() -> None:
+    """Small rows whose steps carry a fixed cost (1 ms predicted, 5 ms measured): beyond
+    them the excess is added, 4 ms, not multiplied (a 1 s step is not 5 s). Rows whose
+    excess grows with their size (every time 1.6x) keep the factor beyond them, and a
+    shortfall (a faster machine) stays a factor too."""
+    from costaware.core.residuals import _PrecisionLine, _small_sample_line, _spans
+
+    def line(base: list[float], measured: list[float]) -> _PrecisionLine:
+        lb = np.log(base)
+        y = np.log(measured) - lb
+        g = np.full(len(base), "fp32", dtype=object)
+        by, slope, _ = _small_sample_line(y, lb, g)
+        return _PrecisionLine(by, {"fp32": 0}, slope, _spans(y, lb, g))
+
+    x = np.ones((1, 1))
+    fixed = line([1e-3, 1.1e-3], [5e-3, 5.1e-3])
+    # about 4 ms (the median factor's excess at the largest row) on top of 1 s
+    assert fixed.span and math.log(1.0038) < fixed.correction(x, 1.0) < math.log(1.0045)
+    assert fixed.correction(x, 1e-3) == pytest.approx(math.log(4.82), rel=0.02)  # in the span
+    slower = line([1e-3, 1e-2, 1e-1], [1.6e-3, 1.6e-2, 1.6e-1])
+    assert not slower.span and slower.correction(x, 1.0) == pytest.approx(math.log(1.6))
+    faster = line([1e-3, 1.1e-3], [0.6e-3, 0.66e-3])
+    assert faster.correction(x, 1.0) == pytest.approx(math.log(0.6), rel=1e-6)
+
+
 def test_small_sample_time_refit_tries_a_slope_only_from_ten_rows() -> None:
     """Measured/predicted drifting with size (log slope 0.3): 8 rows get one factor per
     precision (on so few, a slope chosen by leave-one-out made held-out families' times

@@ -99,6 +99,7 @@ from costaware.core.residuals import (
     _row_groups,
     _small_sample_affine,
     _small_sample_line,
+    _spans,
 )
 from costaware.core.step_models import _CpuSteps, _Dispatch
 from costaware.core.trace import (
@@ -1305,8 +1306,9 @@ class CostModel:
         else:
             cols = _group_columns(rows.names)
             log_base = np.log(np.maximum(rows.baselines[ok, 1], 1e-12))
-            factors, slope, loo = _small_sample_line(y[ok], log_base, _row_groups(rows.x[ok], cols))
-            small = _PrecisionLine(factors, cols, slope)
+            groups = _row_groups(rows.x[ok], cols)
+            factors, slope, loo = _small_sample_line(y[ok], log_base, groups)
+            small = _PrecisionLine(factors, cols, slope, _spans(y[ok], log_base, groups))
         if not len(loo):  # no precision measured twice: nothing to calibrate on
             return None
         if base is not None and len(loo) < _MIN_BOUND_ROWS:

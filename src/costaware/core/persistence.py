@@ -60,7 +60,7 @@ def save_model(model: CostModel, path: str | os.PathLike[str]) -> Path:
         if isinstance(m, _Affine):
             entry = {"affine": {"intercept": m.intercept, "slope": m.slope}}
         elif isinstance(m, _PrecisionLine):
-            entry = {"by_precision": dict(m.by_group), "log_slope": m.slope}
+            entry = {"by_precision": dict(m.by_group), "log_slope": m.slope, "span": dict(m.span)}
         elif isinstance(m, _Constant):
             entry = {"constant": m.value}
         else:
@@ -282,6 +282,7 @@ def _target_fit(
             {str(g): float(v) for g, v in info["by_precision"].items()},
             _group_columns(model.feature_names_),
             float(info.get("log_slope", 0.0)),
+            {str(g): float(v) for g, v in (info.get("span") or {}).items()},
         )
     elif "constant" in info:
         m = _Constant(float(info["constant"]))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -48,19 +48,35 @@ class _PrecisionLine:
     a large one's mostly kernels. With slope 0 it is one factor per precision. A row of a
     precision with no measurement predicts NaN: the caller keeps its baseline (the
     shipped model or the analytic estimate) and that baseline's bound.
+
+    Beyond the largest baseline a precision was measured at (``span``, its log, set by
+    :func:`_spans` where the rows show a fixed excess), an excess over the baseline is held
+    as the seconds it came to there, added rather than scaled: a study's first trials are
+    often small ones, whose steps are mostly the framework's fixed costs (a ``self.log``
+    each step, the optimizer's hooks), and that excess as a factor multiplied every larger
+    model's step by it and rejected what fits the budget, which no measurement then
+    corrects. A shortfall (a faster machine) stays a factor. ``docs/predictions.md``
+    ("What a refit on a few trials is worth") replays it on held-out families.
     """
 
     by_group: dict[str, float]
     columns: dict[str, int]  # group -> index of its indicator feature
     slope: float = 0.0
+    #: per precision, the largest log baseline it was fitted on (empty: always a factor)
+    span: dict[str, float] = field(default_factory=dict)
 
     def correction(self, x: np.ndarray, baseline: float) -> float:
         """The log factor from ``baseline`` to the prediction of feature row ``x`` (NaN:
         its precision was never measured)."""
+        lb = math.log(max(baseline, 1e-12))
         for g, v in self.by_group.items():
             col = self.columns.get(g)
             if col is not None and x[0, col] == 1.0:
-                return v + self.slope * math.log(max(baseline, 1e-12))
+                edge = self.span.get(g)
+                if edge is not None and lb > edge and (at := v + self.slope * edge) > 0:
+                    excess = math.expm1(at) * math.exp(edge)  # seconds over the baseline there
+                    return math.log1p(excess / max(baseline, 1e-12))
+                return v + self.slope * lb
         return math.nan
 
 
@@ -82,6 +98,33 @@ def _fit_precision_line(
         slope = float(np.clip(np.median(slopes), -_MAX_LOG_SLOPE, _MAX_LOG_SLOPE))
     rest = y - slope * log_base
     return {str(g): float(np.median(rest[groups == g])) for g in np.unique(groups) if g}, slope
+
+
+def _spans(y: np.ndarray, log_base: np.ndarray, groups: np.ndarray) -> dict[str, float]:
+    """Per precision (group), the largest log baseline of its rows (:class:`_PrecisionLine`'s
+    ``span``), where a fixed excess explains the rows at least as well as a factor: each
+    row, left out, predicted from the others' median excess in seconds no worse (in mean
+    relative error) than from their median factor. Rows whose excess grows with their size
+    (a slower GPU, what ``costaware calibrate`` measures over models of many sizes) keep a
+    factor beyond them; a study's first small trials, alike in size or mostly fixed costs,
+    hold theirs as seconds."""
+    spans: dict[str, float] = {}
+    base = np.exp(log_base)
+    measured = base * np.exp(y)
+    for g in np.unique(groups):
+        if not g:
+            continue
+        idx = np.nonzero(groups == g)[0]
+        factor_err = excess_err = 0.0
+        for i in idx if len(idx) > 1 else ():
+            rest = idx[idx != i]
+            factor = base[i] * float(np.median(measured[rest] / base[rest]))
+            excess = base[i] + float(np.median(measured[rest] - base[rest]))
+            factor_err += abs(factor / measured[i] - 1)
+            excess_err += abs(max(excess, 1e-12) / measured[i] - 1)
+        if excess_err <= factor_err:
+            spans[str(g)] = float(np.max(log_base[idx]))
+    return spans
 
 
 def _small_sample_line(
