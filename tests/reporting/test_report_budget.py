@@ -129,12 +129,13 @@ def test_an_all_bound_saving_reads_at_most() -> None:
 
 def test_a_configuration_rejected_again_counts_once(tmp_path: Path) -> None:
     """A searcher that proposes one refused configuration three times: its run would
-    have been made once."""
+    have been made once, though a refit in between predicted it anew."""
     store = ObservationStore(tmp_path / "c.db")
     for t, width in enumerate([4096, 4096, 4096, 2048]):
+        epoch = 5.0 if t != 2 else 60.0  # the third time, after a refit
         store.record_prediction(
             study="s", trial=f"abc_rej{t}", spec={"name": "mlp", "epochs": 2}, features=None,
-            prediction={"peak_memory": width * MiB, "epoch_time": 5.0, "trial_time": 10.0},
+            prediction={"peak_memory": width * MiB, "epoch_time": epoch, "trial_time": 2 * epoch},
             decision={"admit": False, "reasons": [{"kind": "memory", "message": "too big"}]},
             device="A10", status="rejected", reason="too big", meta={"params": {"width": width}},
         )  # fmt: skip

@@ -193,13 +193,17 @@ def _cap_only(row: TrialRow) -> bool:
 
 
 def _config_key(row: TrialRow) -> str | None:
-    """The identity of ``row``'s configuration: its study, model, parameters and what
-    was predicted for it (parameters read from a spec may leave out what tells two
-    models apart; their predictions do not). None when no parameters are recorded:
-    nothing then says two trials are the same."""
+    """The identity of ``row``'s configuration: its study, model and the parameters the
+    search drew (the rest of a study's configuration does not vary within it), not its
+    prediction, which a refit between two rejections of one configuration makes anew.
+    Where the parameters are a spec's few fields (the search's were not recorded), they
+    may not tell two models apart, and the prediction is part of the identity. None when
+    no parameters are recorded: nothing then says two trials are the same."""
     if not row.params:
         return None
     params = sorted((str(k), repr(v)) for k, v in row.params.items())
+    if row.params_searched:
+        return repr((row.study, row.name, params))
     return repr((row.study, row.name, params, row.pred_memory, row.predicted_cost))
 
 
@@ -815,11 +819,14 @@ def _apply_prediction(row: TrialRow, p: Mapping[str, Any]) -> None:
     row.epochs_planned = row.epochs_planned or _int(spec.get("epochs"))
     row.gpus = max(row.gpus, _int(spec.get("world_size")) or 1)
     if not row.params:  # the search's parameters where recorded, else the spec's
-        row.params = dict(_map(_map(p.get("meta")).get("params"))) or {
-            k: v
-            for k, v in spec.items()
-            if k in ("batch_size", "lr", "optimizer", "precision") and v is not None
-        }
+        row.params = dict(_map(_map(p.get("meta")).get("params")))
+        if not row.params:
+            row.params = {
+                k: v
+                for k, v in spec.items()
+                if k in ("batch_size", "lr", "optimizer", "precision") and v is not None
+            }
+            row.params_searched = False
     if pred:
         row.predicted = True
         row.pred_memory = _first(row.pred_memory, pred.get("peak_memory"))

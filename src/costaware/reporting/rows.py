@@ -78,6 +78,9 @@ class TrialRow:
     memory_method: str | None = None
     #: the measurements came from the Optuna trial's user attributes (no store)
     measured_in_trial: bool = False
+    #: :attr:`params` are the search's own (False: a spec's few fields, where the search's
+    #: were not recorded)
+    params_searched: bool = True
     actual_epoch_time: float | None = None
     actual_iteration_time: float | None = None
     epochs_measured: int = 0
