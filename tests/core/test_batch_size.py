@@ -225,6 +225,46 @@ def test_the_finder_and_the_callback_wait_for_a_module_built_in_configure_model(
     assert judge.decision.admit and judge.prediction.spec["batch_size"] == module.batch_size
 
 
+def test_the_finder_takes_the_budget_the_fit_is_judged_against(tmp_path: Any) -> None:
+    """``CostAwareBatchSizeFinder()`` beside ``CostAwareCallback(trial=trial)`` in a study
+    whose ``CostAwarePruner`` has a budget: the finder sets the largest size that budget
+    admits, so the callback admits the trial (a finder that searched the device's memory
+    set a size every trial was then pruned for). Without a budget it stops at the samples
+    an epoch has: a larger batch never occurs."""
+    import lightning.pytorch as L
+    import optuna
+
+    from costaware.integrations.lightning import CostAwareBatchSizeFinder, CostAwareCallback
+    from costaware.integrations.optuna import CostAwarePruner
+
+    def fit(callbacks: list[Any]) -> Any:
+        module = _finder_net(L, [])
+        L.Trainer(
+            accelerator="cpu", max_steps=1, callbacks=callbacks, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        ).fit(module)  # fmt: skip
+        return module
+
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path}/s.db",
+        pruner=CostAwarePruner(budget=ca.Budget(max_memory="8MiB"), device="cpu"),
+    )
+    finders: list[Any] = []
+
+    def objective(trial: optuna.Trial) -> float:
+        finders.append(CostAwareBatchSizeFinder(device="cpu"))
+        fit([finders[-1], CostAwareCallback(trial=trial, device="cpu")])
+        return 0.0
+
+    study.optimize(objective, n_trials=1)
+    (trial,) = study.trials
+    assert trial.state == optuna.trial.TrialState.COMPLETE  # admitted at the size set
+    found = finders[0].result
+    assert found.fits and found.limited_by == "memory" and 2 < found.batch_size < 4096
+    alone = CostAwareBatchSizeFinder(device="cpu")
+    assert fit([alone]).batch_size == alone.result.batch_size == 4096  # the epoch's samples
+
+
 def test_the_lightning_finder_refuses_when_nothing_fits_or_no_attribute() -> None:
     import lightning.pytorch as L
 

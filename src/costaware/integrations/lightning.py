@@ -572,6 +572,17 @@ def _study_budget(trial: Any) -> Budget | None:
     return gate.budget if gate is not None else None
 
 
+def _fit_budget(trainer: Any) -> Budget | None:
+    """The budget the fit is judged against: that of a costaware callback of the
+    Trainer's (its own ``budget=``, else its Optuna study's pruner's), or None."""
+    for callback in getattr(trainer, "callbacks", None) or ():
+        if isinstance(callback, _CostAwareCallbackBase):
+            found = callback.budget if callback.budget is not None else _study_budget(callback.trial)
+            if found is not None:
+                return found
+    return None
+
+
 def _first_optimizer(configured: Any) -> Any:
     """The first optimizer of what ``configure_optimizers`` returned (an optimizer, a list
     or tuple of them, a dict with "optimizer", or ``([optimizers], [schedulers])``)."""
@@ -1802,13 +1813,16 @@ class _BatchSizeFinderBase:
     Lightning's finder.
 
     Args:
-        budget: the limits (default ``Budget()``: the device's memory). Its
+        budget: the limits (default: the budget the fit is judged against, that of a
+            ``CostAwareCallback`` of the Trainer's or its Optuna study's
+            ``CostAwarePruner``; without either, ``Budget()``: the device's memory). Its
             ``safety_margin`` leaves room for what the step does not allocate itself.
         device: a catalog name, a ``Device`` or ``"auto"`` (the device the fit runs on).
         model: the cost model (default: the shipped one).
         attr_name: the attribute that holds the batch size (default ``"batch_size"``);
             ``batch_arg_name``, as Lightning's ``BatchSizeFinder`` calls it, is the same.
-        limit: the largest batch size searched.
+        limit: the largest batch size searched (and never more than the samples of one
+            rank's epoch, where the training data says how many).
         headroom: the share by which the predicted memory need of the size set (its CUDA
             context apart) is grown before it is set against the limit (default
             :data:`~costaware.core.batch_size.DEFAULT_HEADROOM`, 2%).
@@ -1886,15 +1900,19 @@ class _BatchSizeFinderBase:
                 else cpu_device()
             )
         model = self.model if self.model is not None else CostModel.default()
-        found = max_batch_size(
-            model, spec, device, self.budget, limit=self.limit, headroom=self.headroom
-        )
+        budget = self.budget if self.budget is not None else _fit_budget(trainer)
+        limit, why = self.limit, ""
+        if spec.dataset_size is not None:  # a batch is never larger than a rank's epoch
+            samples = -(-spec.dataset_size // max(spec.world_size, 1))
+            if samples < limit:
+                limit, why = samples, f" (no larger than the {samples:,} samples an epoch has)"
+        found = max_batch_size(model, spec, device, budget, limit=limit, headroom=self.headroom)
         self.result = found
         if not found.fits:
             raise NothingFitsError(str(found))
         parsing.lightning_setattr(pl_module, self.attr_name, found.batch_size)
         importlib.import_module(f"{self._namespace}.utilities.rank_zero").rank_zero_info(
-            f"costaware set {self.attr_name}={found.batch_size}: {found}"
+            f"costaware set {self.attr_name}={found.batch_size}{why}: {found}"
         )
 
 
