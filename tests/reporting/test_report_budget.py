@@ -276,3 +276,20 @@ def test_the_budgets_price_is_recorded_and_prices_the_report(tmp_path: Path) -> 
     assert rep.summary()["spent_cost"] == pytest.approx(36.0 / 3600 * 3.0)
     assert "$" in rep.to_markdown()
     assert ca.report(store, price_per_hour=6.0).price_per_hour == 6.0  # the caller's wins
+
+
+def test_an_optuna_journal_file_is_reported_as_a_study(tmp_path: Path) -> None:
+    """A study on ``JournalStorage(JournalFileBackend(path))``: the report takes the file
+    as the source or as ``storage=``, where it was opened as a SQLite database."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    path = tmp_path / "journal.log"
+    storage = JournalStorage(JournalFileBackend(str(path)))
+    study = optuna.create_study(study_name="j", storage=storage)
+    study.add_trial(_trial(0, 5.0, state=TrialState.COMPLETE, attrs={"costaware:admit": True}))
+    study.add_trial(_trial(1, 0.2, state=TrialState.PRUNED, attrs=_rejected_attrs("memory", "m")))
+    for rep in (ca.report(str(path)), ca.report(storage=str(path), study="j")):
+        assert rep.study == "j" and [r.outcome for r in rep.trials] == ["completed", "rejected"]
+    with pytest.raises(ca.ReportError, match="holds no study 'k'"):
+        ca.report(storage=str(path), study="k")

@@ -1112,6 +1112,48 @@ def _is_study(obj: Any) -> bool:
     return all(hasattr(obj, a) for a in ("get_trials", "study_name", "directions"))
 
 
+def _is_journal(text: str) -> bool:
+    """Whether ``text`` is the path of an Optuna journal file (``JournalFileBackend``: JSON
+    lines), not a database."""
+    path = pathlib.Path(text).expanduser()
+    if "://" in text or not path.is_file():
+        return False
+    try:
+        with path.open("rb") as f:
+            head = f.read(64).lstrip()
+    except OSError:
+        return False
+    return head.startswith(b'{"op_code"')
+
+
+def _journal_study(path: pathlib.Path, study: str | None) -> Any:
+    """The Optuna study ``study`` (the only one where None) of the journal file ``path``."""
+    try:
+        import optuna
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+    except ImportError:
+        raise ReportError(
+            "reading an Optuna journal needs Optuna: pip install 'costaware[optuna]'"
+        ) from None
+    storage = JournalStorage(JournalFileBackend(str(path)))
+    names = [s.study_name for s in storage.get_all_studies()]
+    if study is None:
+        if len(names) != 1:
+            shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+            raise ReportError(
+                f"the Optuna journal {path} holds {len(names)} studies ({shown}): pass --study NAME."
+                if names
+                else f"the Optuna journal {path} holds no studies."
+            )
+        study = names[0]
+    if study not in names:
+        raise ReportError(
+            f"the Optuna journal {path} holds no study {study!r} (it holds {', '.join(names)})."
+        )
+    return optuna.load_study(study_name=study, storage=storage)
+
+
 def _load_study(storage: str, study: str | None) -> Any:
     try:
         from costaware.integrations import _studies
@@ -1486,6 +1528,8 @@ def _open_sources(
             path = pathlib.Path(text).expanduser()
             if "://" not in text and path.is_dir():
                 found.ray_path = path
+            elif _is_journal(text):
+                found.optuna_study = _journal_study(path, study)
             else:
                 url = _as_url(text)
                 tables = _tables(url)
@@ -1507,6 +1551,9 @@ def _open_sources(
         found.ray_path = pathlib.Path(ray_dir).expanduser()
         if not found.ray_path.is_dir():
             raise ReportError(f"no such directory: {found.ray_path}")
+    if found.storage is not None and found.optuna_study is None and _is_journal(found.storage):
+        found.optuna_study = _journal_study(pathlib.Path(found.storage).expanduser(), study)
+        found.storage = None
     if found.storage is not None and found.optuna_study is None:
         if progress is not None:
             progress("opening the Optuna study", 0, 1)
