@@ -161,8 +161,9 @@ def _data_dependent() -> Any:
 
 
 def test_hyperband_keeps_its_brackets() -> None:
-    with pytest.warns(CostAwareWarning, match="CostAwareHyperbandPruner"):
+    with pytest.warns(CostAwareWarning, match="CostAwareHyperbandPruner") as said:
         CostAwarePruner(spec_fn=spec_fn, budget=BUDGET, wrapped=optuna.pruners.HyperbandPruner())
+    assert said[0].filename == __file__  # the user's line, not costaware's
     hb = CostAwareHyperbandPruner(
         spec_fn=spec_fn,
         budget=BUDGET,

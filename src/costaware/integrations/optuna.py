@@ -388,7 +388,7 @@ class CostAwarePruner(BasePruner, _PrunerGate):
                 "wrapping HyperbandPruner disables its bracket logic in the sampler; "
                 "use CostAwareHyperbandPruner instead.",
                 CostAwareWarning,
-                stacklevel=2,
+                stacklevel=3,  # the user's line, past keyword_options' wrapper
             )
         self._wrapped = wrapped
         self._init_gate(
