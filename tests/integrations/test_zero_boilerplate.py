@@ -754,3 +754,26 @@ def test_a_module_without_an_optimizer_is_predicted_without_optimizer_state() ->
         warnings.simplefilter("ignore")  # Lightning's own "no optimizer" warning
         _trainer(L, CostAwareCallback(device="cpu")).fit(NoOpt(), _data())
     assert seen["spec"].optimizer_name == "sgd" and seen["spec"].optimizer_state_per_param == 0
+
+
+def test_a_store_the_callback_cannot_write_keeps_the_measurements_in_the_trial(
+    tmp_path: Path,
+) -> None:
+    """The store's server is down (nothing listens on its port): the training goes on,
+    and each trial's measurements are kept in its user attributes, where the report of
+    the study finds them, where they were lost to the report."""
+    down = "postgresql+psycopg://costaware:x@127.0.0.1:9/costaware"
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(storage=storage)
+
+    def objective(trial: optuna.Trial) -> float:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ca.CostAwareWarning)
+            _trainer(L, CostAwareCallback(trial=trial, store=down)).fit(_module(L, SMALL, []), _data())
+        return 0.0
+
+    study.optimize(objective, n_trials=1)
+    (trial,) = study.trials
+    assert [m["status"] for m in trial.user_attrs["costaware:measured"]] == ["ok"]
+    (row,) = ca.report(storage=storage).trials
+    assert row.measured and row.actual_epoch_time is not None

@@ -1677,14 +1677,17 @@ class _CostAwareCallbackBase:
             self._warn_once(
                 "store-write",
                 f"costaware could not write to the observation store ({_reason_line(e)}); "
-                "records are kept in callback.records.",
+                "records are kept in callback.records"
+                + (" and the trial's user attributes." if _is_optuna_trial(self.trial) else "."),
             )
+            if kind == "measurement" and _is_optuna_trial(self.trial):
+                self._tell_measured()  # the report finds them there
         return record
 
     def _tell_measured(self) -> None:
-        """Without a store, keep the run's measurements in the Optuna trial's user
-        attributes (:data:`MEASURED_ATTR`), so that a report of the study alone says how far
-        off the predictions were: the store's rows in brief, the latest
+        """Without a store (or when writing to it failed), keep the run's measurements in
+        the Optuna trial's user attributes (:data:`MEASURED_ATTR`), so that a report of the
+        study says how far off the predictions were: the store's rows in brief, the latest
         :data:`_MEASURED_KEPT` of them (one write per epoch)."""
         from costaware.integrations.optuna import ATTR
 

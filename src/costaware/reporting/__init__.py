@@ -1609,8 +1609,8 @@ def _optuna_gathered(
             notes.append(
                 f"The observation store holds no measurements of study {name!r} for "
                 f"{_trials(sum(r.measured_in_trial for r in rows))}: their measured figures are "
-                "those CostAwareCallback kept in the trials' user attributes (it was given no "
-                "store, so the model did not refit on them)."
+                "those CostAwareCallback kept in the trials' user attributes (it had no store, "
+                "or could not write to it), which the model did not refit on."
             )
         elif not any(st.measurements for st in grouped.values()) and ran:
             notes.append(
