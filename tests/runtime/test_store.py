@@ -960,6 +960,7 @@ def test_a_drivers_message_masks_the_password_not_every_word_like_it() -> None:
         ("sqllite:///x.db", "no database is called 'sqllite'; did you mean sqlite?"),
         ("postgress://u@h/db", "no database is called 'postgress'; did you mean postgresql?"),
         ("postgresql+nosuchdriver://u@h/db", "its database driver is not installed"),
+        ("postgresql+pyscopg://u@h/db", "no driver is called 'pyscopg'; did you mean psycopg?"),
     ],
 )
 def test_a_misspelt_database_in_the_url_says_which_was_meant(url: str, words: str) -> None:

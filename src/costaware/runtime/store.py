@@ -697,8 +697,24 @@ class ObservationStore:
 
     # -- internals ------------------------------------------------------------------------
     def _no_driver(self, error: Exception) -> StoreError:
-        """The error for a database whose driver is not installed."""
+        """The error for a database whose driver is not installed, or whose name is
+        misspelt (``postgresql+pyscopg``: did you mean psycopg?)."""
+        import difflib
+
         postgres = self._url.get_backend_name() == "postgresql"
+        driver = self._url.get_driver_name()
+        known = {
+            "postgresql": ("psycopg", "psycopg2", "pg8000", "asyncpg", "psycopg2cffi"),
+            "sqlite": ("pysqlite", "aiosqlite", "pysqlcipher"),
+            "mysql": ("mysqldb", "pymysql", "mysqlconnector", "asyncmy", "aiomysql"),
+        }.get(self._url.get_backend_name(), ())
+        close = difflib.get_close_matches(driver, known, n=1) if driver not in known else []
+        if close:
+            return StoreError(
+                f"cannot open the observation store at {self.url}: no driver is called "
+                f"{driver!r}; did you mean {close[0]}? ({self._url.get_backend_name()}+"
+                f"{close[0]}://...)"
+            )
         hint = " (pip install 'costaware[postgres]')" if postgres else ""
         return StoreError(
             f"cannot open the observation store at {self.url}: its database driver is not "
