@@ -154,6 +154,12 @@ def test_store_report_counts_every_outcome(store: ObservationStore) -> None:
     assert by["5"].reasons[0].startswith("measured epoch time")
     assert by["8"].prediction_error == "prediction failed: boom"
     assert rep.rejections()["by_kind"] == {"memory": 1, "epoch_time": 1}
+    # the terminal summary's outcome rows add up to its trials: the unmeasured one too
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    rep.print(console)
+    assert re.search(r"admitted, no actuals\s+1", console.export_text())
     # saved: trial 2 was rejected for memory, so it would have crashed: counted at the
     # measured time to the crash of trial 4, the study's OOM (12 s + 4 s), not at its
     # predicted 10 s x 3 epochs; trial 3 (time) at its predicted run, 100 s x 2 epochs

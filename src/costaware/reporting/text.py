@@ -416,6 +416,9 @@ def print_summary(rep: Report, console: Any = None) -> None:
     head.add_row("stopped early", f"{s['stopped']:,}", "memory error", _err(s["memory_error"]))
     head.add_row("failed", f"{s['failed']:,}", "epoch-time error", _err(s["time_error"]))
     head.add_row("completed", f"{s['completed']:,}", "", "")
+    for outcome in ("running", "unmeasured"):  # so that the rows add up to the trials
+        if s[outcome]:
+            head.add_row(OUTCOME_LABELS[outcome], f"{s[outcome]:,}", "", "")
     con.print(head)
     for used in cap_lines(rep, s):
         con.print(Text("budget: " + used, style="dim"))
