@@ -726,7 +726,7 @@ class _Resources:
                     CostAwareWarning,
                     stacklevel=3,
                 )
-            gpus = ray.cluster_resources().get("GPU") if ray.is_initialized() else None  # type: ignore[no-untyped-call]
+            gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else None  # type: ignore[no-untyped-call]
             if not self._cpu and gpus is not None and not gpus:
                 # an autoscaling cluster may add GPU nodes later: said, not changed
                 warnings.warn(

@@ -1129,15 +1129,13 @@ def _is_journal(text: str) -> bool:
 def _journal_study(path: pathlib.Path, study: str | None) -> Any:
     """The Optuna study ``study`` (the only one where None) of the journal file ``path``."""
     try:
-        import optuna
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
+        from costaware.integrations import _studies
     except ImportError:
         raise ReportError(
             "reading an Optuna journal needs Optuna: pip install 'costaware[optuna]'"
         ) from None
-    storage = JournalStorage(JournalFileBackend(str(path)))
-    names = [s.study_name for s in storage.get_all_studies()]
+    storage = _studies.journal(str(path))
+    names = _studies.study_names(storage)
     if study is None:
         if len(names) != 1:
             shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
@@ -1151,7 +1149,7 @@ def _journal_study(path: pathlib.Path, study: str | None) -> Any:
         raise ReportError(
             f"the Optuna journal {path} holds no study {study!r} (it holds {', '.join(names)})."
         )
-    return optuna.load_study(study_name=study, storage=storage)
+    return _studies.load_study(storage, study)
 
 
 def _load_study(storage: str, study: str | None) -> Any:
