@@ -968,6 +968,17 @@ def test_a_misspelt_database_in_the_url_says_which_was_meant(url: str, words: st
         ObservationStore(url)
 
 
+@pytest.mark.parametrize(
+    ("url", "meant"),
+    [("sqlite:/tmp/x.db", "sqlite:////tmp/x.db"), ("postgresql:/h/db", "postgresql://h/db")],
+)
+def test_a_url_that_lacks_its_slashes_is_not_taken_for_a_path(url: str, meant: str) -> None:
+    """``sqlite:/tmp/x.db`` became a file in a folder named ``sqlite:`` under the current
+    directory; it is refused with the URL meant."""
+    with pytest.raises(ValueError, match=re.escape(f"did you mean '{meant}'?")):
+        ObservationStore(url)
+
+
 def test_a_store_whose_tables_went_away_creates_them_again(
     store: ObservationStore, store_url: str
 ) -> None:

@@ -990,6 +990,10 @@ def _unreachable(e: exc.DBAPIError, url: URL) -> bool:
 # --------------------------------------------------------------------------------------
 # engines
 # --------------------------------------------------------------------------------------
+#: the databases whose URL a path-like string may have meant ("sqlite:/tmp/x.db")
+_SCHEMES = frozenset({"sqlite", "postgresql", "postgres", "mysql", "mariadb"})
+
+
 def _to_url(url: str | os.PathLike[str] | None) -> URL:
     if url is None:
         url = DEFAULT_URL
@@ -1001,6 +1005,16 @@ def _to_url(url: str | os.PathLike[str] | None) -> URL:
         if "://" not in url:  # a plain path: a SQLite file there
             if not url.strip():
                 raise ValueError("url must be a SQLAlchemy URL or a file path, but got ''.")
+            scheme, colon, rest = url.partition(":")
+            if colon and rest.startswith("/") and scheme.split("+")[0] in _SCHEMES:
+                # "sqlite:/tmp/x.db" would be a file named so in a folder "sqlite:"
+                meant = f"{scheme}:///{rest}" if scheme.startswith("sqlite") else (
+                    f"{scheme}://{rest.lstrip('/')}"
+                )
+                raise ValueError(
+                    f"url {url!r} is neither a URL (it lacks the '//' after '{scheme}:') nor "
+                    f"a path; did you mean '{meant}'?"
+                )
             parsed = URL.create("sqlite", database=url)
         else:
             try:
