@@ -167,22 +167,12 @@ _DEPTHWISE_NHWC_PARTIALS = 256
 
 def _channels_last(t: torch.Tensor) -> bool:
     """Whether a 4-d tensor's strides are channels-last (NHWC), as a ConvNeXt block's
-    permuted LayerNorm leaves its output for the next convolution: c10's
-    ``is_channels_last_strides_2d``, which PyTorch's convolution reads to pick its layout
-    (a map of 1x1 permuted from NHWC counts, though it is contiguous either way)."""
-    if t.dim() != 4:
-        return False
-    sizes, strides = t.shape, t.stride()
-    if strides[1] == 0:
-        return False
-    least = 0
-    for d in (1, 3, 2, 0):
-        if sizes[d] == 0 or strides[d] < least:
-            return False
-        if d == 0 and least == strides[1]:
-            return False
-        least = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
-    return True
+    permuted LayerNorm leaves its output for the next convolution: the layout PyTorch's
+    convolution picks from the strides (``suggest_memory_format``; a map of 1x1 permuted
+    from NHWC counts, though it is contiguous either way)."""
+    from torch._prims_common import suggest_memory_format
+
+    return t.dim() == 4 and suggest_memory_format(t) == torch.channels_last
 
 
 def _onednn_conv_transient(
