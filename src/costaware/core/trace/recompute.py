@@ -47,6 +47,19 @@ def _in_modes(fn: Callable[..., Any], modes: Sequence[TorchFunctionMode]) -> Cal
     return run
 
 
+def _under_thread_modes(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, to run under the modes :func:`recompute_under` set on this thread (``fn``
+    itself where none are set)."""
+    modes = getattr(_LOCAL, "modes", ())
+    return _in_modes(fn, modes) if modes else fn
+
+
+def _posing_as(cls: type, original: type) -> None:
+    """Give ``cls`` the name and module of the torch class it replaces."""
+    cls.__name__ = cls.__qualname__ = original.__name__
+    cls.__module__ = original.__module__
+
+
 def _install_reentrant() -> None:
     """Replace ``torch.utils.checkpoint.CheckpointFunction`` (looked up by the reentrant
     checkpoint each time it runs) by a subclass whose saved function runs under the modes
@@ -65,13 +78,9 @@ def _install_reentrant() -> None:
 
         @staticmethod
         def forward(ctx: Any, run_function: Callable[..., Any], *args: Any) -> Any:
-            modes = getattr(_LOCAL, "modes", ())
-            if modes:
-                run_function = _in_modes(run_function, modes)
-            return function.forward(ctx, run_function, *args)
+            return function.forward(ctx, _under_thread_modes(run_function), *args)
 
-    _Function.__name__ = _Function.__qualname__ = function.__name__
-    _Function.__module__ = function.__module__
+    _posing_as(_Function, function)
     ckpt.CheckpointFunction = _Function  # type: ignore[misc]
 
 
@@ -95,13 +104,9 @@ def _install() -> bool:
             _costaware_recompute = True
 
             def __init__(self, recompute_fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
-                modes = getattr(_LOCAL, "modes", ())
-                if modes:
-                    recompute_fn = _in_modes(recompute_fn, modes)
-                super().__init__(recompute_fn, *args, **kw)
+                super().__init__(_under_thread_modes(recompute_fn), *args, **kw)
 
-        _Frame.__name__ = _Frame.__qualname__ = frame.__name__
-        _Frame.__module__ = frame.__module__
+        _posing_as(_Frame, frame)
         ckpt._CheckpointFrame = _Frame  # type: ignore[misc]
         return True
 
