@@ -65,6 +65,7 @@ __all__ = [
     "detect_device",
     "device_kind",
     "get_device",
+    "is_auto",
     "known_devices",
     "no_bf16_note",
     "precision_notes",
@@ -879,6 +880,12 @@ def _close_names(name: str, own: Iterable[Device] = (), n: int = 3) -> list[str]
         if len(out) == n:
             break
     return list(out.values())
+
+
+def is_auto(device: object) -> bool:
+    """Whether ``device`` is ``"auto"`` (any case, spaces around): the device this process
+    sees, resolved where it runs."""
+    return isinstance(device, str) and device.strip().lower() == "auto"
 
 
 def device_kind(name: str | Device) -> str:

@@ -111,7 +111,7 @@ from costaware.core.trace import (
     rescale,
 )
 from costaware.core.trace_cache import _arch_key, _ArchEntry, _TraceCache
-from costaware.devices import Device, device_kind, get_device, precision_notes
+from costaware.devices import Device, device_kind, get_device, is_auto, precision_notes
 from costaware.errors import (
     CostawareError,
     CostAwareWarning,
@@ -755,7 +755,7 @@ class CostModel:
             notes.append(COMPILED_NOTE)
         if spec.pure:
             notes.append(_pure_note(spec, self.is_fitted and self.covers(dev)))
-        if isinstance(device, str) and device.strip().lower() == "auto" and dev.kind == "cpu":
+        if is_auto(device) and dev.kind == "cpu":
             notes.append(
                 "device='auto' found no GPU here (NVML sees none), so this is for this "
                 "machine's CPU; name the GPU the trial will train on (device='A10', "

@@ -71,6 +71,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -91,7 +92,7 @@ except ImportError as e:  # pragma: no cover - exercised only without ray
 
 from costaware.budget import Budget, Reason
 from costaware.core.model import CostModel
-from costaware.devices import Device, get_device
+from costaware.devices import Device, get_device, is_auto
 from costaware.errors import CostAwareWarning, SpecError, first_line
 from costaware.integrations._keywords import keyword_options
 from costaware.measure.profile import CpuMemoryMeter, clear_cuda_cache
@@ -717,7 +718,7 @@ class _Resources:
         Resolved at the first trial and kept: the device does not change within a run."""
         if self._cpu is None:
             self._cpu = get_device(self.device).kind == "cpu"
-            auto = isinstance(self.device, str) and self.device.strip().lower() == "auto"
+            auto = is_auto(self.device)
             if auto and self._cpu:
                 warnings.warn(
                     "resources(device='auto') found no GPU where it runs (the Tune driver), "
@@ -897,7 +898,7 @@ class EpochMeter:
         if self._cpu_memory is not None:
             self._cpu_memory.end_profiling()  # after the epoch's time: not the epoch's work
 
-    @property
+    @functools.cached_property
     def measured_on(self) -> str:
         """The device this meter measures: its catalog name (``"H100-SXM"``, the CPU's
         name), or the name CUDA gives a GPU the catalog does not know."""

@@ -26,7 +26,7 @@ from typing import Any
 
 from costaware.budget import Budget, Decision
 from costaware.core.model import CostModel, Prediction
-from costaware.devices import Device, get_device
+from costaware.devices import Device, get_device, is_auto
 from costaware.errors import (
     CostawareError,
     CostAwareWarning,
@@ -118,7 +118,7 @@ def check_options(
             f"device must be a device name such as 'H100', a costaware Device or 'auto' "
             f"(the GPU this process sees), but got {device!r}."
         )
-    if isinstance(device, str) and device.strip().lower() != "auto":
+    if isinstance(device, str) and not is_auto(device):
         get_device(device)  # an unknown name raises UnknownDeviceError, with the close ones
     if not (
         store is None
@@ -248,7 +248,7 @@ class Gate:
         check_options(
             model=model, device=device, store=store, refit_every=refit_every, fail_open=fail_open
         )
-        if not (isinstance(device, str) and device.strip().lower() == "auto"):
+        if not is_auto(device):
             budget.check_room(device)
         self.budget = budget
         self.device = device
@@ -313,7 +313,7 @@ class Gate:
         default. Re-read from the store at most once a minute."""
         if self._device is None:
             self._device = get_device(self.device)
-            auto = isinstance(self.device, str) and self.device.strip().lower() == "auto"
+            auto = is_auto(self.device)
             if auto and self._device.kind == "cpu":
                 warnings.warn(
                     "device='auto' found no GPU here (NVML sees none), so trials are judged "

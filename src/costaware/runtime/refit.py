@@ -258,7 +258,7 @@ class OnlineRefit:
         self.history.append(
             {"rows": len(observations), "seconds": round(seconds, 3), "version": version}
         )
-        gap = model.kinds_.get(next(iter(model.kinds_), ""), model).step_gap_
+        gap = next((m.step_gap_ for m in (model, *model.kinds_.values()) if m.step_gap_), None)
         log.info(
             "costaware: refitted the cost model on %d measured trial%s%s in %.1f s%s; the "
             "next predictions use it%s",
