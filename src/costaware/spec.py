@@ -658,11 +658,17 @@ def plain_settings(obj: Any) -> bool:
     )
 
 
+def rank_samples(samples: int, world_size: int) -> int:
+    """The samples one rank gets of an epoch of ``samples``: ``DistributedSampler`` gives
+    each of ``world_size`` ranks ``ceil(samples / world_size)`` of them."""
+    return -(-samples // max(world_size, 1))
+
+
 def rank_batches(samples: int, world_size: int, batch_size: int, drop_last: bool = False) -> int:
-    """The batches one rank steps through in an epoch of ``samples``: ``DistributedSampler``
-    gives each of ``world_size`` ranks ``ceil(samples / world_size)`` of them, in batches of
-    ``batch_size``, the last one partial unless ``drop_last``."""
-    per_rank = -(-samples // world_size)
+    """The batches one rank steps through in an epoch of ``samples``: its
+    :func:`rank_samples`, in batches of ``batch_size``, the last one partial unless
+    ``drop_last``."""
+    per_rank = rank_samples(samples, world_size)
     return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
 
 

@@ -162,7 +162,7 @@ import torch
 
 from costaware.budget import Budget
 from costaware.core.model import CostModel, Prediction
-from costaware.devices import Device, cpu_device, detect_device, get_device
+from costaware.devices import Device, cpu_device, detect_device, get_device, is_auto
 from costaware.errors import (
     CostawareError,
     CostAwareWarning,
@@ -183,7 +183,13 @@ from costaware.measure.profile import (
     malloc_trim,
 )
 from costaware.runtime.gate import Gate, check_options, spec_build_error
-from costaware.spec import TrainingSpec, parse_sharding, parse_wrap_policy, rank_batches
+from costaware.spec import (
+    TrainingSpec,
+    parse_sharding,
+    parse_wrap_policy,
+    rank_batches,
+    rank_samples,
+)
 
 if TYPE_CHECKING:
     from costaware.runtime.store import ObservationStore
@@ -577,7 +583,7 @@ def _fit_budget(trainer: Any) -> Budget | None:
     Trainer's (its own ``budget=``, else its Optuna study's pruner's), or None."""
     for callback in getattr(trainer, "callbacks", None) or ():
         if isinstance(callback, _CostAwareCallbackBase):
-            found = callback.budget if callback.budget is not None else _study_budget(callback.trial)
+            found = callback._judged_budget()
             if found is not None:
                 return found
     return None
@@ -1203,7 +1209,7 @@ class _CostAwareCallbackBase:
         try:
             if isinstance(self.device, Device):
                 return self.device
-            if self.device.strip().lower() != "auto":
+            if not is_auto(self.device):
                 return get_device(self.device)
         except Exception as e:  # never break training over a device name
             self._warn_once("device", f"costaware could not describe the device: {_reason_line(e)}")
@@ -1572,7 +1578,7 @@ class _CostAwareCallbackBase:
 
     # -- enforcement ----------------------------------------------------------------------
     def _over_budget(self, actual: Mapping[str, Any]) -> str | None:
-        budget = self.budget if self.budget is not None else _study_budget(self.trial)
+        budget = self._judged_budget()
         if budget is None:
             return None
         try:
@@ -1586,6 +1592,11 @@ class _CostAwareCallbackBase:
             self._warn_once("budget", f"costaware could not check the budget: {_reason_line(e)}")
             return None
         return "; ".join(r.message for r in reasons) or None
+
+    def _judged_budget(self) -> Budget | None:
+        """The budget this fit is judged against: the callback's own, else its Optuna
+        study's pruner's (None: neither)."""
+        return self.budget if self.budget is not None else _study_budget(self.trial)
 
     def _stop(self, trainer: Any, reason: str) -> None:
         self.stopped_reason = reason
@@ -1664,24 +1675,23 @@ class _CostAwareCallbackBase:
         record: dict[str, Any] = {"kind": kind, **fields, "id": None}
         self.records.append(record)
         store = self._open_store() if self._rank_zero else None
-        if store is None:
-            if kind == "measurement" and self._rank_zero and _is_optuna_trial(self.trial):
-                self._tell_measured()
-            return record
-        try:
-            if kind == "prediction":
-                record["id"] = store.record_prediction(**fields)
-            else:
-                record["id"] = store.record_measurement(**fields)
-        except Exception as e:  # fail open: training matters more than the record
-            self._warn_once(
-                "store-write",
-                f"costaware could not write to the observation store ({_reason_line(e)}); "
-                "records are kept in callback.records"
-                + (" and the trial's user attributes." if _is_optuna_trial(self.trial) else "."),
-            )
-            if kind == "measurement" and _is_optuna_trial(self.trial):
-                self._tell_measured()  # the report finds them there
+        stored = False
+        if store is not None:
+            try:
+                if kind == "prediction":
+                    record["id"] = store.record_prediction(**fields)
+                else:
+                    record["id"] = store.record_measurement(**fields)
+                stored = True
+            except Exception as e:  # fail open: training matters more than the record
+                self._warn_once(
+                    "store-write",
+                    f"costaware could not write to the observation store ({_reason_line(e)}); "
+                    "records are kept in callback.records"
+                    + (" and the trial's user attributes." if _is_optuna_trial(self.trial) else "."),
+                )
+        if not stored and kind == "measurement" and self._rank_zero and _is_optuna_trial(self.trial):
+            self._tell_measured()  # no store, or one that failed: the report finds them there
         return record
 
     def _tell_measured(self) -> None:
@@ -1895,7 +1905,7 @@ class _BatchSizeFinderBase:
 
         spec = spec_from_lightning(trainer, pl_module)
         device = self.device
-        if isinstance(device, str) and device.strip().lower() == "auto":
+        if is_auto(device):
             root = trainer.strategy.root_device
             device = (
                 get_device(torch.cuda.get_device_name(root))
@@ -1906,7 +1916,7 @@ class _BatchSizeFinderBase:
         budget = self.budget if self.budget is not None else _fit_budget(trainer)
         limit, why = self.limit, ""
         if spec.dataset_size is not None:  # a batch is never larger than a rank's epoch
-            samples = -(-spec.dataset_size // max(spec.world_size, 1))
+            samples = rank_samples(spec.dataset_size, spec.world_size)
             if samples < limit:
                 limit, why = samples, f" (no larger than the {samples:,} samples an epoch has)"
         found = max_batch_size(model, spec, device, budget, limit=limit, headroom=self.headroom)
