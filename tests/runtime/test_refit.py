@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -391,3 +392,26 @@ def test_a_model_refitted_on_a_store_that_is_gone_is_not_picked_up(tmp_path: Pat
     assert (tmp_path / "obs.db.costaware-models" / "LATEST").exists()  # left behind
     later = OnlineRefit(fresh, base=ca.CostModel(), study="s")
     assert not later.model().is_fitted  # the stale model is not used
+
+
+def test_a_store_that_stops_answering_mid_refit_is_no_failure_of_the_refit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's outage (said by the store when it began) does not put the refit on
+    back-off: the first measured trial after the store answers again refits."""
+    from costaware.runtime.store import StoreUnreachable
+
+    store = ObservationStore(tmp_path / "obs.db")
+    refit = OnlineRefit(store, base=ca.CostModel(), every=1, background=False, study="s")
+    for i, (w, bs) in enumerate(CONFIGS[:2]):
+        _record(store, ca.CostModel(), i, _spec(w, bs))
+    read = ObservationStore.observations
+
+    def down(self: ObservationStore, **kw: Any) -> Any:
+        raise StoreUnreachable("cannot read the observation store: connection timeout expired")
+
+    monkeypatch.setattr(ObservationStore, "observations", down)
+    assert refit.maybe_refit() is True
+    assert refit.failures == 0 and "connection timeout" in (refit.last_error or "")
+    monkeypatch.setattr(ObservationStore, "observations", read)
+    assert refit.maybe_refit() is True and refit.model().is_fitted

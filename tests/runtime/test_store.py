@@ -638,13 +638,16 @@ class TcpProxy:
 
     ``start()`` begins listening (the "server" comes up), ``freeze()`` makes every
     connection open so far swallow what it is sent and never answer (a server that
-    accepts data and says nothing), while new connections are forwarded normally.
+    accepts data and says nothing), while new connections are forwarded normally;
+    ``freeze(new=True)`` freezes the connections to come too (a server stopped with
+    SIGSTOP: the kernel still accepts them), until ``thaw()``.
     """
 
     def __init__(self, target: tuple[str, int], port: int) -> None:
         self.target = target
         self.port = port
         self.frozen: set[int] = set()
+        self.freeze_new = False
         self.pairs: list[tuple[socket.socket, socket.socket]] = []
         self.listener: socket.socket | None = None
 
@@ -666,6 +669,8 @@ class TcpProxy:
             upstream = socket.create_connection(self.target)
             self.pairs.append((client, upstream))
             key = id(client)
+            if self.freeze_new:
+                self.frozen.add(key)
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(src, dst, key), daemon=True).start()
 
@@ -680,8 +685,13 @@ class TcpProxy:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
 
-    def freeze(self) -> None:
+    def freeze(self, *, new: bool = False) -> None:
         self.frozen.update(id(client) for client, _ in self.pairs)
+        self.freeze_new = new
+
+    def thaw(self) -> None:
+        """New connections are forwarded again (the frozen ones stay frozen)."""
+        self.freeze_new = False
 
     def close(self) -> None:
         if self.listener is not None:
@@ -759,6 +769,51 @@ def test_a_connection_check_with_no_answer_gives_up(
     writer.join(60)
     assert not writer.is_alive(), "the write waited on a connection that never answers"
     assert len(done) == 1
+    assert [m["trial"] for m in store.measurements()] == ["0", "1"]
+    store.close()
+
+
+def test_a_server_that_stops_answering_holds_one_write_not_every_one(
+    proxy: tuple[TcpProxy, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that takes connections and never answers (stopped with SIGSTOP), met by a
+    store opened with ``retry``: the write that finds it out waits for the connection
+    check and one connection timeout, and raises StoreUnreachable with a warning; the
+    writes after it raise at once (a try that is due holds them RETRY_WAIT_S at most),
+    and once the server answers again, writes go through."""
+    import costaware.runtime.store as store_module
+
+    monkeypatch.setattr(store_module, "PING_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(store_module, "CONNECT_TIMEOUT_S", 2)  # libpq's least
+    monkeypatch.setattr(store_module, "RETRY_FIRST_S", 0.05)
+    monkeypatch.setattr(store_module, "RETRY_WAIT_S", 0.2)
+    p, url = proxy
+    p.start()
+    store = ObservationStore(url, retry=True)
+    _measure(store, 0)
+    p.freeze(new=True)
+    with (
+        pytest.warns(CostAwareWarning, match="connection timeout expired.*goes on without it"),
+        pytest.raises(StoreUnreachable, match="cannot write to the observation store"),
+    ):
+        _measure(store, "lost")
+    for trial in range(3):
+        t0 = time.monotonic()
+        with pytest.raises(StoreUnreachable, match="tries again in"):
+            _measure(store, f"lost{trial}")
+        with pytest.raises(StoreUnreachable):
+            store.count_observations()
+        assert time.monotonic() - t0 < 1.5, "a write waited on the server that never answers"
+        time.sleep(0.1)  # a try is due at the next write, and runs in the background
+    p.thaw()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            _measure(store, 1)
+            break
+        except StoreUnreachable:
+            assert time.monotonic() < deadline, "the store never reconnected"
+            time.sleep(0.05)
     assert [m["trial"] for m in store.measurements()] == ["0", "1"]
     store.close()
 

@@ -22,7 +22,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from costaware.budget import Budget, Decision
 from costaware.core.model import CostModel, Prediction
@@ -52,6 +52,9 @@ __all__ = [
 #: names of the feasibility constraints (<= 0 is feasible) the integrations set
 CONSTRAINT_MEMORY = "costaware_memory"
 CONSTRAINT_TIME = "costaware_time"
+
+
+_STORE_FAILED: Final = "\0store"  # among Gate._warned: a write to the store failed
 
 
 def _measured_context(store: Any, device: str) -> int | None:
@@ -457,9 +460,17 @@ class Gate:
                 )
             except Exception as e:  # an unreachable store never stops the study
                 info["store_error"] = first_line(e)
-                warnings.warn(
-                    f"costaware could not write to the store: {first_line(e)}",
-                    CostAwareWarning,
-                    stacklevel=4,
-                )
+                with self._lock:  # once until a write goes through again
+                    first = _STORE_FAILED not in self._warned
+                    self._warned.add(_STORE_FAILED)
+                if first:
+                    warnings.warn(
+                        f"costaware could not write to the store: {first_line(e)}; the trials "
+                        "are judged all the same, and their records are not kept until a write "
+                        "goes through again.",
+                        CostAwareWarning,
+                        stacklevel=4,
+                    )
+            else:
+                self._warned.discard(_STORE_FAILED)
         return Verdict(admit, info, pred, decision, self.constraints(decision))

@@ -37,6 +37,7 @@ from typing import Any, Final
 
 from costaware.core.model import CostModel
 from costaware.errors import NotEnoughObservations
+from costaware.runtime.store import StoreUnreachable
 
 __all__ = ["KEEP_VERSIONS", "OnlineRefit"]
 
@@ -218,6 +219,11 @@ class OnlineRefit:
             # the trials so far ran out of memory or crashed: nothing measured to learn
             # from yet, which is no failure; the next measured trial triggers it again
             log.debug("costaware: online refit waits for measurements: %s", e)
+        except StoreUnreachable as e:
+            # the store's own outage, said by the store when it began: no failure of the
+            # refit, which runs again at the first measured trial after it answers
+            self.last_error = f"{type(e).__name__}: {e}"
+            log.info("costaware: online refit waits for the store to answer: %s", e)
         except Exception as e:
             self.failures += 1
             wait = self.due_after() * 2 ** min(self.failures, MAX_BACKOFF_DOUBLINGS)

@@ -93,6 +93,10 @@ minute instead of the kernel's two hours."""
 TCP_USER_TIMEOUT_S: Final = 60
 """Data sent to the server and not acknowledged for this long fails the connection (libpq
 ``tcp_user_timeout``): a ping or query to a server that vanished cannot wait for ever."""
+RETRY_WAIT_S: Final = 1.0
+"""How long a read or write waits on a store that is down for the try it starts to open it
+again; a try that takes longer (a server that takes connections and never answers) goes
+on in the background, and the read or write raises :class:`StoreUnreachable`."""
 PING_TIMEOUT_S: Final = 10.0
 """The check of a pooled server connection before use (``SELECT 1``) that has no answer
 after this long hangs the connection up, so the pool opens a new one: a server that
@@ -208,12 +212,14 @@ class ObservationStore:
             later ``chdir`` does not move the store.
         echo: log every SQL statement (SQLAlchemy's ``echo``).
         retry: when the database server does not answer (:class:`StoreUnreachable`),
-            warn with a :class:`~costaware.errors.CostAwareWarning` instead of raising,
-            and try again when the store is next used: after :data:`RETRY_FIRST_S`, the
-            pause doubling up to :data:`RETRY_MAX_S`. Until it answers, every read and
-            write raises :class:`StoreUnreachable` at once, without waiting on the
+            when opened or later, warn with a :class:`~costaware.errors.CostAwareWarning`
+            instead of raising, and try again when the store is next used: after
+            :data:`RETRY_FIRST_S`, the pause doubling up to :data:`RETRY_MAX_S`. Until it
+            answers, every read and write raises :class:`StoreUnreachable` at once (a try
+            that is due holds it :data:`RETRY_WAIT_S` at most), without waiting on the
             network; once it answers, they go through. The integrations open their
-            stores this way, so that a database that is down does not stop a study.
+            stores this way, so that a database that is down or frozen does not stop, or
+            stall, a study.
 
     Raises:
         StoreUnreachable: the database server did not answer (unless ``retry``).
@@ -328,9 +334,7 @@ class ObservationStore:
                     continue
             raise StoreError(f"the observation store at {self.url} has no readable store id.")
         except exc.DBAPIError as e:
-            raise StoreError(
-                f"cannot write to the observation store at {self.url}: {_reason(e, self._url)}"
-            ) from None
+            raise self._failed("cannot read or write the store id in", e) from None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
@@ -396,25 +400,42 @@ class ObservationStore:
             return
         now = time.monotonic()
         if now >= self._retry_at and self._reconnecting.acquire(blocking=False):
-            try:
-                if self._ready:
-                    return
-                try:
-                    self._ensure_schema()
-                except StoreError as e:
-                    self._went_down(e)
-                    raise type(e)(self._still_down()) from None
-                self._ready = True
-                log.warning(
-                    "costaware: the observation store at %s answers again (after %.0f s); "
-                    "records are written from now on.",
-                    self.url,
-                    time.monotonic() - self._down_since,
-                )
+            # the try runs in a thread of its own, so that a server that takes connections
+            # and never answers holds the caller RETRY_WAIT_S at most, not the connection
+            # timeout; a try that ends within it decides this call
+            failed: list[StoreError] = []
+            probe = threading.Thread(
+                target=self._try_again, args=(failed,), name="costaware-store-retry", daemon=True
+            )
+            probe.start()
+            probe.join(RETRY_WAIT_S)
+            if self._ready:
                 return
-            finally:
-                self._reconnecting.release()
+            if failed:
+                raise type(failed[0])(self._still_down()) from None
         raise StoreUnreachable(self._still_down())
+
+    def _try_again(self, failed: list[StoreError]) -> None:
+        """Open the store again (holding ``_reconnecting``, which it releases): ready on
+        success, else the next try is put off and the error appended to ``failed``."""
+        try:
+            if self._ready:
+                return
+            try:
+                self._ensure_schema()
+            except StoreError as e:
+                self._went_down(e)
+                failed.append(e)
+                return
+            self._ready = True
+            log.warning(
+                "costaware: the observation store at %s answers again (after %.0f s); "
+                "records are written from now on.",
+                self.url,
+                time.monotonic() - self._down_since,
+            )
+        finally:
+            self._reconnecting.release()
 
     def _still_down(self) -> str:
         wait = max(0.0, self._retry_at - time.monotonic())
@@ -815,6 +836,30 @@ class ObservationStore:
                 "(pip install -U costaware) to use it."
             )
 
+    def _failed(self, doing: str, e: exc.DBAPIError) -> StoreError:
+        """The error for a read or write that failed: :class:`StoreUnreachable` when the
+        server stopped answering (connecting timed out or was refused, or the connection
+        dropped), else :class:`StoreError`. A store opened with ``retry`` is then treated as
+        down, as at opening: until the next try is due, its reads and writes raise at once
+        instead of each waiting out the connection timeout again."""
+        text = f"{doing} the observation store at {self.url}: {_reason(e, self._url)}"
+        lost = e.connection_invalidated or e.statement is None  # not a statement's own error
+        if not (lost and _unreachable(e, self._url)):
+            return StoreError(text)
+        if self._retry and self._ready:
+            self._ready = False
+            self._down_since = time.monotonic()
+            self._retry_pause = RETRY_FIRST_S
+            self._went_down(StoreUnreachable(text))
+            warnings.warn(
+                f"{_sentence(text)} The study goes on without it: nothing is recorded (and "
+                f"nothing refitted) until it answers; costaware tries again in "
+                f"{RETRY_FIRST_S:g} s, then less often (at most every {RETRY_MAX_S:g} s).",
+                CostAwareWarning,
+                stacklevel=4,
+            )
+        return StoreUnreachable(text)
+
     def _open_error(self, e: exc.DBAPIError) -> StoreError:
         """:class:`StoreUnreachable` when a server did not answer, else :class:`StoreError`."""
         text = self._cannot_open(e)
@@ -846,9 +891,7 @@ class ObservationStore:
             with self._locked(), self._engine.begin() as conn:
                 yield conn
         except exc.DBAPIError as e:
-            raise StoreError(
-                f"cannot read the observation store at {self.url}: {_reason(e, self._url)}"
-            ) from None
+            raise self._failed("cannot read", e) from None
 
     def _insert(self, table: sa.Table, row: dict[str, Any]) -> int:
         self._check_fork()
@@ -864,9 +907,7 @@ class ObservationStore:
                 if attempt == 0 and _table_gone(e):
                     self._recreate(e)
                     continue
-                raise StoreError(
-                    f"cannot write to the observation store at {self.url}: {_reason(e, self._url)}"
-                ) from None
+                raise self._failed("cannot write to", e) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _recreate(self, error: exc.DBAPIError) -> None:
