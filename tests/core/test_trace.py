@@ -5,6 +5,7 @@ import functools
 import resource
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import networkx as nx
 import numpy as np
@@ -970,3 +971,31 @@ def test_a_live_module_with_lazy_layers_is_predicted_and_still_shapes_itself() -
     assert live.mid.has_uninitialized_params() and isinstance(live.mid, nn.LazyLinear)
     assert live(ids).shape == (4, 16, 100)
     assert type(live.mid) is nn.Linear and sum(p.numel() for p in live.parameters()) == eager
+
+
+def test_a_timeout_never_cuts_an_import_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dry run stopped while it imports a module finishes the import first: an import
+    cut short would leave the module broken for every later dry run of the process (as
+    sympy was, when the first dry run's timeout landed in torch's lazy import of it)."""
+    import sys
+
+    from costaware.core.trace import _call_with_timeout
+
+    (tmp_path / "costaware_slow_import.py").write_text(
+        "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 0.5:\n    pass\n"
+        "DONE = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "costaware_slow_import", raising=False)
+
+    def slow() -> None:
+        import costaware_slow_import  # noqa: F401
+
+        while True:
+            pass
+
+    with pytest.raises(ca.TraceTimeout, match="it was stopped"):
+        _call_with_timeout(slow, 0.1)
+    assert sys.modules["costaware_slow_import"].DONE

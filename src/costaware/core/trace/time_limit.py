@@ -73,6 +73,7 @@ class _Stoppable:
         self._ident: int | None = None
         self._inside = False
         self._stopped = False
+        self.importing = False  # at the last interrupt: the timeout was held back
         self.done = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -98,10 +99,44 @@ class _Stoppable:
                 continue
 
     def interrupt(self) -> None:
+        """Raise the timeout in the thread, unless it is importing a module: an import
+        cut short leaves a half-made module in ``sys.modules`` (torch's first dry run
+        imports sympy lazily), and every later dry run of the process would fail on it.
+        The caller tries again a few milliseconds later, after the import."""
         with self._lock:
             self._stopped = True
             if self._inside and self._ident is not None:
-                _set_async_exc(self._ident, _DryRunTimeout)
+                self.importing = _importing(self._ident)
+                if not self.importing:
+                    _set_async_exc(self._ident, _DryRunTimeout)
+
+
+_LOADED = threading.Event()
+
+
+def _load_tracing() -> None:
+    """Import what torch loads on a dry run's first use of fake tensors (sympy, for its
+    symbolic shapes: about 2 s), once per process, in the caller's thread: outside the
+    time limit, which is the model's, and never cut short by it."""
+    if _LOADED.is_set():
+        return
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        torch.empty(1) + 1
+    _LOADED.set()
+
+
+def _importing(ident: int) -> bool:
+    """Whether the thread ``ident`` is running an import (a frame of importlib's
+    bootstrap is on its stack)."""
+    frame = sys._current_frames().get(ident)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _stop(guard: _Stoppable, grace: float) -> bool:
@@ -191,6 +226,7 @@ def _call_with_timeout(fn: Callable[[], _T], timeout: float | None) -> _T:
     """
     if timeout is None or timeout <= 0 or _IN_TIME_LIMIT.get():
         return fn()
+    _load_tracing()
     guard = _Stoppable()
     box: dict[str, Any] = {}
 
@@ -223,6 +259,12 @@ def _call_with_timeout(fn: Callable[[], _T], timeout: float | None) -> _T:
     if not finished and guard.running():
         if _stop(guard, _STOP_GRACE_S):
             raise TraceTimeout(message + "; it was stopped.")
+        if guard.importing:
+            raise TraceTimeout(
+                message + f"; it had not stopped {_STOP_GRACE_S:g} s later: it is importing a "
+                "module, and is stopped as soon as that import has finished (an import cut "
+                "short would break the module for the whole process)."
+            )
         raise TraceTimeout(
             message + f"; it had not stopped {_STOP_GRACE_S:g} s later: it is inside one "
             "native (C++) call, which Python cannot interrupt, or catches every exception. "
