@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 import costaware as ca
 from costaware import zoo
@@ -999,3 +1000,53 @@ def test_a_timeout_never_cuts_an_import_short(
     with pytest.raises(ca.TraceTimeout, match="it was stopped"):
         _call_with_timeout(slow, 0.1)
     assert sys.modules["costaware_slow_import"].DONE
+
+
+class _Attention(nn.Module):
+    """Two attention layers with dropout: plain, with fp32 rotary tables (q and k in fp32
+    beside a half v under autocast), or grouped-query (4 query heads over 2)."""
+
+    def __init__(self, kind: str, width: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.kind, self.heads = kind, heads
+        self.emb = nn.Embedding(100, width)
+        self.qkv = nn.ModuleList(nn.Linear(width, 3 * width) for _ in range(2))
+        self.out = nn.Linear(width, 100)
+        self.register_buffer("cos", torch.ones(1024, width // heads))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        n, t, d = x.shape
+        for qkv in self.qkv:
+            q, k, v = qkv(x).view(n, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+            gqa = self.kind == "gqa"
+            if self.kind == "rotary":
+                q, k = q * self.cos[:t], k * self.cos[:t]
+            if gqa:
+                k, v = k[:, :2], v[:, :2]
+            y = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=0.1, is_causal=True, enable_gqa=gqa
+            )
+            x = x + y.transpose(1, 2).reshape(n, t, d)
+        return self.out(x)
+
+
+@pytest.mark.parametrize("kind", ["rotary", "gqa"])
+def test_fused_attention_takes_rotary_halves_and_grouped_heads(kind: str) -> None:
+    """As a CUDA GPU runs them: autocast casts q, k and v to the half type before SDPA, and
+    flash attention takes grouped-query heads, so neither keeps the L x L scores (nor the
+    dropout mask) the CPU's math path would."""
+    def spec(k: str) -> ca.TrainingSpec:
+        return ca.TrainingSpec(
+            model=functools.partial(_Attention, k),
+            batch=ca.TokenBatch(1024, 100),
+            batch_size=2,
+            precision="bf16",
+        )
+
+    plain = ca.dry_run(spec("plain"), attention="fused")
+    other = ca.dry_run(spec(kind), attention="fused")
+    note = next(n for n in other.notes if "fused flash kernel" in n)
+    assert "(2 SDPA calls per step" in note and "ran natively" not in note, note
+    scores = 2 * 4 * 1024 * 1024 * 2  # one layer's bf16 scores: batch x heads x L x L
+    assert other.peak_live < plain.peak_live + scores / 2, (other.peak_live, plain.peak_live)

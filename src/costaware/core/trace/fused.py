@@ -50,8 +50,9 @@ class _FusedAttention(_FusedMode):
     ``dropout_p > 0`` (its flash kernel refuses dropout), which would put the scores, the
     softmax and the mask into the trace. Memory-wise the fused kernel with dropout is
     the fused kernel without it, so the call becomes
-    ``_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, ...)``. Inputs the fused
-    op does not take (GQA, differing head dims, a mask together with ``is_causal``) run
+    ``_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, ...)``, its inputs cast
+    as autocast casts them and grouped-query heads (``enable_gqa``) expanded. Inputs the
+    fused op does not take (differing head dims, a mask together with ``is_causal``) run
     natively, and are counted in ``fallbacks``.
     """
 
@@ -59,7 +60,7 @@ class _FusedAttention(_FusedMode):
         return self.note(
             f"attention traced as a fused flash kernel, as a CUDA GPU runs it "
             f"({self.fused} SDPA calls per step; no score matrix or dropout mask)",
-            "ran natively",
+            "ran natively, with the score matrix a CPU holds",
         )
 
     def __torch_function__(
@@ -97,15 +98,11 @@ class _FusedAttention(_FusedMode):
         why = None
         if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
             why = "not 4-D"
-        elif not (q.dtype == k.dtype == v.dtype) or q.dtype not in _FUSED_DTYPES:
-            why = f"dtype {q.dtype}"
-        elif enable_gqa or q.shape[1] != k.shape[1] or k.shape[1] != v.shape[1]:
-            why = "grouped-query heads"
-        elif not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
-            why = "differing head dims"
-        elif attn_mask is not None and is_causal:
-            why = "mask with is_causal"
-        elif attn_mask is not None and attn_mask.dtype == torch.bool:
+        else:
+            q, k, v = _autocast(q, k, v)
+            k, v = _grouped(q, k, v, enable_gqa)
+            why = _unfused(q, k, v, attn_mask, is_causal)
+        if why is None and attn_mask is not None and attn_mask.dtype == torch.bool:
             attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(
                 attn_mask.logical_not(), float("-inf")
             )
@@ -122,4 +119,49 @@ class _FusedAttention(_FusedMode):
 
 
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _unfused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+) -> str | None:
+    """Why the fused kernel does not take these inputs, or None where it does."""
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _FUSED_DTYPES:
+        return f"dtype {q.dtype}"
+    if q.shape[1] != k.shape[1] or k.shape[1] != v.shape[1]:
+        return "heads that differ without enable_gqa"
+    if not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
+        return "differing head dims"
+    if attn_mask is not None and is_causal:
+        return "mask with is_causal"
+    return None
+
+
+def _autocast(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k and v as SDPA receives them under the dry run's autocast: CUDA's autocast runs
+    SDPA in the half type, casting each floating input (rotary embeddings leave q and k in
+    fp32 beside a half v). This mode sees the call before the dispatcher's autocast does."""
+    if not torch.is_autocast_enabled("cpu"):
+        return q, k, v
+    half = torch.get_autocast_dtype("cpu")
+    cast = tuple(t.to(half) if t.is_floating_point() and t.dtype != half else t for t in (q, k, v))
+    return cast  # type: ignore[return-value]
+
+
+def _grouped(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v with as many heads as q, where ``enable_gqa`` shares each of their heads
+    among a group of q's: CUDA's flash kernel reads the shared heads in place, and the
+    copies made here (which the step holds for its backward) are the trace's one excess
+    over it, the size of k and v at q's head count."""
+    heads, shared = q.shape[1], k.shape[1]
+    if not enable_gqa or shared == heads or shared == 0 or heads % shared or v.shape[1] != shared:
+        return k, v
+    return k.repeat_interleave(heads // shared, dim=1), v.repeat_interleave(heads // shared, dim=1)
 _MHA_SIGNATURE = inspect.signature(torch.nn.functional.multi_head_attention_forward)
