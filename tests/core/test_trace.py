@@ -1050,3 +1050,31 @@ def test_fused_attention_takes_rotary_halves_and_grouped_heads(kind: str) -> Non
     assert "(2 SDPA calls per step" in note and "ran natively" not in note, note
     scores = 2 * 4 * 1024 * 1024 * 2  # one layer's bf16 scores: batch x heads x L x L
     assert other.peak_live < plain.peak_live + scores / 2, (other.peak_live, plain.peak_live)
+
+
+class _TutorialLM(nn.Module):
+    """PyTorch's transformer tutorial: an encoder given a causal mask without is_causal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(100, 32)
+        layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.out = nn.Linear(32, 100)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1], device=ids.device)
+        return self.out(self.enc(self.emb(ids), mask=mask))  # type: ignore[no-any-return]
+
+
+def test_an_encoder_given_a_causal_mask_traces() -> None:
+    """torch asks whether the mask is causal by reading its values; on fake tensors it is
+    applied as given, and real tensors get torch's own answer."""
+    from torch.nn.modules.transformer import _detect_is_causal_mask
+
+    spec = ca.TrainingSpec(model=_TutorialLM, batch=ca.TokenBatch(64, 100), batch_size=4)
+    for attention in ("native", "fused"):
+        assert ca.dry_run(spec, attention=attention).peak_live > 0
+    causal = nn.Transformer.generate_square_subsequent_mask(8)
+    assert _detect_is_causal_mask(causal) is True
+    assert _detect_is_causal_mask(torch.zeros(8, 8)) is False

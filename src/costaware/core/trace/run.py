@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from costaware.core.trace import shims
 from costaware.core.trace.build import (
     _build_for_real,
     _layer_counts,
@@ -80,6 +81,7 @@ def dry_run(
     if attention not in ATTENTION_MODES:
         raise ValueError(f"attention must be one of {ATTENTION_MODES}, but got {attention!r}.")
 
+    shims.install()
     #: the model being traced, to name the layer an error arose in
     built: dict[str, nn.Module] = {}
 
