@@ -367,6 +367,27 @@ def test_unknown_name_suggests_aliases_naming_their_device(typo: str) -> None:
         get_device(typo)
 
 
+@pytest.mark.parametrize("generic", ["cuda", "gpu", "cuda:0", "CUDA:1", "GPU0", " cuda "])
+def test_a_name_that_says_only_gpu_suggests_auto_and_a_catalog_name(generic: str) -> None:
+    """torch's ``"cuda"`` names no GPU model: not "Did you mean 'CPU'?", but ``'auto'``
+    (the GPU the process sees) or a catalog name."""
+    with pytest.raises(UnknownDeviceError) as info:
+        get_device(generic)
+    message = str(info.value)
+    assert "Did you mean" not in message and "'CPU'" not in message.split("Known")[0]
+    assert "pass 'auto' (the GPU this process sees" in message and "'H100'" in message
+
+
+@pytest.mark.parametrize("name", ["MI300X", "MI250", "Gaudi2"])
+def test_a_name_close_only_in_its_digits_is_not_suggested(name: str) -> None:
+    """``MI300X`` shares only digits with ``3090``: no suggestion beats a wrong one."""
+    with pytest.raises(UnknownDeviceError) as info:
+        get_device(name)
+    assert "Did you mean" not in str(info.value), str(info.value)
+    with pytest.raises(UnknownDeviceError, match="Did you mean 'T4'"):
+        get_device("T44")
+
+
 def test_own_devices_are_matched_and_suggested_besides_the_catalog() -> None:
     mine = Device(**_ampere(name="lab-a40", aliases=("a40",)))
     assert get_device("LAB_A40", own=[mine]) is mine

@@ -25,6 +25,32 @@ def test_batch_size_must_be_positive_int(bad: object) -> None:
         _spec(batch_size=bad)
 
 
+def test_integers_of_any_integral_type_are_taken_as_ints() -> None:
+    """A numpy integer (a search space's ``np.arange``, a config read with numpy) is a
+    positive integer like an int, and the spec holds plain ints; a bool or a float is not."""
+    np = pytest.importorskip("numpy")
+    spec = ca.TrainingSpec(
+        model=tiny_cnn,
+        batch=ca.ImageBatch((np.int64(3), 8, 8), classes=np.int32(10)),
+        batch_size=np.int64(8),
+        grad_accumulation=np.int64(2),
+        epochs=np.int16(3),
+        dataset_size=np.uint32(100),
+        max_steps=np.int64(40),
+        world_size=np.int64(1),
+    )
+    for name in ("batch_size", "grad_accumulation", "epochs", "dataset_size", "max_steps"):
+        assert type(getattr(spec, name)) is int, name
+    assert type(spec.world_size) is int
+    assert all(type(d) is int for d in spec.batch.shape)  # type: ignore[union-attr]
+    assert type(spec.batch.classes) is int  # type: ignore[union-attr]
+    tokens = ca.TokenBatch(np.int64(16), np.int64(100), num_labels=np.int64(3))
+    assert (type(tokens.seq_len), type(tokens.vocab), type(tokens.num_labels)) == (int,) * 3
+    for bad in (np.float64(8.0), np.bool_(True), np.int64(0)):
+        with pytest.raises(ca.SpecError, match="batch_size must be a positive integer"):
+            _spec(batch_size=bad)
+
+
 def test_a_batch_size_past_any_device_is_refused_not_overflowed() -> None:
     """Past 2**31 - 1 samples a step's byte counts would leave an int64: refused."""
     from costaware.spec import MAX_BATCH_SIZE
@@ -207,6 +233,94 @@ def test_default_loss_uses_hf_style_loss() -> None:
 
     loss = default_loss(HF(), ca.TokenBatch(4, 10).make(2))
     assert float(loss.detach()) == pytest.approx(3.0)
+
+
+def test_default_loss_passes_a_dict_batch_of_other_inputs_by_name() -> None:
+    """``input_ids`` with other inputs (CLIP's ``pixel_values``) is not a language-modelling
+    batch: the model gets every input ``forward`` takes, by name, not the token ids alone;
+    a language-modelling batch still gives a ``forward(ids)`` the token ids."""
+
+    class TwoTower(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(50, 8)
+            self.conv = nn.Conv2d(3, 8, 1)
+            self.seen: list[tuple[str, ...]] = []
+
+        def forward(
+            self,
+            input_ids: torch.Tensor,
+            pixel_values: torch.Tensor,
+            return_loss: bool = False,
+        ) -> dict[str, torch.Tensor]:
+            self.seen.append(("input_ids", "pixel_values") + (("return_loss",) * return_loss))
+            text = self.emb(input_ids).mean(1)
+            image = self.conv(pixel_values).mean((2, 3))
+            return {"loss": (text @ image.T).diagonal().mean()}
+
+    class Kwargs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tower = TwoTower()
+
+        def forward(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+            return self.tower(**inputs)  # type: ignore[no-any-return]
+
+    torch.manual_seed(0)
+    batch = {
+        "input_ids": torch.randint(0, 50, (2, 5)),
+        "pixel_values": torch.randn(2, 3, 4, 4),
+        "return_loss": True,
+    }
+    model = TwoTower()
+    assert default_loss(model, batch).dim() == 0
+    assert model.seen == [("input_ids", "pixel_values", "return_loss")]
+    wrapped = Kwargs()
+    assert default_loss(wrapped, batch).dim() == 0
+    assert wrapped.tower.seen == [("input_ids", "pixel_values", "return_loss")]
+    # a key forward does not take (an id the data loader carries) is left out
+    model = TwoTower()
+    assert default_loss(model, {**batch, "sample_id": torch.arange(2)}).dim() == 0
+
+    spec = ca.TrainingSpec(
+        model=TwoTower,
+        batch=lambda n: {
+            "input_ids": torch.randint(0, 50, (n, 5)),
+            "pixel_values": torch.randn(n, 3, 4, 4),
+            "return_loss": True,
+        },
+        batch_size=4,
+    )
+    assert ca.CostModel.default().predict(spec, device="H100").peak_memory > 0
+
+
+def test_default_loss_finds_torchvision_segmentation_output() -> None:
+    """torchvision's FCN and DeepLabV3 return ``OrderedDict(out=..., aux=...)``; an output
+    the default loss cannot read names its keys."""
+    from collections import OrderedDict
+
+    class FCNLike(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = nn.Conv2d(3, 5, 1)
+            self.aux = nn.Conv2d(3, 5, 1)
+
+        def forward(self, x: torch.Tensor) -> OrderedDict[str, torch.Tensor]:
+            return OrderedDict(out=self.head(x), aux=self.aux(x))
+
+    class Opaque(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = nn.Conv2d(3, 5, 1)
+
+        def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"masks": self.head(x), "scores": x.mean()}
+
+    torch.manual_seed(0)
+    batch = ca.SegmentationBatch((3, 8, 8), classes=5).make(2)
+    assert default_loss(FCNLike(), batch).dim() == 0
+    with pytest.raises(ca.SpecError, match=r"of type dict \(its keys: 'masks', 'scores'\)"):
+        default_loss(Opaque(), batch)
 
 
 def test_summary_is_json_able() -> None:

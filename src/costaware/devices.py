@@ -852,12 +852,31 @@ def get_device(name: str | Device, *, own: Iterable[Device] = ()) -> Device:
     if device is not None:
         return device
     known = known_devices()
-    close = _close_names(name, own)
-    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    if _GENERIC_GPU_RE.match(name.strip().lower()):  # "cuda", "gpu", "cuda:0": no model
+        hint = (
+            " It names no particular GPU: pass 'auto' (the GPU this process sees, else the "
+            "CPU) or a catalog name such as 'H100' or 'A10G'."
+        )
+    else:
+        close = _close_names(name, own)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
     yours = f"; yours: {', '.join(d.name for d in own)}" if own else ""
     raise UnknownDeviceError(
         f"unknown device {name!r}.{hint} Known devices: {', '.join(known)} (or 'auto'){yours}."
     )
+
+
+#: a device name that says "a GPU" without saying which (torch's device strings)
+_GENERIC_GPU_RE = re.compile(r"^(cuda|gpu|nvidia)(\s*[:\s]?\s*\d+)?$")
+
+
+def _shares_letters(key: str, other: str) -> bool:
+    """Whether ``other`` is like ``key`` in more than digits: a name with letters
+    (``MI300X``) is not close to one that shares only its digits (``3090``)."""
+    if not any(c.isalpha() for c in key):
+        return True  # "4090": its digits are all there is to match
+    blocks = difflib.SequenceMatcher(None, key, other).get_matching_blocks()
+    return any(c.isalpha() for b in blocks for c in key[b.a : b.a + b.size])
 
 
 def _close_names(name: str, own: Iterable[Device] = (), n: int = 3) -> list[str]:
@@ -874,6 +893,8 @@ def _close_names(name: str, own: Iterable[Device] = (), n: int = 3) -> list[str]
     key = _strip_vendor(_normalise(name))
     out: dict[str, str] = {}
     for k in difflib.get_close_matches(key, list(written), n=len(written), cutoff=0.5):
+        if not _shares_letters(key, k):
+            continue
         raw, canonical = written[k]
         if canonical not in out:
             out[canonical] = repr(raw) if raw == canonical else f"{raw!r} (the {canonical})"

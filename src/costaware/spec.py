@@ -12,6 +12,8 @@ import functools
 import hashlib
 import inspect
 import math
+import numbers
+import operator
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -216,19 +218,19 @@ MAX_BATCH_SIZE = 2**31 - 1
 
 
 def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """``value`` as an ``int`` where it is a positive integer of any integral type (a
+    numpy ``int64`` too, not a bool), else a :class:`SpecError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise SpecError(f"{name} must be a positive integer, but got {name}={value!r}.")
-    return value
+    return operator.index(value)
 
 
 def _shape(name: str, value: object) -> tuple[int, ...]:
-    if isinstance(value, int):
+    if isinstance(value, numbers.Integral):
         value = (value,)
     if not isinstance(value, (tuple, list)) or not value:
         raise SpecError(f"{name} must be a tuple of positive ints, but got {name}={value!r}.")
-    for v in value:
-        _positive_int(name, v)
-    return tuple(value)
+    return tuple(_positive_int(name, v) for v in value)
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,7 @@ class ImageBatch:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", _shape("shape", self.shape))
-        _positive_int("classes", self.classes)
+        object.__setattr__(self, "classes", _positive_int("classes", self.classes))
 
     def make(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Build ``(inputs, labels)`` with torch factories (fake tensors inside a trace)."""
@@ -319,10 +321,10 @@ class TokenBatch:
     kind: str = field(default="tokens", init=False, repr=False)
 
     def __post_init__(self) -> None:
-        _positive_int("seq_len", self.seq_len)
-        _positive_int("vocab", self.vocab)
+        object.__setattr__(self, "seq_len", _positive_int("seq_len", self.seq_len))
+        object.__setattr__(self, "vocab", _positive_int("vocab", self.vocab))
         if self.num_labels is not None:
-            _positive_int("num_labels", self.num_labels)
+            object.__setattr__(self, "num_labels", _positive_int("num_labels", self.num_labels))
         if not isinstance(self.attention_mask, bool):
             raise SpecError(
                 "attention_mask must be True or False (whether the batch carries one), but "
@@ -495,14 +497,21 @@ def _logits(out: Any) -> torch.Tensor:
     logits = getattr(out, "logits", None)
     if isinstance(logits, torch.Tensor):
         return logits
-    if isinstance(out, Mapping) and isinstance(out.get("logits"), torch.Tensor):
-        found: torch.Tensor = out["logits"]
-        return found
+    if isinstance(out, Mapping):
+        # ``logits`` (Hugging Face), ``out`` (torchvision's segmentation models)
+        for key in ("logits", "out"):
+            if isinstance(out.get(key), torch.Tensor):
+                found: torch.Tensor = out[key]
+                return found
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
+    keys = ""
+    if isinstance(out, Mapping):
+        keys = f" (its keys: {', '.join(repr(k) for k in list(out)[:10])})"
     raise SpecError(
-        f"cannot find logits in the model output of type {type(out).__name__}; "
-        "pass loss=callable(model, batch) to the TrainingSpec."
+        f"cannot find logits in the model output of type {type(out).__name__}{keys}; "
+        "the default loss looks for a tensor, .logits, or the key 'logits' or 'out'. Pass "
+        "loss=callable(model, batch) to the TrainingSpec."
     )
 
 
@@ -547,26 +556,57 @@ def _takes_keyword(forward: Callable[..., Any], name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+@functools.lru_cache(maxsize=256)
+def _keywords(forward: Callable[..., Any]) -> frozenset[str] | None:
+    """The keyword arguments ``forward`` takes by name, or None when it takes any
+    (``**kwargs``) or its signature cannot be read."""
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    return frozenset(
+        name for name, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    )
+
+
+#: the keys of a language-modelling batch (a tokenizer's, and its labels): a model that
+#: does not take them by name is called with the token ids alone
+_TOKEN_KEYS = frozenset({"input_ids", "labels", "attention_mask", "token_type_ids", "position_ids"})
+
+
+def _model_kwargs(forward: Callable[..., Any], batch: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of a mapping batch that ``forward`` takes: all of them where it takes
+    ``**kwargs`` (or none of them by name, and the call's error says so)."""
+    names = _keywords(forward)
+    if names is None:
+        return dict(batch)
+    taken = {k: v for k, v in batch.items() if k in names}
+    return taken or dict(batch)
+
+
 def default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """The loss costaware uses when the spec gives none.
 
     - ``(inputs, labels)``: cross-entropy on the logits (classification, and N×C×H×W
       segmentation against N×H×W labels);
-    - a mapping with ``input_ids``: the model's own ``.loss`` when it computes one
-      (Hugging Face; an ``attention_mask`` is passed where ``forward`` takes one),
-      otherwise cross-entropy of the logits against ``labels`` (token labels, or one
-      label per sequence);
-    - any other mapping is passed as keyword arguments, a tensor positionally, and the
-      mean of the output stands in for the loss.
+    - a language-modelling mapping (``input_ids``, ``labels`` and a tokenizer's
+      ``attention_mask``, ``token_type_ids``, ``position_ids``): the model's own
+      ``.loss`` when it computes one (Hugging Face; the entries ``forward`` takes are
+      passed by name), otherwise cross-entropy of the logits against ``labels`` (token
+      labels, or one label per sequence); a ``forward`` that does not take both
+      ``input_ids`` and ``labels`` by name gets the token ids alone;
+    - any other mapping (CLIP's ``input_ids`` with ``pixel_values``) is passed as keyword
+      arguments, those ``forward`` takes (all where it takes ``**kwargs``), the loss as
+      above; a tensor positionally, and the mean of the output stands in for the loss.
     """
     if isinstance(batch, Mapping):
         forward = type(model).forward
-        if "input_ids" in batch and not _accepts_hf_kwargs(forward):
+        if "input_ids" in batch and set(batch) <= _TOKEN_KEYS and not _accepts_hf_kwargs(forward):
             out = model(batch["input_ids"])
-        elif "attention_mask" in batch and not _takes_keyword(forward, "attention_mask"):
-            out = model(**{k: v for k, v in batch.items() if k != "attention_mask"})
         else:
-            out = model(**batch)
+            out = model(**_model_kwargs(forward, batch))
         loss = _output_loss(out)
         if loss is not None:
             return loss
@@ -788,25 +828,26 @@ class TrainingSpec:
             )
         if callable(self.batch) and not isinstance(self.batch, (ImageBatch, TokenBatch)):
             _takes_a_batch_size(self.batch)
-        _positive_int("batch_size", self.batch_size)
+        self.batch_size = _positive_int("batch_size", self.batch_size)
         if self.batch_size > MAX_BATCH_SIZE:
             raise SpecError(
                 f"batch_size={self.batch_size:,} is more samples than costaware predicts for "
                 f"(up to {MAX_BATCH_SIZE:,}, already past any device's memory for any model): "
                 "give a smaller batch size."
             )
-        _positive_int("grad_accumulation", self.grad_accumulation)
+        self.grad_accumulation = _positive_int("grad_accumulation", self.grad_accumulation)
         if self.epochs is not None:
-            _positive_int("epochs", self.epochs)
+            self.epochs = _positive_int("epochs", self.epochs)
         if (
             isinstance(self.world_size, bool)
-            or not isinstance(self.world_size, int)
+            or not isinstance(self.world_size, numbers.Integral)
             or (self.world_size < 1)
         ):
             raise SpecError(
                 "world_size must be a positive integer (the processes DDP trains with, one per "
                 f"device; 1 trains without DDP), but got world_size={self.world_size!r}."
             )
+        self.world_size = operator.index(self.world_size)
         if (
             isinstance(self.bucket_cap_mb, bool)
             or not isinstance(self.bucket_cap_mb, (int, float))
@@ -818,9 +859,9 @@ class TrainingSpec:
             )
         self._check_sharding()
         if self.dataset_size is not None:
-            _positive_int("dataset_size", self.dataset_size)
+            self.dataset_size = _positive_int("dataset_size", self.dataset_size)
         if self.max_steps is not None:
-            _positive_int("max_steps", self.max_steps)
+            self.max_steps = _positive_int("max_steps", self.max_steps)
         if self.max_time is not None:
             try:
                 self.max_time = parse_duration(self.max_time)

@@ -189,6 +189,8 @@ def test_bad_model_reference(
     [
         ("import math\nraise RuntimeError('config missing')\n", "RuntimeError: config missing", 2),
         ("def f(:\n    pass\n", "SyntaxError: invalid syntax", 1),
+        ("import math\nfrom torch import nnn\n", "ImportError: cannot import name 'nnn'", 2),
+        ("import timmm_not_a_package\n", "ModuleNotFoundError: No module named 'timmm_not_a_package'", 1),
     ],
 )
 def test_an_error_importing_the_users_module_is_theirs(
@@ -212,6 +214,34 @@ def test_an_error_importing_the_users_module_is_theirs(
         assert f"raised {said}" in err
         assert f"user_models.py:{line}" in err and "not costaware's" in err
         assert "frozen" not in err
+        assert "pip install" not in err  # nothing of costaware's is missing
+
+
+def test_a_missing_extra_imported_by_the_users_module_says_what_installs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ModuleNotFoundError for one of costaware's extras, from the user's file, is still
+    theirs (with its line), and names the extra; a missing module that MODEL names is a
+    usage error of its own."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_optuna(name: str, *args: object, **kwargs: object) -> object:
+        if name == "optuna":
+            raise ModuleNotFoundError("No module named 'optuna'", name="optuna")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    path = tmp_path / "study_models.py"
+    path.write_text("import optuna\n")
+    monkeypatch.setattr(builtins, "__import__", no_optuna)
+    assert main(["predict", f"{path}:f", "-b", "4", "--input", "32"]) == 2
+    err = capsys.readouterr().err
+    assert "study_models.py:1" in err and "pip install 'costaware[optuna]'" in err
+    monkeypatch.undo()
+    assert main(["predict", "no_such_pkg_xyz.sub:f", "-b", "4", "--input", "32"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot import module 'no_such_pkg_xyz.sub'" in err and "pip install" not in err
 
 
 def test_debug_shows_the_traceback(factory_file: Path) -> None:

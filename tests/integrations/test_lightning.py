@@ -779,3 +779,37 @@ def test_a_positional_store_warns_naming_the_keyword_and_still_records(
         fit(ns, cb, max_epochs=2)
         rows = ObservationStore(url).measurements(study="s")
         assert [r["epoch"] for r in rows] == [0, 1]
+
+
+def test_a_trial_number_in_place_of_the_trial_is_said_once() -> None:
+    """``CostAwareCallback(trial=trial.number)`` in an objective, without a budget, judges
+    nothing: one warning says so and what to pass. A trial id that labels stored rows, or
+    any id with a budget, is a use of its own and not warned of."""
+    from costaware.integrations.optuna import CostAwarePruner
+
+    study = optuna.create_study(pruner=CostAwarePruner(device="cpu"))
+    caught: list[str] = []
+
+    def objective(trial: optuna.Trial) -> float:
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            fit(L, CostAwareCallback(trial=trial.number), max_epochs=1, limit_train_batches=2)
+            fit(L, CostAwareCallback(trial=trial.study), max_epochs=1, limit_train_batches=2)
+        caught.extend(str(w.message) for w in got if issubclass(w.category, CostAwareWarning))
+        return 1.0
+
+    study.optimize(objective, n_trials=1)
+    said = [m for m in caught if "is not an Optuna trial" in m]
+    assert len(said) == 2, caught
+    assert "CostAwareCallback(trial=0)" in said[0] and "nothing is judged" in said[0]
+    assert "pass trial=trial" in said[0].lower() and "budget=" in said[0]
+    assert "trial=<Study>" in said[1]
+    for cb in (
+        CostAwareCallback(trial=3, budget=ca.Budget(max_memory="64GiB")),
+        CostAwareCallback(trial=3, study="s"),
+        CostAwareCallback(trial="train_fn_00003"),  # Ray's trial id
+    ):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            fit(L, cb, max_epochs=1, limit_train_batches=2)
+        assert not [w for w in got if "is not an Optuna trial" in str(w.message)], cb.trial

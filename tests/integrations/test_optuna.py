@@ -180,6 +180,44 @@ def test_hyperband_keeps_its_brackets() -> None:
     )
 
 
+@pytest.mark.parametrize("bare", [True, False])
+def test_a_rejection_by_the_pruner_is_logged_with_its_reasons(
+    caplog: pytest.LogCaptureFixture, bare: bool
+) -> None:
+    """After ``should_prune()``, whether the objective raises a bare ``TrialPruned()`` or
+    ``pruned(trial)``: an INFO line says which trial and why; with ``pruned(trial)``,
+    Optuna's own line says it too, worded as :func:`admit`'s."""
+
+    def obj(trial: optuna.Trial) -> float:
+        trial.suggest_categorical("width", [64, 8192])
+        trial.suggest_categorical("batch_size", [16])
+        if trial.should_prune():
+            raise optuna.TrialPruned() if bare else pruned(trial)
+        return 1.0
+
+    pruner = CostAwarePruner(spec_fn=spec_fn, budget=BUDGET, device="T4", refit_every=None)
+    study = optuna.create_study(
+        pruner=pruner, sampler=optuna.samplers.GridSampler({"width": [64, 8192], "batch_size": [16]})
+    )
+    optuna.logging.enable_propagation()
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    try:
+        with caplog.at_level("INFO"):
+            study.optimize(obj, n_trials=2)
+    finally:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.logging.disable_propagation()
+    (rejected,) = [t for t in study.trials if t.state == TrialState.PRUNED]
+    said = sorted(  # distinct lines (the capture sees each record twice)
+        {r.getMessage() for r in caplog.records if r.levelname == "INFO" and "exceeds" in r.getMessage()}
+    )
+    why = "rejected by costaware before it ran: " + "; ".join(
+        rejected.user_attrs["costaware:reasons"]
+    )
+    ours = f"Trial {rejected.number} {why}"
+    assert said == ([ours] if bare else sorted([ours, f"Trial {rejected.number} pruned. {why}"]))
+
+
 def test_admit_helper_inside_the_objective(caplog: pytest.LogCaptureFixture) -> None:
     def obj(trial: optuna.Trial) -> float:
         width = trial.suggest_categorical("width", [64, 8192])

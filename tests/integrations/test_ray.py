@@ -423,3 +423,32 @@ def test_the_positional_forms_warn_naming_the_keywords_and_work_the_same() -> No
         keyed = CostAwareScheduler(fifo, budget=BUDGET, device="cpu")
     assert (sched.scheduler, sched.budget, sched.device) == (fifo, BUDGET, keyed.device)
     assert keyed.device is not None and keyed.device.name == ca.get_device("cpu").name
+
+
+def test_a_cost_that_is_not_a_number_is_said_once_not_ignored(tmp_path: Path) -> None:
+    """``epoch_time_s="30s"`` or ``peak_memory_bytes="1GB"`` cannot be checked against
+    the budget: one warning per key says it must be a number of seconds or bytes and what
+    came; a number (a numpy one too) is checked as ever."""
+    import numpy as np
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import TrialScheduler
+
+    scheduler = CostAwareScheduler(
+        budget=ca.Budget(max_memory="1GiB", max_epoch_time="10s"), device="cpu"
+    )
+    trial = Trial("train", config={"w": 1}, trial_id="t-str", stub=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for epoch in range(2):
+            result = {"loss": 1.0, "epoch": epoch, "epoch_time_s": "30s",
+                      "peak_memory_bytes": "1GB", "held_before_bytes": None}  # fmt: skip
+            assert scheduler.on_trial_result(None, trial, result) == TrialScheduler.CONTINUE
+    said = [str(w.message) for w in caught if issubclass(w.category, ca.CostAwareWarning)]
+    assert len(said) == 2, said  # one per key, not one per result; None is not measured
+    assert "'epoch_time_s' must be a number of seconds" in said[0] and "'30s'" in said[0]
+    assert "'peak_memory_bytes' must be a number of bytes" in said[1] and "'1GB'" in said[1]
+    assert not scheduler.stopped
+    numpy_trial = Trial("train", config={"w": 2}, trial_id="t-np", stub=True)
+    result = {"loss": 1.0, "epoch": 0, "epoch_time_s": np.float32(30.0)}
+    assert scheduler.on_trial_result(None, numpy_trial, result) == TrialScheduler.STOP
+    assert list(scheduler.stopped) == ["t-np"]

@@ -19,7 +19,7 @@ from typing import Any
 
 from costaware.cli import calibrate, collect, devices, fit, max_batch_size, predict, report
 from costaware.cli._common import CliError as CliError
-from costaware.cli._common import _build_spec, _Parser, _spec_arguments
+from costaware.cli._common import _build_spec, _extra_of, _Parser, _spec_arguments
 
 __all__ = ["main"]
 
@@ -29,17 +29,6 @@ _EPILOG = (
     "says so); 1 when max-batch-size or compare find nothing that fits; 2 on a usage "
     "error, bad input or any other error (--debug shows its traceback)."
 )
-
-
-#: packages an ImportError may name, and the extra that installs them
-_EXTRAS = {
-    "optuna": "optuna",
-    "ray": "ray",
-    "lightning": "lightning",
-    "pytorch_lightning": "lightning",
-    "psycopg": "postgres",
-    "psycopg2": "postgres",
-}
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -238,11 +227,14 @@ def _error_line(e: BaseException) -> str:
     msg = _first(str(e))
     if isinstance(e, (CliError, CostawareError)):
         return f"costaware: error: {msg or type(e).__name__}"
-    if isinstance(e, ImportError):
-        name = (getattr(e, "name", None) or "").split(".")[0]
-        extra = _EXTRAS.get(name)
-        fix = f"pip install 'costaware[{extra}]'" if extra else f"pip install {name or 'it'}"
-        return f"costaware: error: {msg or 'an import failed'}; install it with: {fix}"
+    if isinstance(e, ImportError):  # in costaware's code: the user's file's are UserCodeError
+        extra = _extra_of(e)
+        if extra:  # one of costaware's optional dependencies, not installed
+            return (
+                f"costaware: error: {msg or 'an import failed'}; install it with: "
+                f"pip install 'costaware[{extra}]'"
+            )
+        return f"costaware: error: {msg or 'an import failed'} (--debug shows where)"
     if isinstance(e, OSError) and e.filename is not None:
         what = e.strerror or msg or type(e).__name__
         return f"costaware: error: {what}: {e.filename}"

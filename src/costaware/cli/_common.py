@@ -56,10 +56,7 @@ def _load_factory(ref: str) -> Callable[[], Any]:
         finally:
             sys.path.pop(0)
     else:
-        try:
-            module = _run_user_module(where, lambda: importlib.import_module(where))
-        except ImportError as e:
-            raise CliError(f"cannot import module {where!r}: {e}") from e
+        module = _run_user_module(where, lambda: importlib.import_module(where))
     obj = module
     for part in name.split("."):
         if not hasattr(obj, part):
@@ -73,26 +70,60 @@ def _load_factory(ref: str) -> Callable[[], Any]:
 
 
 def _run_user_module(where: str, run: Callable[[], Any]) -> Any:
-    """``run()``, the import of the module MODEL names. An error its code raises (other
-    than a failed import, which says what to install) is the user's, raised as
-    :class:`~costaware.errors.UserCodeError` that names the line, not as costaware's."""
+    """``run()``, the import of the module MODEL names. An error its code raises, a failed
+    import included (``from torch import nnn``, ``import timmm``), is the user's, raised as
+    :class:`~costaware.errors.UserCodeError` that names the line, not as costaware's. Only
+    a module MODEL names that does not exist is a :class:`CliError` of its own."""
     try:
         return run()
-    except ImportError:
-        raise
     except Exception as e:
+        if isinstance(e, ModuleNotFoundError) and _names_the_reference(e, where):
+            raise CliError(f"cannot import module {where!r}: {e}") from e
         from costaware.core.trace.user_code import _said, _where
         from costaware.errors import user_code_error
 
         at = _where(e)
         if isinstance(e, SyntaxError) and e.filename:
             at = f"at {e.filename}:{e.lineno}"
+        hint = ""
+        extra = _extra_of(e)
+        if extra:
+            hint = f" (pip install 'costaware[{extra}]' installs it)"
         raise user_code_error(
-            f"importing {where} raised {_said(e)} {at}. This is that "
+            f"importing {where} raised {_said(e)} {at}{hint}. This is that "
             "module's own code, not costaware's: it fails the same way when Python imports "
             "it (--debug shows the traceback).",
             e,
         ) from e
+
+
+#: costaware's optional dependencies (its extras) a ModuleNotFoundError may name, and the
+#: extra that installs them
+_EXTRAS = {
+    "optuna": "optuna",
+    "ray": "ray",
+    "lightning": "lightning",
+    "pytorch_lightning": "lightning",
+    "psycopg": "postgres",
+    "psycopg2": "postgres",
+}
+
+
+def _extra_of(e: BaseException) -> str | None:
+    """The extra of costaware's that installs the missing module an ImportError names, or
+    None: for any other (``cannot import name``, a missing submodule of an installed
+    package, a typo, a package of the user's own) there is nothing of costaware's to
+    install."""
+    if not isinstance(e, ImportError) or str(e).startswith("cannot import name"):
+        return None
+    return _EXTRAS.get(e.name or "")
+
+
+def _names_the_reference(e: ModuleNotFoundError, where: str) -> bool:
+    """Whether ``e`` says the module MODEL names (``pkg.sub``), or a package above it, does
+    not exist, rather than that the module's own code imports something missing."""
+    parts = where.split(".")
+    return e.name in {".".join(parts[: i + 1]) for i in range(len(parts))}
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:

@@ -151,6 +151,7 @@ import dataclasses
 import importlib
 import json
 import math
+import numbers
 import os
 import statistics
 import time
@@ -911,6 +912,7 @@ class _CostAwareCallbackBase:
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":
             self._check_namespace(trainer)
+            self._safely("checking trial=", self._check_trial_argument)
             self._safely("claiming the device", self._claim_device, trainer)
             self._safely(
                 "measuring the GPU memory held before", self._held_at_setup, trainer, pl_module
@@ -1736,6 +1738,27 @@ class _CostAwareCallbackBase:
                 "training goes on.",
             )
             return None
+
+    def _check_trial_argument(self) -> None:
+        """Warn once where ``trial=`` looks like an Optuna trial's number, or its study,
+        given in place of the trial: without a budget nothing is then judged. A trial id
+        that labels rows (with ``study=`` or a store, Ray's string ids) is left alone, and
+        so is any ``trial`` with a budget."""
+        trial = self.trial
+        if trial is None or _is_optuna_trial(trial) or self.budget is not None:
+            return
+        number = isinstance(trial, numbers.Integral) and not isinstance(trial, bool)
+        study = hasattr(trial, "study_name") and hasattr(trial, "optimize")  # optuna.Study
+        if not (study or (number and self.study is None and self.store is None)):
+            return
+        given = f"trial={trial!r}" if number else f"trial=<{type(trial).__name__}>"
+        self._warn_once(
+            "trial",
+            f"costaware: CostAwareCallback({given}) is not an Optuna trial, and the callback "
+            "has no budget: nothing is judged before training (an id only labels the "
+            "records). Pass trial=trial (the optuna.Trial the objective receives; its "
+            "study's CostAwarePruner then judges it) or budget=ca.Budget(...).",
+        )
 
     def _warn_once(self, key: str, message: str) -> None:
         if key in self._warned:

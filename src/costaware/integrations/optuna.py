@@ -37,7 +37,7 @@ a ``HyperbandPruner`` with the cost gate in front.
 Example:
     >>> import optuna, costaware as ca
     >>> from costaware import zoo
-    >>> from costaware.integrations.optuna import CostAwarePruner
+    >>> from costaware.integrations.optuna import CostAwarePruner, pruned
     >>> def spec_fn(params):
     ...     return ca.TrainingSpec(model=lambda: zoo.mlp(784, (params["width"],), 10),
     ...                            batch=ca.ImageBatch((784,), classes=10), batch_size=params["bs"])
@@ -46,7 +46,7 @@ Example:
     >>> def objective(trial):
     ...     trial.suggest_int("width", 64, 512); trial.suggest_int("bs", 8, 64)
     ...     if trial.should_prune():
-    ...         raise optuna.TrialPruned()
+    ...         raise pruned(trial)  # Optuna's log line then says why
     ...     return 0.0
     >>> study.optimize(objective, n_trials=2)
 """
@@ -161,8 +161,9 @@ _REJECTED = "rejected by costaware before it ran: "
 
 
 def _log_rejection(number: int, reasons: list[str]) -> None:
-    """Optuna's log says why the pruner rejected a trial (its own line says only 'pruned':
-    the objective raises ``TrialPruned()`` after ``should_prune()``)."""
+    """The pruner's rejection of a trial, with its reasons, at INFO: the objective's
+    ``raise optuna.TrialPruned()`` after ``should_prune()`` makes Optuna's own line say
+    only "pruned" (``raise pruned(trial)`` puts the reasons there too)."""
     _LOG.info(f"Trial {number} {_REJECTED}{'; '.join(reasons)}")
 
 
@@ -312,14 +313,16 @@ def decision(trial: optuna.Trial | FrozenTrial) -> dict[str, Any]:
 def pruned(trial: optuna.Trial | FrozenTrial) -> optuna.TrialPruned:
     """The ``TrialPruned`` to raise for a pruned trial, its message why, so that Optuna's
     log line says it: ``raise pruned(trial)``. A trial costaware rejected gets its
-    reasons; one it admitted was pruned by the wrapped pruner on the values reported."""
+    reasons (``Trial 3 pruned. rejected by costaware before it ran: ...``, the one line
+    that says it: a bare ``TrialPruned()`` leaves them in ``trial.user_attrs`` alone);
+    one it admitted was pruned by the wrapped pruner on the values reported."""
     found = decision(trial)
     reasons = found.get("reasons") or []
     if not reasons and found.get("admit") is True:
         step = getattr(trial, "last_step", None)  # a FrozenTrial's; a Trial has none
         at = f" at step {step}" if step is not None else ""
         return optuna.TrialPruned(f"pruned by the study's pruner{at} (costaware admitted it)")
-    return optuna.TrialPruned("; ".join(reasons) or "rejected by costaware")
+    return optuna.TrialPruned(_REJECTED + ("; ".join(reasons) or "no reason"))
 
 
 def _pruner_class(obj: Any) -> bool:

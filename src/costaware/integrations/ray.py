@@ -74,6 +74,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import numbers
 import os
 import time
 import warnings
@@ -437,12 +438,36 @@ class CostAwareSearcher(Searcher):
                 self.set_state(json.load(f))
 
 
+def _is_number(v: Any) -> bool:
+    """Whether ``v`` is a finite real number (a numpy scalar too), not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _number(result: Mapping[str, Any], keys: tuple[str, ...]) -> float | None:
     for key in keys:
-        v = result.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        v: Any = result.get(key)
+        if _is_number(v):
             return float(v)
     return None
+
+
+#: the cost keys a result may carry, and the unit each must be a number of
+_COST_UNITS = (
+    *((key, "seconds (the epoch's training time)") for key in EPOCH_TIME_KEYS),
+    *((key, "bytes (the peak memory)") for key in PEAK_MEMORY_KEYS),
+    *((key, "bytes (what the process held before the trial)") for key in HELD_BEFORE_KEYS),
+)
+
+
+def _not_numbers(result: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
+    """``(key, unit, value)`` for each cost key the result carries whose value is not a
+    finite number (``"30s"``, ``"1GB"``, NaN): nothing is checked or recorded for it.
+    None is a cost not measured (no peak on a CPU), not a wrong one."""
+    return [
+        (key, unit, result[key])
+        for key, unit in _COST_UNITS
+        if key in result and result[key] is not None and not _is_number(result[key])
+    ]
 
 
 class CostAwareScheduler(TrialScheduler):
@@ -524,6 +549,8 @@ class CostAwareScheduler(TrialScheduler):
         self._last_recorded: dict[str, tuple[int | None, dict[str, Any]]] = {}
         self._warned_store = False
         self._warned_device = False
+        #: the cost keys already warned of as not numbers
+        self._warned_keys: set[str] = set()
 
     @property
     def metric(self) -> Any:
@@ -572,6 +599,7 @@ class CostAwareScheduler(TrialScheduler):
     # -- the check ------------------------------------------------------------------------
     def _check(self, trial: Any, result: Mapping[str, Any]) -> list[Reason]:
         """Record the result's actual cost and return the budget it breaks (if any)."""
+        self._warn_not_numbers(result)
         epoch_time = _number(result, EPOCH_TIME_KEYS)
         peak = _number(result, PEAK_MEMORY_KEYS)
         if epoch_time is None and peak is None:
@@ -621,6 +649,22 @@ class CostAwareScheduler(TrialScheduler):
                         stacklevel=3,
                     )
         return reasons
+
+    def _warn_not_numbers(self, result: Mapping[str, Any]) -> None:
+        """Warn, once per key, of a cost key whose value is not a number: the trainable
+        reports it, so it means a budget to be kept, and nothing checks it."""
+        for key, unit, value in _not_numbers(result):
+            if key in self._warned_keys:
+                continue
+            self._warned_keys.add(key)
+            warnings.warn(
+                f"costaware: the result's {key!r} must be a number of {unit}, but got "
+                f"{key}={value!r} ({type(value).__name__}): nothing is checked against the "
+                f"budget or recorded for it. Report it as a number, e.g. "
+                f"tune.report({{{key!r}: 30.0}}).",
+                CostAwareWarning,
+                stacklevel=4,
+            )
 
     def _measured_on(self, result: Mapping[str, Any]) -> str | None:
         """The device a result's measurements were taken on, which the store records them
