@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 import pytest
 from optuna.trial import TrialState
+from torch import nn
 
 import costaware as ca
 from costaware import zoo
@@ -642,3 +643,31 @@ def test_a_pruner_without_spec_fn_says_when_nothing_judges_its_trials() -> None:
     with pytest.warns(CostAwareWarning, match="finished without costaware judging it") as said:
         study.optimize(unjudged, n_trials=3)
     assert sum("finished without" in str(w.message) for w in said) == 1
+
+
+def test_a_factory_reading_a_parameter_not_suggested_says_which() -> None:
+    """``model=lambda: build(cfg)``, the factory reading a key the trial never suggested:
+    the user's KeyError, with the key and the parameters there are."""
+
+    def typo(params: dict[str, Any]) -> ca.TrainingSpec:
+        return ca.TrainingSpec(
+            model=lambda: nn.Linear(16, params["widht"]),
+            batch=ca.ImageBatch((16,), classes=10),
+            batch_size=params["bs"],
+        )
+
+    def obj(trial: optuna.Trial) -> float:
+        trial.suggest_int("width", 8, 16)
+        trial.suggest_int("bs", 8, 16)
+        trial.should_prune()
+        return 1.0
+
+    study = optuna.create_study(
+        pruner=CostAwarePruner(spec_fn=typo, budget=BUDGET, device="T4", refit_every=None)
+    )
+    with pytest.raises(KeyError) as info:
+        study.optimize(obj, n_trials=1)
+    assert isinstance(info.value, ca.UserCodeError)
+    assert "It reads 'widht', which is not among the parameters it was given (bs, width)" in str(
+        info.value
+    )

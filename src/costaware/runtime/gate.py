@@ -188,27 +188,55 @@ def spec_build_error(
     if _raised_by_costaware(error):
         return error  # costaware's own bug: not the user's to fix, the trial fails open
     said = first_line(error).rstrip(". ")
-    hint = ""
-    if isinstance(error, KeyError) and isinstance(params, Mapping) and error.args:
-        key = error.args[0]
-        nested = [
-            str(k) for k, v in params.items() if isinstance(v, Mapping) and key in v
-        ]  # a nested search space: {"model": {"width": ...}}
-        if key not in params and nested:
-            hint = (
-                f" It reads {key!r}, which the parameters it was given hold nested, under "
-                f"{nested[0]!r}: read it as cfg[{nested[0]!r}][{key!r}]."
-            )
-        elif key not in params:
-            hint = (
-                f" It reads {key!r}, which is not among the parameters it was given "
-                f"({', '.join(sorted(map(str, params))) or 'none'}): {missing}."
-            )
+    hint = _key_hint(error, params, missing)
     return user_code_error(
         f"{what} raised {said} at {_failing_line(error)}.{hint} This is the user's code, not "
         f"costaware's: fix it ({contract}).",
         error,
     )
+
+
+def _key_hint(error: BaseException | None, params: Any, missing: str) -> str:
+    """Where ``error`` is a ``KeyError`` for a key the search's ``params`` lack: which key,
+    what they hold, and ``missing`` (the fix); else ""."""
+    if not (isinstance(error, KeyError) and isinstance(params, Mapping) and error.args):
+        return ""
+    key = error.args[0]
+    if key in params:
+        return ""
+    nested = [
+        str(k) for k, v in params.items() if isinstance(v, Mapping) and key in v
+    ]  # a nested search space: {"model": {"width": ...}}
+    if nested:
+        return (
+            f" It reads {key!r}, which the parameters it was given hold nested, under "
+            f"{nested[0]!r}: read it as cfg[{nested[0]!r}][{key!r}]."
+        )
+    return (
+        f" It reads {key!r}, which is not among the parameters it was given "
+        f"({', '.join(sorted(map(str, params))) or 'none'}): {missing}."
+    )
+
+
+def _with_key_hint(error: UserCodeError, params: Any) -> UserCodeError:
+    """``error`` (the dry run's: the model factory, forward or loss raised), with
+    :func:`_key_hint` added where its cause is a ``KeyError`` for a key the search's
+    ``params`` lack (``model=lambda: build(cfg)`` reading ``cfg["widht"]``)."""
+    cause = error.__cause__
+    hint = _key_hint(
+        cause,
+        params,
+        "every parameter the spec's code reads must be among those the search suggests "
+        "(or be read with a default, cfg.get)",
+    )
+    if not hint or cause is None:
+        return error
+    import costaware.errors as errors
+
+    kind = next(  # the error's own kind (UserCodeError, SpecError), not one made of it
+        c for c in type(error).__mro__ if getattr(errors, c.__qualname__, None) is c
+    )
+    return user_code_error(f"{str(error).rstrip()}{hint}", cause, kind)
 
 
 @dataclass
@@ -390,8 +418,11 @@ class Gate:
                 device = self.resolved_device()
                 pred = model.predict(spec, device=device)
                 decision = self.budget.decide(pred, device=device, spent_time=spent_time)
-            except UserCodeError:
-                raise  # the user's bug (a SpecError too): fail fast, never admitted unjudged
+            except UserCodeError as e:  # the user's bug (a SpecError too): fail fast
+                hinted = _with_key_hint(e, params)
+                if hinted is e:
+                    raise
+                raise hinted from e.__cause__
             except Exception as e:  # costaware's own failure: fail open (or closed)
                 error = e
         if error is not None or pred is None or decision is None:
