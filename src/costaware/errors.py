@@ -18,6 +18,7 @@ Python code that expects those keeps working.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 __all__ = [
@@ -104,12 +105,30 @@ def is_user_error(exc: BaseException) -> bool:
     return isinstance(exc, UserCodeError)
 
 
-def first_line(exc: BaseException, limit: int = 500) -> str:
+def first_line(exc: BaseException, limit: int = 800) -> str:
     """``"TypeName: first line of the message"``, at most ``limit`` characters: for reasons
-    recorded next to a trial, where a whole traceback would not help."""
+    recorded next to a trial, where a whole traceback would not help. A longer one is cut
+    at its last sentence that fits, or else at a word, and ends with "…"."""
     text = str(exc).strip()
     line = text.splitlines()[0] if text else ""
-    return (f"{type(exc).__name__}: {line}" if line else type(exc).__name__)[:limit]
+    return shorten(f"{type(exc).__name__}: {line}" if line else type(exc).__name__, limit)
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters; else cut to fit, ending with "…":
+    after its last sentence that fits (where that keeps at least half of the limit), else
+    at its last word that fits, else mid-word."""
+    if len(text) <= limit:
+        return text
+    if limit < 3:
+        return text[:limit]
+    head = text[: limit - 2]  # room for " …"
+    ends = [m.end() for m in re.finditer(r"[.!?;](?=\s|$)", head)]
+    if ends and ends[-1] >= limit // 2:
+        return head[: ends[-1]] + " …"
+    space = head.rfind(" ")
+    cut = head[:space] if space >= limit // 2 else text[: limit - 1]
+    return cut.rstrip(" ,;:(") + "…"
 
 
 def user_code_error(

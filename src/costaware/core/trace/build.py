@@ -14,6 +14,8 @@ import functools
 import inspect
 import math
 import os
+import re
+import traceback
 import weakref
 from typing import Any, ClassVar
 
@@ -24,8 +26,14 @@ from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from costaware.core.trace.failures import _DEVICE_WORDS
-from costaware.core.trace.user_code import _factory_name, _failing_line, _said, _where
+from costaware.core.trace.failures import _DEVICE_WORDS, _chain
+from costaware.core.trace.user_code import (
+    _factory_name,
+    _failing_line,
+    _is_theirs,
+    _said,
+    _where,
+)
 from costaware.errors import (
     CostawareError,
     SpecError,
@@ -60,12 +68,22 @@ def build_model(
             memo[id(b)] = torch.empty_like(b, device="meta")
         return copy.deepcopy(src, memo), "module"
     _check_zero_arguments(spec.model)
+    meta_error: Exception | None = None
     try:
         with torch.device("meta"):
             model = spec.model()
         how = "meta"
     except Exception as e:  # the constructor reads values: built for real, within a limit
-        model = _build_for_real(spec, e, real_build_limit)
+        meta_error = e
+    if meta_error is not None:
+        # out of the `except`: the real build's error is not told as raised "during
+        # handling" of the meta one
+        if _raised_by_the_factory(meta_error):  # it fails the same way for real: once
+            error = _factory_error(meta_error, spec)
+            if error is meta_error:
+                raise error
+            raise error from meta_error
+        model = _build_for_real(spec, meta_error, real_build_limit)
         how = "cpu"
     if not isinstance(model, nn.Module):
         raise SpecError(
@@ -111,6 +129,26 @@ def _check_zero_arguments(factory: Any) -> None:
         f"{base}() needs {listed}. Pass a zero-argument factory: "
         f"model=lambda: {base}({args}) or model=functools.partial({base}, {args})."
     )
+
+
+#: what torch says when a tensor on the meta device cannot do what a real one would
+_META_WORDS = re.compile(r"\bmeta\b|no data|storage|data pointer|Scalar|item\(\)", re.IGNORECASE)
+
+
+def _raised_by_the_factory(error: BaseException) -> bool:
+    """Whether the factory's own code raised ``error`` on the meta device, not a torch
+    op that a real tensor would have let through: the error arose in the user's code
+    (its innermost frame is theirs), no error it was raised from or while handling did
+    in torch, and it is neither of the types torch's ops raise on meta
+    (``RuntimeError``, ``NotImplementedError``) nor says a word of the meta device. Such
+    a factory fails the same way for real, so it is not built again (it runs once)."""
+    for e in _chain(error):
+        frames = traceback.extract_tb(e.__traceback__)
+        if not frames or not _is_theirs(frames[-1].filename):
+            return False
+        if isinstance(e, (RuntimeError, NotImplementedError)) or _META_WORDS.search(str(e)):
+            return False
+    return True
 
 
 def _factory_error(error: Exception, spec: TrainingSpec) -> Exception:

@@ -10,8 +10,11 @@ second step is synthesised from the first one's events.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
+import importlib
 import inspect
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -21,6 +24,7 @@ import networkx as nx
 import numpy as np
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from costaware.core.sharding import ShardedStep
 from costaware.core.trace.build import _to_fake, has_lazy_parameters
@@ -33,7 +37,7 @@ from costaware.core.trace.optimizer import _flat_optimizer_ok, _flat_optimizer_s
 from costaware.core.trace.recompute import recompute_under
 from costaware.core.trace.recorder import _Recorder
 from costaware.core.trace.result import _CAT_CODE, Trace, _memory_profile, _round
-from costaware.errors import SpecError
+from costaware.errors import SpecError, UntraceableModelError, user_code_error
 from costaware.spec import (
     ImageBatch,
     TokenBatch,
@@ -190,7 +194,7 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
     opt_kwargs = _optimizer_kwargs(spec, attention)
 
     built_half = _built_half(model) if spec.param_dtype is None else None
-    with fm:
+    with fm, _RealKernelDtypes():
         _to_fake(model, spec.param_dtype)
         model.train()
         metrics = _skip_metrics(model)
@@ -209,10 +213,12 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
             buckets, opt_params = _hold_model(rec, spec, model, sharded)
             try:
                 opt = opt_cls(opt_params, **opt_kwargs)
-            except (TypeError, ValueError) as e:
-                raise SpecError(
-                    f"optimizer {spec.optimizer_name!r} rejected its arguments {opt_kwargs}: {e}"
-                ) from e
+            except Exception as e:
+                error = _optimizer_rejected(spec, e)
+                if error is None:
+                    raise
+                raise error from e
+            _check_no_closure(spec, opt)
             rec.step_code = _step_code(spec, model)
             rec.step = 1
             rec.record_graph = True
@@ -226,6 +232,114 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
     return _RecordedStep(
         rec, sharded, fused, *sizes, skipped_metrics=metrics, built_half=built_half
     )
+
+
+class _RealKernelDtypes(TorchDispatchMode):
+    """Fake kernels that take the dtypes the real kernels take, where torch's meta
+    kernel checks one GPU kernel's narrower list: ``grouped_mm`` (Hugging Face's
+    mixture-of-experts layers) in fp32 or fp16, which the CPU kernel takes and the meta
+    kernel refuses (bf16 alone). Its output is shaped as the meta kernel shapes it; every
+    other op passes through. Sits between FakeTensorMode and the recorder, which sees the op
+    as it is."""
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is _GROUPED_MM and _GROUPED_MM_OUT is not None:
+            given = dict(zip(("self", "mat2", "offs", "bias", "out_dtype"), args, strict=False))
+            given.update(kwargs)
+            a, b, offs = given.get("self"), given.get("mat2"), given.get("offs")
+            bias, out_dtype = given.get("bias"), given.get("out_dtype")
+            if (
+                isinstance(a, torch.Tensor)
+                and isinstance(b, torch.Tensor)
+                and a.dtype == b.dtype
+                and a.dtype in (torch.float32, torch.float16)
+                and out_dtype in (None, a.dtype)
+                and bias is None
+                and a.dim() in (2, 3)
+                and b.dim() in (2, 3)
+                and (a.dim() == b.dim() == 2 or a.size(-1) == b.size(-2))
+                and (offs is not None) == (a.dim() == 2 or b.dim() == 2)
+            ):
+                return _GROUPED_MM_OUT(a, b, offs, a.dtype)
+        return func(*args, **kwargs)
+
+
+_GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
+_GROUPED_MM = getattr(_GROUPED_MM, "default", None)
+#: how the meta kernel shapes grouped_mm's output (and checks the batch sizes); None in a
+#: torch without it, whose meta kernel is left as it is
+_GROUPED_MM_OUT: Any = getattr(
+    importlib.import_module("torch._meta_registrations"), "_create_grouped_mm_output_tensor", None
+)
+
+
+def _optimizer_rejected(spec: TrainingSpec, error: Exception) -> Exception | None:
+    """The error to raise for an optimizer that could not be built from the spec's
+    arguments: the user's bug, where their own optimizer class raised (named at its line)
+    or the arguments do not fit (the user's ``optimizer_kwargs`` alone, not the
+    ``foreach`` costaware adds, with the parameter meant where a name is misspelt); None
+    where it is neither (the error is then classified as any other)."""
+    from costaware.core.trace.user_code import _said, _user_frames, _where
+
+    name = spec.optimizer_name
+    if _user_frames(error):  # the user's own optimizer class raised
+        return user_code_error(
+            f"the optimizer {name!r} ({spec.optimizer_class.__qualname__}) raised "
+            f"{_said(error)} {_where(error)} when built with optimizer_kwargs="
+            f"{dict(spec.optimizer_kwargs)}. A real training step builds it the same way and "
+            "fails the same way: fix the optimizer class or its arguments.",
+            error,
+        )
+    if not isinstance(error, (TypeError, ValueError)):
+        return None
+    hint = ""
+    unknown = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+    if unknown is not None:
+        try:
+            params = [
+                p
+                for p in inspect.signature(spec.optimizer_class.__init__).parameters
+                if p not in ("self", "params")
+            ]
+        except (TypeError, ValueError):
+            params = []
+        close = difflib.get_close_matches(unknown.group(1), params, n=1)
+        hint = (
+            f"; did you mean {close[0]!r}?"
+            if close
+            else f"; it takes {', '.join(params)}"
+            if params
+            else ""
+        )
+    return SpecError(
+        f"optimizer {name!r} rejected its arguments {dict(spec.optimizer_kwargs)}: "
+        f"{error}{hint}"
+    )
+
+
+def _check_no_closure(spec: TrainingSpec, opt: torch.optim.Optimizer) -> None:
+    """Raise :class:`UntraceableModelError` for an optimizer whose step needs a closure
+    (LBFGS): its step runs the forward and backward again, as many times as it needs,
+    which the dry run's one recorded step cannot follow."""
+    try:
+        closure = inspect.signature(opt.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise UntraceableModelError(
+            f"The optimizer {spec.optimizer_name!r} ({type(opt).__name__}) steps with a "
+            "closure (optimizer.step(closure) re-evaluates the loss, as LBFGS does), which "
+            "costaware's dry run does not support: it records one forward, backward and "
+            "optimizer step. This is a limit of costaware's dry run, not a bug in the model "
+            "or the optimizer; a real training step runs it."
+        )
 
 
 def _built_half(model: nn.Module) -> torch.dtype | None:
