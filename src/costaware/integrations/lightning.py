@@ -196,7 +196,7 @@ if TYPE_CHECKING:
     from costaware.runtime.store import ObservationStore
 
 _INSTALL_HINT = "pip install 'costaware[lightning]'"
-_MAX_REASON = 500
+_MAX_REASON = 800
 _T = TypeVar("_T")
 
 

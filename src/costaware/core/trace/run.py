@@ -93,6 +93,7 @@ def dry_run(
         built["model"] = model
         layers = _layer_counts(model)
         with torch.enable_grad():
+            on_meta: RuntimeError | None = None
             try:
                 trace = _trace(spec, model, how, attention)
             except (SpecError, TraceError):
@@ -101,16 +102,18 @@ def dry_run(
                 # meta-built modules can keep plain tensor attributes on meta; retry real
                 if how != "meta" or "meta" not in str(e):
                     raise
+                on_meta = e
+            if on_meta is not None:  # out of the `except`: the retry's errors are its own
                 size = _param_bytes(model) + sum(b.nbytes for b in model.buffers())
                 cap = (
                     real_build_limit if real_build_limit is not None else default_real_build_limit()
                 )
                 if size > cap:  # its parameters alone would not fit: not even tried
                     raise UntraceableModelError(
-                        _too_large(e, cap, real_build_limit is None, attribute=True)
-                    ) from e
+                        _too_large(on_meta, cap, real_build_limit is None, attribute=True)
+                    ) from on_meta
                 del model
-                model = _build_for_real(spec, e, real_build_limit, attribute=True)
+                model = _build_for_real(spec, on_meta, real_build_limit, attribute=True)
                 built["model"] = model
                 trace = _trace(spec, model, "cpu", attention)
         trace.layer_counts = layers
