@@ -275,3 +275,27 @@ def test_grouped_mm_in_fp32_dry_runs_as_the_real_step_runs() -> None:
     trace = ca.dry_run(_spec(Experts, batch_size=8), timeout=None)
     assert trace.op_counts["_grouped_mm"] >= 2  # forward, and the backward's gradients
     assert trace.peak_live > 0
+
+
+class _Packed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 8)
+        self.lstm = nn.LSTM(8, 8, batch_first=True)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        lengths = (ids > 0).sum(1)
+        packed = nn.utils.rnn.pack_padded_sequence(
+            self.emb(ids), lengths, batch_first=True, enforce_sorted=False
+        )
+        _, (h, _) = self.lstm(packed)
+        return self.fc(h[-1])  # type: ignore[no-any-return]
+
+
+def test_packed_sequences_are_the_dry_runs_limit_said_as_such() -> None:
+    spec = ca.TrainingSpec(
+        model=_Packed, batch=ca.TokenBatch(16, 50, num_labels=3), batch_size=4
+    )
+    with pytest.raises(ca.UntraceableModelError, match=r"pack_padded_sequence .* packs as many"):
+        ca.dry_run(spec)

@@ -274,6 +274,13 @@ def _untraceable_error(exc: BaseException, why: str) -> TraceError:
         )
     if why == "dynamic":
         op = _op_of(exc)
+        if op == "aten._pack_padded_sequence":
+            return UntraceableModelError(
+                f"The model cannot run on fake tensors: pack_padded_sequence {where} packs as "
+                "many steps as the lengths' values say, and a dry run's tensors have no "
+                f"values. {ours}; a prediction of the same model on padded sequences (without "
+                "the packing, at the full length) bounds the packed step's memory and time."
+            )
         fixed = (
             "torch.bincount(x, minlength=n)"
             if op == "aten.bincount"
