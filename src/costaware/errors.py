@@ -24,6 +24,7 @@ from typing import Any
 __all__ = [
     "CostAwareWarning",
     "CostawareError",
+    "FitCancelled",
     "NotEnoughObservations",
     "NotFittedError",
     "SpecError",
@@ -89,6 +90,11 @@ class NotFittedError(CostawareError, RuntimeError):
 class NotEnoughObservations(CostawareError, ValueError):
     """``fit`` was given too few observations with a measured peak or time to learn from
     (an OOM or a crash counts as an observation, but carries no measurement)."""
+
+
+class FitCancelled(CostawareError):
+    """A fit stopped before its end because the event it was given
+    (:func:`costaware.core.model.stop_fits_when`) was set: the process is exiting."""
 
 
 class CostAwareWarning(UserWarning):

@@ -268,7 +268,7 @@ for i, (w, bs) in enumerate(CONFIGS):
     resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.RLIM_INFINITY))  # "disk full"
     tries.append(refit.maybe_refit())
     resource.setrlimit(resource.RLIMIT_FSIZE, unlimited)
-left = sorted(p.name for p in models.iterdir())
+left = sorted(p.name for p in models.iterdir() if p.name != ".refit.lock")  # the workers' lock
 failures, error = refit.failures, refit.last_error
 refit.refit_now()  # room again
 print(json.dumps({"tries": tries, "left": left, "failures": failures, "error": error,
@@ -296,7 +296,12 @@ def test_a_refit_on_a_full_disk_backs_off_and_leaves_nothing_behind(tmp_path: Pa
     assert "online refit failed (2 in a row" in out.stderr
     assert result["left"] == []  # no half-written version, no temporary folder
     versions = [n for n in result["after"] if n.startswith("v")]
-    assert len(versions) == 1 and set(result["after"]) == {*versions, "LATEST", "refits.jsonl"}
+    assert len(versions) == 1 and set(result["after"]) == {
+        *versions,
+        "LATEST",
+        "refits.jsonl",
+        ".refit.lock",
+    }
     assert result["now"] == 0
 
 
@@ -320,7 +325,8 @@ def test_a_save_that_fails_midway_is_removed_and_versions_are_bounded(
     monkeypatch.setattr(ca.CostModel, "save", save_then_fail)
     assert refit.maybe_refit() is True
     assert refit.failures == 1 and "No space left" in (refit.last_error or "")
-    assert not calls[0].exists() and list(refit.directory.iterdir()) == []
+    assert not calls[0].exists()
+    assert [p.name for p in refit.directory.iterdir()] == [".refit.lock"]
     assert not refit.model().is_fitted  # the model in use is kept
     _record(store, ca.CostModel(), 2, _spec(*CONFIGS[2]))
     assert refit.maybe_refit() is False  # backing off: 1 * 2 more trials after a failure
@@ -415,3 +421,58 @@ def test_a_store_that_stops_answering_mid_refit_is_no_failure_of_the_refit(
     assert refit.failures == 0 and "connection timeout" in (refit.last_error or "")
     monkeypatch.setattr(ObservationStore, "observations", read)
     assert refit.maybe_refit() is True and refit.model().is_fitted
+
+
+_EXIT_MID_REFIT = """
+import logging, sys
+sys.path.insert(0, sys.argv[2])
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+import costaware as ca
+from costaware.runtime.refit import OnlineRefit
+from costaware.runtime.store import ObservationStore
+from tests.runtime.test_refit import CONFIGS, _record, _spec
+
+store = ObservationStore(sys.argv[1])
+for i, (w, bs) in enumerate(CONFIGS * 3):  # past the line fit: CatBoost's trees
+    _record(store, ca.CostModel(), i, _spec(w, bs))
+refit = OnlineRefit(store, base=ca.CostModel(iterations=20_000), every=1)
+assert refit.maybe_refit()
+print("exiting", flush=True)
+"""
+
+
+def test_a_refit_in_flight_stops_when_the_process_exits(tmp_path: Path) -> None:
+    """A script that ends while its background refit grows trees exits without waiting for
+    the refit (which saves nothing), and without tearing Python down under CatBoost."""
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", _EXIT_MID_REFIT, str(tmp_path / "obs.db"), str(repo)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "online refit stopped: the process is exiting" in out.stderr, out.stderr[-3000:]
+    assert "refitted the cost model" not in out.stderr
+    assert not list((tmp_path / "obs.db.costaware-models").glob("v*"))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_workers_sharing_a_store_refit_one_at_a_time(tmp_path: Path) -> None:
+    """While another process refits on the models directory (it holds the lock), a refit
+    that comes due is not run again on the same rows, nor counted as failed; once the lock
+    is free, it runs."""
+    import fcntl
+
+    store = ObservationStore(tmp_path / "obs.db")
+    refit = OnlineRefit(store, base=ca.CostModel(), every=1, background=False, study="s")
+    for i, (w, bs) in enumerate(CONFIGS[:2]):
+        _record(store, ca.CostModel(), i, _spec(w, bs))
+    assert refit.directory is not None
+    refit.directory.mkdir(parents=True)
+    with (refit.directory / ".refit.lock").open("a") as other:  # another worker's refit
+        fcntl.flock(other, fcntl.LOCK_EX)
+        refit.maybe_refit()
+        assert refit.history == [] and refit.failures == 0 and not refit.model().is_fitted
+    refit.maybe_refit()
+    assert len(refit.history) == 1 and refit.model().is_fitted

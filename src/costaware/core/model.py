@@ -34,6 +34,8 @@ re-exports the names that moved there.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime as _dt
 import hashlib
 import inspect
@@ -43,7 +45,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -115,6 +117,7 @@ from costaware.devices import Device, device_kind, get_device, is_auto, precisio
 from costaware.errors import (
     CostawareError,
     CostAwareWarning,
+    FitCancelled,
     NotEnoughObservations,
     NotFittedError,
     TraceError,
@@ -350,6 +353,39 @@ class _Residual(NamedTuple):
     pooled: bool  # one bound for every row, not one per bound group
 
 
+_STOP_FITS: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "costaware_stop_fits", default=None
+)
+
+
+@contextlib.contextmanager
+def stop_fits_when(event: threading.Event) -> Iterator[None]:
+    """Within this block (in this thread), :meth:`CostModel.fit` raises
+    :class:`~costaware.errors.FitCancelled` once ``event`` is set, within one tree of
+    CatBoost's: how the online refit stops when the process exits, instead of holding the
+    exit (or being torn down under CatBoost's threads)."""
+    token = _STOP_FITS.set(event)
+    try:
+        yield
+    finally:
+        _STOP_FITS.reset(token)
+
+
+def _check_stop(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise FitCancelled("the fit was stopped: the process is exiting")
+
+
+class _StopWhenSet:
+    """A CatBoost callback: go on growing trees while ``event`` is not set."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def after_iteration(self, info: Any) -> bool:
+        return not self.event.is_set()
+
+
 def _check_params(**params: Any) -> None:
     """Raise ``ValueError`` naming the first of :class:`CostModel`'s parameters that is out
     of its range, with what it accepts and what it got."""
@@ -538,8 +574,11 @@ class CostModel:
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def default(cls) -> CostModel:
+    def default(cls, *, trace_timeout: float | None = None) -> CostModel:
         """The shipped model: learned when the package carries one, else analytic.
+
+        ``trace_timeout``: seconds one dry run may take in this model (default: the
+        shipped model's, 60 s), for models whose first dry run takes longer.
 
         The package's files are read and verified once per process, by the first call
         (others wait for it); each call returns a new :class:`CostModel` that shares the
@@ -555,9 +594,11 @@ class CostModel:
                 with a warning that gives this reason.
         """
         shipped = _shipped_model()
-        if shipped is None:
-            return cls()
-        return shipped._shared(cls)
+        model = cls() if shipped is None else shipped._shared(cls)
+        if trace_timeout is not None:
+            _check_params(trace_timeout=trace_timeout)
+            model.trace_timeout = trace_timeout
+        return model
 
     # -- state helpers --------------------------------------------------------------------
     @property
@@ -1517,11 +1558,19 @@ class CostModel:
         return self
 
     def _trees(self, x: np.ndarray, y: np.ndarray) -> Any:
-        """A CatBoost regressor fitted on ``(x, y)`` (a constant where ``y`` is one)."""
+        """A CatBoost regressor fitted on ``(x, y)`` (a constant where ``y`` is one).
+
+        Raises:
+            FitCancelled: the event of :func:`stop_fits_when` is set, before the fit or
+                during it (CatBoost stops after the tree it is growing).
+        """
+        stop = _STOP_FITS.get()
+        _check_stop(stop)
         if float(np.ptp(y)) < 1e-12:  # CatBoost refuses constant targets
             return _Constant(float(y[0]))
         model = self._regressor()
-        model.fit(x, y)
+        model.fit(x, y, callbacks=None if stop is None else [_StopWhenSet(stop)])
+        _check_stop(stop)
         return model
 
     def _regressor(self) -> Any:

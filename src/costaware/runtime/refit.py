@@ -29,14 +29,15 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Final
 
-from costaware.core.model import CostModel
-from costaware.errors import NotEnoughObservations
+from costaware.core.model import CostModel, stop_fits_when
+from costaware.errors import FitCancelled, NotEnoughObservations
 from costaware.runtime.store import StoreUnreachable
 
 __all__ = ["KEEP_VERSIONS", "OnlineRefit"]
@@ -44,6 +45,15 @@ __all__ = ["KEEP_VERSIONS", "OnlineRefit"]
 log = logging.getLogger("costaware.refit")  # the name users configure, whatever the layout
 _LATEST = "LATEST"
 _TMP = ".tmp-"  # a model being written: hidden, never read, renamed into place when whole
+_REFIT_LOCK = ".refit.lock"  # held (flock) by the one process refitting on the directory
+_NICE = 10  # the background refit's priority below the trial's (Linux niceness)
+
+#: set as the interpreter begins to exit, before it waits for its threads: a refit in
+#: flight stops within one CatBoost tree and is dropped, so that the exit is not held
+#: for it (nor, at a second Ctrl-C, torn down under CatBoost's threads)
+_EXITING = threading.Event()
+with contextlib.suppress(AttributeError, RuntimeError):  # CPython's hook for this
+    threading._register_atexit(_EXITING.set)  # type: ignore[attr-defined]
 KEEP_VERSIONS: Final = 3
 """Refitted models kept in the directory (the newest ones); older ones are removed."""
 MAX_BACKOFF_DOUBLINGS: Final = 6
@@ -197,8 +207,9 @@ class OnlineRefit:
         if self.background:
             self._thread = threading.Thread(
                 # not a daemon: the interpreter waits for a refit in flight at exit, instead
-                # of tearing Python down under CatBoost's threads (which segfaults)
-                target=self._refit_safely,
+                # of tearing Python down under CatBoost's threads (which segfaults); the
+                # refit stops within one tree once the exit begins (_EXITING)
+                target=self._refit_in_background,
                 name="costaware-refit",
                 daemon=False,
             )
@@ -207,14 +218,58 @@ class OnlineRefit:
             self._refit_safely()
         return True
 
+    def _refit_in_background(self) -> None:
+        """The background refit: at a lower priority than the trial beside it (on Linux,
+        this thread alone), so that the measurements it takes are not slowed."""
+        if sys.platform.startswith("linux"):
+            with contextlib.suppress(AttributeError, OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _NICE)
+        self._refit_safely()
+
     def wait(self, timeout: float | None = None) -> None:
         """Wait for a background refit to finish (for tests and scripts)."""
         if self._thread is not None:
             self._thread.join(timeout)
 
     def _refit_safely(self) -> None:
+        with contextlib.ExitStack() as stack:
+            if not self._claim(stack):
+                log.debug(
+                    "costaware: another process refits on this store now; its model is "
+                    "picked up once saved"
+                )
+                return
+            stack.enter_context(stop_fits_when(_EXITING))
+            self._refit_reporting()
+
+    def _claim(self, stack: contextlib.ExitStack) -> bool:
+        """Whether this process may refit now: it holds the models directory's lock (held
+        until ``stack`` closes), or there is no directory (or no ``fcntl``) to share. Workers
+        sharing a store refit one at a time, and the others pick up the saved model instead
+        of fitting the same rows again."""
+        if self.directory is None:
+            return True
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: each process refits on its own
+            return True
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            handle = stack.enter_context((self.directory / _REFIT_LOCK).open("a"))
+        except OSError:  # an unwritable directory: the save says so
+            return True
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        stack.callback(fcntl.flock, handle, fcntl.LOCK_UN)
+        return True
+
+    def _refit_reporting(self) -> None:
         try:
             self.refit_now()
+        except FitCancelled:
+            log.info("costaware: online refit stopped: the process is exiting")
         except NotEnoughObservations as e:
             # the trials so far ran out of memory or crashed: nothing measured to learn
             # from yet, which is no failure; the next measured trial triggers it again
@@ -247,8 +302,10 @@ class OnlineRefit:
         # but never read, and must not make every later trial look like a new one
         self._counted = int(self.store.count_observations(study=self.study))
         observations = self.store.observations(study=self.study)
-        template = self.base
-        model = CostModel(**template.get_params()).fit(observations, base=self.base)
+        params = self.base.get_params()
+        if self.background:  # one core: the other is the trial's beside it
+            params["thread_count"] = 1
+        model = CostModel(**params).fit(observations, base=self.base)
         if (store_id := self._store_id()) is not None:
             model.training_["store_id"] = store_id
         seconds = time.perf_counter() - t0
