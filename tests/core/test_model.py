@@ -1579,3 +1579,11 @@ def test_a_model_is_not_its_own_base() -> None:
     model = ca.CostModel(time_baseline="roofline").fit(_rows(12))
     with pytest.raises(ValueError, match="base must be another model"):
         model.fit(_rows(12), base=model)
+
+
+def test_the_shipped_model_takes_a_longer_time_limit() -> None:
+    """A model whose first dry run takes longer than a minute (HF Mamba's Python loop)."""
+    assert ca.CostModel.default(trace_timeout=180.0).trace_timeout == 180.0
+    assert ca.CostModel.default().trace_timeout == 60.0  # the others' stays as it was
+    with pytest.raises(ValueError, match="trace_timeout"):
+        ca.CostModel.default(trace_timeout=-1)

@@ -596,7 +596,7 @@ class CostModel:
         shipped = _shipped_model()
         model = cls() if shipped is None else shipped._shared(cls)
         if trace_timeout is not None:
-            _check_params(trace_timeout=trace_timeout)
+            _check_params(**{**model.get_params(), "trace_timeout": trace_timeout})
             model.trace_timeout = trace_timeout
         return model
 
