@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -389,3 +391,18 @@ def test_a_dataclass_batch_is_drawn_as_a_dataclass() -> None:
     assert isinstance(drawn, Batch) and drawn.x.shape == (32, 8) and drawn.y.shape == (32,)
     assert drawn.tag == "train" and like.batch_size == 16
     assert like.shapes(32) == "{'x': (32, 8), 'y': (32,), 'tag': 'train'}"
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda bs: None, "returned None"),
+        (lambda bs: (np.zeros((bs, 8), "float32"), np.zeros(bs, "int64")), "numpy arrays"),
+        (lambda bs: [(torch.zeros(8), 1) for _ in range(bs)], "a list of 4 samples"),
+    ],
+)
+def test_a_batch_callable_that_returns_no_batch_is_told_so(make: Any, said: str) -> None:
+    """Not "the model's forward raised": the batch is what is wrong."""
+    spec = ca.TrainingSpec(model=lambda: nn.Linear(8, 2), batch=make, batch_size=4)
+    with pytest.raises(ca.SpecError, match=f"the batch callable .*{said}"):
+        ca.dry_run(spec)

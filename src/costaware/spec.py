@@ -440,6 +440,29 @@ def check_positions(model: nn.Module, batch: Any) -> None:
     )
 
 
+def _not_a_batch(batch: Any, batch_size: int) -> str | None:
+    """What is wrong with a batch callable's result, where it is plainly not a batch
+    (None, numpy arrays, a list of samples not collated), else None. Anything else (a
+    custom batch object) is the loss's to take."""
+    if batch is None:
+        return "returned None (a missing return?)"
+    parts = list(batch.values()) if isinstance(batch, Mapping) else batch
+    if not isinstance(parts, (tuple, list)):
+        parts = [parts]
+    if any(type(p).__module__ == "numpy" and hasattr(p, "shape") for p in parts):
+        return "returned numpy arrays, not torch tensors (torch.from_numpy(a) makes one)"
+    if (
+        isinstance(batch, list)
+        and len(batch) == batch_size > 1
+        and all(isinstance(p, (tuple, list, Mapping)) for p in batch)
+    ):
+        return (
+            f"returned a list of {batch_size} samples, not one batch "
+            "(torch.utils.data.default_collate(samples) collates them)"
+        )
+    return None
+
+
 def _takes_a_batch_size(fn: Callable[..., Any]) -> None:
     """Refuse a batch callable that cannot be called with one argument, the batch size
     (a callable whose signature Python cannot read is taken as it is)."""
@@ -464,7 +487,15 @@ class _CallableBatch:
     kind: str = "custom"
 
     def make(self, batch_size: int) -> Any:
-        return self.fn(batch_size)
+        batch = self.fn(batch_size)
+        wrong = _not_a_batch(batch, batch_size)
+        if wrong:
+            raise SpecError(
+                f"the batch callable {getattr(self.fn, '__qualname__', self.fn)!r} {wrong}. It "
+                "must return one training batch of batch_size samples, as the loss takes it "
+                "(a tensor, a tuple such as (inputs, labels), or a dict of tensors)."
+            )
+        return batch
 
     def signature(self) -> str:
         own = getattr(self.fn, "signature", None)  # a batch maker that describes itself
