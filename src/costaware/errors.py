@@ -18,7 +18,12 @@ Python code that expects those keeps working.
 
 from __future__ import annotations
 
+import functools
+import os
 import re
+import sys
+import types
+import warnings
 from typing import Any
 
 __all__ = [
@@ -109,6 +114,38 @@ def is_user_error(exc: BaseException) -> bool:
     """Whether ``exc`` is the user's bug (fail fast) rather than costaware's own failure
     (fail open): a :class:`UserCodeError`, :class:`SpecError` included."""
     return isinstance(exc, UserCodeError)
+
+
+#: the packages whose frames a warning about the user's study is not attributed to
+_FRAMEWORKS = ("costaware", "optuna", "ray", "lightning", "pytorch_lightning", "torch")
+
+
+@functools.cache
+def _framework_dirs() -> tuple[str, ...]:
+    import importlib.util
+
+    dirs = []
+    for name in _FRAMEWORKS:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            dirs.append(os.path.join(os.path.realpath(location), ""))
+    return tuple(dirs)
+
+
+def warn_at_users_line(message: str, category: type[Warning] = CostAwareWarning) -> None:
+    """``warnings.warn(message, category)``, attributed to the innermost frame outside
+    costaware and the frameworks it plugs into (Optuna, Ray, Lightning, torch): the user's
+    objective or script line, not Optuna's ``_trial.py``."""
+    dirs = _framework_dirs()
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 2  # warn's caller's frame
+    while frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(dirs):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def first_line(exc: BaseException, limit: int = 800) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 import optuna
 import pytest
+import torch
 from optuna.trial import TrialState
 from torch import nn
 
@@ -671,3 +672,35 @@ def test_a_factory_reading_a_parameter_not_suggested_says_which() -> None:
     assert "It reads 'widht', which is not among the parameters it was given (bs, width)" in str(
         info.value
     )
+
+
+class _ReadsAValue(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum().item() > 0:  # a value the dry run cannot read: costaware's limit
+            x = x * 2
+        return self.fc(x)  # type: ignore[no-any-return]
+
+
+def test_a_warning_about_a_trial_points_at_the_users_line() -> None:
+    """Not at Optuna's _trial.py or costaware's own files: at the objective."""
+
+    def unreadable(params: dict[str, Any]) -> ca.TrainingSpec:
+        return ca.TrainingSpec(model=_ReadsAValue, batch=ca.ImageBatch((16,), classes=10), batch_size=4)
+
+    def obj(trial: optuna.Trial) -> float:
+        trial.suggest_int("w", 1, 2)
+        trial.should_prune()
+        return 1.0
+
+    study = optuna.create_study(
+        pruner=CostAwarePruner(spec_fn=unreadable, budget=BUDGET, device="T4", refit_every=None)
+    )
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        study.optimize(obj, n_trials=1)
+    (said,) = [w for w in seen if "could not judge" in str(w.message)]
+    assert said.filename == __file__, said.filename

@@ -155,7 +155,6 @@ import numbers
 import os
 import statistics
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -172,6 +171,7 @@ from costaware.errors import (
     UntraceableModelError,
     UserCodeError,
     first_line,
+    warn_at_users_line,
 )
 from costaware.from_code import BatchLikeExample
 from costaware.integrations._keywords import keyword_options
@@ -1764,7 +1764,7 @@ class _CostAwareCallbackBase:
         if key in self._warned:
             return
         self._warned.add(key)
-        warnings.warn(message, CostAwareWarning, stacklevel=3)
+        warn_at_users_line(message)
 
 
 #: the Optuna trial's user attribute (after ``"costaware:"``) that holds a storeless run's

@@ -73,7 +73,7 @@ except ImportError as e:  # pragma: no cover - exercised only without optuna
 from costaware.budget import Budget
 from costaware.core.model import CostModel
 from costaware.devices import Device
-from costaware.errors import CostAwareWarning, SpecError
+from costaware.errors import CostAwareWarning, SpecError, warn_at_users_line
 from costaware.integrations._keywords import keyword_options
 from costaware.runtime.gate import Gate, spec_build_error
 from costaware.spec import TrainingSpec
@@ -218,11 +218,9 @@ class _PrunerGate:
             else "pass trial=trial to CostAwareCallback, or call admit(trial, spec) before "
             "training (this pruner has no spec_fn to judge with)"
         )
-        warnings.warn(
+        warn_at_users_line(
             f"trial {trial.number} of study {study.study_name!r} reported a step before "
-            f"costaware judged it, so its cost was never checked: {where}.",
-            CostAwareWarning,
-            stacklevel=4,
+            f"costaware judged it, so its cost was never checked: {where}."
         )
 
     def _warn_finished_unjudged(self, study: optuna.Study) -> None:
@@ -235,13 +233,11 @@ class _PrunerGate:
         if not unjudged:
             return
         self._warned_unjudged.add(study.study_name)
-        warnings.warn(
+        warn_at_users_line(
             f"trial {unjudged[0].number} of study {study.study_name!r} finished without "
             "costaware judging it: this pruner has no spec_fn, so it judges through "
             "CostAwareCallback(trial=trial) in the Trainer or admit(trial, spec) before "
-            "training, and the objective calls neither.",
-            CostAwareWarning,
-            stacklevel=4,
+            "training, and the objective calls neither."
         )
 
     def _pre_launch(self, study: optuna.Study, trial: FrozenTrial) -> bool | None:

@@ -34,6 +34,7 @@ from costaware.errors import (
     first_line,
     is_user_error,
     user_code_error,
+    warn_at_users_line,
 )
 from costaware.spec import TrainingSpec
 
@@ -433,14 +434,12 @@ class Gate:
                 first = reason not in self._warned
                 self._warned.add(reason)
             if first:
-                warnings.warn(
+                warn_at_users_line(
                     f"costaware could not judge {what}: {reason}; "
                     f"{'admitting' if admit else 'rejecting'} it (fail_open={self.fail_open}); "
                     "later trials that fail the same way are "
                     f"{'admitted' if admit else 'rejected'} with this reason recorded, "
-                    "without another warning.",
-                    CostAwareWarning,
-                    stacklevel=4,
+                    "without another warning."
                 )
             info: dict[str, Any] = {
                 "admit": admit,
@@ -495,12 +494,10 @@ class Gate:
                     first = _STORE_FAILED not in self._warned
                     self._warned.add(_STORE_FAILED)
                 if first:
-                    warnings.warn(
+                    warn_at_users_line(
                         f"costaware could not write to the store: {first_line(e)}; the trials "
                         "are judged all the same, and their records are not kept until a write "
-                        "goes through again.",
-                        CostAwareWarning,
-                        stacklevel=4,
+                        "goes through again."
                     )
             else:
                 self._warned.discard(_STORE_FAILED)
