@@ -182,6 +182,20 @@ def test_hyperband_keeps_its_brackets() -> None:
     )
 
 
+def _optimize_logged(
+    study: optuna.Study, obj: Any, n_trials: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``study.optimize`` with Optuna's INFO log lines captured by ``caplog``."""
+    optuna.logging.enable_propagation()
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    try:
+        with caplog.at_level("INFO"):
+            study.optimize(obj, n_trials=n_trials)
+    finally:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.logging.disable_propagation()
+
+
 @pytest.mark.parametrize("bare", [True, False])
 def test_a_rejection_by_the_pruner_is_logged_with_its_reasons(
     caplog: pytest.LogCaptureFixture, bare: bool
@@ -201,14 +215,7 @@ def test_a_rejection_by_the_pruner_is_logged_with_its_reasons(
     study = optuna.create_study(
         pruner=pruner, sampler=optuna.samplers.GridSampler({"width": [64, 8192], "batch_size": [16]})
     )
-    optuna.logging.enable_propagation()
-    optuna.logging.set_verbosity(optuna.logging.INFO)
-    try:
-        with caplog.at_level("INFO"):
-            study.optimize(obj, n_trials=2)
-    finally:
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        optuna.logging.disable_propagation()
+    _optimize_logged(study, obj, 2, caplog)
     (rejected,) = [t for t in study.trials if t.state == TrialState.PRUNED]
     said = sorted(  # distinct lines (the capture sees each record twice)
         {r.getMessage() for r in caplog.records if r.levelname == "INFO" and "exceeds" in r.getMessage()}
@@ -227,14 +234,7 @@ def test_admit_helper_inside_the_objective(caplog: pytest.LogCaptureFixture) -> 
         return 1.0
 
     study = optuna.create_study(sampler=optuna.samplers.GridSampler({"width": [64, 8192]}))
-    optuna.logging.enable_propagation()
-    optuna.logging.set_verbosity(optuna.logging.INFO)
-    try:
-        with caplog.at_level("INFO"):
-            study.optimize(obj, n_trials=2)
-    finally:
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        optuna.logging.disable_propagation()
+    _optimize_logged(study, obj, 2, caplog)
     # one line says why, Optuna's own: "Trial 1 pruned. rejected by costaware before it ran: ..."
     said = sorted({r.getMessage() for r in caplog.records if "exceeds" in r.getMessage()})
     assert len(said) == 1 and "pruned. rejected by costaware before it ran: " in said[0]
