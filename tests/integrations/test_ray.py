@@ -344,6 +344,10 @@ def test_argument_errors_say_what_was_expected() -> None:
         CostAwareSearcher(OptunaSearch(), spec_fn=spec_fn, budget=BUDGET, study=5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="enforce must be True"):
         CostAwareScheduler(budget=BUDGET, enforce="no")  # type: ignore[arg-type]
+    from ray.tune.schedulers import ASHAScheduler
+
+    with pytest.raises(TypeError, match="instance, but got the class AsyncHyperBandScheduler"):
+        CostAwareScheduler(ASHAScheduler, budget=BUDGET)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="device must be a device name"):
         CostAwareScheduler(budget=BUDGET, device=123)  # type: ignore[arg-type]
     # a budget the scheduler could never check, or that no trial could meet, is said now

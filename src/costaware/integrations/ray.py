@@ -515,6 +515,11 @@ class CostAwareScheduler(TrialScheduler):
     ) -> None:
         if scheduler is None:
             scheduler = FIFOScheduler()  # type: ignore[no-untyped-call]
+        if isinstance(scheduler, type) and issubclass(scheduler, TrialScheduler):
+            raise TypeError(
+                f"scheduler must be a ray.tune TrialScheduler instance, but got the class "
+                f"{scheduler.__name__}: write {scheduler.__name__}(...)."
+            )
         if not isinstance(scheduler, TrialScheduler):
             raise TypeError(
                 f"scheduler must be a ray.tune TrialScheduler, but got {type(scheduler).__name__}."
