@@ -1587,3 +1587,26 @@ def test_the_shipped_model_takes_a_longer_time_limit() -> None:
     assert ca.CostModel.default().trace_timeout == 60.0  # the others' stays as it was
     with pytest.raises(ValueError, match="trace_timeout"):
         ca.CostModel.default(trace_timeout=-1)
+
+
+def test_bf16_on_a_cpu_with_bf16_arithmetic_says_its_time_is_too_long() -> None:
+    """The shipped CPU op model timed bf16 on a host without bf16 arithmetic: a CPU that
+    has it is told its bf16 time is likely too long; one without it, and fp32, are not."""
+    from costaware.devices import cpu_device
+
+    model = ca.CostModel.default()
+    if model.op_model("cpu") is None:
+        pytest.skip("no shipped CPU op model")
+
+    def said(precision: str, flags: list[str]) -> bool:
+        spec = ca.TrainingSpec(
+            model=lambda: torch.nn.Linear(16, 4),
+            batch=ca.ImageBatch((16,), classes=4),
+            batch_size=4,
+            precision=precision,
+        )
+        pred = model.predict(spec, device=cpu_device(flags=flags))
+        return any("timed on a host without it" in n for n in pred.notes)
+
+    assert said("bf16", ["amx_bf16"]) and said("bf16-true", ["avx512_bf16"])
+    assert not said("bf16", []) and not said("fp32", ["amx_bf16"])

@@ -53,6 +53,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple, cast
 
 import numpy as np
+import torch
 from torch import nn
 
 from costaware._format import fmt_seconds
@@ -796,6 +797,13 @@ class CostModel:
             notes.append(COMPILED_NOTE)
         if spec.pure:
             notes.append(_pure_note(spec, self.is_fitted and self.covers(dev)))
+        if self._half_timed_slow(spec, dev):
+            notes.append(
+                f"{spec.precision} on a CPU with bf16 arithmetic (AVX512-BF16 or AMX): the "
+                "CPU op model's bf16 kernels were timed on a host without it, where they ran "
+                "about 10x slower than fp32, so this time is likely several times too long "
+                "(docs/accuracy.md measured bf16 CPU steps predicted 4.9x too slow)"
+            )
         if is_auto(device) and dev.kind == "cpu":
             notes.append(
                 "device='auto' found no GPU here (NVML sees none), so this is for this "
@@ -1051,6 +1059,19 @@ class CostModel:
         if target is None:
             raise NotFittedError(f"this CostModel learned no {which} bound.")
         return max(0.0, float(target.q))
+
+    def _half_timed_slow(self, spec: TrainingSpec, dev: Device) -> bool:
+        """Whether a bf16 step on the CPU ``dev``, which has bf16 arithmetic, is costed by
+        a CPU op model timed on a host without it (its rows record no such flags)."""
+        if dev.kind != "cpu" or not dev.has_bf16:
+            return False
+        if torch.bfloat16 not in (spec.autocast_dtype, spec.param_dtype):
+            return False
+        op = self.op_model("cpu")
+        if op is None:
+            return False
+        flags = op.info_.get("cpu_half_flags") or ()
+        return not any(f in flags for f in ("avx512_bf16", "amx_bf16"))
 
     def _rank_time(
         self, spec: TrainingSpec, dev: Device, est: _analytic.AnalyticEstimate, exact: bool
