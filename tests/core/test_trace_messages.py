@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import traceback
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -298,4 +299,35 @@ def test_packed_sequences_are_the_dry_runs_limit_said_as_such() -> None:
         model=_Packed, batch=ca.TokenBatch(16, 50, num_labels=3), batch_size=4
     )
     with pytest.raises(ca.UntraceableModelError, match=r"pack_padded_sequence .* packs as many"):
+        ca.dry_run(spec)
+
+
+def test_a_value_read_in_an_installed_package_says_whose_code_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library's own code reading a value (Hugging Face DeBERTa's loss: nonzero on the
+    labels) is not code the user can change: the message says whose it is and the way
+    round (a loss of their own), not "keep the computation in tensors"."""
+    import sys
+
+    lib = tmp_path / "site-packages" / "costaware_fake_lib"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text(
+        "def loss(logits, labels):\n"
+        "    keep = (labels >= 0).nonzero()\n"
+        "    return logits[keep[:, 0]].sum()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
+    monkeypatch.delitem(sys.modules, "costaware_fake_lib", raising=False)
+    import costaware_fake_lib  # type: ignore[import-not-found]
+
+    spec = ca.TrainingSpec(
+        model=lambda: nn.Linear(8, 3),
+        batch=ca.ImageBatch((8,), classes=3),
+        batch_size=4,
+        loss=lambda model, batch: costaware_fake_lib.loss(model(batch[0]), batch[1]),
+    )
+    with pytest.raises(
+        ca.UntraceableModelError, match=r"the installed package 'costaware_fake_lib'.*loss="
+    ):
         ca.dry_run(spec)

@@ -240,6 +240,19 @@ def _untraceable(exc: BaseException, why: str) -> TraceError:
     return error
 
 
+def _library_of(exc: BaseException) -> str | None:
+    """The installed package (``transformers``) whose code, not the user's own, is the
+    innermost of the user's side of ``exc``'s traceback; None where that is the user's."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if not _is_theirs(frame.filename):
+            continue
+        parts = re.split(r"[/\\](?:site|dist)-packages[/\\]", frame.filename, maxsplit=1)
+        if len(parts) < 2:
+            return None
+        return re.split(r"[/\\.]", parts[1], maxsplit=1)[0] or None
+    return None
+
+
 def _untraceable_error(exc: BaseException, why: str) -> TraceError:
     """The error :func:`_untraceable` raises, before any hint."""
     where = _where(exc)
@@ -263,6 +276,22 @@ def _untraceable_error(exc: BaseException, why: str) -> TraceError:
             f"them: the fake kernel checks what one GPU kernel takes. {ours}: a real "
             "training step runs it. To predict it, run the model in a dtype that kernel "
             "takes (for grouped_mm, bf16: precision='bf16-true')."
+        )
+    library = _library_of(exc) if why in ("value", "dynamic") else None
+    if library is not None:
+        read = (
+            "reads a tensor's value"
+            if why == "value"
+            else "makes a tensor whose size depends on the values"
+        )
+        return UntraceableModelError(
+            f"The model cannot run on fake tensors: the code of the installed package "
+            f"{library!r} {read} {where} "
+            f"({_said(exc)}), and a dry run's tensors have no values. {ours}, and not code "
+            "you can change: where it is the model's own loss (Hugging Face computes one "
+            "when the batch has labels), give the spec loss=callable(model, batch) that "
+            "computes the loss from the logits, so that it is not called; a detection "
+            "model's target handling has no such way round."
         )
     if why == "value":
         return UntraceableModelError(
