@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -360,6 +361,22 @@ def test_fit_given_a_store_url_says_what_it_reads(capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert err.startswith("costaware: error: sqlite:///costaware.db is a store's URL, but ")
     assert "reads .jsonl.gz files" in err and "refit_every" in err and "calibrate" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"not gzip\n", "it is not gzip-compressed"),
+        (gzip.compress(b"not json\n"), "none of its lines is a JSON row"),
+    ],
+)
+def test_fit_given_a_file_without_rows_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, said: str
+) -> None:
+    data = tmp_path / "rows.jsonl.gz"
+    data.write_bytes(content)
+    assert main(["fit", str(data), "--out", str(tmp_path / "m")]) == 2
+    assert f"no rows in {data}: {said}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["devices"], ["devices", "--json"], []])

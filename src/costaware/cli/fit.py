@@ -82,6 +82,13 @@ def run(args: argparse.Namespace) -> int:
     per_file: dict[str, dict[str, Any]] = {}
     for f in files:
         got = list(read_rows(f))
+        if not got and f.stat().st_size:
+            gzipped = f.read_bytes()[:2] == b"\x1f\x8b"
+            why = "none of its lines is a JSON row" if gzipped else "it is not gzip-compressed"
+            raise CliError(
+                f"no rows in {f}: {why} (costaware collect writes .jsonl.gz files of measured "
+                "rows, one JSON object per line)."
+            )
         per_file[str(f)] = {"sha256": _sha256(f), "rows": len(got), "bytes": f.stat().st_size}
         rows += got
     if not rows:

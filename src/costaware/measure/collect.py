@@ -854,6 +854,9 @@ def observations(
         if row.get("kind") == "op":  # a per-op timing (costaware.measure.opbench), not a model
             skipped.append(f"{rid}: a per-op timing row")
             continue
+        if "status" not in row:
+            skipped.append(f"{rid}: not a measured row (no 'status'; costaware collect writes them)")
+            continue
         if status not in ("ok", "oom"):
             skipped.append(f"{rid}: status {status}")
             continue
