@@ -406,3 +406,13 @@ def test_a_batch_callable_that_returns_no_batch_is_told_so(make: Any, said: str)
     spec = ca.TrainingSpec(model=lambda: nn.Linear(8, 2), batch=make, batch_size=4)
     with pytest.raises(ca.SpecError, match=f"the batch callable .*{said}"):
         ca.dry_run(spec)
+
+
+def test_a_batch_with_tensors_and_a_numpy_extra_is_taken() -> None:
+    """Only a batch without any tensor is told it holds numpy arrays: a dict batch may
+    carry an array the loss never reads."""
+    from costaware.spec import _not_a_batch
+
+    batch = {"x": torch.zeros(4, 8), "meta": np.zeros(4)}
+    assert _not_a_batch(batch, 4) is None
+    assert "numpy" in (_not_a_batch({"x": np.zeros((4, 8))}, 4) or "")

@@ -449,7 +449,8 @@ def _not_a_batch(batch: Any, batch_size: int) -> str | None:
     parts = list(batch.values()) if isinstance(batch, Mapping) else batch
     if not isinstance(parts, (tuple, list)):
         parts = [parts]
-    if any(type(p).__module__ == "numpy" and hasattr(p, "shape") for p in parts):
+    arrays = any(type(p).__module__ == "numpy" and hasattr(p, "shape") for p in parts)
+    if arrays and not any(isinstance(p, torch.Tensor) for p in parts):
         return "returned numpy arrays, not torch tensors (torch.from_numpy(a) makes one)"
     if (
         isinstance(batch, list)
