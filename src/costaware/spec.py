@@ -455,7 +455,7 @@ def _not_a_batch(batch: Any, batch_size: int) -> str | None:
     if (
         isinstance(batch, list)
         and len(batch) == batch_size > 1
-        and all(isinstance(p, (tuple, list, Mapping)) for p in batch)
+        and all(isinstance(p, (tuple, Mapping)) for p in batch)  # a Dataset's samples
     ):
         return (
             f"returned a list of {batch_size} samples, not one batch "
