@@ -40,6 +40,7 @@ def test_unfitted_model_predicts_the_analytic_estimate(cnn_spec: ca.TrainingSpec
         "analytic estimate only" in text and "FLOPs" in text and "simulated allocator peak" in text
     )
     assert "H100-SXM" in repr(pred)
+    assert "min_capacity=" in repr(pred)  # the figure a budget decides on, beside the peak
     json.dumps(pred.to_dict(), default=str)
 
 

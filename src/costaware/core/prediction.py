@@ -253,6 +253,8 @@ class Prediction:
         return (
             f"Prediction(peak_memory={fmt_bytes(self.peak_memory)}, "
             f"peak_memory_upper={fmt_bytes(self.peak_memory_upper)}, "
+            f"min_capacity={fmt_bytes(self.min_capacity)}, "
+            f"min_capacity_upper={fmt_bytes(self.min_capacity_upper)}, "
             f"iteration_time={fmt_seconds(self.iteration_time)}{ep}, device={self.device!r}, "
             f"kind={self.kind!r})"
         )
