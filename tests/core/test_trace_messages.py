@@ -4,6 +4,7 @@ a real training step fails too."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import traceback
@@ -279,27 +280,51 @@ def test_grouped_mm_in_fp32_dry_runs_as_the_real_step_runs() -> None:
 
 
 class _Packed(nn.Module):
-    def __init__(self) -> None:
+    """An LSTM over variable-length sequences (packed), or over the padded batch."""
+
+    def __init__(self, packed: bool = True, batch_first: bool = True) -> None:
         super().__init__()
+        self.packed, self.batch_first = packed, batch_first
         self.emb = nn.Embedding(50, 8)
-        self.lstm = nn.LSTM(8, 8, batch_first=True)
+        self.lstm = nn.LSTM(8, 8, batch_first=batch_first)
         self.fc = nn.Linear(8, 3)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids) if self.batch_first else self.emb(ids).transpose(0, 1)
+        if not self.packed:
+            out, _ = self.lstm(x)
+            return self.fc(out.mean(1 if self.batch_first else 0))  # type: ignore[no-any-return]
         lengths = (ids > 0).sum(1)
         packed = nn.utils.rnn.pack_padded_sequence(
-            self.emb(ids), lengths, batch_first=True, enforce_sorted=False
+            x, lengths, batch_first=self.batch_first, enforce_sorted=False
         )
-        _, (h, _) = self.lstm(packed)
-        return self.fc(h[-1])  # type: ignore[no-any-return]
+        out, _ = self.lstm(packed)
+        padded, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=self.batch_first)
+        return self.fc(padded.mean(1 if self.batch_first else 0))  # type: ignore[no-any-return]
 
 
-def test_packed_sequences_are_the_dry_runs_limit_said_as_such() -> None:
-    spec = ca.TrainingSpec(
-        model=_Packed, batch=ca.TokenBatch(16, 50, num_labels=3), batch_size=4
-    )
-    with pytest.raises(ca.UntraceableModelError, match=r"pack_padded_sequence .* packs as many"):
-        ca.dry_run(spec)
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_packed_sequences_dry_run_at_their_full_length(batch_first: bool) -> None:
+    """pack_padded_sequence's size depends on the lengths' values: the dry run takes
+    every sequence at its full length, the padded step, which bounds the packed one."""
+
+    def spec(packed: bool) -> ca.TrainingSpec:
+        return ca.TrainingSpec(
+            model=functools.partial(_Packed, packed, batch_first),
+            batch=ca.TokenBatch(16, 50, num_labels=3),
+            batch_size=4,
+        )
+
+    for attention in ("native", "fused"):
+        packed = ca.dry_run(spec(True), attention=attention)
+        padded = ca.dry_run(spec(False), attention=attention)
+        assert packed.flops == padded.flops  # the same kernels over the same steps
+        # and the memory of the padded step, with the packing's copies
+        assert padded.peak_live <= packed.peak_live <= 1.05 * padded.peak_live
+    # real tensors pack by their lengths, as torch does
+    x = torch.randn(3, 5, 2)
+    real = nn.utils.rnn.pack_padded_sequence(x, torch.tensor([5, 3, 2]), batch_first=True)
+    assert real.batch_sizes.tolist() == [3, 3, 2, 1, 1]
 
 
 def test_a_value_read_in_an_installed_package_says_whose_code_it_is(
