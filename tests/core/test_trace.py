@@ -1078,3 +1078,14 @@ def test_an_encoder_given_a_causal_mask_traces() -> None:
     causal = nn.Transformer.generate_square_subsequent_mask(8)
     assert _detect_is_causal_mask(causal) is True
     assert _detect_is_causal_mask(torch.zeros(8, 8)) is False
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_the_dry_runs_shims_leave_torchscript_as_it_was() -> None:
+    """The shims (a causal mask's check, packed sequences) are in place only while a dry
+    run runs: a trial may script its model after (or beside) one."""
+    spec = ca.TrainingSpec(model=_TutorialLM, batch=ca.TokenBatch(16, 100), batch_size=2)
+    ca.dry_run(spec)
+    torch.jit.script(nn.LSTM(4, 4))
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    torch.jit.script(nn.TransformerEncoder(layer, 1, enable_nested_tensor=False))

@@ -81,7 +81,6 @@ def dry_run(
     if attention not in ATTENTION_MODES:
         raise ValueError(f"attention must be one of {ATTENTION_MODES}, but got {attention!r}.")
 
-    shims.install()
     #: the model being traced, to name the layer an error arose in
     built: dict[str, nn.Module] = {}
 
@@ -124,7 +123,7 @@ def dry_run(
     def checked() -> Trace:
         # in the dry run's thread: what the caller's thread raises while it waits (its own
         # signal handler's error, Ctrl-C) reaches it as it is
-        with _quiet_torch_logs():
+        with _quiet_torch_logs(), shims.active():
             try:
                 return run()
             except CostawareError:

@@ -3,20 +3,54 @@ run: where a real step's memory and time do not depend on them (whether a mask i
 causal one), and where they are bounded by the largest answer (packed sequences, taken at
 their full, padded length).
 
-Each shim replaces one torch function process-wide, once, and changes nothing for real
-tensors: the original runs for them, whatever thread calls it (a trial training for
-real beside a dry run).
+The shims are in place only while a dry run runs (:func:`active`, counted across the
+threads that dry-run at once): each replaces a torch function or a recurrent layer's
+``forward``, which TorchScript could not compile (``torch.jit.script`` of an ``nn.LSTM``
+or a ``TransformerEncoder``). Meanwhile they change nothing for real tensors: the
+original runs for them, whatever thread calls it (a trial training for real beside a dry
+run).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-_INSTALLED = threading.Event()
 _LOCK = threading.Lock()
+_USERS = 0  # dry runs in progress (threads)
+#: (owner, attribute, original, shim), made once
+_PATCHES: list[tuple[Any, str, Any, Any]] = []
+#: the original of an attribute its owner does not hold but looks up (torch._VF's)
+_LOOKED_UP = object()
+
+
+@contextlib.contextmanager
+def active() -> Iterator[None]:
+    """The shims in place for the block: installed by the first dry run to enter, removed
+    by the last to leave."""
+    global _USERS
+    with _LOCK:
+        if not _PATCHES:
+            _PATCHES.extend(_causal_mask() + _packed_sequences())
+        if _USERS == 0:
+            for owner, name, _, shim in _PATCHES:
+                setattr(owner, name, shim)
+        _USERS += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _USERS -= 1
+            if _USERS == 0:
+                for owner, name, original, _ in _PATCHES:
+                    if original is _LOOKED_UP:  # torch._VF's: found by its __getattr__
+                        delattr(owner, name)
+                    else:
+                        setattr(owner, name, original)
 
 
 def _fake(t: Any) -> bool:
@@ -25,7 +59,7 @@ def _fake(t: Any) -> bool:
     return isinstance(t, FakeTensor)
 
 
-def _install_causal_mask() -> None:
+def _causal_mask() -> list[tuple[Any, str, Any, Any]]:
     """``nn.TransformerEncoder`` and ``nn.Transformer`` ask whether a mask given without
     ``is_causal`` is the causal one by comparing its values (PyTorch's tutorial passes
     ``generate_square_subsequent_mask``). On fake tensors the answer is "no": the mask is
@@ -43,10 +77,10 @@ def _install_causal_mask() -> None:
         return original(mask, is_causal, size)
 
     detect.__wrapped__ = original  # type: ignore[attr-defined]
-    transformer._detect_is_causal_mask = detect
+    return [(transformer, "_detect_is_causal_mask", original, detect)]
 
 
-def _install_packed_sequences() -> None:
+def _packed_sequences() -> list[tuple[Any, str, Any, Any]]:
     """``pack_padded_sequence`` packs as many steps as the lengths' values say, which fake
     tensors do not have (torch refuses the op on them). On fake tensors every sequence is
     taken at its full length, the padded length: the most a batch of that shape packs,
@@ -86,16 +120,20 @@ def _install_packed_sequences() -> None:
         padded = padded.transpose(0, 1).contiguous() if batch_first else padded.clone()
         return padded, torch.full((batch,), steps, dtype=torch.int64)
 
-    setattr(_VF, "_pack_padded_sequence", pack_full)  # noqa: B010 - torch's own module
-    setattr(_VF, "_pad_packed_sequence", pad_full)  # noqa: B010
+    held = vars(_VF)
+    return [
+        (_VF, "_pack_padded_sequence", held.get("_pack_padded_sequence", _LOOKED_UP), pack_full),
+        (_VF, "_pad_packed_sequence", held.get("_pad_packed_sequence", _LOOKED_UP), pad_full),
+        *(
+            (cls, "forward", cls.forward, _take_packed_as_padded(cls, PackedSequence))
+            for cls in (nn.LSTM, nn.GRU, nn.RNN)
+        ),
+    ]
 
-    for cls in (nn.LSTM, nn.GRU, nn.RNN):
-        _take_packed_as_padded(cls, PackedSequence)
 
-
-def _take_packed_as_padded(cls: type[torch.nn.Module], packed_type: type[Any]) -> None:
+def _take_packed_as_padded(cls: type[torch.nn.Module], packed_type: type[Any]) -> Any:
     """``cls.forward`` taking a fake packed sequence (every sequence at full length, see
-    :func:`_install_packed_sequences`) as the padded sequence it is: the same kernels over
+    :func:`_packed_sequences`) as the padded sequence it is: the same kernels over
     the same steps, and a packed output of the same data."""
     forward = cls.forward
 
@@ -113,16 +151,4 @@ def _take_packed_as_padded(cls: type[torch.nn.Module], packed_type: type[Any]) -
         return packed_type(flat, sizes, input.sorted_indices, input.unsorted_indices), hidden
 
     forward_padded.__wrapped__ = forward  # type: ignore[attr-defined]
-    cls.forward = forward_padded  # type: ignore[method-assign]
-
-
-def install() -> None:
-    """Install the shims (once per process)."""
-    if _INSTALLED.is_set():
-        return
-    with _LOCK:
-        if _INSTALLED.is_set():
-            return
-        _install_causal_mask()
-        _install_packed_sequences()
-        _INSTALLED.set()
+    return forward_padded
