@@ -9,6 +9,7 @@ see values), and adds the work spaces of :mod:`~costaware.core.trace.transients`
 
 from __future__ import annotations
 
+import importlib
 import weakref
 from collections import Counter
 from typing import Any
@@ -60,10 +61,46 @@ _BINCOUNT = torch.ops.aten.bincount.default
 _SCALAR = torch.ops.aten._local_scalar_dense.default
 
 
+_GROUPED_MM: Any = getattr(getattr(torch.ops.aten, "_grouped_mm", None), "default", None)
+#: how the meta kernel shapes grouped_mm's output (and checks the batch sizes); None in a
+#: torch without it, whose meta kernel is left as it is
+_GROUPED_MM_OUT: Any = getattr(
+    importlib.import_module("torch._meta_registrations"), "_create_grouped_mm_output_tensor", None
+)
+
+
+def _grouped_mm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``grouped_mm``'s output where the meta kernel refuses a dtype the real one takes:
+    the meta kernel checks one GPU kernel's list (bf16 alone), while the CPU kernel takes
+    fp32 and fp16 too (Hugging Face's mixture-of-experts layers run it in fp32). Shaped as
+    the meta kernel shapes it; None where the inputs are not such a case."""
+    given = dict(zip(("self", "mat2", "offs", "bias", "out_dtype"), args, strict=False))
+    given.update(kwargs)
+    a, b, offs = given.get("self"), given.get("mat2"), given.get("offs")
+    if not (
+        _GROUPED_MM_OUT is not None
+        and isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.dtype == b.dtype
+        and a.dtype in (torch.float32, torch.float16)
+        and given.get("out_dtype") in (None, a.dtype)
+        and given.get("bias") is None
+        and a.dim() in (2, 3)
+        and b.dim() in (2, 3)
+        and (a.dim() == b.dim() == 2 or a.size(-1) == b.size(-2))
+        and (offs is not None) == (a.dim() == 2 or b.dim() == 2)
+    ):
+        return None
+    return _GROUPED_MM_OUT(a, b, offs, a.dtype)
+
+
 def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``func(*args, **kwargs)``, but ``bincount`` with a ``minlength``, whose size depends
     on the values, takes ``minlength`` bins, as it does for values below it: how a count
-    of classes (a class-weighted loss, a confusion matrix) is written."""
+    of classes (a class-weighted loss, a confusion matrix) is written; and ``grouped_mm``
+    in the dtypes its real kernel takes (:func:`_grouped_mm`)."""
+    if func is _GROUPED_MM and (out := _grouped_mm(args, kwargs)) is not None:
+        return out
     if func is _BINCOUNT:  # looked up once: this runs for every op of the step
         x = args[0]
         weights = args[1] if len(args) > 1 else kwargs.get("weights")

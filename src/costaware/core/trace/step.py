@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import hashlib
-import importlib
 import inspect
 import re
 import time
@@ -24,7 +23,6 @@ import networkx as nx
 import numpy as np
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from costaware.core.sharding import ShardedStep
 from costaware.core.trace.build import _to_fake, has_lazy_parameters
@@ -194,7 +192,7 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
     opt_kwargs = _optimizer_kwargs(spec, attention)
 
     built_half = _built_half(model) if spec.param_dtype is None else None
-    with fm, _RealKernelDtypes():
+    with fm:
         _to_fake(model, spec.param_dtype)
         model.train()
         metrics = _skip_metrics(model)
@@ -232,52 +230,6 @@ def _record_step(spec: TrainingSpec, model: nn.Module, attention: str) -> _Recor
     return _RecordedStep(
         rec, sharded, fused, *sizes, skipped_metrics=metrics, built_half=built_half
     )
-
-
-class _RealKernelDtypes(TorchDispatchMode):
-    """Fake kernels that take the dtypes the real kernels take, where torch's meta
-    kernel checks one GPU kernel's narrower list: ``grouped_mm`` (Hugging Face's
-    mixture-of-experts layers) in fp32 or fp16, which the CPU kernel takes and the meta
-    kernel refuses (bf16 alone). Its output is shaped as the meta kernel shapes it; every
-    other op passes through. Sits between FakeTensorMode and the recorder, which sees the op
-    as it is."""
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func is _GROUPED_MM and _GROUPED_MM_OUT is not None:
-            given = dict(zip(("self", "mat2", "offs", "bias", "out_dtype"), args, strict=False))
-            given.update(kwargs)
-            a, b, offs = given.get("self"), given.get("mat2"), given.get("offs")
-            bias, out_dtype = given.get("bias"), given.get("out_dtype")
-            if (
-                isinstance(a, torch.Tensor)
-                and isinstance(b, torch.Tensor)
-                and a.dtype == b.dtype
-                and a.dtype in (torch.float32, torch.float16)
-                and out_dtype in (None, a.dtype)
-                and bias is None
-                and a.dim() in (2, 3)
-                and b.dim() in (2, 3)
-                and (a.dim() == b.dim() == 2 or a.size(-1) == b.size(-2))
-                and (offs is not None) == (a.dim() == 2 or b.dim() == 2)
-            ):
-                return _GROUPED_MM_OUT(a, b, offs, a.dtype)
-        return func(*args, **kwargs)
-
-
-_GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
-_GROUPED_MM = getattr(_GROUPED_MM, "default", None)
-#: how the meta kernel shapes grouped_mm's output (and checks the batch sizes); None in a
-#: torch without it, whose meta kernel is left as it is
-_GROUPED_MM_OUT: Any = getattr(
-    importlib.import_module("torch._meta_registrations"), "_create_grouped_mm_output_tensor", None
-)
 
 
 def _optimizer_rejected(spec: TrainingSpec, error: Exception) -> Exception | None:
