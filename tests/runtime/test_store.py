@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -720,6 +720,18 @@ def proxy() -> Iterator[tuple[TcpProxy, str]]:
     p.close()
 
 
+def _once_it_answers(write: Callable[[], Any]) -> None:
+    """``write()``, tried again while the store says it is down, for at most a minute."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            write()
+            return
+        except StoreUnreachable:
+            assert time.monotonic() < deadline, "the store never reconnected"
+            time.sleep(0.05)
+
+
 def _down_url() -> str:
     pytest.importorskip("psycopg")
     return f"postgresql+psycopg://u:secret@127.0.0.1:{_free_port()}/db"  # nothing listens
@@ -806,14 +818,7 @@ def test_a_server_that_stops_answering_holds_one_write_not_every_one(
         assert time.monotonic() - t0 < 1.5, "a write waited on the server that never answers"
         time.sleep(0.1)  # a try is due at the next write, and runs in the background
     p.thaw()
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            _measure(store, 1)
-            break
-        except StoreUnreachable:
-            assert time.monotonic() < deadline, "the store never reconnected"
-            time.sleep(0.05)
+    _once_it_answers(lambda: _measure(store, 1))
     assert [m["trial"] for m in store.measurements()] == ["0", "1"]
     store.close()
 
@@ -855,14 +860,7 @@ def test_a_server_that_comes_back_gets_the_writes(
     with pytest.raises(StoreUnreachable):
         _predict(store, "lost")
     p.start()  # the server is back
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            _predict(store, 1)
-            break
-        except StoreUnreachable:
-            assert time.monotonic() < deadline, "the store never reconnected"
-            time.sleep(0.05)
+    _once_it_answers(lambda: _predict(store, 1))
     _measure(store, 1)
     assert [r["trial"] for r in store.predictions()] == ["1"]
     assert store.count_observations() == 1

@@ -281,15 +281,7 @@ class ObservationStore:
         except StoreUnreachable as e:
             if not self._retry:
                 raise
-            self._down_since = time.monotonic()
-            self._went_down(e)
-            warnings.warn(
-                f"{_sentence(str(e))} The study goes on without it: nothing is recorded (and nothing "
-                f"refitted) until it answers; costaware tries again in {RETRY_FIRST_S:g} s, "
-                f"then less often (at most every {RETRY_MAX_S:g} s).",
-                CostAwareWarning,
-                stacklevel=2,
-            )
+            self._mark_down(e, stacklevel=2)
         else:
             self._ready = True
 
@@ -387,6 +379,22 @@ class ObservationStore:
         self._engine.dispose(close=False)
 
     # -- an unreachable server ------------------------------------------------------------
+    def _mark_down(self, e: StoreUnreachable, *, stacklevel: int) -> None:
+        """The server stopped answering (at opening, or a read or write): the store is down
+        from now, the first retry due after :data:`RETRY_FIRST_S`, and the caller is warned
+        that the study goes on without it (``stacklevel`` as the caller would give it)."""
+        self._ready = False
+        self._down_since = time.monotonic()
+        self._retry_pause = RETRY_FIRST_S
+        self._went_down(e)
+        warnings.warn(
+            f"{_sentence(str(e))} The study goes on without it: nothing is recorded (and nothing "
+            f"refitted) until it answers; costaware tries again in {RETRY_FIRST_S:g} s, "
+            f"then less often (at most every {RETRY_MAX_S:g} s).",
+            CostAwareWarning,
+            stacklevel=stacklevel + 1,
+        )
+
     def _went_down(self, e: BaseException) -> None:
         self._down_reason = str(e)
         self._retry_at = time.monotonic() + self._retry_pause
@@ -846,19 +854,10 @@ class ObservationStore:
         lost = e.connection_invalidated or e.statement is None  # not a statement's own error
         if not (lost and _unreachable(e, self._url)):
             return StoreError(text)
+        down = StoreUnreachable(text)
         if self._retry and self._ready:
-            self._ready = False
-            self._down_since = time.monotonic()
-            self._retry_pause = RETRY_FIRST_S
-            self._went_down(StoreUnreachable(text))
-            warnings.warn(
-                f"{_sentence(text)} The study goes on without it: nothing is recorded (and "
-                f"nothing refitted) until it answers; costaware tries again in "
-                f"{RETRY_FIRST_S:g} s, then less often (at most every {RETRY_MAX_S:g} s).",
-                CostAwareWarning,
-                stacklevel=4,
-            )
-        return StoreUnreachable(text)
+            self._mark_down(down, stacklevel=4)
+        return down
 
     def _open_error(self, e: exc.DBAPIError) -> StoreError:
         """:class:`StoreUnreachable` when a server did not answer, else :class:`StoreError`."""
