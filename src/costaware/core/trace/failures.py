@@ -22,6 +22,7 @@ from costaware.core.trace.user_code import (
     _OWN_DIRS,
     _TORCH_DIR,
     _factory_name,
+    _installed_package,
     _is_theirs,
     _raised_by_costaware,
     _said,
@@ -244,12 +245,8 @@ def _library_of(exc: BaseException) -> str | None:
     """The installed package (``transformers``) whose code, not the user's own, is the
     innermost of the user's side of ``exc``'s traceback; None where that is the user's."""
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if not _is_theirs(frame.filename):
-            continue
-        parts = re.split(r"[/\\](?:site|dist)-packages[/\\]", frame.filename, maxsplit=1)
-        if len(parts) < 2:
-            return None
-        return re.split(r"[/\\.]", parts[1], maxsplit=1)[0] or None
+        if _is_theirs(frame.filename):
+            return _installed_package(frame.filename)
     return None
 
 
@@ -682,7 +679,7 @@ def _inplace_lines(model: nn.Module | None, limit: int = 3) -> list[str]:
                 continue
             try:
                 path = inspect.getsourcefile(fn)
-                if not path or not _is_theirs(path) or "-packages" in path:
+                if not path or not _is_theirs(path) or _installed_package(path):
                     continue
                 source, first = inspect.getsourcelines(fn)
             except (OSError, TypeError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import sysconfig
 import traceback
 from typing import Any
@@ -47,6 +48,16 @@ _OWN_DIRS = _own_dirs()
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
 
 
+_INSTALLED = re.compile(r"[/\\](?:site|dist)-packages[/\\]([^/\\.]+)")
+
+
+def _installed_package(path: str) -> str | None:
+    """The top-level package an installed source file belongs to (``transformers`` for
+    ``.../site-packages/transformers/models/...``), or None for a file not installed."""
+    found = _INSTALLED.search(path)
+    return found.group(1) if found else None
+
+
 def _is_theirs(path: str) -> bool:
     """Whether a source file is the user's code (their own, a library's, the zoo's model
     they chose), not torch's, costaware's or the standard library's."""
@@ -56,8 +67,7 @@ def _is_theirs(path: str) -> bool:
         return False
     if path.startswith((_TORCH_DIR, *_OWN_DIRS)):
         return False
-    in_packages = "site-packages" in path or "dist-packages" in path
-    return in_packages or not path.startswith(_STDLIB_DIR)
+    return _installed_package(path) is not None or not path.startswith(_STDLIB_DIR)
 
 
 def _raised_by_costaware(exc: BaseException) -> bool:
