@@ -579,16 +579,6 @@ def _accepts_hf_kwargs(forward: Callable[..., Any]) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _takes_keyword(forward: Callable[..., Any], name: str) -> bool:
-    """Whether ``forward`` takes a keyword argument ``name`` (by name or ``**kwargs``)."""
-    try:
-        params = inspect.signature(forward).parameters
-    except (TypeError, ValueError):
-        return True
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-@functools.lru_cache(maxsize=256)
 def _keywords(forward: Callable[..., Any]) -> frozenset[str] | None:
     """The keyword arguments ``forward`` takes by name, or None when it takes any
     (``**kwargs``) or its signature cannot be read."""
